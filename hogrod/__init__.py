@@ -1,0 +1,26 @@
+"""hogrod: meta-learning and higher-order gradients for TensorFlow 2 / Keras 3.
+
+The primitives (nested-tape autodiff and functional model calls) live at the top
+level; each family has its own subpackage, imported on first use:
+`hogrod.train`, `hogrod.meta`, `hogrod.gan`, `hogrod.pinn`, `hogrod.curvature`.
+"""
+
+import importlib
+
+from hogrod.autodiff import (batch_jacobian, derivatives, gnvp, grad, hessian, hvp, jacobian,
+                             value_and_grad)
+from hogrod.functional import functional_call, model_state, trainable_values
+
+__version__ = "0.1.0"
+
+_SUBPACKAGES = ("train", "meta", "gan", "pinn", "curvature", "harness")
+
+
+def __getattr__(name):  # lazy subpackages: `import hogrod; hogrod.meta.adapt(...)` works
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"hogrod.{name}")
+    raise AttributeError(f"module 'hogrod' has no attribute {name!r}")
+
+
+__all__ = ["value_and_grad", "grad", "hvp", "hessian", "jacobian", "batch_jacobian",
+           "derivatives", "gnvp", "functional_call", "model_state", "trainable_values"]

@@ -1,0 +1,74 @@
+"""Run any built Keras 3 model with substitute weights.
+
+`functional_call(model, params, x)` evaluates `model(x)` as if its trainable
+variables held the tensors in `params`. Because the params are ordinary
+tensors, an outer `tf.GradientTape` sees through them: this is what MAML's
+inner loop, per-example tricks and hypernetworks need. It is built on Keras 3's
+own `Model.stateless_call`, so every layer Keras supports works, and the
+model's variables are never written.
+
+Non-trainable state (BatchNormalization moving statistics, the seed state of
+Dropout and other random layers) is threaded explicitly: pass `state` (a list
+of tensors ordered like `model.non_trainable_variables`, e.g. from
+`model_state(model)`) and get `(outputs, new_state)` back; leave it out and the
+model's current state is read and only outputs are returned.
+"""
+
+import keras
+import tensorflow as tf
+
+__all__ = ["functional_call", "model_state", "trainable_values"]
+
+
+def model_state(model):
+    """The model's current non-trainable state, as a list of tensors."""
+    return [tf.convert_to_tensor(v.value) for v in model.non_trainable_variables]
+
+
+def trainable_values(model):
+    """The model's current trainable weights, as a list of tensors (a fresh copy for functional use)."""
+    return [tf.identity(v.value) for v in model.trainable_variables]
+
+
+def _check(variables, values, kind):
+    if len(values) != len(variables):
+        names = ", ".join(v.path for v in variables)
+        raise ValueError(
+            f"functional_call got {len(values)} {kind} tensors but the model has "
+            f"{len(variables)} {kind} variables: [{names}]")
+    for i, (var, val) in enumerate(zip(variables, values)):
+        shape = tf.TensorShape(getattr(val, "shape", None))
+        if not shape.is_compatible_with(var.shape):
+            raise ValueError(
+                f"functional_call: {kind} tensor {i} has shape {shape.as_list()} but "
+                f"variable '{var.path}' (layer '{var.path.rsplit('/', 1)[0]}') has shape "
+                f"{list(var.shape)}")
+
+
+def functional_call(model, params, *args, training=False, state=None, **kwargs):
+    """`model(*args)` with `params` substituted for `model.trainable_variables`.
+
+    Args:
+      model: a built Keras 3 model (or layer).
+      params: a list of tensors, one per trainable variable, same order and shapes.
+      *args: the model's inputs.
+      training: passed to the model's call (BatchNorm batch statistics, Dropout).
+      state: optional list of tensors for `model.non_trainable_variables`.
+      **kwargs: other keyword arguments of the model's call (e.g. `mask`).
+
+    Returns:
+      outputs if `state` is None, else `(outputs, new_state)`.
+    """
+    if not model.built:
+        raise ValueError(
+            f"functional_call needs a built model; call '{model.name}' once on an input "
+            "or build it first")
+    params = list(params)
+    _check(model.trainable_variables, params, "trainable")
+    given_state = state is not None
+    state = model_state(model) if state is None else list(state)
+    _check(model.non_trainable_variables, state, "non-trainable")
+    outputs, new_state = model.stateless_call(params, state, *args, training=training, **kwargs)
+    if given_state:
+        return outputs, list(new_state)
+    return outputs

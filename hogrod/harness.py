@@ -1,0 +1,106 @@
+"""The one main of every experiment binary: absl flags + gin, Dopamine style.
+
+An experiment is a gin-configurable function `fn(output_dir) -> dict | None`.
+Its binary ends with
+
+    if __name__ == "__main__":
+        harness.main(fn)
+
+and is launched as
+
+    python -m experiments.NAME --gin_file=configs/NAME/x.gin \
+        --gin_param='NAME.steps = 10' --output_dir=runs/x
+
+The harness parses every gin file and binding once (a bad one exits non-zero
+with gin's message, which names the configurable or parameter and the file and
+line), creates the output directory, runs `fn`, writes the dict it returns to
+`<output_dir>/metrics.json` and the operative config (every binding that was
+actually used, defaults included) to `<output_dir>/operative_config.gin`.
+Gin files may `include` each other by paths relative to the repository root.
+"""
+
+import datetime
+import json
+import os
+import sys
+
+import gin
+from absl import app, flags, logging
+
+FLAGS = flags.FLAGS
+flags.DEFINE_multi_string("gin_file", [], "Gin config file (repeatable; later files override).")
+flags.DEFINE_multi_string("gin_param", [], "Gin binding, e.g. 'maml.steps = 10' (repeatable).")
+flags.DEFINE_string("output_dir", None,
+                    "Where the run writes its outputs; default runs/<experiment>/<timestamp>. "
+                    "Re-using a directory resumes from its last checkpoint.")
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class ConfigError(Exception):
+    """A gin file or binding that cannot be used; the message names it."""
+
+
+def parse_config(gin_files, gin_params):
+    """Parse gin files then bindings; raise ConfigError with gin's located message."""
+    gin.add_config_file_search_path(REPO_ROOT)
+    for path in gin_files:
+        if not os.path.exists(path) and not os.path.exists(os.path.join(REPO_ROOT, path)):
+            raise ConfigError(f"gin file not found: {path}")
+    files = [p if os.path.exists(p) else os.path.join(REPO_ROOT, p) for p in gin_files]
+    try:
+        gin.parse_config_files_and_bindings(files, gin_params)
+    except (ValueError, KeyError, TypeError, IOError, SyntaxError) as e:
+        raise ConfigError(f"bad gin config: {e}") from None
+
+
+def write_operative_config(output_dir):
+    with open(os.path.join(output_dir, "operative_config.gin"), "w") as f:
+        f.write(gin.operative_config_str())
+
+
+def write_metrics(output_dir, metrics):
+    with open(os.path.join(output_dir, "metrics.json"), "w") as f:
+        json.dump(metrics, f, indent=2, sort_keys=True, default=float)
+
+
+def default_output_dir(fn):
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return os.path.join("runs", fn.__name__, stamp)
+
+
+def run(fn, gin_files=(), gin_params=(), output_dir=None):
+    """Parse the config, run `fn(output_dir)`, write metrics and operative config.
+
+    Usable from Python (tests, notebooks) as well as from `main`.
+    """
+    gin.clear_config()
+    parse_config(list(gin_files), list(gin_params))
+    output_dir = output_dir or default_output_dir(fn)
+    os.makedirs(output_dir, exist_ok=True)
+    with open(os.path.join(output_dir, "config.gin"), "w") as f:
+        f.write(gin.config_str())
+    logging.info("%s: writing outputs to %s", fn.__name__, os.path.abspath(output_dir))
+    try:
+        metrics = fn(output_dir)
+    finally:
+        write_operative_config(output_dir)
+    if metrics is not None:
+        write_metrics(output_dir, metrics)
+    return output_dir, metrics
+
+
+def main(fn):
+    """absl entry point for an experiment binary (see the module docstring)."""
+
+    def _main(argv):
+        if len(argv) > 1:
+            raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+        try:
+            output_dir, _ = run(fn, FLAGS.gin_file, FLAGS.gin_param, FLAGS.output_dir)
+        except ConfigError as e:
+            print(f"{fn.__name__}: {e}", file=sys.stderr)
+            sys.exit(2)
+        print(f"{fn.__name__}: outputs in {os.path.abspath(output_dir)}")
+
+    app.run(_main)

@@ -1,0 +1,23 @@
+"""Test setup: two logical CPU devices (for tf.distribute tests), quiet TF, hypothesis profile."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import hypothesis  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+_cpus = tf.config.list_physical_devices("CPU")
+try:
+    tf.config.set_logical_device_configuration(
+        _cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+except RuntimeError:  # already initialized (another conftest or plugin got there first)
+    pass
+
+hypothesis.settings.register_profile(
+    "hogrod", deadline=None, max_examples=15, derandomize=True,
+    suppress_health_check=[hypothesis.HealthCheck.too_slow])
+hypothesis.settings.load_profile("hogrod")
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED_DATA = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
