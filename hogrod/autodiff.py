@@ -203,7 +203,9 @@ def derivatives(fn, x, order):
     """`[f'(x), f''(x), ..., f^(order)(x)]` of an elementwise `fn`, by nested tapes.
 
     For elementwise f the gradient of sum(f(x)) is f'(x) elementwise, so each
-    level differentiates the previous one; x**3 gives [3x**2, 6x, 6, 0, ...].
+    level differentiates the previous one; x*x*x gives [3x**2, 6x, 6, 0, ...].
+    (Beware `x ** 3` at x = 0 beyond order 3: TensorFlow's Pow gradient there is
+    0 * x**-1, a NaN; write powers as products where the tower must go that high.)
     """
     if int(order) != order or order < 1:
         raise ValueError(f"order must be a positive integer, got {order!r}")

@@ -42,14 +42,20 @@ class ConfigError(Exception):
 
 
 def parse_config(gin_files, gin_params):
-    """Parse gin files then bindings; raise ConfigError with gin's located message."""
+    """Clear any previous config, then parse gin files and then bindings.
+
+    Raises ConfigError with gin's message, which names the configurable or parameter
+    and, for files, the file and line.
+    """
     gin.add_config_file_search_path(REPO_ROOT)
     for path in gin_files:
         if not os.path.exists(path) and not os.path.exists(os.path.join(REPO_ROOT, path)):
             raise ConfigError(f"gin file not found: {path}")
     files = [p if os.path.exists(p) else os.path.join(REPO_ROOT, p) for p in gin_files]
     try:
-        gin.parse_config_files_and_bindings(files, gin_params)
+        with gin.unlock_config():  # a previous run in this process may have locked it
+            gin.clear_config()
+            gin.parse_config_files_and_bindings(files, gin_params, finalize_config=False)
     except (ValueError, KeyError, TypeError, IOError, SyntaxError) as e:
         raise ConfigError(f"bad gin config: {e}") from None
 
@@ -74,7 +80,6 @@ def run(fn, gin_files=(), gin_params=(), output_dir=None):
 
     Usable from Python (tests, notebooks) as well as from `main`.
     """
-    gin.clear_config()
     parse_config(list(gin_files), list(gin_params))
     output_dir = output_dir or default_output_dir(fn)
     os.makedirs(output_dir, exist_ok=True)
