@@ -77,3 +77,12 @@ def test_binary_exits_nonzero_on_bad_binding_and_zero_on_success(tmp_path):
     assert good.returncode == 0, good.stderr[-2000:]
     assert f"outputs in {tmp_path}" in good.stdout
     assert (tmp_path / "operative_config.gin").exists()
+
+
+def test_bench_hvp_binary_runs_and_checks_agreement(tmp_path):
+    from experiments import bench_hvp
+    _, metrics = harness.run(bench_hvp.bench_hvp, ["configs/bench/hvp.gin"],
+                             ["bench_hvp.widths = (4, 8, 3)", "bench_hvp.batch = 5",
+                              "bench_hvp.repeats = 2", "bench_hvp.warmup = 1"], str(tmp_path))
+    assert metrics["ratio_hvp_reverse_over_reverse_over_grad"] > 0
+    assert "ms_hvp_forward_over_reverse_xla" in metrics

@@ -1,0 +1,130 @@
+"""Benchmark: gradient vs Hessian-vector products (each mode), and JAX's HVP, same weights.
+
+The reference problem of the foundation issue: an MLP 64-256-256-10 with tanh, softmax
+cross-entropy, batch 256, float32. Every candidate is compiled (tf.function, optionally
+with XLA; jax.jit), warmed up, then timed in interleaved rounds (one call of each per
+round, so machine noise hits all alike); the medians and their ratios are reported:
+
+    python -m experiments.bench_hvp --gin_file=configs/bench/hvp.gin
+
+Targets: hogrod's HVP <= 2.0x its own gradient, and <= 1.0x JAX's `jit(jvp(grad))` HVP
+(JAX comes with the `bench` extra; without it the JAX rows are left out).
+"""
+
+import time
+
+import gin
+import keras
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+import hogrod
+from hogrod import harness
+
+
+def reference_problem(widths, batch, seed):
+    keras.utils.set_random_seed(seed)
+    layers = [keras.Input((widths[0],))]
+    layers += [keras.layers.Dense(w, activation="tanh") for w in widths[1:-1]]
+    layers += [keras.layers.Dense(widths[-1])]
+    model = keras.Sequential(layers)
+    rng = np.random.default_rng(seed)
+    x = tf.constant(rng.normal(size=(batch, widths[0])), tf.float32)
+    y = tf.constant(rng.integers(0, widths[-1], size=batch), tf.int32)
+    vector = [tf.constant(rng.normal(size=v.shape), tf.float32) for v in model.trainable_variables]
+    return model, x, y, vector
+
+
+def tf_candidates(model, x, y, vector, jit_compile):
+    params = model.trainable_variables
+
+    def loss():
+        return tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=model(x)))
+
+    grad = tf.function(lambda: hogrod.grad(loss, params), jit_compile=jit_compile)
+    out = {"grad": lambda: grad()}
+    for mode in hogrod.autodiff.HVP_MODES:
+        fn = tf.function(lambda v, mode=mode: hogrod.hvp(loss, params, v, mode=mode),
+                         jit_compile=jit_compile)
+        out[f"hvp_{mode}"] = lambda fn=fn: fn(vector)
+    suffix = "_xla" if jit_compile else ""
+    return {k + suffix: (lambda f=f: [t.numpy() for t in tf.nest.flatten(f())]) for k, f in
+            out.items()}
+
+
+def jax_candidates(model, x, y, vector):
+    try:
+        import jax
+        import jax.numpy as jnp
+    except ImportError:
+        logging.warning("jax not installed (pip install -e '.[bench]'): skipping the JAX baseline")
+        return {}
+    params = [jnp.asarray(v.numpy()) for v in model.trainable_variables]
+    xs, ys = jnp.asarray(x.numpy()), jnp.asarray(y.numpy())
+    vec = [jnp.asarray(v.numpy()) for v in vector]
+
+    def loss(ps):
+        h = xs
+        for i in range(0, len(ps) - 2, 2):
+            h = jnp.tanh(h @ ps[i] + ps[i + 1])
+        logits = h @ ps[-2] + ps[-1]
+        logp = jax.nn.log_softmax(logits)
+        return -jnp.mean(jnp.take_along_axis(logp, ys[:, None], axis=1))
+
+    grad = jax.jit(jax.grad(loss))
+    hvp = jax.jit(lambda ps, v: jax.jvp(jax.grad(loss), (ps,), (v,))[1])
+    block = lambda t: [np.asarray(a) for a in jax.block_until_ready(t)]  # noqa: E731
+    return {"jax_grad": lambda: block(grad(params)), "jax_hvp": lambda: block(hvp(params, vec))}
+
+
+def time_interleaved(candidates, repeats, warmup):
+    for fn in candidates.values():
+        for _ in range(warmup):
+            fn()
+    times = {k: [] for k in candidates}
+    for _ in range(repeats):
+        for k, fn in candidates.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return {k: float(np.median(v)) for k, v in times.items()}
+
+
+@gin.configurable
+def bench_hvp(output_dir, widths=(64, 256, 256, 10), batch=256, repeats=100, warmup=10,
+              xla=True, seed=0):
+    """Time gradient and HVPs; return medians (ms) and the target ratios."""
+    model, x, y, vector = reference_problem(tuple(widths), batch, seed)
+    candidates = tf_candidates(model, x, y, vector, jit_compile=False)
+    if xla:
+        candidates.update(tf_candidates(model, x, y, vector, jit_compile=True))
+    candidates.update(jax_candidates(model, x, y, vector))
+    # Agreement before speed: every HVP must equal the reverse-over-reverse one.
+    ref = np.concatenate([a.ravel() for a in candidates["hvp_reverse_over_reverse"]()])
+    for k, fn in candidates.items():
+        if "hvp" in k:
+            got = np.concatenate([a.ravel() for a in fn()])
+            err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+            if err > 1e-4:
+                raise AssertionError(f"{k} disagrees with reverse_over_reverse: rel err {err:.2e}")
+    med = time_interleaved(candidates, repeats, warmup)
+    metrics = {f"ms_{k}": 1e3 * v for k, v in med.items()}
+    for suffix in ("", "_xla") if xla else ("",):
+        for mode in hogrod.autodiff.HVP_MODES:
+            hv = med[f"hvp_{mode}{suffix}"]
+            metrics[f"ratio_hvp_{mode}{suffix}_over_grad{suffix}"] = hv / med[f"grad{suffix}"]
+            if "jax_hvp" in med:
+                metrics[f"ratio_hvp_{mode}{suffix}_over_jax_hvp"] = hv / med["jax_hvp"]
+    metrics.update(device=tf.config.list_logical_devices()[-1].device_type,
+                   tensorflow=tf.__version__, widths=list(widths), batch=batch, repeats=repeats)
+    for k in sorted(metrics):
+        logging.info("%-55s %s", k, metrics[k])
+        print(f"{k:55s} {metrics[k]:.4g}" if isinstance(metrics[k], float) else
+              f"{k:55s} {metrics[k]}")
+    return metrics
+
+
+if __name__ == "__main__":
+    harness.main(bench_hvp)
