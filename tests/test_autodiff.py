@@ -150,15 +150,16 @@ def test_hvp_logistic_regression_closed_form(mode):
 
 
 @hypothesis.given(n_in=st.integers(1, 4), n_hidden=st.integers(1, 5), batch=st.integers(1, 6),
-                  seed=st.integers(0, 2**16))
-def test_hvp_modes_agree_and_match_finite_differences(n_in, n_hidden, batch, seed):
+                  seed=st.integers(0, 2**16), compiled=st.booleans())
+def test_hvp_modes_agree_and_match_finite_differences(n_in, n_hidden, batch, seed, compiled):
     rng = np.random.default_rng(seed)
     (w1, b1, w2), x, y = random_mlp(rng, n_in, n_hidden, batch)
     params = [tf.Variable(w1), tf.Variable(b1), tf.Variable(w2)]
     vector = [tf.constant(rng.normal(size=p.shape)) for p in params]
     fn = lambda: mlp_loss(*params, x, y)  # noqa: E731
-    rr = hogrod.hvp(fn, params, vector, mode="reverse_over_reverse")
-    fr = hogrod.hvp(fn, params, vector, mode="forward_over_reverse")
+    wrap = tf.function if compiled else (lambda f: f)
+    rr = wrap(lambda v: hogrod.hvp(fn, params, v, mode="reverse_over_reverse"))(vector)
+    fr = wrap(lambda v: hogrod.hvp(fn, params, v, mode="forward_over_reverse"))(vector)
     np.testing.assert_allclose(flat(rr), flat(fr), rtol=1e-10, atol=1e-12)
     # Oracle: central differences of the gradient along v (float64).
     eps = 1e-6
@@ -252,6 +253,14 @@ def test_hessian_matches_finite_differences_of_gradient_over_several_params():
 
 
 # ----------------------------------------------------------------------------- jacobians
+
+
+def test_jacobian_of_nested_input_is_structured_like_it():
+    a, b = tf.constant([1.0, 2.0], tf.float64), tf.constant(3.0, tf.float64)
+    J = hogrod.jacobian(lambda xs: tf.stack([xs["a"][0] * xs["b"], xs["a"][1] ** 2]),
+                        {"a": a, "b": b})
+    np.testing.assert_allclose(J["a"], [[3.0, 0.0], [0.0, 4.0]])
+    np.testing.assert_allclose(J["b"], [1.0, 0.0])
 
 
 def test_jacobian_linear_map_and_finite_differences():
