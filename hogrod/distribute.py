@@ -1,0 +1,198 @@
+"""Strategies from gin, TF_CONFIG checked before use, and a local multi-worker launcher.
+
+Scale-out in hogrod is `tf.distribute` and nothing else. This module only chooses a
+strategy and gets the processes of a multi-worker run started:
+
+- `make_strategy(kind)`: "default" (one device), "mirrored" (all local GPUs, or N logical
+  CPU devices for testing), "multi_worker" (`MultiWorkerMirroredStrategy`, workers named by
+  TF_CONFIG). Gin-configurable, so every binary takes its strategy from its config.
+- `parse_tf_config()`: TF_CONFIG validated with errors that say what is wrong, and the
+  peers probed over TCP with a deadline, so a bad cluster fails in seconds, not a hang.
+- `launch_local(argv, num_workers)`: N processes on loopback, each with its TF_CONFIG: the
+  test harness for multi-worker code and the recipe for a real cluster (there, each machine
+  runs the same command with its own TF_CONFIG).
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import gin
+import tensorflow as tf
+
+__all__ = ["make_strategy", "parse_tf_config", "launch_local", "free_ports", "ClusterError"]
+
+STRATEGY_KINDS = ("default", "mirrored", "multi_worker")
+
+
+class ClusterError(RuntimeError):
+    """TF_CONFIG is malformed, or a worker cannot be reached in time."""
+
+
+def _logical_cpus(n):
+    """Split the first CPU into n logical devices (must run before TF initializes devices)."""
+    cpus = tf.config.list_physical_devices("CPU")
+    current = tf.config.get_logical_device_configuration(cpus[0])
+    if current is not None and len(current) == n:
+        return
+    try:
+        tf.config.set_logical_device_configuration(
+            cpus[0], [tf.config.LogicalDeviceConfiguration()] * n)
+    except RuntimeError as e:
+        have = len(tf.config.list_logical_devices("CPU"))
+        if have < n:
+            raise RuntimeError(
+                f"make_strategy.logical_cpus = {n}, but TensorFlow already started with {have} "
+                "CPU device(s); create the strategy before any other TensorFlow work") from e
+
+
+@gin.configurable
+def make_strategy(kind="default", logical_cpus=None, connect_timeout_s=60.0,
+                  collective_timeout_s=None):
+    """A `tf.distribute.Strategy` by name.
+
+    Args:
+      kind: "default", "mirrored" or "multi_worker".
+      logical_cpus: for testing without GPUs, split the CPU into this many logical devices
+        (mirrored: one replica per device; multi_worker: devices per worker).
+      connect_timeout_s: multi_worker: how long to wait for every peer in TF_CONFIG to
+        accept a TCP connection before raising ClusterError.
+      collective_timeout_s: multi_worker: a deadline for each collective op, so a worker
+        that dies mid-run fails the others instead of hanging them.
+    """
+    if kind not in STRATEGY_KINDS:
+        raise ValueError(f"make_strategy.kind must be one of {STRATEGY_KINDS}, got {kind!r}")
+    if logical_cpus:
+        _logical_cpus(int(logical_cpus))
+    if kind == "default":
+        return tf.distribute.get_strategy()
+    if kind == "mirrored":
+        gpus = tf.config.list_logical_devices("GPU")
+        devices = [d.name for d in gpus] or [d.name for d in tf.config.list_logical_devices("CPU")]
+        return tf.distribute.MirroredStrategy(devices)
+    config = parse_tf_config()
+    options = tf.distribute.experimental.CommunicationOptions(
+        timeout_seconds=collective_timeout_s,
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    # Each worker's server listens once its strategy exists; probe the peers now so a wrong
+    # address or a worker that never started is an error in seconds, not a silent hang.
+    wait_for_peers(config, connect_timeout_s)
+    return strategy
+
+
+def parse_tf_config(raw=None):
+    """The TF_CONFIG of this process, checked: a dict with 'cluster' and 'task'.
+
+    Raises ClusterError naming the problem (unset, not JSON, no 'worker' list, a task index
+    outside it, an address without a port).
+    """
+    raw = os.environ.get("TF_CONFIG") if raw is None else raw
+    if not raw:
+        raise ClusterError("TF_CONFIG is not set; a multi_worker strategy needs it (see "
+                           "WORKSPACE.md, 'Scale-out')")
+    try:
+        config = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ClusterError(f"TF_CONFIG is not valid JSON ({e}): {raw[:200]!r}") from None
+    if not isinstance(config, dict) or "cluster" not in config or "task" not in config:
+        raise ClusterError(f"TF_CONFIG needs keys 'cluster' and 'task', got {raw[:200]!r}")
+    cluster, task = config["cluster"], config["task"]
+    workers = cluster.get("worker") if isinstance(cluster, dict) else None
+    if not isinstance(workers, list) or not workers:
+        raise ClusterError(f"TF_CONFIG cluster needs a non-empty 'worker' list, got {cluster!r}")
+    for address in sum((v for v in cluster.values() if isinstance(v, list)), []):
+        host, _, port = str(address).rpartition(":")
+        if not host or not port.isdigit():
+            raise ClusterError(f"TF_CONFIG address {address!r} is not host:port")
+    if not isinstance(task, dict) or task.get("type") not in cluster:
+        raise ClusterError(f"TF_CONFIG task type {task!r} is not a job of the cluster "
+                           f"{sorted(cluster)}")
+    index = task.get("index")
+    if not isinstance(index, int) or not 0 <= index < len(cluster[task["type"]]):
+        raise ClusterError(f"TF_CONFIG task index {index!r} is outside the "
+                           f"{len(cluster[task['type']])} {task['type']}(s) of the cluster")
+    return config
+
+
+def wait_for_peers(config, timeout_s):
+    """Block until every other address in the cluster accepts TCP, or raise ClusterError."""
+    me = config["cluster"][config["task"]["type"]][config["task"]["index"]]
+    peers = [a for addrs in config["cluster"].values() for a in addrs if a != me]
+    deadline = time.monotonic() + timeout_s
+    for address in peers:
+        host, _, port = address.rpartition(":")
+        while True:
+            try:
+                with socket.create_connection((host, int(port)), timeout=1.0):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise ClusterError(
+                        f"worker {address} in TF_CONFIG is unreachable after {timeout_s:.0f} s "
+                        "(is it started? is the port right?)") from None
+                time.sleep(0.2)
+
+
+def free_ports(n):
+    """n distinct free TCP ports on loopback."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def launch_local(argv, num_workers=2, timeout_s=300, env=None, cwd=None):
+    """Run `argv` as `num_workers` processes on loopback, each with its own TF_CONFIG.
+
+    Args:
+      argv: the command, e.g. [sys.executable, "-m", "experiments.maml", "--gin_file=..."];
+        each worker gets the same argv.
+      num_workers: how many processes.
+      timeout_s: a deadline for the whole run; on expiry every worker is killed and a
+        ClusterError raised (never a hang).
+      env, cwd: extra environment variables and working directory for the workers.
+
+    Returns:
+      a list of `subprocess.CompletedProcess`, one per worker (index order). A worker that
+      exits non-zero raises ClusterError with the tail of its stderr.
+    """
+    addresses = [f"localhost:{p}" for p in free_ports(num_workers)]
+    procs = []
+    for i in range(num_workers):
+        tf_config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": i}}
+        worker_env = dict(os.environ, **(env or {}), TF_CONFIG=json.dumps(tf_config))
+        procs.append(subprocess.Popen(argv, env=worker_env, cwd=cwd, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    deadline = time.monotonic() + timeout_s
+    results = []
+    try:
+        for i, p in enumerate(procs):
+            try:
+                out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise ClusterError(f"local multi-worker run exceeded {timeout_s} s "
+                                   f"(worker {i} still running); all workers killed") from None
+            results.append(subprocess.CompletedProcess(argv, p.returncode, out, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for i, r in enumerate(results):
+        if r.returncode != 0:
+            raise ClusterError(f"worker {i} exited with {r.returncode}:\n{r.stderr[-3000:]}")
+    return results
+
+
+if __name__ == "__main__":  # python -m hogrod.distribute N python -m experiments.X ...
+    results = launch_local(sys.argv[2:], int(sys.argv[1]))
+    for i, r in enumerate(results):
+        print(f"--- worker {i}\n{r.stdout}")

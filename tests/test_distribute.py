@@ -1,0 +1,65 @@
+"""Strategy selection, TF_CONFIG validation with clear errors, and the local launcher
+(a real two-process MultiWorkerMirroredStrategy run on loopback)."""
+
+import json
+import os
+import sys
+import time
+
+import pytest
+import tensorflow as tf
+
+from hogrod import distribute
+from conftest import REPO_ROOT
+
+
+def cfg(workers, index=0, kind="worker"):
+    return json.dumps({"cluster": {"worker": workers}, "task": {"type": kind, "index": index}})
+
+
+@pytest.mark.parametrize("raw,expected", [
+    ("", "not set"),
+    ("{cluster:", "not valid JSON"),
+    (json.dumps({"cluster": {"worker": ["localhost:1"]}}), "'task'"),
+    (json.dumps({"cluster": {"chief": ["localhost:1"]}, "task": {"type": "chief", "index": 0}}),
+     "'worker' list"),
+    (cfg(["localhost:1", "localhost"]), "not host:port"),
+    (cfg(["localhost:1"], index=3), "index 3"),
+    (cfg(["localhost:1"], kind="ps"), "task type"),
+])
+def test_malformed_tf_config_is_a_clear_error(raw, expected):
+    with pytest.raises(distribute.ClusterError, match=expected):
+        distribute.parse_tf_config(raw)
+
+
+def test_unreachable_worker_fails_within_the_timeout():
+    port_me, port_peer = distribute.free_ports(2)
+    config = json.loads(cfg([f"localhost:{port_me}", f"localhost:{port_peer}"]))
+    start = time.monotonic()
+    with pytest.raises(distribute.ClusterError, match=f"localhost:{port_peer}.*unreachable"):
+        distribute.wait_for_peers(config, timeout_s=1.0)
+    assert time.monotonic() - start < 10
+
+
+def test_launcher_kills_workers_past_its_deadline():
+    start = time.monotonic()
+    with pytest.raises(distribute.ClusterError, match="exceeded 2 s"):
+        distribute.launch_local([sys.executable, "-c", "import time; time.sleep(60)"], 2,
+                                timeout_s=2)
+    assert time.monotonic() - start < 20
+
+
+def test_mirrored_strategy_over_two_logical_cpus_and_bad_kind():
+    strategy = distribute.make_strategy("mirrored")
+    assert strategy.num_replicas_in_sync == len(tf.config.list_logical_devices("CPU")) == 2
+    assert distribute.make_strategy("default") is tf.distribute.get_strategy()
+    with pytest.raises(ValueError, match="make_strategy.kind"):
+        distribute.make_strategy("tpu_pod")
+
+
+def test_two_process_multi_worker_all_reduce_on_loopback():
+    results = distribute.launch_local(
+        [sys.executable, os.path.join(REPO_ROOT, "tests", "workers", "allreduce.py")], 2,
+        timeout_s=180, cwd=REPO_ROOT)
+    lines = [line for r in results for line in r.stdout.splitlines() if line.startswith("RESULT")]
+    assert lines == ["RESULT 2 3.0", "RESULT 2 3.0"]  # 1 + 2 from the two workers
