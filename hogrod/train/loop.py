@@ -1,0 +1,133 @@
+"""The outer loop: checkpoints that survive a kill, a NaN/Inf guard, summaries, progress.
+
+    ckpt = Checkpointer(output_dir, model=model, optimizer=opt, rng=rng)
+    logs = train_loop(step, iterator, steps=10_000, checkpointer=ckpt, output_dir=output_dir)
+
+`Checkpointer` is `tf.train.Checkpoint` + `tf.train.CheckpointManager` over everything that
+makes a run resumable (model, optimizers, step counter, `tf.random.Generator`, the tf.data
+iterator); a run killed with SIGKILL and started again with the same output dir restores
+the last checkpoint and, with a fixed seed, ends with the weights an uninterrupted run ends
+with. `train_loop` checks every step's logs: the first non-finite term or gradient stops the
+run with `NonFiniteError` naming the step and the term, before anything is saved, so the
+last good checkpoint stays the latest.
+"""
+
+import math
+import os
+import time
+
+import keras
+import tensorflow as tf
+from absl import logging
+
+__all__ = ["Checkpointer", "train_loop", "NonFiniteError", "CheckpointMismatchError"]
+
+
+class NonFiniteError(FloatingPointError):
+    """A loss term or the gradient became NaN or Inf; the message names the step and term."""
+
+
+class CheckpointMismatchError(ValueError):
+    """The checkpoint directory holds a checkpoint of a different model or setup."""
+
+
+class Checkpointer:
+    """Save and restore every piece of training state under `<directory>/ckpt`.
+
+    Args:
+      directory: the run's output dir (checkpoints go in `ckpt/` under it).
+      max_to_keep: how many checkpoints to keep.
+      **trackables: the model, optimizers, `tf.random.Generator`s, tf.data iterators and
+        anything else `tf.train.Checkpoint` can track, by name.
+    """
+
+    def __init__(self, directory, max_to_keep=3, **trackables):
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="train_step")
+        # tf.train.Checkpoint does not reach the SeedGenerator state of Keras 3 random layers
+        # (Dropout, ...); save every model's non-trainable variables explicitly so that a
+        # resumed run draws the same dropout masks as an uninterrupted one.
+        states = {f"{name}_state": [v.value for v in obj.non_trainable_variables]
+                  for name, obj in trackables.items()
+                  if isinstance(obj, keras.layers.Layer) and obj.non_trainable_variables}
+        self.checkpoint = tf.train.Checkpoint(step=self.step, **trackables, **states)
+        self.directory = os.path.join(directory, "ckpt")
+        self.manager = tf.train.CheckpointManager(self.checkpoint, self.directory, max_to_keep)
+
+    def restore(self):
+        """Restore the latest checkpoint if there is one; return the step it was taken at."""
+        path = self.manager.latest_checkpoint
+        if not path:
+            return 0
+        try:
+            status = self.checkpoint.restore(path)
+            status.assert_existing_objects_matched()
+        except (AssertionError, ValueError, tf.errors.InvalidArgumentError) as e:
+            raise CheckpointMismatchError(
+                f"the checkpoint {path} does not match this run's model/optimizer (a different "
+                f"model or setup wrote it?): {str(e).splitlines()[0][:500]}. Use a new "
+                "--output_dir, or the setup that wrote it.") from None
+        logging.info("restored %s (step %d)", path, int(self.step))
+        return int(self.step)
+
+    def save(self):
+        return self.manager.save(checkpoint_number=int(self.step))
+
+
+def _check_finite(logs, step):
+    for name, value in logs.items():
+        if not math.isfinite(value):
+            what = "the gradient" if name == "grad_norm" else f"loss term '{name}'"
+            raise NonFiniteError(f"step {step}: {what} is {value}; the update was not applied "
+                                 "and the last checkpoint is the last good state")
+
+
+def train_loop(step_fn, iterator, steps, checkpointer=None, output_dir=None,
+               checkpoint_every=500, log_every=100, summary_every=10, callback=None):
+    """Run `step_fn(next(iterator))` until `checkpointer.step` reaches `steps`.
+
+    Args:
+      step_fn: a compiled step returning a dict of scalar logs (see `make_train_step`).
+      iterator: a (distributed) tf.data iterator; put it in the checkpointer to resume
+        the data where it stopped.
+      steps: the total number of steps of the run (not of this call).
+      checkpointer: a `Checkpointer`; restored before the first step, saved every
+        `checkpoint_every` steps and at the end. None: no checkpoints.
+      output_dir: TensorBoard events go to `<output_dir>/train`. None: no summaries.
+      log_every: an absl progress line (step, loss, steps/s, ETA) every this many steps.
+      summary_every: tf.summary of every log value and steps/s every this many steps.
+      callback: optional `callback(step, logs)` after each step (evaluation, plots).
+
+    Returns:
+      the last step's logs as Python floats (empty if there was nothing left to do).
+    """
+    ckpt = checkpointer
+    step = ckpt.restore() if ckpt else 0
+    counter = ckpt.step if ckpt else tf.Variable(0, dtype=tf.int64)
+    writer = (tf.summary.create_file_writer(os.path.join(output_dir, "train"))
+              if output_dir else tf.summary.create_noop_writer())
+    logs = {}
+    start, start_step = time.perf_counter(), step
+    rate = 0.0
+    with writer.as_default():
+        while step < steps:
+            raw = step_fn(next(iterator))
+            logs = {k: float(v) for k, v in raw.items()}
+            _check_finite(logs, step + 1)
+            step += 1
+            counter.assign(step)
+            elapsed = time.perf_counter() - start
+            rate = (step - start_step) / elapsed if elapsed > 0 else 0.0
+            if step % summary_every == 0 or step == steps:
+                for name, value in logs.items():
+                    tf.summary.scalar(name, value, step=step)
+                tf.summary.scalar("steps_per_sec", rate, step=step)
+            if step % log_every == 0 or step == steps:
+                eta = (steps - step) / rate if rate > 0 else float("inf")
+                logging.info("step %d/%d  loss %.5g  %.1f steps/s  ETA %.0f s", step, steps,
+                             logs.get("loss", float("nan")), rate, eta)
+            if callback is not None:
+                callback(step, logs)
+            if ckpt and (step % checkpoint_every == 0 or step == steps):
+                ckpt.save()
+    writer.flush()
+    return logs

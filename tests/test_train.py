@@ -1,0 +1,282 @@
+"""The training-loop toolkit against the definitions: accumulation equals the big batch,
+clipping bounds the norm, per-group rates, mixed precision vs float32, the NaN guard,
+kill-and-resume equality, strategy equivalence, attribution completeness, bad input."""
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hogrod
+from hogrod import distribute, train
+from conftest import REPO_ROOT
+from train_fixtures import GLOBAL_BATCH, make_problem, weights
+
+WORKERS = os.path.join(REPO_ROOT, "tests", "workers")
+
+
+def big_batch(data, n=GLOBAL_BATCH):
+    return next(iter(data.batch(n)))
+
+
+def manual_sgd_step(model, loss_fn, batch, lr, weights_=None):
+    """The oracle: w - lr * grad of the weighted total, by a plain tape."""
+    with tf.GradientTape() as tape:
+        terms = loss_fn(batch)
+        total = sum((weights_ or {}).get(k, 1.0) * v for k, v in terms.items())
+    grads = tape.gradient(total, model.trainable_variables)
+    return np.concatenate([(v - lr * g).numpy().ravel()
+                           for v, g in zip(model.trainable_variables, grads)])
+
+
+def test_step_equals_manual_sgd_with_term_weights_and_does_not_retrace():
+    model, opt, loss_fn, data = make_problem()
+    batch = big_batch(data)
+    expected = manual_sgd_step(model, loss_fn, batch, 0.1, {"l2": 0.5})
+    step = train.make_train_step(loss_fn, opt, model.trainable_variables, weights={"l2": 0.5})
+    logs = step(batch)
+    np.testing.assert_allclose(weights(model), expected, rtol=1e-5, atol=1e-6)
+    assert set(logs) == {"mse", "l2", "loss", "grad_norm", "lr", "applied"}
+    np.testing.assert_allclose(float(logs["loss"]), float(logs["mse"]) + 0.5 * float(logs["l2"]),
+                               rtol=1e-6)
+    for b in data.skip(16).batch(GLOBAL_BATCH).take(3):
+        step(b)
+    assert step.experimental_get_tracing_count() == 1
+
+
+def test_accumulation_equals_one_step_on_the_whole_batch():
+    model, opt, loss_fn, data = make_problem()
+    batch = big_batch(data)
+    expected = manual_sgd_step(model, loss_fn, batch, 0.1)
+    step = train.make_train_step(loss_fn, opt, model.trainable_variables, accumulation_steps=4)
+    step(batch)
+    np.testing.assert_allclose(weights(model), expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="must divide the batch size"):
+        train.make_train_step(loss_fn, keras.optimizers.SGD(0.1), model.trainable_variables,
+                              accumulation_steps=3)(batch)
+
+
+def test_clip_by_global_norm_bounds_the_update_and_clip_by_value_bounds_entries():
+    model, opt, loss_fn, data = make_problem(lr=1.0)
+    batch = big_batch(data)
+    before = weights(model)
+    step = train.make_train_step(loss_fn, opt, model.trainable_variables,
+                                 transform=train.clip_by_global_norm(0.01))
+    logs = step(batch)
+    assert float(logs["grad_norm"]) > 0.01  # the raw gradient was larger than the bound
+    np.testing.assert_allclose(np.linalg.norm(weights(model) - before), 0.01, rtol=1e-4)
+    before = weights(model)
+    step = train.make_train_step(loss_fn, keras.optimizers.SGD(1.0), model.trainable_variables,
+                                 transform=train.chain(train.clip_by_value(1e-3)))
+    step(batch)
+    assert np.abs(weights(model) - before).max() <= 1e-3 + 1e-7
+
+
+def test_per_group_optimizers_move_each_group_by_its_own_rate():
+    model, _, loss_fn, data = make_problem()
+    batch = big_batch(data)
+    backbone, head = model.layers[0].trainable_variables, model.layers[1].trainable_variables
+    with tf.GradientTape() as tape:
+        total = sum(loss_fn(batch).values())
+    grads = tape.gradient(total, backbone + head)
+    before = [v.numpy() for v in backbone + head]
+    step = train.make_train_step(loss_fn, [(keras.optimizers.SGD(1e-5), backbone),
+                                           (keras.optimizers.SGD(1e-3), head)])
+    step(batch)
+    for i, (v, g, b) in enumerate(zip(backbone + head, grads, before)):
+        lr = 1e-5 if i < len(backbone) else 1e-3
+        np.testing.assert_allclose(v.numpy(), b - lr * g.numpy(), rtol=1e-6, atol=1e-9)
+
+
+def test_overlapping_groups_unknown_weight_and_non_scalar_term_are_clear_errors():
+    model, _, loss_fn, data = make_problem()
+    vs = model.trainable_variables
+    with pytest.raises(ValueError, match=r"dense\w*/kernel' is in optimizer groups 0 and 1"):
+        train.make_train_step(loss_fn, [(keras.optimizers.SGD(0.1), vs[:2]),
+                                        (keras.optimizers.SGD(0.1), vs[:1])])
+    step = train.make_train_step(loss_fn, keras.optimizers.SGD(0.1), vs, weights={"l1": 2.0})
+    with pytest.raises(ValueError, match=r"unknown loss term\(s\) \['l1'\]"):
+        step(big_batch(data))
+    bad = train.make_train_step(lambda b: {"per_example": tf.reduce_sum(b[0], axis=1)},
+                                keras.optimizers.SGD(0.1), vs)
+    with pytest.raises(ValueError, match="'per_example' must be a scalar"):
+        bad(big_batch(data))
+
+
+def test_unconnected_variables_get_zeros_and_one_warning_naming_them(caplog):
+    model, opt, loss_fn, data = make_problem()
+    lonely = tf.Variable(tf.ones([3]), name="lonely_bias")
+    step = train.make_train_step(loss_fn, opt, model.trainable_variables + [lonely])
+    with caplog.at_level(logging.WARNING):
+        for b in data.batch(GLOBAL_BATCH).take(3):
+            step(b)
+    warnings = [r for r in caplog.records if "does not depend" in r.getMessage()]
+    assert len(warnings) == 1 and "lonely_bias" in warnings[0].getMessage()
+    np.testing.assert_array_equal(lonely.numpy(), 1.0)
+
+
+@pytest.fixture
+def float32_policy_after():
+    yield
+    keras.mixed_precision.set_global_policy("float32")
+
+
+def test_mixed_precision_matches_float32_and_small_gradients_do_not_underflow(
+        float32_policy_after):
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.normal(size=(32, 8)), tf.float32)
+    y = tf.constant(rng.normal(size=(32, 1)), tf.float32)
+
+    def run(policy):
+        keras.mixed_precision.set_global_policy("float32")
+        keras.utils.set_random_seed(1)
+        opt = keras.optimizers.SGD(1e4)
+        if policy == "mixed_float16":
+            opt = train.mixed_precision(opt)
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"),
+                                  keras.layers.Dense(1)])
+        before = weights(model)
+        # A loss 1e-6 of the usual size: float16 gradients of it underflow without scaling.
+        loss = lambda b: 1e-6 * tf.reduce_mean(  # noqa: E731
+            (tf.cast(model(b[0]), tf.float32) - b[1]) ** 2)
+        step = train.make_train_step(loss, opt, model.trainable_variables)
+        logs = step((x, y))
+        return weights(model) - before, logs, model
+
+    delta32, _, _ = run("float32")
+    delta16, logs16, model16 = run("mixed_float16")
+    assert model16.layers[0].compute_dtype == "float16"
+    assert float(logs16["applied"]) == 1.0
+    assert np.count_nonzero(delta16) == np.count_nonzero(delta32) > 0  # nothing underflowed
+    np.testing.assert_allclose(delta16, delta32, rtol=2e-2, atol=2e-2 * np.abs(delta32).max())
+
+
+def test_nan_guard_names_step_and_term_and_keeps_last_good_checkpoint(tmp_path):
+    model, opt, loss_fn, data = make_problem()
+    poison = tf.Variable(0.0)
+
+    def loss(batch):
+        terms = loss_fn(batch)
+        terms["mse"] = terms["mse"] + poison  # becomes NaN at step 3
+        return terms
+
+    step = train.make_train_step(loss, opt, model.trainable_variables)
+    ckpt = train.Checkpointer(str(tmp_path), model=model, optimizer=opt)
+
+    def cb(i, logs):
+        if i == 2:
+            poison.assign(float("nan"))
+
+    it = iter(data.repeat().batch(GLOBAL_BATCH))
+    with pytest.raises(train.NonFiniteError, match="step 3: loss term 'mse' is nan"):
+        train.train_loop(step, it, 10, ckpt, checkpoint_every=1, callback=cb)
+    good = weights(model)
+    assert np.all(np.isfinite(good))  # the bad update was not applied
+    assert ckpt.manager.latest_checkpoint.endswith("ckpt-2")
+    model2, opt2, _, _ = make_problem()
+    ckpt2 = train.Checkpointer(str(tmp_path), model=model2, optimizer=opt2)
+    assert ckpt2.restore() == 2
+    np.testing.assert_array_equal(weights(model2), good)
+
+
+def test_checkpoint_dir_from_a_different_model_is_a_clear_error(tmp_path):
+    model, opt, loss_fn, data = make_problem()
+    ckpt = train.Checkpointer(str(tmp_path), model=model)
+    ckpt.save()
+    other = keras.Sequential([keras.Input((3,)), keras.layers.Dense(5), keras.layers.Dense(2)])
+    with pytest.raises(train.CheckpointMismatchError, match="does not match"):
+        train.Checkpointer(str(tmp_path), model=other).restore()
+
+
+def test_summaries_and_progress(tmp_path, caplog):
+    model, opt, loss_fn, data = make_problem()
+    step = train.make_train_step(loss_fn, opt, model.trainable_variables)
+    with caplog.at_level(logging.INFO):
+        logs = train.train_loop(step, iter(data.repeat().batch(GLOBAL_BATCH)), 20,
+                                output_dir=str(tmp_path), log_every=10, summary_every=5)
+    assert logs["loss"] > 0
+    events = os.listdir(tmp_path / "train")
+    assert events and events[0].startswith("events")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(tmp_path / "train"), size_guidance={"tensors": 0})
+    acc.Reload()
+    assert {"mse", "l2", "loss", "grad_norm", "lr", "steps_per_sec"} <= set(acc.Tags()["tensors"])
+    assert any("step 20/20" in r.getMessage() and "steps/s" in r.getMessage() and "ETA" in
+               r.getMessage() for r in caplog.records)
+
+
+def test_sigkill_and_resume_ends_with_the_uninterrupted_weights(tmp_path):
+    script = os.path.join(WORKERS, "resumable.py")
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT)
+    ref = tmp_path / "ref.npy"
+    subprocess.run([sys.executable, script, str(tmp_path / "a"), "20", str(ref), "0"],
+                   check=True, env=env, timeout=300, capture_output=True)
+    out = tmp_path / "resumed.npy"
+    cmd = [sys.executable, script, str(tmp_path / "b"), "20", str(out), "0.2"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
+    for line in proc.stdout:  # kill it mid-run, after the checkpoint at step 10
+        if line.startswith("STEP 12"):
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL and not out.exists()
+    resumed = subprocess.run(cmd[:-1] + ["0"], env=env, timeout=300, capture_output=True,
+                             text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "STEP 11" in resumed.stdout and "STEP 10" not in resumed.stdout  # resumed at 10
+    np.testing.assert_array_equal(np.load(out), np.load(ref))
+
+
+def test_mirrored_two_logical_devices_equals_one_device():
+    model, opt, loss_fn, data = make_problem()
+    step = train.make_train_step(loss_fn, opt, model.trainable_variables)
+    for b in data.batch(GLOBAL_BATCH).take(3):
+        step(b)
+    single = weights(model)
+    strategy = distribute.make_strategy("mirrored")
+    assert strategy.num_replicas_in_sync == 2
+    with strategy.scope():
+        model, opt, loss_fn, data = make_problem()
+    step = train.make_train_step(loss_fn, opt, model.trainable_variables, strategy=strategy)
+    for b in strategy.experimental_distribute_dataset(data.batch(GLOBAL_BATCH).take(3)):
+        step(b)
+    np.testing.assert_allclose(weights(model), single, atol=1e-5)
+
+
+def test_two_process_multi_worker_step_equals_one_device(tmp_path):
+    model, opt, loss_fn, data = make_problem()
+    train.make_train_step(loss_fn, opt, model.trainable_variables)(big_batch(data))
+    out = tmp_path / "mw.npy"
+    results = distribute.launch_local(
+        [sys.executable, os.path.join(WORKERS, "one_step.py"), "multi_worker", str(out)], 2,
+        timeout_s=240, cwd=REPO_ROOT, env={"PYTHONPATH": REPO_ROOT})
+    assert all("DONE 2" in r.stdout for r in results)
+    np.testing.assert_allclose(np.load(out), weights(model), atol=1e-5)
+
+
+def test_integrated_gradients_completeness_and_saliency_against_finite_differences():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(8, activation="tanh"),
+                              keras.layers.Dense(3, activation="softmax")])
+    x = tf.random.stateless_normal((4, 5), seed=(0, 1))
+    baseline = tf.zeros_like(x)
+    target = tf.constant([0, 2, 1, 2])
+    ig = train.integrated_gradients(model, x, baseline, target, steps=128)
+    fx = tf.gather(model(x), target, axis=1, batch_dims=1)
+    fb = tf.gather(model(baseline), target, axis=1, batch_dims=1)
+    np.testing.assert_allclose(tf.reduce_sum(ig, axis=1), fx - fb, rtol=1e-3, atol=1e-5)
+    sal = train.saliency(model, x, 1).numpy()
+    eps = 1e-2
+    for j in range(5):
+        e = np.zeros((1, 5), np.float32)
+        e[0, j] = eps
+        fd = (model(x + e)[:, 1] - model(x - e)[:, 1]) / (2 * eps)
+        np.testing.assert_allclose(sal[:, j], fd, rtol=2e-2, atol=1e-4)
