@@ -280,3 +280,18 @@ def test_integrated_gradients_completeness_and_saliency_against_finite_differenc
         e[0, j] = eps
         fd = (model(x + e)[:, 1] - model(x - e)[:, 1]) / (2 * eps)
         np.testing.assert_allclose(sal[:, j], fd, rtol=2e-2, atol=1e-4)
+
+
+def test_iterator_with_python_state_is_left_out_of_checkpoints_with_a_warning(tmp_path, caplog):
+    model, opt, _, _ = make_problem()
+    data = tf.data.Dataset.from_generator(lambda: iter(range(100)), output_signature=tf.TensorSpec(
+        [], tf.int64))
+    it = iter(data)
+    next(it)
+    ckpt = train.Checkpointer(str(tmp_path), model=model, data=it)
+    with caplog.at_level(logging.WARNING):
+        ckpt.save()
+    assert any("not checkpointing data iterator(s) ['data']" in r.getMessage()
+               for r in caplog.records)
+    again = train.Checkpointer(str(tmp_path), model=model, data=iter(data))
+    assert again.restore() == 0 and "data" not in again.trackables

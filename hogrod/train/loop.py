@@ -43,6 +43,12 @@ class Checkpointer:
 
     def __init__(self, directory, max_to_keep=3, **trackables):
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="train_step")
+        self.directory = os.path.join(directory, "ckpt")
+        self.max_to_keep = max_to_keep
+        self._build(trackables)
+
+    def _build(self, trackables):
+        self.trackables = trackables
         # tf.train.Checkpoint does not reach the SeedGenerator state of Keras 3 random layers
         # (Dropout, ...); save every model's non-trainable variables explicitly so that a
         # resumed run draws the same dropout masks as an uninterrupted one.
@@ -50,14 +56,27 @@ class Checkpointer:
                   for name, obj in trackables.items()
                   if isinstance(obj, keras.layers.Layer) and obj.non_trainable_variables}
         self.checkpoint = tf.train.Checkpoint(step=self.step, **trackables, **states)
-        self.directory = os.path.join(directory, "ckpt")
-        self.manager = tf.train.CheckpointManager(self.checkpoint, self.directory, max_to_keep)
+        self.manager = tf.train.CheckpointManager(self.checkpoint, self.directory,
+                                                  self.max_to_keep)
+
+    def _drop_iterators(self, why):
+        """tf.data saves an iterator's position unless its pipeline holds Python state
+        (`from_generator`, `py_function`); such data restarts from its beginning on resume."""
+        names = [k for k, v in self.trackables.items() if _is_iterator(v)]
+        if names:
+            logging.warning("not checkpointing data iterator(s) %s (%s); a resumed run "
+                            "restarts their data", names, why)
+            self._build({k: v for k, v in self.trackables.items() if k not in names})
+        return bool(names)
 
     def restore(self):
         """Restore the latest checkpoint if there is one; return the step it was taken at."""
         path = self.manager.latest_checkpoint
         if not path:
             return 0
+        saved = {name.split("/")[0] for name, _ in tf.train.list_variables(path)}
+        if any(_is_iterator(v) and k not in saved for k, v in self.trackables.items()):
+            self._drop_iterators("the checkpoint holds no state for them")
         try:
             status = self.checkpoint.restore(path)
             status.assert_existing_objects_matched()
@@ -70,7 +89,17 @@ class Checkpointer:
         return int(self.step)
 
     def save(self):
-        return self.manager.save(checkpoint_number=int(self.step))
+        try:
+            return self.manager.save(checkpoint_number=int(self.step))
+        except tf.errors.FailedPreconditionError as e:
+            if not self._drop_iterators(str(e).splitlines()[0][:200]):
+                raise
+            return self.manager.save(checkpoint_number=int(self.step))
+
+
+def _is_iterator(obj):
+    return isinstance(obj, (tf.data.Iterator, tf.distribute.DistributedIterator)) or \
+        type(obj).__name__ == "OwnedIterator"
 
 
 def _check_finite(logs, step):
