@@ -20,7 +20,9 @@ from absl import logging
 
 from hogrod.train.transforms import global_norm, zeros_for_unconnected
 
-__all__ = ["make_train_step", "build_optimizers"]
+__all__ = ["make_train_step", "build_optimizers", "MONITOR"]
+
+MONITOR = "monitor/"  # terms named "monitor/..." are logged and guarded, not optimized
 
 
 def _name(v):
@@ -87,6 +89,7 @@ def make_train_step(loss_fn, optimizer, variables=None, weights=None, transform=
 
     Args:
       loss_fn: `loss_fn(batch)` -> scalar or {name: scalar}; means over the batch given.
+        Terms named "monitor/..." are logged (and NaN-guarded) but not optimized.
       optimizer: a Keras optimizer (with `variables`), or a list of (optimizer, variables)
         groups, e.g. [(Adam(1e-5), backbone_vars), (Adam(1e-3), head_vars)]. Wrap a single
         optimizer in `keras.optimizers.LossScaleOptimizer` for mixed precision.
@@ -124,7 +127,8 @@ def make_train_step(loss_fn, optimizer, variables=None, weights=None, transform=
         if unknown:
             raise ValueError(f"weights given for unknown loss term(s) {unknown}; the loss "
                              f"returns {sorted(terms)}")
-        return tf.add_n([weights.get(n, 1.0) * t for n, t in terms.items()])
+        return tf.add_n([weights.get(n, 1.0) * t for n, t in terms.items()
+                         if not n.startswith(MONITOR)])
 
     def grads_of(batch, scale):
         with tf.GradientTape() as tape:

@@ -1,0 +1,277 @@
+"""MAML and its family, each as a meta-loss that `hogrod.train.make_train_step` minimizes.
+
+Every algorithm here is a function `(model, loss_fn, ...) -> Algorithm` where
+
+- `Algorithm.meta_loss(tasks) -> {"query": scalar, ...}` is the outer objective over a
+  meta-batch `tasks = (x_support, y_support, x_query, y_query)`, each with a leading task
+  axis; its gradient with respect to the model's variables (and `Algorithm.variables`, the
+  algorithm's own learned quantities) is the algorithm's meta-gradient;
+- `Algorithm.adapt(support, steps)` gives the fast weights used at evaluation;
+- `Algorithm.variables` lists extra trainables (Meta-SGD's and MAML++'s learned rates).
+
+Reptile and iMAML do not differentiate a loss through the inner loop; they are written as
+surrogate losses whose gradient is their update: Reptile's 0.5 ||theta - sg(phi)||^2 has
+gradient theta - phi, iMAML's <theta, sg(g)> has gradient g, the implicit meta-gradient.
+So one compiled train step (clipping, logging, NaN guard, tf.distribute sharding of the
+meta-batch across replicas) serves every algorithm.
+
+The meta-batch is vectorized with `tf.vectorized_map` (the inner tapes included); set
+`vectorize=False` for a sequential `tf.map_fn` (less memory), and `recompute=True` to
+recompute each task's inner loop in the backward pass (`tf.recompute_grad`; sequential).
+"""
+
+import collections
+
+import gin
+import keras
+import tensorflow as tf
+
+import hogrod
+from hogrod.meta.inner import adapt, initial_params
+
+__all__ = ["Algorithm", "maml", "fomaml", "reptile", "anil", "meta_sgd", "maml_plus_plus",
+           "imaml", "ALGORITHMS"]
+
+Algorithm = collections.namedtuple("Algorithm", ["meta_loss", "adapt", "variables"])
+
+
+def _over_tasks(fn, tasks, vectorize=True, recompute=None):
+    """Mean over the task axis of fn(task) (a scalar or a dict of scalars per task).
+
+    recompute: None, or the params fn differentiates through; then each task's forward
+    pass is recomputed in the backward pass (tf.recompute_grad), tasks run sequentially.
+    """
+    if recompute is not None:
+        params, n = list(recompute), len(recompute)
+        inner = tf.recompute_grad(lambda *args: fn(args[n:], list(args[:n])))
+        out = tf.map_fn(lambda task: inner(*params, *task), tasks,
+                        fn_output_signature=_signature(lambda t: fn(t, params), tasks))
+    elif vectorize:
+        out = tf.vectorized_map(fn, tasks)
+    else:
+        out = tf.map_fn(fn, tasks, fn_output_signature=_signature(fn, tasks))
+    return tf.nest.map_structure(tf.reduce_mean, out)
+
+
+def _signature(fn, tasks):
+    probe = tf.nest.map_structure(lambda t: t[0], tasks)
+    out = tf.function(fn).get_concrete_function(probe).structured_outputs
+    return tf.nest.map_structure(lambda t: tf.TensorSpec([], t.dtype), out)
+
+
+def _query_loss(model, loss_fn, fast, xq, yq):
+    return loss_fn(yq, hogrod.functional_call(model, fast, xq, training=True))
+
+
+@gin.configurable
+def maml(model, loss_fn, inner_lr=0.01, inner_steps=1, first_order=False, vectorize=True,
+         recompute=False):
+    """MAML (Finn et al. 2017): the query loss after `inner_steps` steps from theta,
+    differentiated through the inner loop (second order unless `first_order`)."""
+    def meta_loss(tasks):
+        params = initial_params(model)  # read once, under the train step's tape
+
+        def task_loss(task, start=params):
+            xs, ys, xq, yq = task
+            fast = adapt(model, loss_fn, (xs, ys), inner_lr, inner_steps, first_order, start)
+            return _query_loss(model, loss_fn, fast, xq, yq)
+
+        return {"query": _over_tasks(task_loss, tasks, vectorize,
+                                     params if recompute else None)}
+
+    def adapt_eval(support, steps):
+        return adapt(model, loss_fn, support, inner_lr, steps)
+
+    return Algorithm(meta_loss, adapt_eval, [])
+
+
+@gin.configurable
+def fomaml(model, loss_fn, inner_lr=0.01, inner_steps=1, vectorize=True):
+    """First-order MAML: the inner gradients are treated as constants."""
+    return maml(model, loss_fn, inner_lr, inner_steps, first_order=True, vectorize=vectorize)
+
+
+@gin.configurable
+def reptile(model, loss_fn, inner_lr=0.01, inner_steps=5, vectorize=True):
+    """Reptile (Nichol et al. 2018): move theta toward the adapted weights phi.
+
+    The surrogate 0.5 ||theta - sg(phi)||^2, averaged over tasks, has gradient theta - mean
+    phi; with SGD at rate eps the outer step is Reptile's theta += eps (phi - theta). The
+    inner loop runs on support and query together (Reptile has no query split)."""
+    def task_loss(task):
+        xs, ys, xq, yq = task
+        x, y = tf.concat([xs, xq], 0), tf.concat([ys, yq], 0)
+        params = initial_params(model)
+        fast = adapt(model, loss_fn, (x, y), inner_lr, inner_steps, True, params)
+        gap = tf.add_n([tf.reduce_sum((p - tf.stop_gradient(f)) ** 2)
+                        for p, f in zip(params, fast)])
+        return {"reptile": 0.5 * gap, "query": tf.stop_gradient(
+            _query_loss(model, loss_fn, fast, xq, yq))}
+
+    def meta_loss(tasks):
+        out = _over_tasks(task_loss, tasks, vectorize)
+        return {"reptile": out["reptile"], "monitor/query": out["query"]}
+
+    def adapt_eval(support, steps):
+        return adapt(model, loss_fn, support, inner_lr, steps)
+
+    return Algorithm(meta_loss, adapt_eval, [])
+
+
+def _head_mask(model, head_layers):
+    head = {id(v) for layer in model.layers[-head_layers:] for v in layer.trainable_variables}
+    return [id(v) in head for v in model.trainable_variables]
+
+
+@gin.configurable
+def anil(model, loss_fn, inner_lr=0.01, inner_steps=1, head_layers=1, first_order=False,
+         vectorize=True):
+    """ANIL (Raghu et al. 2020): adapt only the last `head_layers` layers; the body is
+    meta-learned through the head's adaptation but never adapted itself."""
+    mask = _head_mask(model, head_layers)
+    rates = [inner_lr if m else None for m in mask]
+    algo = maml(model, loss_fn, rates, inner_steps, first_order, vectorize)
+    return Algorithm(algo.meta_loss,
+                     lambda support, steps: adapt(model, loss_fn, support, rates, steps), [])
+
+
+@gin.configurable
+def meta_sgd(model, loss_fn, inner_lr=0.01, inner_steps=1, vectorize=True):
+    """Meta-SGD (Li et al. 2017): a learned inner learning rate per parameter entry,
+    initialized at `inner_lr` and meta-trained with the weights."""
+    rates = [tf.Variable(tf.fill(v.shape, tf.cast(inner_lr, v.dtype)),
+                         name=f"lr/{v.path.replace('/', '_')}")
+             for v in model.trainable_variables]
+    algo = maml(model, loss_fn, rates, inner_steps, False, vectorize)
+    return Algorithm(algo.meta_loss,
+                     lambda support, steps: adapt(model, loss_fn, support, rates, steps), rates)
+
+
+@gin.configurable
+def maml_plus_plus(model, loss_fn, inner_lr=0.01, inner_steps=5, multi_step_iterations=10000,
+                   first_order_iterations=5000, iterations=None, vectorize=True):
+    """MAML++ (Antoniou et al. 2019), the parts that change the meta-gradient:
+
+    - learned per-layer, per-step inner rates (LSLR), initialized at `inner_lr`;
+    - the multi-step loss: the query loss after every inner step, weighted from uniform
+      toward the last step only over `multi_step_iterations` outer steps;
+    - first-order for the first `first_order_iterations` outer steps, second order after.
+    `iterations` is the outer step counter (the optimizer's `iterations`); required.
+    BatchNorm uses the batch's statistics at every step (transductive, as MAML++ evaluates);
+    MAML++'s per-step running statistics are not kept.
+    """
+    if iterations is None:
+        raise ValueError("maml_plus_plus needs `iterations` (the outer optimizer's counter)")
+    variables = model.trainable_variables
+    layer_of = {}
+    for layer in model.layers:
+        for v in layer.trainable_variables:
+            layer_of[id(v)] = layer.name
+    layers = sorted(set(layer_of.values()))
+    lslr = {name: tf.Variable(tf.fill([inner_steps], inner_lr), name=f"lslr/{name}")
+            for name in layers}
+
+    def rates(step):
+        return [lslr[layer_of[id(v)]][step] for v in variables]
+
+    def step_weights():
+        progress = tf.minimum(tf.cast(iterations, tf.float32) / max(multi_step_iterations, 1), 1.0)
+        uniform = tf.fill([inner_steps], 1.0 / inner_steps)
+        last = tf.one_hot(inner_steps - 1, inner_steps)
+        return (1.0 - progress) * uniform + progress * last
+
+    def meta_loss(tasks):
+        params = initial_params(model)
+
+        def task_losses(task, first_order):
+            xs, ys, xq, yq = task
+            fast, losses = params, []
+            for s in range(inner_steps):
+                fast = adapt(model, loss_fn, (xs, ys), lambda _, s=s: rates(s), 1, first_order,
+                             fast)
+                losses.append(_query_loss(model, loss_fn, fast, xq, yq))
+            return tf.stack(losses)
+
+        per_step = tf.cond(
+            iterations < first_order_iterations,
+            lambda: _over_steps(lambda t: task_losses(t, True), tasks, vectorize),
+            lambda: _over_steps(lambda t: task_losses(t, False), tasks, vectorize))
+        return {"query": tf.reduce_sum(step_weights() * per_step),
+                "monitor/query_last": per_step[-1]}
+
+    def adapt_eval(support, steps):
+        fast = None
+        for s in range(steps):
+            fast = adapt(model, loss_fn, support, lambda _, s=s: rates(min(s, inner_steps - 1)),
+                         1, True, fast)
+        return initial_params(model) if fast is None else fast
+
+    return Algorithm(meta_loss, adapt_eval, list(lslr.values()))
+
+
+def _over_steps(fn, tasks, vectorize):
+    out = tf.vectorized_map(fn, tasks) if vectorize else tf.map_fn(
+        fn, tasks, fn_output_signature=tf.float32)
+    return tf.reduce_mean(out, axis=0)
+
+
+def _cg(matvec, b, iterations):
+    """Conjugate gradient for A x = b, A symmetric positive definite, fixed iterations."""
+    dot = lambda a, c: tf.add_n([tf.reduce_sum(u * w) for u, w in zip(a, c)])  # noqa: E731
+    x = [tf.zeros_like(t) for t in b]
+    r = list(b)
+    p = list(b)
+    safe = lambda d: tf.where(tf.abs(d) > 1e-30, d, 1e-30)  # noqa: E731  (0/0 at convergence)
+    rr = dot(r, r)
+    for _ in range(iterations):
+        ap = matvec(p)
+        alpha = rr / safe(dot(p, ap))
+        x = [xi + alpha * pi for xi, pi in zip(x, p)]
+        r = [ri - alpha * api for ri, api in zip(r, ap)]
+        rr_new = dot(r, r)
+        p = [ri + (rr_new / safe(rr)) * pi for ri, pi in zip(r, p)]
+        rr = rr_new
+    return x
+
+
+@gin.configurable
+def imaml(model, loss_fn, inner_lr=0.01, inner_steps=10, lam=1.0, cg_steps=5, vectorize=True):
+    """iMAML (Rajeswaran et al. 2019): the implicit meta-gradient.
+
+    The inner problem is min_phi L_s(phi) + lam/2 ||phi - theta||^2, solved approximately by
+    `inner_steps` gradient steps (not differentiated). Its meta-gradient is
+    (I + H_s(phi)/lam)^{-1} grad L_q(phi), found by `cg_steps` of conjugate gradient on
+    Hessian-vector products (`hogrod.hvp`) of the support loss at phi."""
+    def task_loss(task):
+        xs, ys, xq, yq = task
+        theta = initial_params(model)
+        anchor = [tf.stop_gradient(t) for t in theta]
+        phi = list(anchor)
+        for _ in range(inner_steps):
+            def prox(phi=phi):
+                fit = loss_fn(ys, hogrod.functional_call(model, phi, xs, training=True))
+                return fit + 0.5 * lam * tf.add_n(
+                    [tf.reduce_sum((p - a) ** 2) for p, a in zip(phi, anchor)])
+            g = hogrod.grad(prox, phi)
+            phi = [p - inner_lr * gi for p, gi in zip(phi, g)]
+        phi = [tf.stop_gradient(p) for p in phi]
+        query, gq = hogrod.value_and_grad(lambda: _query_loss(model, loss_fn, phi, xq, yq), phi)
+        support = lambda: loss_fn(ys, hogrod.functional_call(model, phi, xs, training=True))  # noqa
+        matvec = lambda v: [vi + hi / lam for vi, hi in zip(v, hogrod.hvp(support, phi, v))]  # noqa
+        meta_grad = _cg(matvec, gq, cg_steps)
+        surrogate = tf.add_n([tf.reduce_sum(t * tf.stop_gradient(m))
+                              for t, m in zip(theta, meta_grad)])
+        return {"implicit": surrogate, "query": tf.stop_gradient(query)}
+
+    def meta_loss(tasks):
+        out = _over_tasks(task_loss, tasks, vectorize)
+        return {"implicit": out["implicit"], "monitor/query": out["query"]}
+
+    def adapt_eval(support, steps):
+        return adapt(model, loss_fn, support, inner_lr, steps)
+
+    return Algorithm(meta_loss, adapt_eval, [])
+
+
+ALGORITHMS = {"maml": maml, "fomaml": fomaml, "reptile": reptile, "anil": anil,
+              "meta_sgd": meta_sgd, "maml_plus_plus": maml_plus_plus, "imaml": imaml}

@@ -1,0 +1,304 @@
+"""Meta-learning against oracles: closed-form meta-gradients of a linear model, float64
+finite differences for an MLP, Reptile / Meta-SGD against their definitions, iMAML against
+the exact implicit gradient of a quadratic inner problem, episode invariants, BatchNorm
+purity, a short sinusoid run, strategy equivalence, bad input."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hogrod
+from hogrod import distribute, meta, train
+from conftest import SHARED_DATA
+
+
+def mse(y, p):
+    return tf.reduce_mean((y - p) ** 2)
+
+
+def linear_model(dim=1, dtype="float64"):
+    return keras.Sequential([keras.Input((dim,), dtype=dtype),
+                             keras.layers.Dense(1, use_bias=False, dtype=dtype)])
+
+
+def meta_grad(model, loss_fn, task, inner_lr, steps, first_order):
+    xs, ys, xq, yq = task
+    with tf.GradientTape() as tape:
+        fast = meta.adapt(model, loss_fn, (xs, ys), inner_lr, steps, first_order)
+        loss = loss_fn(yq, hogrod.functional_call(model, fast, xq))
+    return tape.gradient(loss, model.trainable_variables)
+
+
+def test_maml_meta_gradient_of_a_linear_model_matches_the_closed_form():
+    rng = np.random.default_rng(0)
+    xs, xq = rng.normal(size=(8, 1)), rng.normal(size=(6, 1))
+    ys, yq = 3 * xs + 0.1, 3 * xq - 0.2
+    model = linear_model()
+    w = float(model.trainable_variables[0].numpy()[0, 0])
+    a = 0.1
+    dls = 2 * np.mean(xs * (w * xs - ys))
+    w1 = w - a * dls
+    dlq = 2 * np.mean(xq * (w1 * xq - yq))
+    second = dlq * (1 - a * 2 * np.mean(xs ** 2))
+    task = tuple(tf.constant(t) for t in (xs, ys, xq, yq))
+    got2 = meta_grad(model, mse, task, a, 1, False)[0].numpy().item()
+    got1 = meta_grad(model, mse, task, a, 1, True)[0].numpy().item()
+    np.testing.assert_allclose(got2, second, rtol=1e-7)
+    np.testing.assert_allclose(got1, dlq, rtol=1e-7)
+    assert abs(got2 - got1) > 1e-3  # the second-order term is really there
+
+
+def test_maml_meta_gradient_of_an_mlp_matches_finite_differences():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((1,), dtype="float64"),
+                              keras.layers.Dense(5, activation="tanh", dtype="float64"),
+                              keras.layers.Dense(1, dtype="float64")])
+    rng = np.random.default_rng(1)
+    task = tuple(tf.constant(t) for t in (rng.normal(size=(5, 1)), rng.normal(size=(5, 1)),
+                                          rng.normal(size=(5, 1)), rng.normal(size=(5, 1))))
+    grads = meta_grad(model, mse, task, 0.3, 2, False)
+    params = hogrod.trainable_values(model)
+
+    def meta_loss(ps):
+        fast = meta.adapt(model, mse, task[:2], 0.3, 2, params=ps)
+        return float(mse(task[3], hogrod.functional_call(model, fast, task[2])))
+
+    eps = 1e-6
+    for k, p in enumerate(params):
+        base = p.numpy()
+        for idx in list(np.ndindex(base.shape))[:4]:
+            plus, minus = base.copy(), base.copy()
+            plus[idx] += eps
+            minus[idx] -= eps
+            fd = (meta_loss(params[:k] + [tf.constant(plus)] + params[k + 1:])
+                  - meta_loss(params[:k] + [tf.constant(minus)] + params[k + 1:])) / (2 * eps)
+            np.testing.assert_allclose(grads[k].numpy()[idx], fd, rtol=1e-5, atol=1e-9)
+
+
+def sinusoid_batch(seed, tasks=4, k=5, dtype=tf.float32):
+    xs, ys, xq, yq, _, _ = meta.sample_sinusoids(tf.constant([seed, 0], tf.int64), tasks, k, k,
+                                                 dtype)
+    return xs, ys, xq, yq
+
+
+def small_mlp(dtype="float32"):
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([keras.Input((1,), dtype=dtype),
+                             keras.layers.Dense(8, activation="tanh", dtype=dtype),
+                             keras.layers.Dense(1, dtype=dtype)])
+
+
+def test_vectorized_meta_batch_equals_the_per_task_loop():
+    model = small_mlp()
+    tasks = sinusoid_batch(0)
+    algo = meta.maml(model, mse, inner_lr=0.05, inner_steps=2)
+    with tf.GradientTape() as tape:
+        loss = algo.meta_loss(tasks)["query"]
+    got = tape.gradient(loss, model.trainable_variables)
+    per_task = [meta_grad(model, mse, tuple(t[i] for t in tasks), 0.05, 2, False)
+                for i in range(4)]
+    for j, g in enumerate(got):
+        np.testing.assert_allclose(g, np.mean([pt[j] for pt in per_task], axis=0), rtol=1e-4,
+                                   atol=1e-6)
+    seq = meta.maml(model, mse, inner_lr=0.05, inner_steps=2, vectorize=False, recompute=True)
+    with tf.GradientTape() as tape:
+        loss2 = seq.meta_loss(tasks)["query"]
+    for a, b in zip(tape.gradient(loss2, model.trainable_variables), got):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_reptile_step_follows_its_definition():
+    model = small_mlp()
+    tasks = sinusoid_batch(1)
+    theta = [v.numpy() for v in model.trainable_variables]
+    fast = [meta.adapt(model, mse, (tf.concat([t[0][i], t[2][i]], 0),
+                                    tf.concat([t[1][i], t[3][i]], 0)), 0.02, 3, True)
+            for i, t in [(i, tasks) for i in range(4)]]
+    phi_bar = [np.mean([f[j].numpy() for f in fast], axis=0) for j in range(len(theta))]
+    algo = meta.reptile(model, mse, inner_lr=0.02, inner_steps=3)
+    eps = 0.5
+    train.make_train_step(algo.meta_loss, keras.optimizers.SGD(eps),
+                          model.trainable_variables)(tasks)
+    for v, t, p in zip(model.trainable_variables, theta, phi_bar):
+        np.testing.assert_allclose(v.numpy(), t + eps * (p - t), rtol=1e-5, atol=1e-6)
+
+
+def test_meta_sgd_uses_and_learns_per_parameter_rates():
+    model = small_mlp("float64")
+    tasks = sinusoid_batch(2, dtype=tf.float64)
+    algo = meta.meta_sgd(model, mse, inner_lr=0.1)
+    for r in algo.variables:  # make the rates differ per entry
+        r.assign(tf.random.stateless_uniform(r.shape, (1, 2), 0.05, 0.2, dtype=tf.float64))
+    xs, ys = tasks[0][0], tasks[1][0]
+    fast = algo.adapt((xs, ys), 1)
+    g = hogrod.grad(lambda: mse(ys, model(xs)), model.trainable_variables)
+    for f, v, r, gi in zip(fast, model.trainable_variables, algo.variables, g):
+        np.testing.assert_allclose(f, v.numpy() - r.numpy() * gi.numpy(), rtol=1e-12)
+    with tf.GradientTape() as tape:
+        loss = algo.meta_loss(tasks)["query"]
+    g_rate = tape.gradient(loss, algo.variables[0]).numpy()
+    eps, idx = 1e-6, (0, 3)
+    r0 = algo.variables[0].numpy()
+    vals = []
+    for s in (eps, -eps):
+        r = r0.copy()
+        r[idx] += s
+        algo.variables[0].assign(r)
+        vals.append(float(algo.meta_loss(tasks)["query"]))
+    np.testing.assert_allclose(g_rate[idx], (vals[0] - vals[1]) / (2 * eps), rtol=1e-5)
+
+
+def test_imaml_implicit_gradient_equals_the_exact_one_on_a_quadratic_inner_problem():
+    rng = np.random.default_rng(3)
+    d, lam = 3, 2.0
+    model = linear_model(d)
+    xs, xq = rng.normal(size=(12, d)), rng.normal(size=(9, d))
+    ys, yq = xs @ [[1.0], [-2.0], [0.5]], xq @ [[0.3], [1.0], [-1.0]]
+    theta = model.trainable_variables[0].numpy()
+    A = 2 * xs.T @ xs / 12  # Hessian of the support MSE
+    phi = np.linalg.solve(A + lam * np.eye(d), 2 * xs.T @ ys / 12 + lam * theta)
+    grad_q = 2 * xq.T @ (xq @ phi - yq) / 9
+    exact = np.linalg.solve(np.eye(d) + A / lam, grad_q)
+    algo = meta.imaml(model, mse, inner_lr=0.1, inner_steps=400, lam=lam, cg_steps=d)
+    tasks = tuple(tf.constant(t[None]) for t in (xs, ys, xq, yq))
+    with tf.GradientTape() as tape:
+        loss = algo.meta_loss(tasks)["implicit"]
+    got = tape.gradient(loss, model.trainable_variables)[0].numpy()
+    np.testing.assert_allclose(got, exact, rtol=1e-6, atol=1e-9)
+
+
+def test_every_algorithm_trains_one_compiled_step():
+    for name, factory in meta.ALGORITHMS.items():
+        model = small_mlp()
+        opt = keras.optimizers.Adam(1e-3)
+        kwargs = {"iterations": opt.iterations} if name == "maml_plus_plus" else {}
+        algo = factory(model, mse, **kwargs)
+        step = train.make_train_step(algo.meta_loss, opt,
+                                     model.trainable_variables + algo.variables)
+        before = [v.numpy() for v in model.trainable_variables]
+        logs = step(sinusoid_batch(4))
+        assert float(logs["applied"]) == 1.0, name
+        assert any(not np.allclose(b, v.numpy())
+                   for b, v in zip(before, model.trainable_variables)), name
+
+
+def test_batchnorm_model_adapts_without_mutating_the_model():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8),
+                              keras.layers.BatchNormalization(), keras.layers.ReLU(),
+                              keras.layers.Dense(3)])
+    before = [v.numpy().copy() for v in model.variables]
+    x = tf.random.stateless_normal((6, 4), (0, 1))
+    y = tf.constant([0, 1, 2, 0, 1, 2])
+    ce = lambda y, logits: tf.reduce_mean(  # noqa: E731
+        tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits))
+    algo = meta.maml(model, ce, inner_lr=0.5, inner_steps=3)
+    with tf.GradientTape() as tape:
+        loss = algo.meta_loss((x[None], y[None], x[None], y[None]))["query"]
+    grads = tape.gradient(loss, model.trainable_variables)
+    assert all(g is not None for g in grads)
+    for b, v in zip(before, model.variables):
+        np.testing.assert_array_equal(b, v.numpy())
+    adapted = meta.evaluate(algo, model, ce, (x[None], y[None], x[None], y[None]), (0, 3))
+    assert adapted["loss_after_3"] < adapted["loss_after_0"]
+
+
+def test_short_sinusoid_run_adapts_well_below_the_unadapted_loss(tmp_path):
+    from experiments import maml as exp
+    from hogrod import harness
+    _, metrics = harness.run(exp.maml_experiment, ["configs/maml/sinusoid_maml.gin"],
+                             ["maml_experiment.meta_iterations = 1500",
+                              "maml_experiment.eval_every = 1500",
+                              "sinusoid_data.eval_tasks = 100"], str(tmp_path))
+    assert metrics["loss_after_10"] < 0.5 * metrics["loss_after_0"]
+    assert metrics["loss_after_1"] < metrics["loss_after_0"]
+    for name in ("adaptation.png", "metrics.json", "operative_config.gin", "loss.png"):
+        assert (tmp_path / name).exists()
+
+
+def synthetic_classes(num_classes=7, per_class=(5, 6, 7, 5, 9, 5, 6)):
+    images, value = [], 0
+    for c in range(num_classes):
+        for j in range(per_class[c]):
+            images.append(np.full((4, 4, 1), c * 20 + j, np.uint8))  # encodes class and index
+    offsets = np.concatenate([[0], np.cumsum(per_class[:num_classes])])
+    return meta.ImageClasses(np.stack(images), offsets, rotations=1)
+
+
+def test_episode_invariants():
+    classes = synthetic_classes()
+    xs, ys, xq, yq = next(iter(meta.episodes(classes, n_way=3, k_shot=2, k_query=3,
+                                             meta_batch_size=5, seed=0)))
+    assert xs.shape == (5, 6, 4, 4, 1) and xq.shape == (5, 9, 4, 4, 1)
+    for t in range(5):
+        s_codes = np.round(xs[t, :, 0, 0, 0].numpy() * 255).astype(int)
+        q_codes = np.round(xq[t, :, 0, 0, 0].numpy() * 255).astype(int)
+        assert set(ys[t].numpy()) == set(yq[t].numpy()) == {0, 1, 2}
+        assert np.bincount(ys[t].numpy()).tolist() == [2, 2, 2]
+        assert not set(s_codes) & set(q_codes)  # support and query disjoint
+        s_class, q_class = s_codes // 20, q_codes // 20
+        assert len(set(s_class)) == 3  # N distinct classes
+        for label in range(3):  # one class per label, the same in support and query
+            assert len(set(s_class[ys[t].numpy() == label]) | set(q_class[yq[t].numpy() == label])) == 1
+
+
+def test_episode_bad_input_is_clear():
+    classes = synthetic_classes()
+    with pytest.raises(ValueError, match="more than the 5 examples of the smallest class"):
+        meta.episodes(classes, n_way=2, k_shot=3, k_query=3)
+    with pytest.raises(ValueError, match="n_way=9 is more than the 7 classes"):
+        meta.episodes(classes, n_way=9, k_shot=1, k_query=1)
+    with pytest.raises(FileNotFoundError, match="images_background.zip"):
+        meta.load_omniglot("/nonexistent/dir", cache_dir="/nonexistent/cache")
+
+
+def test_omniglot_from_the_original_zips_when_present(tmp_path):
+    data_dir = os.path.join(SHARED_DATA, "omniglot")
+    if not os.path.exists(os.path.join(data_dir, "images_background.zip")):
+        # No offline copy: the same loader on a two-character fake of the zip layout.
+        import zipfile
+        from PIL import Image
+        import io
+        data_dir = str(tmp_path)
+        for z in meta.episodes.__globals__["OMNIGLOT_ZIPS"]:
+            with zipfile.ZipFile(os.path.join(data_dir, z), "w") as f:
+                for c in range(2):
+                    for i in range(20):
+                        buf = io.BytesIO()
+                        Image.fromarray(np.full((105, 105), 255 * (i % 2), np.uint8)).save(buf, "PNG")
+                        f.writestr(f"{z[:-4]}/A/character{c:02d}/{i}.png", buf.getvalue())
+        train_chars = 2
+    else:
+        train_chars = 1200
+    tr = meta.load_omniglot(data_dir, "train", 28, train_characters=train_chars,
+                            cache_dir=str(tmp_path / "cache"))
+    te = meta.load_omniglot(data_dir, "test", 28, train_characters=train_chars,
+                            cache_dir=str(tmp_path / "cache"))
+    assert tr.images.shape[1:] == (28, 28, 1) and tr.rotations == 4
+    assert len(tr.offsets) - 1 == train_chars
+    if train_chars == 1200:
+        assert len(te.offsets) - 1 == 423 and tr.images.shape[0] == 24000
+    xs, ys, xq, yq = next(iter(meta.episodes(tr, 5, 1, 15, 2, seed=0)))
+    assert xs.shape == (2, 5, 28, 28, 1) and xq.shape == (2, 75, 28, 28, 1)
+
+
+def test_mirrored_meta_gradient_equals_single_device():
+    tasks = sinusoid_batch(5, tasks=4)
+
+    def run(strategy):
+        with strategy.scope():
+            model = small_mlp()
+            opt = keras.optimizers.SGD(0.1)
+            algo = meta.maml(model, mse, inner_lr=0.05, inner_steps=2)
+        step = train.make_train_step(algo.meta_loss, opt, model.trainable_variables,
+                                     strategy=strategy)
+        data = tf.data.Dataset.from_tensors(tasks).unbatch().batch(4)
+        step(next(iter(strategy.experimental_distribute_dataset(data))))
+        return np.concatenate([v.numpy().ravel() for v in model.trainable_variables])
+
+    single = run(tf.distribute.get_strategy())
+    mirrored = run(distribute.make_strategy("mirrored"))
+    np.testing.assert_allclose(mirrored, single, atol=1e-5)
