@@ -86,3 +86,12 @@ def test_bench_hvp_binary_runs_and_checks_agreement(tmp_path):
                               "bench_hvp.repeats = 2", "bench_hvp.warmup = 1"], str(tmp_path))
     assert metrics["ratio_hvp_reverse_over_reverse_over_grad"] > 0
     assert "ms_hvp_forward_over_reverse_xla" in metrics
+
+
+def test_bench_maml_binary_runs(tmp_path):
+    from experiments import bench_maml
+    _, metrics = harness.run(bench_maml.bench_maml, ["configs/bench/maml.gin"],
+                             ["bench_maml.meta_batch = 2", "bench_maml.rounds = 1",
+                              "bench_maml.steps_per_round = 2", "bench_maml.warmup = 1"],
+                             str(tmp_path))
+    assert metrics["steps_per_s_hogrod"] > 0

@@ -41,11 +41,12 @@ def _over_tasks(fn, tasks, vectorize=True, recompute=None):
     recompute: None, or the params fn differentiates through; then each task's forward
     pass is recomputed in the backward pass (tf.recompute_grad), tasks run sequentially.
     """
-    if recompute is not None:
-        params, n = list(recompute), len(recompute)
+    if recompute is not None:  # a Python loop: recompute_grad inside a while loop cannot
+        params, n = list(recompute), len(recompute)  # capture BatchNorm's state variables
         inner = tf.recompute_grad(lambda *args: fn(args[n:], list(args[:n])))
-        out = tf.map_fn(lambda task: inner(*params, *task), tasks,
-                        fn_output_signature=_signature(lambda t: fn(t, params), tasks))
+        per_task = [inner(*params, *tf.nest.map_structure(lambda t: t[i], tasks))
+                    for i in range(tasks[0].shape[0])]
+        out = tf.nest.map_structure(lambda *v: tf.stack(v), *per_task)
     elif vectorize:
         out = tf.vectorized_map(fn, tasks)
     else:

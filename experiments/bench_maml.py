@@ -1,0 +1,112 @@
+"""Benchmark: meta-training steps/s of the sinusoid protocol, hogrod against torch.func.
+
+The same net (1-40-40-1 ReLU), meta-batch (25 tasks, K = 10), one inner step at 0.01,
+second-order MAML, Adam 1e-3. hogrod: `hogrod.meta.maml` + `hogrod.train.make_train_step`
+(one compiled step, tasks vectorized). PyTorch (the `bench` extra): `torch.func.grad` for the
+inner step, `torch.func.vmap` over tasks, `functional_call` for the forward pass, the
+recipe of the torch.func MAML tutorial. Both timed in the same run, interleaved in rounds:
+
+    python -m experiments.bench_maml --gin_file=configs/bench/maml.gin
+
+Target: hogrod >= 2x PyTorch's steps/s.
+"""
+
+import time
+
+import gin
+import keras
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from hogrod import harness, meta, train
+
+
+def hogrod_step(meta_batch, k, inner_lr, inner_steps):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(40, activation="relu"),
+                              keras.layers.Dense(40, activation="relu"), keras.layers.Dense(1)])
+    mse = lambda y, p: tf.reduce_mean((y - p) ** 2)  # noqa: E731
+    algo = meta.maml(model, mse, inner_lr=inner_lr, inner_steps=inner_steps)
+    step = train.make_train_step(algo.meta_loss, keras.optimizers.Adam(1e-3),
+                                 model.trainable_variables)
+    it = iter(meta.sinusoid_meta_batches(0, meta_batch, k, k))
+
+    def run():
+        return float(step(next(it))["loss"])
+    return run
+
+
+def torch_step(meta_batch, k, inner_lr, inner_steps):
+    try:
+        import torch
+        from torch.func import functional_call, grad, vmap
+    except ImportError:
+        logging.warning("torch not installed (pip install -e '.[bench]'): no PyTorch baseline")
+        return None
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(1, 40), torch.nn.ReLU(), torch.nn.Linear(40, 40),
+                              torch.nn.ReLU(), torch.nn.Linear(40, 1))
+    opt = torch.optim.Adam(net.parameters(), 1e-3)
+    params = dict(net.named_parameters())
+    rng = np.random.default_rng(0)
+
+    def loss(p, x, y):
+        return torch.mean((functional_call(net, p, (x,)) - y) ** 2)
+
+    def task_loss(p, xs, ys, xq, yq):
+        fast = p
+        for _ in range(inner_steps):
+            g = grad(loss)(fast, xs, ys)
+            fast = {n: fast[n] - inner_lr * g[n] for n in fast}
+        return loss(fast, xq, yq)
+
+    def run():
+        amp = rng.uniform(0.1, 5, (meta_batch, 1, 1))
+        ph = rng.uniform(0, np.pi, (meta_batch, 1, 1))
+        xs = rng.uniform(-5, 5, (meta_batch, k, 1))
+        xq = rng.uniform(-5, 5, (meta_batch, k, 1))
+        t = [torch.tensor(a, dtype=torch.float32) for a in
+             (xs, amp * np.sin(xs - ph), xq, amp * np.sin(xq - ph))]
+        opt.zero_grad()
+        losses = vmap(task_loss, in_dims=(None, 0, 0, 0, 0))(params, *t)
+        total = losses.mean()
+        total.backward()
+        opt.step()
+        return float(total.detach())
+    return run
+
+
+@gin.configurable
+def bench_maml(output_dir, meta_batch=25, k=10, inner_lr=0.01, inner_steps=1, rounds=20,
+               steps_per_round=25, warmup=20):
+    """Steps/s of both, medians over interleaved rounds; returns the ratio."""
+    runs = {"hogrod": hogrod_step(meta_batch, k, inner_lr, inner_steps)}
+    t = torch_step(meta_batch, k, inner_lr, inner_steps)
+    if t is not None:
+        runs["torch_func"] = t
+    for fn in runs.values():
+        for _ in range(warmup):
+            fn()
+    rates = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, fn in runs.items():
+            t0 = time.perf_counter()
+            for _ in range(steps_per_round):
+                fn()
+            rates[name].append(steps_per_round / (time.perf_counter() - t0))
+    metrics = {f"steps_per_s_{n}": float(np.median(r)) for n, r in rates.items()}
+    if "torch_func" in runs:
+        metrics["ratio_hogrod_over_torch_func"] = (metrics["steps_per_s_hogrod"]
+                                                   / metrics["steps_per_s_torch_func"])
+        import torch
+        metrics["torch"] = torch.__version__
+    metrics.update(tensorflow=tf.__version__, meta_batch=meta_batch, k=k,
+                   inner_steps=inner_steps)
+    for name, value in sorted(metrics.items()):
+        print(f"{name:35s} {value}")
+    return metrics
+
+
+if __name__ == "__main__":
+    harness.main(bench_maml)
