@@ -1,0 +1,22 @@
+"""Curvature of a loss: operators, eigenvalues, trace, spectral density, inverse-HVPs,
+influence functions. Tested against dense oracles (`hogrod.hessian`, numpy).
+
+- `HessianOperator`, `GaussNewtonOperator` (`tf.linalg.LinearOperator`s over one batch or a
+  tf.data set; per-layer with `layer_params`), `flatten`, `unflatten` (`operators.py`);
+- `lanczos` (full reorthogonalization), `power_iteration` (deflation) (`eigen.py`);
+- `hutchinson`, `hutchpp` (`trace.py`); `spectral_density` (SLQ, `density.py`);
+- `conjugate_gradient` (damped), `lissa` (`inverse.py`); `influence`,
+  `per_example_gradients` (`influence.py`).
+"""
+
+from hogrod.curvature.density import spectral_density
+from hogrod.curvature.eigen import lanczos, power_iteration
+from hogrod.curvature.influence import influence, per_example_gradients
+from hogrod.curvature.inverse import conjugate_gradient, lissa
+from hogrod.curvature.operators import (GaussNewtonOperator, HessianOperator, flatten,
+                                        layer_params, unflatten)
+from hogrod.curvature.trace import hutchinson, hutchpp
+
+__all__ = ["HessianOperator", "GaussNewtonOperator", "flatten", "unflatten", "layer_params",
+           "lanczos", "power_iteration", "hutchinson", "hutchpp", "spectral_density",
+           "conjugate_gradient", "lissa", "influence", "per_example_gradients"]

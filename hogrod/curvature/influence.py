@@ -1,0 +1,55 @@
+"""Influence functions (Koh and Liang 2017) for any Keras 3 model.
+
+I_up,loss(z, z_test) = -grad L(z_test)^T H^{-1} grad L(z): how the test loss changes when
+training example z is up-weighted; removing z changes the test loss by about
+-I_up,loss / n. H is the Hessian of the mean training loss (damped CG solves H s = g).
+"""
+
+import numpy as np
+import tensorflow as tf
+
+import hogrod
+from hogrod.curvature.inverse import conjugate_gradient
+from hogrod.curvature.operators import HessianOperator, flatten
+
+__all__ = ["per_example_gradients", "influence"]
+
+
+def per_example_gradients(model, loss_fn, x, y, params=None, batch_size=256):
+    """[n, num_params] float64: the gradient of each example's loss (one jacobian per batch).
+
+    `loss_fn(y_true, y_pred)` returns per-example losses (shape [batch]).
+    """
+    params = list(params or model.trainable_variables)
+    rows = []
+    for start in range(0, int(x.shape[0]), batch_size):
+        xb, yb = x[start:start + batch_size], y[start:start + batch_size]
+        with tf.GradientTape() as tape:
+            losses = loss_fn(yb, model(xb))
+        jac = tape.jacobian(losses, params, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        rows.append(np.concatenate([np.reshape(j, (j.shape[0], -1)) for j in jac], axis=1))
+    return np.concatenate(rows).astype(np.float64)
+
+
+def influence(model, loss_fn, train, test, damping=0.0, params=None, tol=1e-10):
+    """The [n_test, n_train] matrix of I_up,loss for every (test, train) pair.
+
+    Args:
+      model: a trained Keras 3 model.
+      loss_fn: per-example loss `loss_fn(y_true, y_pred) -> [batch]` (include any
+        regularizer in it, as the training objective did).
+      train, test: `(x, y)` arrays or tensors.
+      damping: added to the Hessian (needed when it is singular, e.g. non-convex models).
+      params: restrict to these variables (e.g. the last layer, `layer_params`).
+    Returns:
+      numpy float64 [n_test, n_train]; positive = up-weighting that example raises the
+      test loss (harmful), negative = helpful.
+    """
+    params = list(params or model.trainable_variables)
+    x, y = train
+    op = HessianOperator(lambda b: tf.reduce_mean(loss_fn(b[1], model(b[0]))), params,
+                         (tf.convert_to_tensor(x), tf.convert_to_tensor(y)), dtype=tf.float64)
+    g_train = per_example_gradients(model, loss_fn, x, y, params)
+    g_test = per_example_gradients(model, loss_fn, test[0], test[1], params)
+    s_test = np.stack([conjugate_gradient(op, g, damping, tol)[0] for g in g_test])
+    return -s_test @ g_train.T

@@ -1,0 +1,123 @@
+"""Curvature matrices of a loss as `tf.linalg.LinearOperator`s: Hessian and Gauss-Newton.
+
+The operators act on flat vectors (all params flattened row-major and concatenated in
+`tf.nest.flatten` order, the order `hogrod.hessian` uses), so `tf.linalg` solvers and the
+estimators of this package work on them. Data is one batch or a `tf.data.Dataset` of
+batches; over a data set the product is the mean over examples (each batch weighted by its
+size). Each product is one compiled HVP per batch; `num_matvecs` counts them, so the cost
+of an estimator is measurable.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+import hogrod
+
+__all__ = ["flatten", "unflatten", "HessianOperator", "GaussNewtonOperator", "layer_params"]
+
+
+def flatten(tensors, dtype=None):
+    """Concatenate tensors into one flat vector."""
+    flat = tf.concat([tf.reshape(t, [-1]) for t in tf.nest.flatten(tensors)], 0)
+    return flat if dtype is None else tf.cast(flat, dtype)
+
+
+def unflatten(vector, like):
+    """Split a flat vector into tensors shaped (and typed) like `like`."""
+    flat_like = tf.nest.flatten(like)
+    sizes = [int(np.prod(p.shape)) for p in flat_like]
+    parts = tf.split(vector, sizes)
+    return tf.nest.pack_sequence_as(like, [tf.cast(tf.reshape(part, p.shape), p.dtype)
+                                           for part, p in zip(parts, flat_like)])
+
+
+def layer_params(model, layer_name):
+    """The trainable variables of one layer: the per-layer (diagonal block) variant."""
+    layer = model.get_layer(layer_name)
+    if not layer.trainable_variables:
+        raise ValueError(f"layer '{layer_name}' has no trainable variables")
+    return layer.trainable_variables
+
+
+def _batch_size(batch):
+    return tf.shape(tf.nest.flatten(batch)[0])[0]
+
+
+class _CurvatureOperator(tf.linalg.LinearOperator):
+    """Shared machinery: flat vectors in and out, batches reduced by size-weighted mean."""
+
+    def __init__(self, product, params, data, dtype, name, **hints):
+        self._params = list(tf.nest.flatten(params))
+        self._n = sum(int(np.prod(p.shape)) for p in self._params)
+        self._single = not isinstance(data, tf.data.Dataset)
+        self._data = data
+        self.num_matvecs = 0
+        params_ = self._params
+
+        @tf.function(reduce_retracing=True)
+        def batch_product(vector, batch):
+            v = unflatten(tf.cast(vector, params_[0].dtype), params_)
+            return flatten(product(batch, v), dtype)
+
+        self._batch_product = batch_product
+        super().__init__(dtype=dtype, is_self_adjoint=True, is_square=True, name=name, **hints)
+
+    def _shape(self):
+        return tf.TensorShape([self._n, self._n])
+
+    def _shape_tensor(self):
+        return tf.constant([self._n, self._n])
+
+    def matvec_flat(self, vector):
+        """The product with one flat vector of length n (a tensor of this operator's dtype)."""
+        self.num_matvecs += 1
+        vector = tf.convert_to_tensor(vector, self.dtype)
+        if self._single:
+            return self._batch_product(vector, self._data)
+        total, count = tf.zeros([self._n], self.dtype), 0
+        for batch in self._data:
+            b = int(_batch_size(batch))
+            total += tf.cast(b, self.dtype) * self._batch_product(vector, batch)
+            count += b
+        return total / tf.cast(count, self.dtype)
+
+    def _matmul(self, x, adjoint=False, adjoint_arg=False):
+        x = tf.linalg.adjoint(x) if adjoint_arg else x
+        cols = [self.matvec_flat(x[:, j]) for j in range(x.shape[-1])]
+        return tf.stack(cols, axis=1)
+
+    def to_dense(self):
+        return self._matmul(tf.eye(self._n, dtype=self.dtype))
+
+
+class HessianOperator(_CurvatureOperator):
+    """H = d^2/dparams^2 of `loss_fn(batch)` (the mean over a data set of batches).
+
+    Args:
+      loss_fn: `loss_fn(batch) -> scalar`, a mean over the batch's examples.
+      params: variables / tensors (nested structure); for a per-layer Hessian pass one
+        layer's variables (`layer_params`).
+      data: one batch (any structure) or a `tf.data.Dataset` of batches.
+      dtype: the operator's dtype (float32 or float64); vectors are cast to the params'.
+      mode: the `hogrod.hvp` mode.
+    """
+
+    def __init__(self, loss_fn, params, data, dtype=tf.float32, mode="auto"):
+        flat_params = tf.nest.flatten(params)
+        product = lambda batch, v: hogrod.hvp(lambda: loss_fn(batch), flat_params, v,  # noqa
+                                              mode=mode)
+        super().__init__(product, flat_params, data, dtype, "HessianOperator")
+
+
+class GaussNewtonOperator(_CurvatureOperator):
+    """G = J^T H_L J for outputs z = `model_fn(batch)` and loss `loss_fn(z, batch)`.
+
+    Positive semi-definite for convex losses of the outputs (MSE, cross-entropy on logits).
+    """
+
+    def __init__(self, model_fn, loss_fn, params, data, dtype=tf.float32):
+        flat_params = tf.nest.flatten(params)
+        product = lambda batch, v: hogrod.gnvp(  # noqa: E731
+            lambda: model_fn(batch), lambda z: loss_fn(z, batch), flat_params, v)
+        super().__init__(product, flat_params, data, dtype, "GaussNewtonOperator",
+                         is_non_singular=None)
