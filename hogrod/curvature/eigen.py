@@ -8,6 +8,7 @@ dense symmetric matrix, keep their bookkeeping in float64 numpy, and return
 import numpy as np
 import scipy.linalg
 import tensorflow as tf
+from absl import logging
 
 __all__ = ["lanczos", "power_iteration", "as_matvec"]
 
@@ -35,14 +36,15 @@ def lanczos(op, k=1, which="largest", tol=1e-6, max_iterations=None, seed=0):
       k: how many eigenpairs.
       which: "largest" (algebraically largest) or "smallest" (most negative).
       tol: stop when every wanted Ritz pair has residual |beta_m s_mi| <= tol * |theta_i|.
-      max_iterations: Krylov dimension cap (default min(n, max(4k, k + 50))).
+      max_iterations: Krylov dimension cap (default min(n, 10k + 100)); reaching it
+        before `tol` logs a warning.
       seed: the start vector's seed.
     """
     matvec, n = as_matvec(op)
     _check_k(k, n)
     if which not in ("largest", "smallest"):
         raise ValueError(f"which must be 'largest' or 'smallest', got {which!r}")
-    m_max = min(n, max_iterations or max(4 * k, k + 50))
+    m_max = min(n, max_iterations or 10 * k + 100)
     q = np.random.default_rng(seed).standard_normal(n)
     Q = np.zeros((m_max, n))
     Q[0] = q / np.linalg.norm(q)
@@ -59,8 +61,12 @@ def lanczos(op, k=1, which="largest", tol=1e-6, max_iterations=None, seed=0):
             order = np.argsort(theta)[::-1] if which == "largest" else np.argsort(theta)
             wanted = order[:k]
             residual = np.abs(beta * S[-1, wanted])
-            if np.all(residual <= tol * np.maximum(np.abs(theta[wanted]), 1e-12)) or \
-                    j + 1 == m_max or beta < 1e-12 * max(1.0, abs(alphas[0])):
+            converged = np.all(residual <= tol * np.maximum(np.abs(theta[wanted]), 1e-12))
+            if j + 1 == m_max and not converged and m_max < n:
+                logging.warning("lanczos: %d iterations without reaching tol=%g (largest "
+                                "relative residual %.2e)", m_max, tol, np.max(
+                                    residual / np.maximum(np.abs(theta[wanted]), 1e-12)))
+            if converged or j + 1 == m_max or beta < 1e-12 * max(1.0, abs(alphas[0])):
                 vectors = Q[: j + 1].T @ S[:, wanted]
                 return theta[wanted], vectors, count
         betas.append(beta)
