@@ -43,7 +43,7 @@ def hessian_spectrum(output_dir, dim=10, hidden=(40, 40), classes=3, n_examples=
     x, y = blobs(n_examples, dim, classes, seed)
     model = keras.Sequential([keras.Input((dim,))] +
                              [keras.layers.Dense(h, activation="tanh") for h in hidden] +
-                             [keras.layers.Dense(classes)])
+                             [keras.layers.Dense(classes, name="head")])
 
     def loss(batch):
         xb, yb = batch

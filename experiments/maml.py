@@ -124,7 +124,7 @@ def plot_curves(path, history, accuracy):
 @gin.configurable
 def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, model=mlp,
                     meta_iterations=70000, meta_lr=1e-3, eval_steps=(0, 1, 10),
-                    eval_every=5000, checkpoint_every=5000, seed=0):
+                    eval_every=5000, checkpoint_every=5000, clip_norm=None, seed=0):
     """Meta-train `algorithm` on `data` with `model`, evaluating on held-out tasks.
 
     Args:
@@ -132,6 +132,7 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
         `@meta_sgd`, `@maml_plus_plus`, `@imaml`).
       data: `@sinusoid_data` or `@episode_data`.
       model: a function building the Keras model (`@mlp`, `@conv4`).
+      clip_norm: clip the meta-gradient's global norm (None: no clipping).
     """
     keras.utils.set_random_seed(seed)
     strategy = distribute.make_strategy()
@@ -142,8 +143,9 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
         kwargs = {"iterations": optimizer.iterations} if "iterations" in inspect.signature(
             algorithm).parameters else {}
         algo = algorithm(net, loss_fn, **kwargs)
-    step = train.make_train_step(algo.meta_loss, optimizer,
-                                 net.trainable_variables + algo.variables, strategy=strategy)
+    step = train.make_train_step(
+        algo.meta_loss, optimizer, net.trainable_variables + algo.variables, strategy=strategy,
+        transform=train.clip_by_global_norm(clip_norm) if clip_norm else None)
     # One meta-batch per step; unbatch/batch makes the stream splittable across replicas.
     meta_batch = next(iter(train_stream))[0].shape[0]
     stream = train_stream.unbatch().batch(meta_batch) if strategy.num_replicas_in_sync > 1 \

@@ -26,6 +26,7 @@ import tensorflow as tf
 __all__ = ["make_strategy", "parse_tf_config", "launch_local", "free_ports", "ClusterError"]
 
 STRATEGY_KINDS = ("default", "mirrored", "multi_worker")
+_MIRRORED = {}
 
 
 class ClusterError(RuntimeError):
@@ -71,8 +72,13 @@ def make_strategy(kind="default", logical_cpus=None, connect_timeout_s=60.0,
         return tf.distribute.get_strategy()
     if kind == "mirrored":
         gpus = tf.config.list_logical_devices("GPU")
-        devices = [d.name for d in gpus] or [d.name for d in tf.config.list_logical_devices("CPU")]
-        return tf.distribute.MirroredStrategy(devices)
+        devices = tuple(d.name for d in gpus) or tuple(
+            d.name for d in tf.config.list_logical_devices("CPU"))
+        # One MirroredStrategy per device set and process: two live instances number their
+        # collectives alike, and TensorFlow then mixes up their all-reduces.
+        if devices not in _MIRRORED:
+            _MIRRORED[devices] = tf.distribute.MirroredStrategy(list(devices))
+        return _MIRRORED[devices]
     config = parse_tf_config()
     options = tf.distribute.experimental.CommunicationOptions(
         timeout_seconds=collective_timeout_s,
