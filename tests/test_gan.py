@@ -1,0 +1,162 @@
+"""Gradient penalties against closed forms and finite differences; metrics on true and
+collapsed samplers; the trainer's compiled steps; bad input."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hogrod import gan
+
+
+class LinearCritic(keras.Model):
+    """D(x) = <w, x> + b: grad_x D = w everywhere, for any input rank."""
+
+    def __init__(self, w):
+        super().__init__()
+        self.w = tf.constant(w, tf.float32)
+
+    def call(self, x, training=False):
+        axes = list(range(1, len(x.shape)))
+        return tf.reduce_sum(x * self.w, axis=axes) + 0.3
+
+
+def test_penalties_of_a_linear_critic_match_the_closed_form_for_vectors_and_images():
+    for shape in [(3,), (4, 4, 2)]:
+        w = np.random.default_rng(0).normal(size=shape).astype(np.float32)
+        critic = LinearCritic(w)
+        real = tf.random.stateless_normal((6,) + shape, (0, 1))
+        fake = tf.random.stateless_normal((6,) + shape, (0, 2))
+        norm = np.linalg.norm(w)
+        np.testing.assert_allclose(gan.gradient_penalty(critic, real, fake), (norm - 1) ** 2,
+                                   rtol=1e-5)
+        np.testing.assert_allclose(gan.gradient_penalty(critic, real, fake, target=norm + 1,
+                                                        one_sided=True), 0.0, atol=1e-10)
+        np.testing.assert_allclose(gan.r1_penalty(critic, real), norm ** 2, rtol=1e-5)
+        np.testing.assert_allclose(gan.r2_penalty(critic, fake), norm ** 2, rtol=1e-5)
+        np.testing.assert_allclose(gan.dragan_penalty(critic, real), (norm - 1) ** 2, rtol=1e-5)
+
+
+def small_critic(seed=0):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((2,)), keras.layers.Dense(8, activation="tanh"),
+                             keras.layers.Dense(1)])
+
+
+def test_r1_parameter_gradient_matches_finite_differences():
+    critic = small_critic()
+    real = tf.random.stateless_normal((5, 2), (1, 1))
+    with tf.GradientTape() as tape:
+        p = gan.r1_penalty(critic, real)
+    grads = tape.gradient(p, critic.trainable_variables)
+    kernel = critic.trainable_variables[0]
+    base = kernel.numpy().astype(np.float64)
+    eps = 1e-3
+    for idx in [(0, 0), (1, 3), (0, 7)]:
+        vals = []
+        for s in (eps, -eps):
+            k = base.copy()
+            k[idx] += s
+            kernel.assign(k.astype(np.float32))
+            vals.append(float(gan.r1_penalty(critic, real)))
+        kernel.assign(base.astype(np.float32))
+        np.testing.assert_allclose(grads[0].numpy()[idx], (vals[0] - vals[1]) / (2 * eps),
+                                   rtol=2e-2, atol=1e-4)
+
+
+def test_zero_gradient_is_safe():
+    zero = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, kernel_initializer="zeros")])
+    real = tf.random.stateless_normal((4, 2), (2, 1))
+    import hogrod
+    gp = gan.gradient_penalty(zero, real, real + 1.0)
+    r1 = gan.r1_penalty(zero, real)
+    _, grads = hogrod.value_and_grad(lambda: gan.gradient_penalty(zero, real, real + 1.0)
+                                     + gan.r1_penalty(zero, real), zero.trainable_variables)
+    assert float(gp) == 1.0 and float(r1) == 0.0
+    assert all(np.all(np.isfinite(g.numpy())) for g in grads)
+    np.testing.assert_array_equal(gan.input_gradient_norm(zero, real), 0.0)
+
+
+def test_mixed_precision_penalty_matches_float32():
+    critic = small_critic()
+    real = tf.random.stateless_normal((16, 2), (3, 1))
+    ref = float(gan.r1_penalty(critic, real))
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        half = small_critic()
+        for a, b in zip(half.trainable_variables, critic.trainable_variables):
+            a.assign(b)
+        assert half.layers[0].compute_dtype == "float16"
+        got = gan.r1_penalty(half, real)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert got.dtype == tf.float32
+    np.testing.assert_allclose(float(got), ref, rtol=1e-2)
+
+
+def test_bad_input_is_named():
+    critic = small_critic()
+    with pytest.raises(ValueError, match="same shape"):
+        gan.gradient_penalty(critic, tf.zeros((4, 2)), tf.zeros((3, 2)))
+    two_outputs = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
+    with pytest.raises(ValueError, match="one scalar per example"):
+        gan.r1_penalty(two_outputs, tf.zeros((4, 2)))
+    with pytest.raises(ValueError, match="unknown toy data set"):
+        gan.toy_batches("nine_gaussians")
+
+
+@pytest.mark.parametrize("name,expected_modes", [("eight_gaussians", 8),
+                                                 ("twentyfive_gaussians", 25)])
+def test_metrics_on_the_true_mixture_and_a_collapsed_sampler(name, expected_modes):
+    true = gan.sample_toy(name, 20000, tf.constant([0, 5], tf.int64)).numpy()
+    m = gan.mode_metrics(true, name)
+    assert m["modes_covered"] == m["num_modes"] == expected_modes
+    np.testing.assert_allclose(m["high_quality_percent"], 100 * (1 - np.exp(-4.5)), atol=0.3)
+    assert m["reverse_kl"] < 0.01
+    centers, std = gan.modes(name)
+    collapsed = centers[0] + std * np.random.default_rng(0).normal(size=(2500, 2))
+    c = gan.mode_metrics(collapsed, name)
+    assert c["modes_covered"] == 1
+    np.testing.assert_allclose(c["reverse_kl"], np.log(expected_modes), rtol=1e-6)
+
+
+def test_toy_modes_have_no_duplicates():
+    for name in ("eight_gaussians", "twentyfive_gaussians"):
+        centers, _ = gan.modes(name)
+        d = np.linalg.norm(centers[:, None] - centers[None], axis=-1)
+        assert d[~np.eye(len(centers), dtype=bool)].min() > 0.5
+
+
+def test_critic_step_is_one_compiled_function_with_the_weighted_penalty():
+    keras.utils.set_random_seed(0)
+    gen = keras.Sequential([keras.Input((2,)), keras.layers.Dense(16, activation="relu"),
+                            keras.layers.Dense(2)])
+    critic = small_critic()
+    step = gan.make_wgan_gp_step(gen, critic, keras.optimizers.Adam(1e-3),
+                                 keras.optimizers.Adam(1e-3), 2, penalty="gp",
+                                 penalty_weight=10.0, n_critic=3, lazy_every=2)
+    it = gan.grouped(iter(gan.toy_batches("eight_gaussians", 32, 0)), 3)
+    for _ in range(3):
+        logs = step(next(it))
+    assert step.critic_step.experimental_get_tracing_count() == 1
+    assert step.generator_step.experimental_get_tracing_count() == 1
+    np.testing.assert_allclose(float(logs["critic/loss"]), float(logs["critic/wasserstein"])
+                               + 10.0 * float(logs["critic/penalty"]), rtol=1e-5)
+    with pytest.raises(ValueError, match="n_critic"):
+        step(next(it)[:2])
+    with pytest.raises(ValueError, match="make_wgan_gp_step.penalty"):
+        gan.make_wgan_gp_step(gen, critic, None, None, 2, penalty="wgan")
+
+
+def test_short_training_run_covers_more_modes_than_at_initialization(tmp_path):
+    from experiments import wgan_gp
+    from hogrod import harness
+    _, m = harness.run(wgan_gp.wgan_gp_experiment, ["configs/wgan_gp/eight_gaussians.gin"],
+                       ["wgan_gp_experiment.generator_steps = 1000",
+                        "wgan_gp_experiment.eval_every = 1000",
+                        "wgan_gp_experiment.width = 64"], str(tmp_path))
+    initial = m["history"][0]
+    assert initial["step"] == 0
+    assert m["modes_covered"] > initial["modes_covered"]
+    assert m["reverse_kl"] < initial["reverse_kl"]
+    assert (tmp_path / "samples_001000.png").exists()
