@@ -160,3 +160,13 @@ def test_short_training_run_covers_more_modes_than_at_initialization(tmp_path):
     assert m["modes_covered"] > initial["modes_covered"]
     assert m["reverse_kl"] < initial["reverse_kl"]
     assert (tmp_path / "samples_001000.png").exists()
+
+
+def test_bench_binary_runs(tmp_path):
+    from experiments import bench_wgan_gp
+    from hogrod import harness
+    _, m = harness.run(bench_wgan_gp.bench_wgan_gp, ["configs/bench/wgan_gp.gin"],
+                       ["bench_wgan_gp.width = 8", "bench_wgan_gp.batch = 8",
+                        "bench_wgan_gp.rounds = 1", "bench_wgan_gp.steps_per_round = 2",
+                        "bench_wgan_gp.warmup = 1"], str(tmp_path))
+    assert m["ratio_over_eager"] > 0

@@ -1,0 +1,130 @@
+"""Benchmark: WGAN-GP critic steps/s, compiled (hogrod) vs a plain eager TF2 step vs PyTorch.
+
+One critic step = generator forward, critic on real and fake, the gradient penalty's
+inner gradient, the outer gradient and the Adam update; the same MLPs (2-512-512-512-1
+critic, 2-512-512-512-2 generator) and batch (256) in all three. The eager step is the
+straightforward hand-written TF2 code; the PyTorch step uses `torch.autograd.grad(...,
+create_graph=True)` (the `bench` extra). Interleaved rounds, medians:
+
+    python -m experiments.bench_wgan_gp --gin_file=configs/bench/wgan_gp.gin
+
+Targets: >= 5x the eager step, >= 1.5x PyTorch.
+"""
+
+import time
+
+import gin
+import keras
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from hogrod import gan, harness
+
+
+def mlp(inputs, outputs, width, depth):
+    return keras.Sequential([keras.Input((inputs,))] +
+                            [keras.layers.Dense(width, activation="relu") for _ in range(depth)] +
+                            [keras.layers.Dense(outputs)])
+
+
+def tf_models(width, depth):
+    keras.utils.set_random_seed(0)
+    return mlp(2, 2, width, depth), mlp(2, 1, width, depth)
+
+
+def eager_step(width, depth, batch, lam):
+    gen, critic = tf_models(width, depth)
+    opt = keras.optimizers.Adam(1e-4, beta_1=0.0, beta_2=0.9)
+    real = tf.random.normal([batch, 2])
+
+    def step():  # the hand-written TF2 critic step, run eagerly
+        z = tf.random.normal([batch, 2])
+        with tf.GradientTape() as outer:
+            fake = gen(z)
+            eps = tf.random.uniform([batch, 1])
+            x_hat = eps * real + (1 - eps) * fake
+            with tf.GradientTape() as inner:
+                inner.watch(x_hat)
+                d_hat = critic(x_hat)
+            g = inner.gradient(d_hat, x_hat)
+            gp = tf.reduce_mean((tf.norm(g, axis=1) - 1.0) ** 2)
+            loss = tf.reduce_mean(critic(fake)) - tf.reduce_mean(critic(real)) + lam * gp
+        grads = outer.gradient(loss, critic.trainable_variables)
+        opt.apply_gradients(zip(grads, critic.trainable_variables))
+        return float(loss)
+    return step
+
+
+def hogrod_step(width, depth, batch, lam):
+    gen, critic = tf_models(width, depth)
+    step = gan.make_wgan_gp_step(gen, critic, keras.optimizers.Adam(1e-4, beta_1=0.0, beta_2=0.9),
+                                 keras.optimizers.Adam(1e-4), 2, penalty="gp",
+                                 penalty_weight=lam, n_critic=1)
+    real = tf.random.normal([batch, 2])
+    return lambda: float(step.critic_step(real)["loss"])
+
+
+def torch_step(width, depth, batch, lam):
+    try:
+        import torch
+    except ImportError:
+        logging.warning("torch not installed (pip install -e '.[bench]'): no PyTorch baseline")
+        return None
+    torch.manual_seed(0)
+
+    def net(i, o):
+        layers, d = [], i
+        for _ in range(depth):
+            layers += [torch.nn.Linear(d, width), torch.nn.ReLU()]
+            d = width
+        return torch.nn.Sequential(*layers, torch.nn.Linear(d, o))
+    gen, critic = net(2, 2), net(2, 1)
+    opt = torch.optim.Adam(critic.parameters(), 1e-4, betas=(0.0, 0.9))
+    real = torch.randn(batch, 2)
+
+    def step():
+        z = torch.randn(batch, 2)
+        with torch.no_grad():
+            fake = gen(z)
+        eps = torch.rand(batch, 1)
+        x_hat = (eps * real + (1 - eps) * fake).requires_grad_(True)
+        g, = torch.autograd.grad(critic(x_hat).sum(), x_hat, create_graph=True)
+        gp = ((g.norm(dim=1) - 1) ** 2).mean()
+        loss = critic(fake).mean() - critic(real).mean() + lam * gp
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return float(loss.detach())
+    return step
+
+
+@gin.configurable
+def bench_wgan_gp(output_dir, width=512, depth=3, batch=256, lam=10.0, rounds=10,
+                  steps_per_round=10, warmup=5):
+    runs = {"hogrod_compiled": hogrod_step(width, depth, batch, lam),
+            "tf_eager": eager_step(width, depth, batch, lam)}
+    t = torch_step(width, depth, batch, lam)
+    if t is not None:
+        runs["torch"] = t
+    for fn in runs.values():
+        for _ in range(warmup):
+            fn()
+    rates = {k: [] for k in runs}
+    for _ in range(rounds):
+        for k, fn in runs.items():
+            t0 = time.perf_counter()
+            for _ in range(steps_per_round):
+                fn()
+            rates[k].append(steps_per_round / (time.perf_counter() - t0))
+    m = {f"critic_steps_per_s_{k}": float(np.median(v)) for k, v in rates.items()}
+    m["ratio_over_eager"] = m["critic_steps_per_s_hogrod_compiled"] / m["critic_steps_per_s_tf_eager"]
+    if "torch" in runs:
+        m["ratio_over_torch"] = m["critic_steps_per_s_hogrod_compiled"] / m["critic_steps_per_s_torch"]
+    for k, v in sorted(m.items()):
+        print(f"{k:40s} {v:.4g}")
+    return dict(m, width=width, depth=depth, batch=batch)
+
+
+if __name__ == "__main__":
+    harness.main(bench_wgan_gp)
