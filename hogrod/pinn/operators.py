@@ -1,0 +1,70 @@
+"""Derivatives of a network u(x) with respect to its input coordinates, over a batch.
+
+`partials(u_fn, x, wanted)` evaluates every partial derivative a residual needs in one pass:
+each wanted derivative is a tuple of coordinate indices ((): u itself, (0,): du/dx0,
+(0, 1): d2u/dx0dx1, (1, 1, 1): d3u/dx1^3, ...). Derivatives share their prefixes (u_x and
+u_xx reuse the same first backward pass; u_x and u_t come from one backward pass), mixed
+partials are symmetric ((1, 0) is (0, 1)), and each points' derivatives depend only on that
+point (the network is applied pointwise), so one backward pass of sum(u[:, j]) gives
+du_j/dx for the whole batch. Reverse-over-reverse on one persistent tape.
+"""
+
+import tensorflow as tf
+
+__all__ = ["partials", "laplacian", "divergence"]
+
+
+def _key(k):
+    return tuple(sorted(k))
+
+
+def partials(u_fn, x, wanted):
+    """{key: tensor [batch, m]} for each key in `wanted` (m: u's output size).
+
+    Args:
+      u_fn: the network, [batch, dim] -> [batch] or [batch, m].
+      x: collocation points, [batch, dim].
+      wanted: iterable of tuples of coordinate indices.
+    """
+    x = tf.convert_to_tensor(x)
+    if x.shape.rank != 2:
+        raise ValueError(f"collocation points must have shape [batch, dim], got {x.shape}")
+    dim = x.shape[-1]
+    keys = {k: _key(k) for k in map(tuple, wanted)}
+    for k in keys.values():
+        bad = [i for i in k if not 0 <= i < dim]
+        if bad:
+            raise ValueError(f"coordinate index {bad[0]} in derivative {k} is outside the input "
+                             f"dimension {dim}")
+    cache, grads = {}, {}
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        u = u_fn(x)
+        cache[()] = u[:, None] if u.shape.rank == 1 else u
+        m = cache[()].shape[-1]
+
+        def get(key):
+            if key not in cache:
+                parent = key[:-1]
+                value = get(parent)
+                if parent not in grads:  # one backward pass per output gives every coordinate
+                    grads[parent] = [tape.gradient(
+                        tf.reduce_sum(value[:, j]), x,
+                        unconnected_gradients=tf.UnconnectedGradients.ZERO) for j in range(m)]
+                cache[key] = tf.stack([g[:, key[-1]] for g in grads[parent]], axis=1)
+            return cache[key]
+
+        for k in sorted(set(keys.values()), key=len):
+            get(k)
+    del tape
+    return {k: cache[v] for k, v in keys.items()}
+
+
+def laplacian(d, coords):
+    """sum_i d2u/dx_i^2 over `coords`, from a `partials` dict holding (i, i) for each."""
+    return tf.add_n([d[(i, i)] for i in coords])
+
+
+def divergence(d, coords):
+    """sum_i du_i/dx_i for vector-valued u (output i paired with coordinate coords[i])."""
+    return tf.add_n([d[(c,)][:, i:i + 1] for i, c in enumerate(coords)])

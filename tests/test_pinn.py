@@ -1,0 +1,140 @@
+"""PINN building blocks against closed forms and finite differences."""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hogrod import pinn
+
+
+def pts(n=20, seed=0, low=(-1.0, 0.0), high=(1.0, 1.0)):
+    return tf.constant(pinn.sample(pinn.Box(low, high), n, "uniform", seed), tf.float64)
+
+
+def test_partials_of_known_functions_including_vector_valued():
+    def u(x):
+        a, t = x[:, 0], x[:, 1]
+        return tf.stack([tf.sin(a) * tf.cos(t), a ** 2 * t ** 3], axis=1)
+
+    x = pts()
+    d = pinn.partials(u, x, [(), (0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1, 1)])
+    a, t = x[:, 0].numpy(), x[:, 1].numpy()
+    expect = {
+        (0,): [np.cos(a) * np.cos(t), 2 * a * t ** 3],
+        (1,): [-np.sin(a) * np.sin(t), 3 * a ** 2 * t ** 2],
+        (0, 0): [-np.sin(a) * np.cos(t), 2 * t ** 3],
+        (0, 1): [-np.cos(a) * np.sin(t), 6 * a * t ** 2],
+        (1, 0): [-np.cos(a) * np.sin(t), 6 * a * t ** 2],
+        (1, 1, 1): [np.sin(a) * np.sin(t), 6 * a ** 2 * np.ones_like(t)],
+    }
+    for key, cols in expect.items():
+        np.testing.assert_allclose(d[key], np.stack(cols, 1), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(pinn.divergence(d, [0, 1]),
+                               (np.cos(a) * np.cos(t) + 3 * a ** 2 * t ** 2)[:, None], rtol=1e-10)
+
+
+def test_partials_of_a_network_match_finite_differences():
+    keras.utils.set_random_seed(0)
+    net = keras.Sequential([keras.Input((2,), dtype="float64"),
+                            keras.layers.Dense(8, activation="tanh", dtype="float64"),
+                            keras.layers.Dense(1, dtype="float64")])
+    x = pts(5)
+    d = pinn.partials(net, x, [(0,), (1,), (0, 0), (0, 1)])
+    h = 1e-4
+    e0, e1 = np.array([h, 0.0]), np.array([0.0, h])
+    f = lambda z: net(tf.constant(z)).numpy()  # noqa: E731
+    xn = x.numpy()
+    np.testing.assert_allclose(d[(0,)], (f(xn + e0) - f(xn - e0)) / (2 * h), rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(d[(1,)], (f(xn + e1) - f(xn - e1)) / (2 * h), rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(d[(0, 0)], (f(xn + e0) - 2 * f(xn) + f(xn - e0)) / h ** 2,
+                               rtol=1e-4, atol=1e-6)
+    mixed = (f(xn + e0 + e1) - f(xn + e0 - e1) - f(xn - e0 + e1) + f(xn - e0 - e1)) / (4 * h * h)
+    np.testing.assert_allclose(d[(0, 1)], mixed, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("pde,solution,low,high", [
+    (pinn.poisson(dim=2), lambda x: tf.reduce_prod(tf.sin(math.pi * x), 1, keepdims=True),
+     (0.0, 0.0), (1.0, 1.0)),
+    (pinn.poisson(dim=3), lambda x: tf.reduce_prod(tf.sin(math.pi * x), 1, keepdims=True),
+     (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),
+    (pinn.heat(alpha=0.5), lambda x: (tf.sin(math.pi * x[:, :1])
+                                      * tf.exp(-0.5 * math.pi ** 2 * x[:, 1:])), (0, 0), (1, 1)),
+    (pinn.wave(c=2.0), lambda x: tf.sin(math.pi * x[:, :1]) * tf.cos(2 * math.pi * x[:, 1:]),
+     (0, 0), (1, 1)),
+    (pinn.helmholtz(k=3.0), lambda x: tf.reduce_prod(tf.sin(math.pi * x), 1, keepdims=True),
+     (-1, -1), (1, 1)),
+])
+def test_residuals_vanish_on_exact_solutions(pde, solution, low, high):
+    x = tf.constant(pinn.sample(pinn.Box(low, high), 64, "sobol", 1), tf.float64)
+    np.testing.assert_allclose(pinn.residual(pde, solution, x), 0.0, atol=1e-9)
+    wrong = lambda x: solution(x) + 0.1 * x[:, :1] ** 3  # noqa: E731  (the check can fail)
+    assert np.abs(pinn.residual(pde, wrong, x)).max() > 1e-3
+
+
+def test_numpy_closed_forms_match_the_tf_solutions():
+    x = pinn.sample(pinn.Box((0, 0), (1, 1)), 10, "lhs", 2).astype(np.float64)
+    np.testing.assert_allclose(pinn.heat_sine(x, 0.5),
+                               np.sin(np.pi * x[:, :1]) * np.exp(-0.5 * np.pi ** 2 * x[:, 1:]))
+    np.testing.assert_allclose(pinn.wave_sine(x, 2.0),
+                               np.sin(np.pi * x[:, :1]) * np.cos(2 * np.pi * x[:, 1:]))
+    np.testing.assert_allclose(pinn.poisson_sine(x), np.prod(np.sin(np.pi * x), 1, keepdims=True))
+
+
+def test_cole_hopf_reference_satisfies_burgers_initial_and_boundary_conditions():
+    nu = 0.01 / math.pi
+    xs = np.linspace(-1, 1, 41)
+    np.testing.assert_allclose(pinn.burgers_cole_hopf(xs, 0.0 * xs), -np.sin(np.pi * xs))
+    t = np.linspace(0.05, 1.0, 20)
+    np.testing.assert_allclose(pinn.burgers_cole_hopf(np.ones_like(t), t), 0.0, atol=1e-10)
+    np.testing.assert_allclose(pinn.burgers_cole_hopf(-np.ones_like(t), t), 0.0, atol=1e-10)
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-0.9, 0.9, 200)
+    t = rng.uniform(0.05, 0.95, 200)
+    keep = np.abs(x) > 0.15  # away from the steep front at x = 0 (u_x up to ~1/nu there)
+    x, t = x[keep], t[keep]
+    u = lambda a, b: pinn.burgers_cole_hopf(a, b, nu)  # noqa: E731
+    hx, ht = 1e-4, 1e-4
+    u0 = u(x, t)
+    u_t = (u(x, t + ht) - u(x, t - ht)) / (2 * ht)
+    u_x = (u(x + hx, t) - u(x - hx, t)) / (2 * hx)
+    u_xx = (u(x + hx, t) - 2 * u0 + u(x - hx, t)) / hx ** 2
+    residual = u_t + u0 * u_x - nu * u_xx
+    assert np.abs(residual).max() < 1e-4, np.abs(residual).max()
+    # the shock forms: at t = 1 the profile is steep at x = 0
+    assert pinn.burgers_cole_hopf(np.array([-0.01]), np.array([1.0]))[0] > 0.5
+
+
+@pytest.mark.parametrize("method", ["uniform", "lhs", "sobol"])
+def test_samplers_cover_the_domain_and_respect_bounds(method):
+    box = pinn.Box((-1.0, 0.0), (1.0, 2.0))
+    p = pinn.sample(box, 512, method, 3)
+    assert p.shape == (512, 2) and p.dtype == np.float32
+    assert np.all(p >= box.low) and np.all(p <= box.high)
+    cells = np.floor((p - box.low) / (box.high - box.low) * 4).clip(0, 3).astype(int)
+    assert len({tuple(c) for c in cells}) == 16  # every 4 x 4 cell gets points
+
+
+def test_refinement_adds_points_where_the_residual_is_largest():
+    box = pinn.Box((0.0,), (1.0,))
+    base = pinn.sample(box, 10, "uniform", 0)
+    out = pinn.refine(base, lambda p: np.exp(-100 * (p - 0.8) ** 2), box, candidates=1000,
+                      add=50)
+    assert out.shape == (60, 1)
+    assert np.abs(out[10:, 0] - 0.8).max() < 0.1
+
+
+def test_bad_input_is_named():
+    u = lambda x: x[:, :1]  # noqa: E731
+    with pytest.raises(ValueError, match="coordinate index 2 .* outside the input dimension 2"):
+        pinn.partials(u, pts(3), [(0, 2)])
+    with pytest.raises(ValueError, match=r"shape \[batch, dim\]"):
+        pinn.partials(u, tf.zeros([3]), [(0,)])
+    with pytest.raises(ValueError, match="residual must have shape"):
+        pinn.residual(pinn.PDE([(0,)], lambda x, d: tf.reshape(d[(0,)], [-1])), u, pts(3))
+    with pytest.raises(ValueError, match="sampling method"):
+        pinn.sample(pinn.Box((0,), (1,)), 3, "grid")
+    with pytest.raises(ValueError, match="low < high"):
+        pinn.Box((0, 1), (1, 0))
