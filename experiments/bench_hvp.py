@@ -11,8 +11,6 @@ Targets: hogrod's HVP <= 2.0x its own gradient, and <= 1.0x JAX's `jit(jvp(grad)
 (JAX comes with the `bench` extra; without it the JAX rows are left out).
 """
 
-import time
-
 import gin
 import keras
 import numpy as np
@@ -20,6 +18,7 @@ import tensorflow as tf
 from absl import logging
 
 import hogrod
+from experiments.timing import interleaved_rates
 from hogrod import harness
 
 
@@ -79,19 +78,6 @@ def jax_candidates(model, x, y, vector):
     return {"jax_grad": lambda: block(grad(params)), "jax_hvp": lambda: block(hvp(params, vec))}
 
 
-def time_interleaved(candidates, repeats, warmup):
-    for fn in candidates.values():
-        for _ in range(warmup):
-            fn()
-    times = {k: [] for k in candidates}
-    for _ in range(repeats):
-        for k, fn in candidates.items():
-            t0 = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t0)
-    return {k: float(np.median(v)) for k, v in times.items()}
-
-
 @gin.configurable
 def bench_hvp(output_dir, widths=(64, 256, 256, 10), batch=256, repeats=100, warmup=10,
               xla=True, seed=0):
@@ -109,7 +95,7 @@ def bench_hvp(output_dir, widths=(64, 256, 256, 10), batch=256, repeats=100, war
             err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
             if err > 1e-4:
                 raise AssertionError(f"{k} disagrees with reverse_over_reverse: rel err {err:.2e}")
-    med = time_interleaved(candidates, repeats, warmup)
+    med = {k: 1.0 / r for k, r in interleaved_rates(candidates, repeats, 1, warmup).items()}
     metrics = {f"ms_{k}": 1e3 * v for k, v in med.items()}
     for suffix in ("", "_xla") if xla else ("",):
         for mode in hogrod.autodiff.HVP_MODES:

@@ -11,14 +11,13 @@ recipe of the torch.func MAML tutorial. Both timed in the same run, interleaved 
 Target: hogrod >= 2x PyTorch's steps/s.
 """
 
-import time
-
 import gin
 import keras
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from experiments.timing import interleaved_rates
 from hogrod import harness, meta, train
 
 
@@ -85,17 +84,8 @@ def bench_maml(output_dir, meta_batch=25, k=10, inner_lr=0.01, inner_steps=1, ro
     t = torch_step(meta_batch, k, inner_lr, inner_steps)
     if t is not None:
         runs["torch_func"] = t
-    for fn in runs.values():
-        for _ in range(warmup):
-            fn()
-    rates = {name: [] for name in runs}
-    for _ in range(rounds):
-        for name, fn in runs.items():
-            t0 = time.perf_counter()
-            for _ in range(steps_per_round):
-                fn()
-            rates[name].append(steps_per_round / (time.perf_counter() - t0))
-    metrics = {f"steps_per_s_{n}": float(np.median(r)) for n, r in rates.items()}
+    rates = interleaved_rates(runs, rounds, steps_per_round, warmup)
+    metrics = {f"steps_per_s_{n}": r for n, r in rates.items()}
     if "torch_func" in runs:
         metrics["ratio_hogrod_over_torch_func"] = (metrics["steps_per_s_hogrod"]
                                                    / metrics["steps_per_s_torch_func"])

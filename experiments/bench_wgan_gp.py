@@ -11,14 +11,12 @@ create_graph=True)` (the `bench` extra). Interleaved rounds, medians:
 Targets: >= 5x the eager step, >= 1.5x PyTorch.
 """
 
-import time
-
 import gin
 import keras
-import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from experiments.timing import interleaved_rates
 from hogrod import gan, harness
 
 
@@ -107,17 +105,8 @@ def bench_wgan_gp(output_dir, width=512, depth=3, batch=256, lam=10.0, rounds=10
     t = torch_step(width, depth, batch, lam)
     if t is not None:
         runs["torch"] = t
-    for fn in runs.values():
-        for _ in range(warmup):
-            fn()
-    rates = {k: [] for k in runs}
-    for _ in range(rounds):
-        for k, fn in runs.items():
-            t0 = time.perf_counter()
-            for _ in range(steps_per_round):
-                fn()
-            rates[k].append(steps_per_round / (time.perf_counter() - t0))
-    m = {f"critic_steps_per_s_{k}": float(np.median(v)) for k, v in rates.items()}
+    rates = interleaved_rates(runs, rounds, steps_per_round, warmup)
+    m = {f"critic_steps_per_s_{k}": v for k, v in rates.items()}
     m["ratio_over_eager"] = m["critic_steps_per_s_hogrod_compiled"] / m["critic_steps_per_s_tf_eager"]
     if "torch" in runs:
         m["ratio_over_torch"] = m["critic_steps_per_s_hogrod_compiled"] / m["critic_steps_per_s_torch"]

@@ -14,7 +14,6 @@ of tensors ordered like `model.non_trainable_variables`, e.g. from
 model's current state is read and only outputs are returned.
 """
 
-import keras
 import tensorflow as tf
 
 __all__ = ["functional_call", "model_state", "trainable_values"]

@@ -220,7 +220,7 @@ def test_short_sinusoid_run_adapts_well_below_the_unadapted_loss(tmp_path):
 
 
 def synthetic_classes(num_classes=7, per_class=(5, 6, 7, 5, 9, 5, 6)):
-    images, value = [], 0
+    images = []
     for c in range(num_classes):
         for j in range(per_class[c]):
             images.append(np.full((4, 4, 1), c * 20 + j, np.uint8))  # encodes class and index

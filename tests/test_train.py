@@ -7,14 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-import hogrod
 from hogrod import distribute, train
 from conftest import REPO_ROOT
 from train_fixtures import GLOBAL_BATCH, make_problem, weights

@@ -8,9 +8,8 @@ training example z is up-weighted; removing z changes the test loss by about
 import numpy as np
 import tensorflow as tf
 
-import hogrod
 from hogrod.curvature.inverse import conjugate_gradient
-from hogrod.curvature.operators import HessianOperator, flatten
+from hogrod.curvature.operators import HessianOperator
 
 __all__ = ["per_example_gradients", "influence"]
 

@@ -23,7 +23,6 @@ recompute each task's inner loop in the backward pass (`tf.recompute_grad`; sequ
 import collections
 
 import gin
-import keras
 import tensorflow as tf
 
 import hogrod

@@ -56,7 +56,6 @@ def partials(u_fn, x, wanted):
 
         for k in sorted(set(keys.values()), key=len):
             get(k)
-    del tape
     return {k: cache[v] for k, v in keys.items()}
 
 

@@ -12,7 +12,6 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
 from hogrod import distribute, train  # noqa: E402
 
