@@ -138,3 +138,30 @@ def test_bad_input_is_named():
         pinn.sample(pinn.Box((0,), (1,)), 3, "grid")
     with pytest.raises(ValueError, match="low < high"):
         pinn.Box((0, 1), (1, 0))
+
+
+def test_a_short_training_run_reduces_the_error_well_below_its_start(tmp_path):
+    from experiments import pinn as exp
+    from hogrod import harness
+    small = ["pinn_experiment.width = 16", "pinn_experiment.depth = 2",
+             "pinn_experiment.n_collocation = 500", "pinn_experiment.n_condition = 100"]
+    _, start = harness.run(exp.pinn_experiment, ["configs/pinn/heat.gin"], small + [
+        "pinn_experiment.adam_steps = 0", "pinn_experiment.lbfgs_iterations = 0"],
+        str(tmp_path / "a"))
+    _, end = harness.run(exp.pinn_experiment, ["configs/pinn/heat.gin"], small + [
+        "pinn_experiment.adam_steps = 100", "pinn_experiment.lbfgs_iterations = 150"],
+        str(tmp_path / "b"))
+    assert end["relative_l2"] < 0.1 * start["relative_l2"]
+    assert end["relative_l2"] < end["relative_l2_after_adam"]  # L-BFGS improved on Adam
+    assert (tmp_path / "b" / "solution.png").exists()
+
+
+def test_inverse_burgers_moves_the_viscosity_toward_the_truth(tmp_path):
+    from experiments import pinn as exp
+    from hogrod import harness
+    _, m = harness.run(exp.pinn_experiment, ["configs/pinn/burgers_inverse.gin"], [
+        "pinn_experiment.width = 16", "pinn_experiment.depth = 3",
+        "pinn_experiment.n_collocation = 1000", "pinn_experiment.n_observations = 500",
+        "pinn_experiment.adam_steps = 100", "pinn_experiment.lbfgs_iterations = 200",
+        "burgers_problem.grid_shape = (64, 20)"], str(tmp_path))
+    assert abs(m["viscosity"] - m["viscosity_true"]) < abs(0.05 - m["viscosity_true"])

@@ -1,0 +1,124 @@
+"""Solve a PDE with a physics-informed network: Adam, then L-BFGS to convergence.
+
+    python -m experiments.pinn --gin_file=configs/pinn/burgers.gin
+    python -m experiments.pinn --gin_file=configs/pinn/burgers_inverse.gin
+
+The problem (PDE, domain, conditions, reference) is a gin reference (`@burgers_problem`,
+`@poisson_problem`, ...). Outputs: metrics.json (relative L2 error against the reference,
+final loss terms, times; the learned coefficient for inverse runs), TensorBoard events and
+checkpoints of the Adam phase, solution.png (prediction, reference, absolute error, and
+slices at a few times).
+"""
+
+import os
+import time
+
+import gin
+import keras
+import matplotlib
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from hogrod import harness, pinn, train
+from hogrod.pinn import pdes, training
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def plot(path, problem, pred, ref):
+    shape = problem.grid_shape
+    grid = problem.grid
+    if len(shape) != 2:
+        return
+    ext = [problem.domain.low[1], problem.domain.high[1], problem.domain.low[0],
+           problem.domain.high[0]]
+    panels = [(pred, "prediction")] + ([(ref, "reference"), (np.abs(pred - ref), "|error|")]
+                                       if ref is not None else [])
+    fig, axes = plt.subplots(1, len(panels) + 1, figsize=(5 * (len(panels) + 1), 4))
+    for ax, (z, title) in zip(axes, panels):
+        im = ax.imshow(z.reshape(shape), origin="lower", aspect="auto", extent=ext, cmap="RdBu_r")
+        ax.set_title(title)
+        ax.set_xlabel("coordinate 1 (t)")
+        ax.set_ylabel("coordinate 0 (x)")
+        fig.colorbar(im, ax=ax)
+    xs = grid.reshape(shape + (-1,))[:, 0, 0]
+    for j in np.linspace(0, shape[1] - 1, 4).astype(int):
+        line, = axes[-1].plot(xs, pred.reshape(shape)[:, j], label=f"t={grid.reshape(shape + (-1,))[0, j, 1]:.2f}")
+        if ref is not None:
+            axes[-1].plot(xs, ref.reshape(shape)[:, j], "k:", lw=0.8)
+    axes[-1].legend()
+    axes[-1].set_title("slices (dotted: reference)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+@gin.configurable
+def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collocation=10000,
+                    n_condition=400, sampling="sobol", adam_steps=2000, adam_lr=1e-3,
+                    lbfgs_iterations=10000, weights=None, inverse_initial=None,
+                    n_observations=2000, dtype="float32", seed=0):
+    """Args:
+      problem: a problem factory (`@burgers_problem`, ...).
+      width, depth: the tanh MLP (Raissi: 9 layers of 20 = depth 8 hidden + output).
+      inverse_initial: for Burgers, learn the viscosity from `n_observations` reference
+        values, starting from this value (None: the forward problem).
+    """
+    keras.utils.set_random_seed(seed)
+    prob = problem()
+    tf_dtype = tf.as_dtype(dtype)
+    net = keras.Sequential([keras.Input((prob.domain.dim,), dtype=dtype)] +
+                           [keras.layers.Dense(width, activation="tanh", dtype=dtype)
+                            for _ in range(depth)] + [keras.layers.Dense(1, dtype=dtype)])
+    u = training.solution_fn(prob, net)
+    points = tf.constant(pinn.sample(prob.domain, n_collocation, sampling, seed), tf_dtype)
+    cond_points = [tf.constant(fn(n_condition, seed + 1 + i), tf_dtype)
+                   for i, (_, fn, _) in enumerate(prob.conditions)]
+    variables = list(net.trainable_variables)
+    extra = {}
+    nu = None
+    if inverse_initial is not None:
+        if prob.name != "burgers":
+            raise ValueError("pinn_experiment.inverse_initial is implemented for burgers_problem")
+        nu = tf.Variable(inverse_initial, dtype=tf_dtype, name="viscosity")
+        prob = prob._replace(pde=pdes.burgers(nu))
+        obs = pinn.sample(prob.domain, n_observations, "sobol", seed + 99)
+        x_obs, y_obs = tf.constant(obs, tf_dtype), tf.constant(prob.reference(obs), tf_dtype)
+        extra["data"] = lambda: tf.reduce_mean(tf.square(u(x_obs) - y_obs))
+        variables.append(nu)
+    loss_fn = training.pinn_loss(prob, u, points, [tf.cast(p, tf_dtype) for p in cond_points],
+                                 weights, extra)
+    opt = keras.optimizers.Adam(adam_lr)
+    step = train.make_train_step(loss_fn, opt, variables)
+    ckpt = train.Checkpointer(output_dir, model=net, optimizer=opt,
+                              **({"viscosity": nu} if nu is not None else {}))
+    t0 = time.perf_counter()
+    logs = train.train_loop(step, iter(tf.data.Dataset.from_tensors(0).repeat()), adam_steps,
+                            ckpt, output_dir, checkpoint_every=max(adam_steps, 1), log_every=500)
+    adam_seconds = time.perf_counter() - t0
+    err_adam, _ = training.relative_l2(prob, u, tf_dtype)
+    lbfgs_loss, lbfgs_iters, lbfgs_seconds = (training.lbfgs(loss_fn, variables, lbfgs_iterations)
+                                              if lbfgs_iterations else (None, 0, 0.0))
+    err, pair = training.relative_l2(prob, u, tf_dtype)
+    terms = {k: float(v) for k, v in loss_fn().items()}
+    pred = pair[0] if pair else np.concatenate(
+        [u(tf.constant(prob.grid[i:i + 8192], tf_dtype)).numpy()
+         for i in range(0, len(prob.grid), 8192)])
+    plot(os.path.join(output_dir, "solution.png"), prob, pred, pair[1] if pair else None)
+    metrics = {"problem": prob.name, "relative_l2": err, "relative_l2_after_adam": err_adam,
+               "adam_seconds": adam_seconds, "lbfgs_seconds": lbfgs_seconds,
+               "lbfgs_iterations": lbfgs_iters, "lbfgs_final_loss": lbfgs_loss,
+               "total_seconds": adam_seconds + lbfgs_seconds,
+               "adam_final_loss": logs.get("loss"), **{f"term_{k}": v for k, v in terms.items()}}
+    if nu is not None:
+        true_nu = 0.01 / np.pi
+        metrics.update(viscosity=float(nu.numpy()), viscosity_true=true_nu,
+                       viscosity_rel_err=abs(float(nu.numpy()) - true_nu) / true_nu)
+    logging.info("pinn: %s", metrics)
+    return metrics
+
+
+if __name__ == "__main__":
+    harness.main(pinn_experiment)

@@ -1,0 +1,95 @@
+"""PINN losses and the standard recipe: Adam (hogrod.train), then L-BFGS (scipy) to convergence.
+
+`pinn_loss(problem, u_fn, points, condition_points, weights)` returns the loss function of
+named terms ("residual" and one per condition) that `hogrod.train.make_train_step` takes.
+`lbfgs(loss, variables)` runs scipy's L-BFGS-B on a compiled float64 value-and-gradient of
+the same terms; `relative_l2` measures a solution against the problem's reference.
+"""
+
+import time
+
+import numpy as np
+import scipy.optimize
+import tensorflow as tf
+from absl import logging
+
+import hogrod
+from hogrod.pinn.pdes import residual
+
+__all__ = ["solution_fn", "pinn_loss", "lbfgs", "relative_l2"]
+
+
+def solution_fn(problem, net):
+    """u(x): the network, through the problem's hard-constraint transform if it has one."""
+    if problem.transform is None:
+        return net
+    return lambda x: problem.transform(x, net(x))
+
+
+def pinn_loss(problem, u_fn, points, condition_points, weights=None, extra_terms=None):
+    """A `loss_fn(_) -> {term: scalar}`: mean squared residual at `points` and mean squared
+    misfit of each condition at its points. `weights` scale terms ({name: w})."""
+    points = tf.convert_to_tensor(points)
+    conds = [(name, tf.convert_to_tensor(x), target(tf.convert_to_tensor(x)))
+             for (name, _, target), x in zip(problem.conditions, condition_points)]
+    weights = dict(weights or {})
+    unknown = set(weights) - {"residual"} - {c[0] for c in conds} - set(extra_terms or {})
+    if unknown:
+        raise ValueError(f"weights for unknown PINN loss terms {sorted(unknown)}")
+
+    def loss_fn(_=None):
+        terms = {"residual": tf.reduce_mean(tf.square(residual(problem.pde, u_fn, points)))}
+        for name, x, target in conds:
+            terms[name] = tf.reduce_mean(tf.square(u_fn(x) - target))
+        for name, fn in (extra_terms or {}).items():
+            terms[name] = fn()
+        return {k: weights.get(k, 1.0) * v for k, v in terms.items()}
+    return loss_fn
+
+
+def lbfgs(loss_fn, variables, max_iterations=10000, tolerance=1e-12, history_size=50,
+          callback_every=500):
+    """Minimize the sum of `loss_fn()`'s terms over `variables` with scipy's L-BFGS-B.
+
+    The value and gradient are one compiled function of a flat float64 vector; returns
+    (final loss, iterations, seconds)."""
+    variables = list(variables)
+    shapes = [v.shape for v in variables]
+    sizes = [int(np.prod(s)) for s in shapes]
+
+    @tf.function
+    def value_and_grad(flat):
+        for v, part, s in zip(variables, tf.split(flat, sizes), shapes):
+            v.assign(tf.cast(tf.reshape(part, s), v.dtype))
+        value, grads = hogrod.value_and_grad(lambda: tf.add_n(list(loss_fn().values())),
+                                             variables)
+        return (tf.cast(value, tf.float64),
+                tf.concat([tf.reshape(tf.cast(g, tf.float64), [-1]) for g in grads], 0))
+
+    start, calls = time.perf_counter(), [0]
+
+    def fun(w):
+        value, grad = value_and_grad(tf.constant(w))
+        calls[0] += 1
+        if calls[0] % callback_every == 0:
+            logging.info("L-BFGS evaluation %d: loss %.3e", calls[0], float(value))
+        return float(value), grad.numpy()
+
+    x0 = np.concatenate([v.numpy().ravel() for v in variables]).astype(np.float64)
+    result = scipy.optimize.minimize(
+        fun, x0, jac=True, method="L-BFGS-B",
+        options={"maxiter": max_iterations, "maxfun": int(max_iterations * 1.25),
+                 "maxcor": history_size, "ftol": tolerance, "gtol": tolerance})
+    value_and_grad(tf.constant(result.x))  # leave the variables at the solution
+    return float(result.fun), int(result.nit), time.perf_counter() - start
+
+
+def relative_l2(problem, u_fn, dtype=tf.float32):
+    """||u - u_ref|| / ||u_ref|| on the problem's grid (None if it has no reference)."""
+    if problem.reference is None:
+        return None, None
+    grid = problem.grid
+    pred = np.concatenate([u_fn(tf.constant(grid[i:i + 8192], dtype)).numpy()
+                           for i in range(0, len(grid), 8192)])
+    ref = problem.reference(grid)
+    return float(np.linalg.norm(pred - ref) / np.linalg.norm(ref)), (pred, ref)
