@@ -71,13 +71,11 @@ def burgers_problem(nu=0.01 / math.pi, hard_constraints=True, grid_shape=(256, 1
     bc = ("boundary", lambda n, s: np.concatenate([_on_face(domain, 0, -1.0)(n // 2, s),
                                                    _on_face(domain, 0, 1.0)(n - n // 2, s + 1)]),
           _zeros)
-    transform = None
-    if hard_constraints:
-        def transform(x, out):
-            xs, t = x[:, :1], x[:, 1:]
-            return -tf.sin(pi * xs) + t * (1.0 - xs ** 2) * out
+    def hard(x, out):
+        xs, t = x[:, :1], x[:, 1:]
+        return -tf.sin(pi * xs) + t * (1.0 - xs ** 2) * out
     return Problem("burgers", pdes.burgers(nu), domain, [] if hard_constraints else [ic, bc],
-                   transform, lambda x: reference.burgers_cole_hopf(x[:, 0], x[:, 1], nu)[:, None],
+                   hard if hard_constraints else None, lambda x: reference.burgers_cole_hopf(x[:, 0], x[:, 1], nu)[:, None],
                    _grid(domain, grid_shape), tuple(grid_shape))
 
 
