@@ -59,12 +59,15 @@ def plot(path, problem, pred, ref):
 def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collocation=10000,
                     n_condition=400, sampling="sobol", adam_steps=2000, adam_lr=1e-3,
                     lbfgs_iterations=10000, weights=None, inverse_initial=None,
-                    n_observations=2000, dtype="float32", seed=0):
+                    n_observations=2000, weighting="fixed", annealing_every=100,
+                    dtype="float32", seed=0):
     """Args:
       problem: a problem factory (`@burgers_problem`, ...).
       width, depth: the tanh MLP (Raissi: 9 layers of 20 = depth 8 hidden + output).
       inverse_initial: for Burgers, learn the viscosity from `n_observations` reference
         values, starting from this value (None: the forward problem).
+      weighting: "fixed" (`weights`, default all 1) or "annealing" (learning-rate annealing
+        of the condition terms every `annealing_every` Adam steps).
     """
     keras.utils.set_random_seed(seed)
     prob = problem()
@@ -88,15 +91,25 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
         x_obs, y_obs = tf.constant(obs, tf_dtype), tf.constant(prob.reference(obs), tf_dtype)
         extra["data"] = lambda: tf.reduce_mean(tf.square(u(x_obs) - y_obs))
         variables.append(nu)
-    loss_fn = training.pinn_loss(prob, u, points, [tf.cast(p, tf_dtype) for p in cond_points],
-                                 weights, extra)
+    callback, tracked = None, {}
+    if weighting == "annealing":
+        unweighted = training.pinn_loss(prob, u, points, cond_points, None, extra)
+        names = [name for name, _, _ in prob.conditions] + list(extra)
+        weights, update = pinn.annealing_weights(unweighted, variables, names)
+        tracked = {f"weight_{n}": w for n, w in weights.items()}
+        callback = lambda i, logs: update() if i % annealing_every == 0 else None  # noqa: E731
+    elif weighting != "fixed":
+        raise ValueError(f"pinn_experiment.weighting must be 'fixed' or 'annealing', got "
+                         f"{weighting!r}")
+    loss_fn = training.pinn_loss(prob, u, points, cond_points, weights, extra)
     opt = keras.optimizers.Adam(adam_lr)
     step = train.make_train_step(loss_fn, opt, variables)
-    ckpt = train.Checkpointer(output_dir, model=net, optimizer=opt,
+    ckpt = train.Checkpointer(output_dir, model=net, optimizer=opt, **tracked,
                               **({"viscosity": nu} if nu is not None else {}))
     t0 = time.perf_counter()
     logs = train.train_loop(step, iter(tf.data.Dataset.from_tensors(0).repeat()), adam_steps,
-                            ckpt, output_dir, checkpoint_every=max(adam_steps, 1), log_every=500)
+                            ckpt, output_dir, checkpoint_every=max(adam_steps, 1), log_every=500,
+                            callback=callback)
     adam_seconds = time.perf_counter() - t0
     err_adam, _ = training.relative_l2(prob, u, tf_dtype)
     lbfgs_loss, lbfgs_iters, lbfgs_seconds = (training.lbfgs(loss_fn, variables, lbfgs_iterations)

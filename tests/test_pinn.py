@@ -165,3 +165,28 @@ def test_inverse_burgers_moves_the_viscosity_toward_the_truth(tmp_path):
         "pinn_experiment.adam_steps = 100", "pinn_experiment.lbfgs_iterations = 200",
         "burgers_problem.grid_shape = (64, 20)"], str(tmp_path))
     assert abs(m["viscosity"] - m["viscosity_true"]) < abs(0.05 - m["viscosity_true"])
+
+
+def test_annealing_weights_move_to_the_balancing_ratio():
+    keras.utils.set_random_seed(0)
+    net = keras.Sequential([keras.Input((2,)), keras.layers.Dense(8, activation="tanh"),
+                            keras.layers.Dense(1)])
+    prob = pinn.heat_problem()
+    points = tf.constant(pinn.sample(prob.domain, 64, "sobol", 0))
+    conds = [tf.constant(fn(32, i)) for i, (_, fn, _) in enumerate(prob.conditions)]
+    terms = pinn.pinn_loss(prob, net, points, conds)
+    weights, update = pinn.annealing_weights(terms, net.trainable_variables,
+                                             ["initial", "boundary"], alpha=0.0)
+    got = update()
+    import hogrod
+    t = terms()
+    # the residual u_t - a u_xx does not depend on the output bias: hogrod.grad gives zeros
+    top = max(float(tf.reduce_max(tf.abs(g))) for g in hogrod.grad(
+        lambda: terms()["residual"], net.trainable_variables))
+    for name in ("initial", "boundary"):
+        g = np.concatenate([np.abs(x.numpy()).ravel() for x in hogrod.grad(
+            lambda: terms()[name], net.trainable_variables)])
+        np.testing.assert_allclose(float(got[name]), top / g.mean(), rtol=1e-4)
+    weighted = pinn.pinn_loss(prob, net, points, conds, weights)()
+    np.testing.assert_allclose(float(weighted["initial"]),
+                               float(got["initial"]) * float(t["initial"]), rtol=1e-5)
