@@ -190,3 +190,12 @@ def test_annealing_weights_move_to_the_balancing_ratio():
     weighted = pinn.pinn_loss(prob, net, points, conds, weights)()
     np.testing.assert_allclose(float(weighted["initial"]),
                                float(got["initial"]) * float(t["initial"]), rtol=1e-5)
+
+
+def test_bench_binary_checks_agreement_and_runs(tmp_path):
+    from experiments import bench_pinn
+    from hogrod import harness
+    _, m = harness.run(bench_pinn.bench_pinn, ["configs/bench/pinn.gin"],
+                       ["bench_pinn.points = 64", "bench_pinn.depth = 2", "bench_pinn.rounds = 1",
+                        "bench_pinn.calls_per_round = 1", "bench_pinn.warmup = 1"], str(tmp_path))
+    assert m["evals_per_s_hogrod"] > 0

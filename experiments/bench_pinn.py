@@ -1,0 +1,128 @@
+"""Benchmark: the Burgers residual and its parameter gradient on 10,000 points.
+
+One evaluation = u, u_x, u_t, u_xx of a tanh MLP (Raissi's 8 x 20) at every point, the
+mean squared residual, and its gradient with respect to the weights. Candidates, in the
+same run on the same weights and points, interleaved:
+- hogrod: `hogrod.pinn.partials` in a `tf.function`;
+- DeepXDE's TensorFlow backend: `dde.grad.jacobian` / `dde.grad.hessian` (its own
+  derivative code) in a `tf.function` (the `bench` extra; DDE_BACKEND=tensorflow);
+- JAX: `vmap` of nested `jax.grad` per point, `jit` (the `bench` extra).
+
+    python -m experiments.bench_pinn --gin_file=configs/bench/pinn.gin
+
+Reported: evaluations/s and hogrod's ratio over each. (The time-to-accuracy comparison with
+DeepXDE's Burgers example is not part of this binary yet.)
+"""
+
+import math
+import os
+
+import gin
+import keras
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+import hogrod
+from experiments.timing import interleaved_rates
+from hogrod import harness, pinn
+
+NU = 0.01 / math.pi
+
+
+def make_net(width, depth):
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([keras.Input((2,))] +
+                            [keras.layers.Dense(width, activation="tanh") for _ in range(depth)] +
+                            [keras.layers.Dense(1)])
+
+
+def hogrod_candidate(net, x):
+    pde = pinn.burgers(NU)
+
+    @tf.function
+    def run():
+        return hogrod.grad(lambda: tf.reduce_mean(tf.square(pinn.residual(pde, net, x))),
+                           net.trainable_variables)
+    return lambda: [g.numpy() for g in run()]
+
+
+def deepxde_candidate(net, x):
+    os.environ.setdefault("DDE_BACKEND", "tensorflow")
+    try:
+        import deepxde as dde
+    except Exception as e:  # not installed, or another backend configured
+        logging.warning("deepxde unavailable (%s): no DeepXDE baseline", e)
+        return None
+
+    @tf.function
+    def run():
+        with tf.GradientTape() as tape:
+            y = net(x)
+            u_x = dde.grad.jacobian(y, x, i=0, j=0)
+            u_t = dde.grad.jacobian(y, x, i=0, j=1)
+            u_xx = dde.grad.hessian(y, x, i=0, j=0)
+            loss = tf.reduce_mean(tf.square(u_t + y * u_x - NU * u_xx))
+        return tape.gradient(loss, net.trainable_variables)
+    try:
+        run()
+    except Exception as e:
+        logging.warning("deepxde's derivatives failed on this model (%s): no baseline", e)
+        return None
+    return lambda: [g.numpy() for g in run()]
+
+
+def jax_candidate(net, x):
+    try:
+        import jax
+        import jax.numpy as jnp
+    except ImportError:
+        logging.warning("jax not installed: no JAX baseline")
+        return None
+    params = [jnp.asarray(v.numpy()) for v in net.trainable_variables]
+    pts = jnp.asarray(x.numpy())
+
+    def u(ps, xt):
+        h = xt
+        for i in range(0, len(ps) - 2, 2):
+            h = jnp.tanh(h @ ps[i] + ps[i + 1])
+        return (h @ ps[-2] + ps[-1])[0]
+
+    def residual(ps, xt):
+        g = jax.grad(u, 1)(ps, xt)
+        u_xx = jax.grad(lambda z: jax.grad(u, 1)(ps, z)[0])(xt)[0]
+        return g[1] + u(ps, xt) * g[0] - NU * u_xx
+
+    loss = lambda ps: jnp.mean(jax.vmap(residual, (None, 0))(ps, pts) ** 2)  # noqa: E731
+    grad = jax.jit(jax.grad(loss))
+    return lambda: [np.asarray(a) for a in jax.block_until_ready(grad(params))]
+
+
+@gin.configurable
+def bench_pinn(output_dir, points=10000, width=20, depth=8, rounds=10, calls_per_round=3,
+               warmup=3):
+    net = make_net(width, depth)
+    x = tf.constant(pinn.sample(pinn.Box((-1.0, 0.0), (1.0, 1.0)), points, "sobol", 0))
+    candidates = {"hogrod": hogrod_candidate(net, x)}
+    for name, make in (("deepxde_tf", deepxde_candidate), ("jax", jax_candidate)):
+        c = make(net, x)
+        if c is not None:
+            candidates[name] = c
+    ref = np.concatenate([g.ravel() for g in candidates["hogrod"]()])
+    for name, fn in candidates.items():  # agreement before speed
+        got = np.concatenate([g.ravel() for g in fn()])
+        err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+        if err > 1e-3:
+            raise AssertionError(f"{name}'s gradient disagrees with hogrod's: rel err {err:.2e}")
+    rates = interleaved_rates(candidates, rounds, calls_per_round, warmup)
+    m = {f"evals_per_s_{k}": v for k, v in rates.items()}
+    for k in rates:
+        if k != "hogrod":
+            m[f"ratio_hogrod_over_{k}"] = rates["hogrod"] / rates[k]
+    for k, v in sorted(m.items()):
+        print(f"{k:35s} {v:.4g}")
+    return dict(m, points=points, width=width, depth=depth)
+
+
+if __name__ == "__main__":
+    harness.main(bench_pinn)
