@@ -85,12 +85,15 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
     if inverse_initial is not None:
         if prob.name != "burgers":
             raise ValueError("pinn_experiment.inverse_initial is implemented for burgers_problem")
-        nu = tf.Variable(inverse_initial, dtype=tf_dtype, name="viscosity")
+        # log-parameterized, as Raissi et al.: the viscosity is positive and ~1e-3, far from
+        # the weights' scale, which L-BFGS handles badly in the raw parameter
+        log_nu = tf.Variable(np.log(inverse_initial), dtype=tf_dtype, name="log_viscosity")
+        nu = lambda: tf.exp(log_nu)  # noqa: E731
         prob = prob._replace(pde=pdes.burgers(nu))
         obs = pinn.sample(prob.domain, n_observations, "sobol", seed + 99)
         x_obs, y_obs = tf.constant(obs, tf_dtype), tf.constant(prob.reference(obs), tf_dtype)
         extra["data"] = lambda: tf.reduce_mean(tf.square(u(x_obs) - y_obs))
-        variables.append(nu)
+        variables.append(log_nu)
     callback, tracked = None, {}
     if weighting == "annealing":
         unweighted = training.pinn_loss(prob, u, points, cond_points, None, extra)
@@ -105,7 +108,7 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
     opt = keras.optimizers.Adam(adam_lr)
     step = train.make_train_step(loss_fn, opt, variables)
     ckpt = train.Checkpointer(output_dir, model=net, optimizer=opt, **tracked,
-                              **({"viscosity": nu} if nu is not None else {}))
+                              **({"log_viscosity": log_nu} if nu is not None else {}))
     t0 = time.perf_counter()
     logs = train.train_loop(step, iter(tf.data.Dataset.from_tensors(0).repeat()), adam_steps,
                             ckpt, output_dir, checkpoint_every=max(adam_steps, 1), log_every=500,
@@ -127,8 +130,8 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
                "adam_final_loss": logs.get("loss"), **{f"term_{k}": v for k, v in terms.items()}}
     if nu is not None:
         true_nu = 0.01 / np.pi
-        metrics.update(viscosity=float(nu.numpy()), viscosity_true=true_nu,
-                       viscosity_rel_err=abs(float(nu.numpy()) - true_nu) / true_nu)
+        metrics.update(viscosity=float(nu()), viscosity_true=true_nu,
+                       viscosity_rel_err=abs(float(nu()) - true_nu) / true_nu)
     logging.info("pinn: %s", metrics)
     return metrics
 

@@ -32,9 +32,10 @@ def residual(pde, u_fn, x):
 
 @gin.configurable
 def burgers(nu=0.01 / math.pi):
-    """u_t + u u_x - nu u_xx = 0 on (x, t)."""
+    """u_t + u u_x - nu u_xx = 0 on (x, t); nu may be a callable (a learned coefficient,
+    read at every evaluation)."""
     return PDE([(), (0,), (1,), (0, 0)],
-               lambda x, d: d[(1,)] + d[()] * d[(0,)] - nu * d[(0, 0)])
+               lambda x, d: d[(1,)] + d[()] * d[(0,)] - (nu() if callable(nu) else nu) * d[(0, 0)])
 
 
 @gin.configurable
