@@ -14,13 +14,30 @@ __all__ = ["lanczos", "power_iteration", "as_matvec"]
 
 
 def as_matvec(op):
-    """(matvec on float64 numpy vectors, n) for an operator or a dense matrix."""
+    """(matvec on float64 numpy vectors, n) for an operator or a dense matrix.
+
+    A product that is not finite (a NaN/inf loss, or weights that overflowed) is an error
+    naming the operator, so no estimator returns a silent NaN.
+    """
     if hasattr(op, "matvec_flat"):
-        dtype = op.dtype
-        return (lambda v: op.matvec_flat(tf.constant(v, dtype)).numpy().astype(np.float64),
-                int(op.shape[0]))
-    a = np.asarray(op, np.float64)
-    return (lambda v: a @ v), a.shape[0]
+        dtype, name = op.dtype, op.name
+        raw = lambda v: op.matvec_flat(tf.constant(v, dtype)).numpy().astype(np.float64)  # noqa
+        n = int(op.shape[0])
+    else:
+        a = np.asarray(op, np.float64)
+        if a.ndim != 2 or a.shape[0] != a.shape[1]:
+            raise ValueError(f"expected a curvature operator or a square matrix, got shape "
+                             f"{a.shape}")
+        raw, n, name = (lambda v: a @ v), a.shape[0], "matrix"
+
+    def matvec(v):
+        w = raw(v)
+        if not np.all(np.isfinite(w)):
+            raise FloatingPointError(f"{name}: the product with a finite vector is not finite "
+                                     f"({int(np.sum(~np.isfinite(w)))} of {n} entries); check the "
+                                     "loss and the parameters for NaN/inf")
+        return w
+    return matvec, n
 
 
 def _check_k(k, n):
@@ -37,7 +54,7 @@ def lanczos(op, k=1, which="largest", tol=1e-6, max_iterations=None, seed=0):
       which: "largest" (algebraically largest) or "smallest" (most negative).
       tol: stop when every wanted Ritz pair has residual |beta_m s_mi| <= tol * |theta_i|.
       max_iterations: Krylov dimension cap (default min(n, 10k + 100)); reaching it
-        before `tol` logs a warning.
+        before `tol` logs a warning (tol=0: run exactly that many iterations).
       seed: the start vector's seed.
     """
     matvec, n = as_matvec(op)
@@ -62,7 +79,7 @@ def lanczos(op, k=1, which="largest", tol=1e-6, max_iterations=None, seed=0):
             wanted = order[:k]
             residual = np.abs(beta * S[-1, wanted])
             converged = np.all(residual <= tol * np.maximum(np.abs(theta[wanted]), 1e-12))
-            if j + 1 == m_max and not converged and m_max < n:
+            if tol > 0 and j + 1 == m_max and not converged and m_max < n:
                 logging.warning("lanczos: %d iterations without reaching tol=%g (largest "
                                 "relative residual %.2e)", m_max, tol, np.max(
                                     residual / np.maximum(np.abs(theta[wanted]), 1e-12)))

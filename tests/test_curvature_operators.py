@@ -1,0 +1,62 @@
+"""Curvature operators against the dense oracle `hogrod.hessian` and J^T H_L J."""
+
+import numpy as np
+import tensorflow as tf
+from curvature_fixtures import small_problem
+
+import hogrod
+from hogrod import curvature
+
+
+def test_hessian_operator_over_batch_and_over_dataset_equals_dense_hessian():
+    model, loss, (x, y) = small_problem()
+    dense = hogrod.hessian(lambda: loss((x, y)), model.trainable_variables).numpy()
+    op = curvature.HessianOperator(loss, model.trainable_variables, (x, y), tf.float64)
+    np.testing.assert_allclose(op.to_dense(), dense, rtol=1e-9, atol=1e-12)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(15)  # 15 + 15 + 10: size-weighted
+    op_ds = curvature.HessianOperator(loss, model.trainable_variables, data, tf.float64)
+    v = np.random.default_rng(1).normal(size=dense.shape[0])
+    np.testing.assert_allclose(op_ds.matvec(tf.constant(v)), dense @ v, rtol=1e-9, atol=1e-12)
+    assert op_ds.num_matvecs == 1
+    # tf.linalg works on it
+    assert isinstance(op, tf.linalg.LinearOperator) and op.is_self_adjoint
+
+
+def test_gauss_newton_operator_equals_jt_h_j_and_is_psd():
+    model, loss, (x, y) = small_problem()
+    ce = lambda z, b: tf.reduce_mean(  # noqa: E731
+        tf.nn.sparse_softmax_cross_entropy_with_logits(b[1], z))
+    op = curvature.GaussNewtonOperator(lambda b: model(b[0]), ce, model.trainable_variables,
+                                       (x, y), tf.float64)
+    G = op.to_dense().numpy()
+    J = np.concatenate([np.reshape(j, (120, -1)) for j in hogrod.jacobian(
+        lambda ps: tf.reshape(hogrod.functional_call(model, ps, x), [-1]),
+        hogrod.trainable_values(model))], axis=1)
+    p = tf.nn.softmax(model(x)).numpy()
+    H_L = np.zeros((120, 120))
+    for i in range(40):
+        H_L[3 * i:3 * i + 3, 3 * i:3 * i + 3] = (np.diag(p[i]) - np.outer(p[i], p[i])) / 40
+    np.testing.assert_allclose(G, J.T @ H_L @ J, rtol=1e-8, atol=1e-12)
+    assert np.linalg.eigvalsh(G).min() > -1e-10
+
+
+def test_per_layer_operator_is_the_diagonal_block():
+    model, loss, batch = small_problem()
+    dense = hogrod.hessian(lambda: loss(batch), model.trainable_variables).numpy()
+    op = curvature.HessianOperator(loss, curvature.layer_params(model, model.layers[1].name),
+                                   batch, tf.float64)
+    n0 = 4 * 6 + 6
+    np.testing.assert_allclose(op.to_dense(), dense[n0:, n0:], rtol=1e-9, atol=1e-12)
+
+
+def test_float32_and_float64_operators_agree():
+    model, loss, batch = small_problem()
+    v = np.random.default_rng(2).normal(size=51)
+    op64 = curvature.HessianOperator(loss, model.trainable_variables, batch, tf.float64)
+    model32, loss32, (x, y) = small_problem("float32")
+    for a, b in zip(model32.trainable_variables, model.trainable_variables):
+        a.assign(tf.cast(b, tf.float32))
+    op32 = curvature.HessianOperator(loss32, model32.trainable_variables,
+                                     (tf.cast(x, tf.float32), y), tf.float32)
+    np.testing.assert_allclose(op32.matvec(tf.constant(v, tf.float32)),
+                               op64.matvec(tf.constant(v)), rtol=1e-3, atol=1e-5)
