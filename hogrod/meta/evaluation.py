@@ -46,5 +46,6 @@ def evaluate(algorithm, model, loss_fn, tasks, steps=(0, 1, 10), accuracy=False,
         for j, name in enumerate(names):
             v = values[:, j]
             results[f"{name}_after_{s}"] = float(v.mean())
-            results[f"{name}_after_{s}_ci95"] = float(1.96 * v.std(ddof=1) / np.sqrt(len(v)))
+            results[f"{name}_after_{s}_ci95"] = (
+                float(1.96 * v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else float("nan"))
     return results
