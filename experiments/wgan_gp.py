@@ -54,17 +54,26 @@ def plot(path, real, fake, critic, title):
 @gin.configurable
 def wgan_gp_experiment(output_dir, dataset="eight_gaussians", generator_steps=20000,
                        batch_size=256, latent_dim=2, width=512, depth=3, learning_rate=1e-4,
-                       beta_1=0.5, beta_2=0.9, eval_every=2000, eval_samples=2500,
-                       checkpoint_every=2000, seed=0):
-    """Train; evaluate and plot every `eval_every` generator steps; return the last metrics."""
+                       beta_1=0.5, beta_2=0.9, n_critic=5, linear_decay=False, eval_every=2000,
+                       eval_samples=2500, checkpoint_every=2000, seed=0):
+    """Train; evaluate and plot every `eval_every` generator steps; return the last metrics.
+
+    linear_decay: decay both learning rates linearly to 0 over the run (as the WGAN-GP
+    paper's CIFAR code), which lets the modes sharpen at the end.
+    """
     keras.utils.set_random_seed(seed)
     strategy = distribute.make_strategy()
     with strategy.scope():
         generator = mlp(latent_dim, 2, width, depth, "generator")
         critic = mlp(2, 1, width, depth, "critic")
-        opt_c = keras.optimizers.Adam(learning_rate, beta_1=beta_1, beta_2=beta_2)
-        opt_g = keras.optimizers.Adam(learning_rate, beta_1=beta_1, beta_2=beta_2)
-    step = gan.make_wgan_gp_step(generator, critic, opt_c, opt_g, latent_dim, strategy=strategy)
+        def rate(updates):
+            return (keras.optimizers.schedules.PolynomialDecay(learning_rate, updates, 0.0)
+                    if linear_decay else learning_rate)
+        opt_c = keras.optimizers.Adam(rate(generator_steps * n_critic), beta_1=beta_1,
+                                      beta_2=beta_2)
+        opt_g = keras.optimizers.Adam(rate(generator_steps), beta_1=beta_1, beta_2=beta_2)
+    step = gan.make_wgan_gp_step(generator, critic, opt_c, opt_g, latent_dim, n_critic=n_critic,
+                                 strategy=strategy)
     data = iter(strategy.experimental_distribute_dataset(
         gan.toy_batches(dataset, batch_size, seed)))
     ckpt = train.Checkpointer(output_dir, generator=generator, critic=critic,
