@@ -28,10 +28,10 @@ __all__ = [
 ]
 
 HVP_MODES = ("reverse_over_reverse", "forward_over_reverse")
-# Chosen by experiments/bench_hvp.py (see WORKSPACE.md, "Benchmarks"): TensorFlow's
-# ForwardAccumulator computes most JVPs by the double-backward trick, so forward-over-reverse
-# costs no less than nested tapes; reverse-over-reverse was as fast or faster in every run.
-_AUTO_HVP_MODE = "reverse_over_reverse"
+# Chosen by experiments/bench_hvp.py (see WORKSPACE.md, "Benchmarks"): on a quiet machine
+# forward-over-reverse was the faster mode in every run (0.92-1.00x JAX's HVP against
+# 1.04-1.07x for nested tapes); under heavy load the two were within noise.
+_AUTO_HVP_MODE = "forward_over_reverse"
 _UNCONNECTED = ("zero", "none", "raise")
 
 
