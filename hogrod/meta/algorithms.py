@@ -168,16 +168,17 @@ def maml_plus_plus(model, loss_fn, inner_lr=0.01, inner_steps=5, multi_step_iter
         for v in layer.trainable_variables:
             layer_of[id(v)] = layer.name
     layers = sorted(set(layer_of.values()))
-    lslr = {name: tf.Variable(tf.fill([inner_steps], inner_lr), name=f"lslr/{name}")
-            for name in layers}
+    dtype = variables[0].dtype
+    lslr = {name: tf.Variable(tf.fill([inner_steps], tf.cast(inner_lr, dtype)),
+                              name=f"lslr/{name}") for name in layers}
 
     def rates(step):
         return [lslr[layer_of[id(v)]][step] for v in variables]
 
     def step_weights():
-        progress = tf.minimum(tf.cast(iterations, tf.float32) / max(multi_step_iterations, 1), 1.0)
-        uniform = tf.fill([inner_steps], 1.0 / inner_steps)
-        last = tf.one_hot(inner_steps - 1, inner_steps)
+        progress = tf.minimum(tf.cast(iterations, dtype) / max(multi_step_iterations, 1), 1.0)
+        uniform = tf.fill([inner_steps], tf.cast(1.0 / inner_steps, dtype))
+        last = tf.one_hot(inner_steps - 1, inner_steps, dtype=dtype)
         return (1.0 - progress) * uniform + progress * last
 
     def meta_loss(tasks):
@@ -194,8 +195,8 @@ def maml_plus_plus(model, loss_fn, inner_lr=0.01, inner_steps=5, multi_step_iter
 
         per_step = tf.cond(
             iterations < first_order_iterations,
-            lambda: _over_steps(lambda t: task_losses(t, True), tasks, vectorize),
-            lambda: _over_steps(lambda t: task_losses(t, False), tasks, vectorize))
+            lambda: _over_steps(lambda t: task_losses(t, True), tasks, vectorize, dtype),
+            lambda: _over_steps(lambda t: task_losses(t, False), tasks, vectorize, dtype))
         return {"query": tf.reduce_sum(step_weights() * per_step),
                 "monitor/query_last": per_step[-1]}
 
@@ -209,27 +210,35 @@ def maml_plus_plus(model, loss_fn, inner_lr=0.01, inner_steps=5, multi_step_iter
     return Algorithm(meta_loss, adapt_eval, list(lslr.values()))
 
 
-def _over_steps(fn, tasks, vectorize):
+def _over_steps(fn, tasks, vectorize, dtype):
     out = tf.vectorized_map(fn, tasks) if vectorize else tf.map_fn(
-        fn, tasks, fn_output_signature=tf.float32)
+        fn, tasks, fn_output_signature=dtype)
     return tf.reduce_mean(out, axis=0)
 
 
 def _cg(matvec, b, iterations):
-    """Conjugate gradient for A x = b, A symmetric positive definite, fixed iterations."""
+    """Conjugate gradient for A x = b, fixed iterations, A symmetric.
+
+    Truncated at the first direction of non-positive curvature (p^T A p <= 0), returning the
+    iterate reached so far, as Steihaug's CG does: for a non-convex support loss, I + H/lam
+    can be indefinite, and plain CG then runs away instead of converging."""
     dot = lambda a, c: tf.add_n([tf.reduce_sum(u * w) for u, w in zip(a, c)])  # noqa: E731
     x = [tf.zeros_like(t) for t in b]
     r = list(b)
     p = list(b)
-    safe = lambda d: tf.where(tf.abs(d) > 1e-30, d, 1e-30)  # noqa: E731  (0/0 at convergence)
     rr = dot(r, r)
+    tiny = tf.cast(1e-30, rr.dtype)
+    active = tf.constant(True)
     for _ in range(iterations):
         ap = matvec(p)
-        alpha = rr / safe(dot(p, ap))
+        pap = dot(p, ap)
+        active = tf.logical_and(active, tf.logical_and(pap > tiny, rr > tiny))
+        alpha = tf.where(active, rr / tf.where(active, pap, 1.0), 0.0)
         x = [xi + alpha * pi for xi, pi in zip(x, p)]
         r = [ri - alpha * api for ri, api in zip(r, ap)]
         rr_new = dot(r, r)
-        p = [ri + (rr_new / safe(rr)) * pi for ri, pi in zip(r, p)]
+        beta = tf.where(active, rr_new / tf.where(active, rr, 1.0), 0.0)
+        p = [ri + beta * pi for ri, pi in zip(r, p)]
         rr = rr_new
     return x
 
@@ -241,19 +250,26 @@ def imaml(model, loss_fn, inner_lr=0.01, inner_steps=10, lam=1.0, cg_steps=5, ve
     The inner problem is min_phi L_s(phi) + lam/2 ||phi - theta||^2, solved approximately by
     `inner_steps` gradient steps (not differentiated). Its meta-gradient is
     (I + H_s(phi)/lam)^{-1} grad L_q(phi), found by `cg_steps` of conjugate gradient on
-    Hessian-vector products (`hogrod.hvp`) of the support loss at phi."""
-    def task_loss(task):
-        xs, ys, xq, yq = task
-        theta = initial_params(model)
-        anchor = [tf.stop_gradient(t) for t in theta]
+    Hessian-vector products (`hogrod.hvp`) of the support loss at phi. The implicit gradient
+    assumes phi solves the inner problem: give enough `inner_steps` at a stable `inner_lr`.
+    `adapt` (evaluation) runs the same proximal steps."""
+    def proximal(support, anchor, steps):
+        """`steps` gradient steps on L_s(phi) + lam/2 ||phi - anchor||^2 from the anchor."""
+        xs, ys = support
         phi = list(anchor)
-        for _ in range(inner_steps):
+        for _ in range(steps):
             def prox(phi=phi):
                 fit = loss_fn(ys, hogrod.functional_call(model, phi, xs, training=True))
                 return fit + 0.5 * lam * tf.add_n(
                     [tf.reduce_sum((p - a) ** 2) for p, a in zip(phi, anchor)])
             g = hogrod.grad(prox, phi)
             phi = [p - inner_lr * gi for p, gi in zip(phi, g)]
+        return phi
+
+    def task_loss(task):
+        xs, ys, xq, yq = task
+        theta = initial_params(model)
+        phi = proximal((xs, ys), [tf.stop_gradient(t) for t in theta], inner_steps)
         phi = [tf.stop_gradient(p) for p in phi]
         query, gq = hogrod.value_and_grad(lambda: _query_loss(model, loss_fn, phi, xq, yq), phi)
         support = lambda: loss_fn(ys, hogrod.functional_call(model, phi, xs, training=True))  # noqa
@@ -267,8 +283,8 @@ def imaml(model, loss_fn, inner_lr=0.01, inner_steps=10, lam=1.0, cg_steps=5, ve
         out = _over_tasks(task_loss, tasks, vectorize)
         return {"implicit": out["implicit"], "monitor/query": out["query"]}
 
-    def adapt_eval(support, steps):
-        return adapt(model, loss_fn, support, inner_lr, steps)
+    def adapt_eval(support, steps):  # the inner problem iMAML was meta-trained for
+        return proximal(support, initial_params(model), steps)
 
     return Algorithm(meta_loss, adapt_eval, [])
 
