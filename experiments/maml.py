@@ -124,7 +124,8 @@ def plot_curves(path, history, accuracy):
 @gin.configurable
 def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, model=mlp,
                     meta_iterations=70000, meta_lr=1e-3, eval_steps=(0, 1, 10),
-                    eval_every=5000, checkpoint_every=5000, clip_norm=None, seed=0):
+                    eval_every=5000, checkpoint_every=5000, clip_norm=None, seed=0,
+                    time_limit_s=None):
     """Meta-train `algorithm` on `data` with `model`, evaluating on held-out tasks.
 
     Args:
@@ -133,6 +134,8 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
       data: `@sinusoid_data` or `@episode_data`.
       model: a function building the Keras model (`@mlp`, `@conv4`).
       clip_norm: clip the meta-gradient's global norm (None: no clipping).
+      time_limit_s: stop meta-training after this many seconds of steps (evaluations
+        excluded) and evaluate; a re-run with the same output_dir continues. None: no limit.
     """
     keras.utils.set_random_seed(seed)
     strategy = distribute.make_strategy()
@@ -170,7 +173,7 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
 
     logs = train.train_loop(step, iterator, meta_iterations, ckpt, output_dir,
                             checkpoint_every=checkpoint_every, log_every=1000,
-                            callback=callback)
+                            callback=callback, time_limit_s=time_limit_s)
     result = evaluate_now(int(ckpt.step))
     if classification:
         plot_curves(os.path.join(output_dir, "accuracy.png"), history, True)

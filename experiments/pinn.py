@@ -10,6 +10,7 @@ checkpoints of the Adam phase, solution.png (prediction, reference, absolute err
 slices at a few times).
 """
 
+import itertools
 import os
 import time
 
@@ -20,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from hogrod import harness, pinn, train
+from hogrod import distribute, harness, pinn, train
 from hogrod.pinn import pdes, training
 
 matplotlib.use("Agg")
@@ -70,11 +71,13 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
         of the condition terms every `annealing_every` Adam steps).
     """
     keras.utils.set_random_seed(seed)
+    strategy = distribute.make_strategy()
     prob = problem()
     tf_dtype = tf.as_dtype(dtype)
-    net = keras.Sequential([keras.Input((prob.domain.dim,), dtype=dtype)] +
-                           [keras.layers.Dense(width, activation="tanh", dtype=dtype)
-                            for _ in range(depth)] + [keras.layers.Dense(1, dtype=dtype)])
+    with strategy.scope():
+        net = keras.Sequential([keras.Input((prob.domain.dim,), dtype=dtype)] +
+                               [keras.layers.Dense(width, activation="tanh", dtype=dtype)
+                                for _ in range(depth)] + [keras.layers.Dense(1, dtype=dtype)])
     u = training.solution_fn(prob, net)
     points = tf.constant(pinn.sample(prob.domain, n_collocation, sampling, seed), tf_dtype)
     cond_points = [tf.constant(fn(n_condition, seed + 1 + i), tf_dtype)
@@ -87,7 +90,8 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
             raise ValueError("pinn_experiment.inverse_initial is implemented for burgers_problem")
         # log-parameterized, as Raissi et al.: the viscosity is positive and ~1e-3, far from
         # the weights' scale, which L-BFGS handles badly in the raw parameter
-        log_nu = tf.Variable(np.log(inverse_initial), dtype=tf_dtype, name="log_viscosity")
+        with strategy.scope():
+            log_nu = tf.Variable(np.log(inverse_initial), dtype=tf_dtype, name="log_viscosity")
         nu = lambda: tf.exp(log_nu)  # noqa: E731
         prob = prob._replace(pde=pdes.burgers(nu))
         obs = pinn.sample(prob.domain, n_observations, "sobol", seed + 99)
@@ -105,18 +109,21 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
         raise ValueError(f"pinn_experiment.weighting must be 'fixed' or 'annealing', got "
                          f"{weighting!r}")
     loss_fn = training.pinn_loss(prob, u, points, cond_points, weights, extra)
-    opt = keras.optimizers.Adam(adam_lr)
-    step = train.make_train_step(loss_fn, opt, variables)
+    with strategy.scope():
+        opt = keras.optimizers.Adam(adam_lr)
+    step = train.make_train_step(loss_fn, opt, variables, strategy=strategy)
+    # the collocation and condition points, split over the replicas (the same every step)
+    batch = distribute.shard(strategy, (points, cond_points))
     ckpt = train.Checkpointer(output_dir, model=net, optimizer=opt, **tracked,
                               **({"log_viscosity": log_nu} if nu is not None else {}))
     t0 = time.perf_counter()
-    logs = train.train_loop(step, iter(tf.data.Dataset.from_tensors(0).repeat()), adam_steps,
-                            ckpt, output_dir, checkpoint_every=max(adam_steps, 1), log_every=500,
-                            callback=callback)
+    logs = train.train_loop(step, itertools.repeat(batch), adam_steps, ckpt, output_dir,
+                            checkpoint_every=max(adam_steps, 1), log_every=500, callback=callback)
     adam_seconds = time.perf_counter() - t0
     err_adam, _ = training.relative_l2(prob, u, tf_dtype)
-    lbfgs_loss, lbfgs_iters, lbfgs_seconds = (training.lbfgs(loss_fn, variables, lbfgs_iterations)
-                                              if lbfgs_iterations else (None, 0, 0.0))
+    lbfgs_loss, lbfgs_iters, lbfgs_seconds = (
+        training.lbfgs(loss_fn, variables, lbfgs_iterations, strategy=strategy, batch=batch)
+        if lbfgs_iterations else (None, 0, 0.0))
     err, pair = training.relative_l2(prob, u, tf_dtype)
     terms = {k: float(v) for k, v in loss_fn().items()}
     pred = pair[0] if pair else np.concatenate(

@@ -8,6 +8,8 @@ strategy and gets the processes of a multi-worker run started:
   TF_CONFIG). Gin-configurable, so every binary takes its strategy from its config.
 - `parse_tf_config()`: TF_CONFIG validated with errors that say what is wrong, and the
   peers probed over TCP with a deadline, so a bad cluster fails in seconds, not a hang.
+- `shard(strategy, tensors)`: a fixed set of tensors (collocation points, a small data
+  set) split along axis 0 into one equal shard per replica, for `strategy.run`.
 - `launch_local(argv, num_workers)`: N processes on loopback, each with its TF_CONFIG: the
   test harness for multi-worker code and the recipe for a real cluster (there, each machine
   runs the same command with its own TF_CONFIG).
@@ -23,7 +25,8 @@ import time
 import gin
 import tensorflow as tf
 
-__all__ = ["make_strategy", "parse_tf_config", "launch_local", "free_ports", "ClusterError"]
+__all__ = ["make_strategy", "shard", "parse_tf_config", "launch_local", "free_ports",
+           "ClusterError"]
 
 STRATEGY_KINDS = ("default", "mirrored", "multi_worker")
 _MIRRORED = {}
@@ -88,6 +91,31 @@ def make_strategy(kind="default", logical_cpus=None, connect_timeout_s=60.0,
     # address or a worker that never started is an error in seconds, not a silent hang.
     wait_for_peers(config, connect_timeout_s)
     return strategy
+
+
+def shard(strategy, tensors):
+    """Split every tensor of a nested structure along axis 0 into equal, contiguous shards,
+    one per replica of `strategy` (over all workers): a distributed value to pass to a
+    step built with that strategy. With one replica, the tensors themselves.
+
+    A replica's term that is a mean over its shard then averages (over replicas) to the mean
+    over all rows, which is what `make_train_step` computes; so every row count must divide
+    by the number of replicas, or the error names the tensor.
+    """
+    n = strategy.num_replicas_in_sync
+    flat = [tf.convert_to_tensor(t) for t in tf.nest.flatten(tensors)]
+    for i, t in enumerate(flat):
+        if t.shape.rank == 0 or t.shape[0] % n:
+            raise ValueError(f"shard: tensor {i} of shape {t.shape} does not split into "
+                             f"{n} equal shards along axis 0 (one per replica)")
+    if n == 1:
+        return tf.nest.pack_sequence_as(tensors, flat)
+
+    def part(ctx):
+        i = ctx.replica_id_in_sync_group
+        return tf.nest.pack_sequence_as(tensors, [
+            t[i * (t.shape[0] // n):(i + 1) * (t.shape[0] // n)] for t in flat])
+    return strategy.experimental_distribute_values_from_function(part)
 
 
 def parse_tf_config(raw=None):

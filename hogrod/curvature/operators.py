@@ -6,6 +6,10 @@ estimators of this package work on them. Data is one batch or a `tf.data.Dataset
 batches; over a data set the product is the mean over examples (each batch weighted by its
 size). Each product is one compiled HVP per batch; `num_matvecs` counts them, so the cost
 of an estimator is measurable.
+
+With `strategy=` (a `tf.distribute.Strategy`), each batch of the data set is split over the
+replicas: every replica computes the product on its shard, weighted by its size, and the
+sums are all-reduced, so the product equals the single-device one.
 """
 
 import numpy as np
@@ -46,18 +50,30 @@ def _batch_size(batch):
 class _CurvatureOperator(tf.linalg.LinearOperator):
     """Shared machinery: flat vectors in and out, batches reduced by size-weighted mean."""
 
-    def __init__(self, product, params, data, dtype, name, **hints):
+    def __init__(self, product, params, data, dtype, name, strategy=None, **hints):
         self._params = list(tf.nest.flatten(params))
         self._n = sum(int(np.prod(p.shape)) for p in self._params)
         self._single = not isinstance(data, tf.data.Dataset)
-        self._data = data
+        if strategy is not None and self._single:
+            raise ValueError(f"{name}: with a strategy, data must be a tf.data.Dataset of "
+                             "batches (each batch is split over the replicas)")
+        self._data = data if strategy is None else strategy.experimental_distribute_dataset(data)
         self.num_matvecs = 0
         params_ = self._params
 
-        @tf.function(reduce_retracing=True)
-        def batch_product(vector, batch):
+        def weighted_product(vector, batch):  # (size * product, size) of one (shard of a) batch
             v = unflatten(tf.cast(vector, params_[0].dtype), params_)
-            return flatten(product(batch, v), dtype)
+            size = tf.cast(_batch_size(batch), dtype)
+            return size * flatten(product(batch, v), dtype), size
+
+        if strategy is None:
+            batch_product = tf.function(weighted_product, reduce_retracing=True)
+        else:
+            @tf.function
+            def batch_product(vector, batch):
+                total, size = strategy.run(weighted_product, args=(vector, batch))
+                return (strategy.reduce(tf.distribute.ReduceOp.SUM, total, axis=None),
+                        strategy.reduce(tf.distribute.ReduceOp.SUM, size, axis=None))
 
         self._batch_product = batch_product
         super().__init__(dtype=dtype, is_self_adjoint=True, is_square=True, name=name, **hints)
@@ -73,13 +89,13 @@ class _CurvatureOperator(tf.linalg.LinearOperator):
         self.num_matvecs += 1
         vector = tf.convert_to_tensor(vector, self.dtype)
         if self._single:
-            return self._batch_product(vector, self._data)
-        total, count = tf.zeros([self._n], self.dtype), 0
+            total, count = self._batch_product(vector, self._data)
+            return total / count
+        total, count = tf.zeros([self._n], self.dtype), tf.zeros([], self.dtype)
         for batch in self._data:
-            b = int(_batch_size(batch))
-            total += tf.cast(b, self.dtype) * self._batch_product(vector, batch)
-            count += b
-        return total / tf.cast(count, self.dtype)
+            part, size = self._batch_product(vector, batch)
+            total, count = total + part, count + size
+        return total / count
 
     def _matmul(self, x, adjoint=False, adjoint_arg=False):
         x = tf.linalg.adjoint(x) if adjoint_arg else x
@@ -100,13 +116,14 @@ class HessianOperator(_CurvatureOperator):
       data: one batch (any structure) or a `tf.data.Dataset` of batches.
       dtype: the operator's dtype (float32 or float64); vectors are cast to the params'.
       mode: the `hogrod.hvp` mode.
+      strategy: a `tf.distribute.Strategy` to split each batch of `data` (a Dataset) over.
     """
 
-    def __init__(self, loss_fn, params, data, dtype=tf.float32, mode="auto"):
+    def __init__(self, loss_fn, params, data, dtype=tf.float32, mode="auto", strategy=None):
         flat_params = tf.nest.flatten(params)
         product = lambda batch, v: hogrod.hvp(lambda: loss_fn(batch), flat_params, v,  # noqa
                                               mode=mode)
-        super().__init__(product, flat_params, data, dtype, "HessianOperator")
+        super().__init__(product, flat_params, data, dtype, "HessianOperator", strategy)
 
 
 class GaussNewtonOperator(_CurvatureOperator):
@@ -115,9 +132,9 @@ class GaussNewtonOperator(_CurvatureOperator):
     Positive semi-definite for convex losses of the outputs (MSE, cross-entropy on logits).
     """
 
-    def __init__(self, model_fn, loss_fn, params, data, dtype=tf.float32):
+    def __init__(self, model_fn, loss_fn, params, data, dtype=tf.float32, strategy=None):
         flat_params = tf.nest.flatten(params)
         product = lambda batch, v: hogrod.gnvp(  # noqa: E731
             lambda: model_fn(batch), lambda z: loss_fn(z, batch), flat_params, v)
-        super().__init__(product, flat_params, data, dtype, "GaussNewtonOperator",
+        super().__init__(product, flat_params, data, dtype, "GaussNewtonOperator", strategy,
                          is_non_singular=None)

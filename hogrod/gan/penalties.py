@@ -51,13 +51,21 @@ def _per_example_uniform(x, seed=None):
     return tf.random.uniform(shape, dtype=x.dtype, seed=seed)
 
 
-def gradient_penalty(critic, real, fake, target=1.0, one_sided=False):
+def gradient_penalty(critic, real, fake, target=1.0, one_sided=False, interpolation=None):
     """WGAN-GP (Gulrajani et al. 2017): E[(||grad D(x_hat)|| - target)^2] at random
     interpolates x_hat = e real + (1 - e) fake, e ~ U[0, 1] per example. one_sided:
-    E[max(0, ||grad|| - target)^2], the Lipschitz penalty (WGAN-LP, Petzka et al. 2018)."""
+    E[max(0, ||grad|| - target)^2], the Lipschitz penalty (WGAN-LP, Petzka et al. 2018).
+
+    interpolation: the weights e, shape [batch] (None: drawn here). Passing them with the
+    data makes a step reproducible across replica counts under a tf.distribute strategy."""
     real, fake = tf.convert_to_tensor(real), tf.convert_to_tensor(fake)
     _check_pair(real, fake)
-    e = _per_example_uniform(real)
+    if interpolation is None:
+        e = _per_example_uniform(real)
+    else:
+        e = tf.reshape(tf.cast(interpolation, real.dtype),
+                       tf.concat([tf.shape(real)[:1], tf.ones([real.shape.rank - 1], tf.int32)],
+                                 0))
     x_hat = e * real + (1.0 - e) * tf.cast(fake, real.dtype)
     gap = input_gradient_norm(critic, x_hat) - target
     if one_sided:

@@ -6,6 +6,12 @@ outer tape, the update: one `tf.function`) and the generator step. One call of t
 returned `step(real_batches)` runs `n_critic` critic steps, each on its own fresh real
 batch, then one generator step. Lazy regularization (StyleGAN2) computes the penalty only
 every `lazy_every` critic steps and multiplies it by `lazy_every`.
+
+A batch is the real samples, or a dict {"real": x, "z": latent codes, "interpolation": GP
+weights e} that carries the step's random numbers with the data (`with_noise`). Under a
+tf.distribute strategy every replica then draws nothing itself, and the distributed step
+equals the single-device one exactly (otherwise each replica samples its own z and e: the
+same distribution, other numbers).
 """
 
 import gin
@@ -14,16 +20,17 @@ import tensorflow as tf
 from hogrod import train
 from hogrod.gan import penalties
 
-__all__ = ["make_wgan_gp_step", "PENALTIES", "grouped"]
+__all__ = ["make_wgan_gp_step", "PENALTIES", "grouped", "with_noise"]
 
 PENALTIES = ("gp", "lp", "r1", "r2", "dragan", "none")
 
 
-def _penalty(name, critic, real, fake):
+def _penalty(name, critic, real, fake, interpolation=None):
     if name == "gp":
-        return penalties.gradient_penalty(critic, real, fake)
+        return penalties.gradient_penalty(critic, real, fake, interpolation=interpolation)
     if name == "lp":
-        return penalties.gradient_penalty(critic, real, fake, one_sided=True)
+        return penalties.gradient_penalty(critic, real, fake, one_sided=True,
+                                          interpolation=interpolation)
     if name == "r1":
         return penalties.r1_penalty(critic, real)
     if name == "r2":
@@ -51,26 +58,36 @@ def make_wgan_gp_step(generator, critic, critic_optimizer, generator_optimizer, 
     if lazy_every < 1 or n_critic < 1:
         raise ValueError(f"n_critic ({n_critic}) and lazy_every ({lazy_every}) must be >= 1")
 
-    def fake_like(real):
-        z = tf.random.normal([tf.shape(real)[0], latent_dim])
+    def unpack(batch):  # (real, z, interpolation) with z drawn here unless given
+        if not isinstance(batch, dict):
+            batch = {"real": batch}
+        real = batch["real"]
+        z = batch.get("z")
+        if z is None:
+            z = tf.random.normal([tf.shape(real)[0], latent_dim])
+        return real, z, batch.get("interpolation")
+
+    def fake_like(real, z):
         return tf.cast(generator(z, training=True), real.dtype)
 
-    def critic_loss(real):
-        fake = fake_like(real)
+    def critic_loss(batch):
+        real, z, e = unpack(batch)
+        fake = fake_like(real, z)
         terms = {"wasserstein": tf.reduce_mean(_scores(critic, fake))
                  - tf.reduce_mean(_scores(critic, real))}
         if penalty != "none":
             if lazy_every == 1:
-                terms["penalty"] = _penalty(penalty, critic, real, fake)
+                terms["penalty"] = _penalty(penalty, critic, real, fake, e)
             else:
                 due = tf.equal(critic_optimizer.iterations % lazy_every, 0)
                 terms["penalty"] = tf.cond(
-                    due, lambda: lazy_every * _penalty(penalty, critic, real, fake),
+                    due, lambda: lazy_every * _penalty(penalty, critic, real, fake, e),
                     lambda: tf.constant(0.0))
         return terms
 
-    def generator_loss(real):
-        return {"generator": -tf.reduce_mean(_scores(critic, fake_like(real)))}
+    def generator_loss(batch):
+        real, z, _ = unpack(batch)
+        return {"generator": -tf.reduce_mean(_scores(critic, fake_like(real, z)))}
 
     weights = {"penalty": penalty_weight} if penalty != "none" else {}
     critic_step = train.make_train_step(critic_loss, critic_optimizer, critic.trainable_variables,
@@ -91,6 +108,18 @@ def make_wgan_gp_step(generator, critic, critic_optimizer, generator_optimizer, 
 
     step.critic_step, step.generator_step, step.n_critic = critic_step, generator_step, n_critic
     return step
+
+
+def with_noise(dataset, latent_dim, seed=0):
+    """Batches of `dataset` as {"real", "z", "interpolation"}: the latent codes and GP
+    interpolation weights drawn by tf.data (stateless, from `seed` and the batch index)
+    instead of inside the step."""
+    def add(i, real):
+        n = tf.shape(real)[0]
+        return {"real": real,
+                "z": tf.random.stateless_normal([n, latent_dim], [seed, i], dtype=real.dtype),
+                "interpolation": tf.random.stateless_uniform([n], [seed + 1, i], dtype=real.dtype)}
+    return tf.data.Dataset.zip((tf.data.Dataset.counter(), dataset)).map(add)
 
 
 class grouped:  # noqa: N801  (used like a function: grouped(iterator, n))

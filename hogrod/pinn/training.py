@@ -27,20 +27,26 @@ def solution_fn(problem, net):
 
 
 def pinn_loss(problem, u_fn, points, condition_points, weights=None, extra_terms=None):
-    """A `loss_fn(_) -> {term: scalar}`: mean squared residual at `points` and mean squared
-    misfit of each condition at its points. `weights` scale terms ({name: w})."""
+    """A `loss_fn(batch=None) -> {term: scalar}`: mean squared residual at the collocation
+    points and mean squared misfit of each condition at its points. `weights` scale terms
+    ({name: w}).
+
+    `batch`, when given, is `(points, condition_points)`: this replica's shard of them under
+    a tf.distribute strategy (`hogrod.distribute.shard(strategy, (points, condition_points))`);
+    None uses the `points` and `condition_points` given here."""
     points = tf.convert_to_tensor(points)
-    conds = [(name, tf.convert_to_tensor(x), target(tf.convert_to_tensor(x)))
-             for (name, _, target), x in zip(problem.conditions, condition_points)]
+    condition_points = [tf.convert_to_tensor(x) for x in condition_points]
+    names = [name for name, _, _ in problem.conditions]
     weights = dict(weights or {})
-    unknown = set(weights) - {"residual"} - {c[0] for c in conds} - set(extra_terms or {})
+    unknown = set(weights) - {"residual"} - set(names) - set(extra_terms or {})
     if unknown:
         raise ValueError(f"weights for unknown PINN loss terms {sorted(unknown)}")
 
-    def loss_fn(_=None):
-        terms = {"residual": tf.reduce_mean(tf.square(residual(problem.pde, u_fn, points)))}
-        for name, x, target in conds:
-            terms[name] = tf.reduce_mean(tf.square(u_fn(x) - target))
+    def loss_fn(batch=None):
+        pts, cond_pts = (points, condition_points) if batch is None else batch
+        terms = {"residual": tf.reduce_mean(tf.square(residual(problem.pde, u_fn, pts)))}
+        for (name, _, target), x in zip(problem.conditions, cond_pts):
+            terms[name] = tf.reduce_mean(tf.square(u_fn(x) - target(x)))
         for name, fn in (extra_terms or {}).items():
             terms[name] = fn()
         return {k: weights.get(k, 1.0) * v for k, v in terms.items()}
@@ -48,21 +54,31 @@ def pinn_loss(problem, u_fn, points, condition_points, weights=None, extra_terms
 
 
 def lbfgs(loss_fn, variables, max_iterations=10000, tolerance=1e-12, history_size=50,
-          callback_every=500):
-    """Minimize the sum of `loss_fn()`'s terms over `variables` with scipy's L-BFGS-B.
+          callback_every=500, strategy=None, batch=None):
+    """Minimize the sum of `loss_fn(batch)`'s terms over `variables` with scipy's L-BFGS-B.
 
     The value and gradient are one compiled function of a flat float64 vector; returns
-    (final loss, iterations, seconds)."""
+    (final loss, iterations, seconds). With a `strategy`, `batch` is the sharded points
+    (`hogrod.distribute.shard`): each replica differentiates its shard's terms and the
+    value and gradient are averaged over replicas (equal shards: the full-batch ones)."""
     variables = list(variables)
     shapes = [v.shape for v in variables]
     sizes = [int(np.prod(s)) for s in shapes]
+
+    def replica_value_and_grad(b):
+        return hogrod.value_and_grad(lambda: tf.add_n(list(loss_fn(b).values())), variables)
 
     @tf.function
     def value_and_grad(flat):
         for v, part, s in zip(variables, tf.split(flat, sizes), shapes):
             v.assign(tf.cast(tf.reshape(part, s), v.dtype))
-        value, grads = hogrod.value_and_grad(lambda: tf.add_n(list(loss_fn().values())),
-                                             variables)
+        if strategy is None:
+            value, grads = replica_value_and_grad(batch)
+        else:
+            value, grads = strategy.run(replica_value_and_grad, args=(batch,))
+            value, grads = tf.nest.map_structure(
+                lambda t: strategy.reduce(tf.distribute.ReduceOp.MEAN, t, axis=None),
+                (value, grads))
         return (tf.cast(value, tf.float64),
                 tf.concat([tf.reshape(tf.cast(g, tf.float64), [-1]) for g in grads], 0))
 

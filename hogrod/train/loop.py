@@ -111,7 +111,8 @@ def _check_finite(logs, step):
 
 
 def train_loop(step_fn, iterator, steps, checkpointer=None, output_dir=None,
-               checkpoint_every=500, log_every=100, summary_every=10, callback=None):
+               checkpoint_every=500, log_every=100, summary_every=10, callback=None,
+               time_limit_s=None):
     """Run `step_fn(next(iterator))` until `checkpointer.step` reaches `steps`.
 
     Args:
@@ -125,6 +126,8 @@ def train_loop(step_fn, iterator, steps, checkpointer=None, output_dir=None,
       log_every: an absl progress line (step, loss, steps/s, ETA) every this many steps.
       summary_every: tf.summary of every log value and steps/s every this many steps.
       callback: optional `callback(step, logs)` after each step (evaluation, plots).
+      time_limit_s: stop (with a checkpoint) once the steps of this call have taken this
+        many seconds, callbacks excluded; a re-run resumes. None: no limit.
 
     Returns:
       the last step's logs as Python floats (empty if there was nothing left to do).
@@ -137,14 +140,21 @@ def train_loop(step_fn, iterator, steps, checkpointer=None, output_dir=None,
     logs = {}
     start, start_step = time.perf_counter(), step
     rate = 0.0
+    in_callbacks = 0.0
     with writer.as_default():
         while step < steps:
+            if time_limit_s is not None and (
+                    time.perf_counter() - start - in_callbacks >= time_limit_s):
+                logging.info("time limit of %.0f s reached at step %d", time_limit_s, step)
+                if ckpt:
+                    ckpt.save()
+                break
             raw = step_fn(next(iterator))
             logs = {k: float(v) for k, v in raw.items()}
             _check_finite(logs, step + 1)
             step += 1
             counter.assign(step)
-            elapsed = time.perf_counter() - start
+            elapsed = time.perf_counter() - start - in_callbacks
             rate = (step - start_step) / elapsed if elapsed > 0 else 0.0
             if step % summary_every == 0 or step == steps:
                 for name, value in logs.items():
@@ -155,7 +165,9 @@ def train_loop(step_fn, iterator, steps, checkpointer=None, output_dir=None,
                 logging.info("step %d/%d  loss %.5g  %.1f steps/s  ETA %.0f s", step, steps,
                              logs.get("loss", float("nan")), rate, eta)
             if callback is not None:
+                before = time.perf_counter()
                 callback(step, logs)
+                in_callbacks += time.perf_counter() - before
             if ckpt and (step % checkpoint_every == 0 or step == steps):
                 ckpt.save()
     writer.flush()
