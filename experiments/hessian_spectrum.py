@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 import hogrod
-from hogrod import curvature, harness, train
+from hogrod import curvature, distribute, harness, train
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -40,25 +40,28 @@ def hessian_spectrum(output_dir, dim=10, hidden=(40, 40), classes=3, n_examples=
                      seed=0):
     """Args: layer: restrict every estimate to this layer's parameters (per-layer variant)."""
     keras.utils.set_random_seed(seed)
+    strategy = distribute.make_strategy()
     x, y = blobs(n_examples, dim, classes, seed)
-    model = keras.Sequential([keras.Input((dim,))] +
-                             [keras.layers.Dense(h, activation="tanh") for h in hidden] +
-                             [keras.layers.Dense(classes, name="head")])
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((dim,))] +
+                                 [keras.layers.Dense(h, activation="tanh") for h in hidden] +
+                                 [keras.layers.Dense(classes, name="head")])
+        opt = keras.optimizers.Adam(learning_rate)
 
     def loss(batch):
         xb, yb = batch
         return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(yb, model(xb)))
 
-    opt = keras.optimizers.Adam(learning_rate)
-    step = train.make_train_step(loss, opt, model.trainable_variables)
+    step = train.make_train_step(loss, opt, model.trainable_variables, strategy=strategy)
     data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(n_examples, seed=seed).repeat()
-    iterator = iter(data.batch(batch_size))
+    iterator = iter(strategy.experimental_distribute_dataset(data.batch(batch_size)))
     ckpt = train.Checkpointer(output_dir, model=model, optimizer=opt, data=iterator)
     logs = train.train_loop(step, iterator, steps, ckpt, output_dir, checkpoint_every=steps)
 
     params = (curvature.layer_params(model, layer) if layer else model.trainable_variables)
     full = tf.data.Dataset.from_tensor_slices((x, y)).batch(256)  # the whole training set
-    op = curvature.HessianOperator(loss, params, full, tf.float64)
+    # under a strategy each batch's HVP is split over the replicas and all-reduced
+    op = curvature.HessianOperator(loss, params, full, tf.float64, strategy=strategy)
     n = int(op.shape[0])
     top, _, lanczos_matvecs = curvature.lanczos(op, top_k, tol=1e-8)
     low, _, _ = curvature.lanczos(op, 1, which="smallest", tol=1e-8)

@@ -89,3 +89,48 @@ def test_checkpoint_from_two_replicas_resumes_on_one(tmp_path):
     for b in data.batch(GLOBAL_BATCH).repeat().take(5):
         step(b)
     np.testing.assert_allclose(weights(resumed), weights(model), atol=1e-5)
+
+
+def test_binaries_take_their_strategy_from_gin_and_agree_with_one_device(tmp_path):
+    """The PINN and Hessian-spectrum binaries under configs/strategy/mirrored_2cpu.gin give
+    the single-device metrics (deterministic steps); WGAN-GP and MAML run under it."""
+    from experiments import hessian_spectrum, maml, pinn, wgan_gp
+    from hogrod import harness
+    mirrored = ["configs/strategy/mirrored_2cpu.gin"]
+    runs = [
+        (pinn.pinn_experiment, ["configs/pinn/heat.gin"],
+         ["pinn_experiment.width = 16", "pinn_experiment.depth = 2",
+          "pinn_experiment.n_collocation = 512", "pinn_experiment.n_condition = 64",
+          "pinn_experiment.adam_steps = 20", "pinn_experiment.lbfgs_iterations = 20",
+          "pinn_experiment.dtype = 'float64'"], ["relative_l2", "relative_l2_after_adam"]),
+        (hessian_spectrum.hessian_spectrum, ["configs/curvature/spectrum_mlp.gin"],
+         ["hessian_spectrum.hidden = (8,)", "hessian_spectrum.steps = 20",
+          "hessian_spectrum.n_examples = 256", "hessian_spectrum.slq_iterations = 10",
+          "hessian_spectrum.hutchpp_matvecs = 12"], ["top_eigenvalues", "trace_hutchpp"]),
+    ]
+    for i, (fn, files, params, keys) in enumerate(runs):
+        _, one = harness.run(fn, files, params, str(tmp_path / f"one{i}"))
+        _, two = harness.run(fn, files + mirrored, params, str(tmp_path / f"two{i}"))
+        for key in keys:
+            np.testing.assert_allclose(two[key], one[key], rtol=1e-4, err_msg=key)
+    _, m = harness.run(wgan_gp.wgan_gp_experiment, ["configs/wgan_gp/eight_gaussians.gin"]
+                       + mirrored, ["wgan_gp_experiment.generator_steps = 2",
+                                    "wgan_gp_experiment.width = 16",
+                                    "wgan_gp_experiment.eval_samples = 100"], str(tmp_path / "g"))
+    assert m["step"] == 2
+    _, m = harness.run(maml.maml_experiment, ["configs/maml/sinusoid_maml.gin"] + mirrored,
+                       ["maml_experiment.meta_iterations = 3", "sinusoid_data.eval_tasks = 10"],
+                       str(tmp_path / "m"))
+    assert m["meta_iterations"] == 3
+
+
+def test_scaling_benchmark_measures_each_replica_count_in_its_own_process(tmp_path):
+    from experiments import bench_scaling
+    from hogrod import harness
+    _, m = harness.run(bench_scaling.bench_scaling, ["configs/bench/scaling.gin"], [
+        "bench_scaling.families = ('curvature',)", "bench_scaling.replicas = (1, 2)",
+        "bench_scaling.multi_worker = False", "bench_scaling.steps = 1",
+        "bench_scaling.rounds = 1", "bench_scaling.warmup = 1"], str(tmp_path))
+    assert [r["replicas"] for r in m["runs"].values()] == [1, 2]
+    assert m["runs"]["mirrored_1"]["curvature"]["speedup"] == 1.0
+    assert (tmp_path / "scaling.md").exists()

@@ -48,6 +48,15 @@ class Checkpointer:
         self._build(trackables)
 
     def _build(self, trackables):
+        # tf.distribute's DistributedIterator (experimental_distribute_dataset) is not
+        # trackable in TF 2.21: under a multi-replica strategy the data restarts on resume.
+        untracked = [k for k, v in trackables.items()
+                     if _is_iterator(v) and not isinstance(v, tf.__internal__.tracking.Trackable)]
+        if untracked:
+            logging.warning("not checkpointing data iterator(s) %s (a tf.distribute "
+                            "DistributedIterator cannot be saved); a resumed run restarts "
+                            "their data", untracked)
+            trackables = {k: v for k, v in trackables.items() if k not in untracked}
         self.trackables = trackables
         # tf.train.Checkpoint does not reach the SeedGenerator state of Keras 3 random layers
         # (Dropout, ...); save every model's non-trainable variables explicitly so that a
