@@ -3,7 +3,8 @@
 One evaluation = u, u_x, u_t, u_xx of a tanh MLP (Raissi's 8 x 20) at every point, the
 mean squared residual, and its gradient with respect to the weights. Candidates, in the
 same run on the same weights and points, interleaved:
-- hogrod: `hogrod.pinn.partials` in a `tf.function`;
+- hogrod: `hogrod.pinn.partials` in a `tf.function`, and the same compiled with XLA
+  (`jit_compile=True`, what `make_train_step.jit_compile` does to a PINN step);
 - DeepXDE's TensorFlow backend: `dde.grad.jacobian` / `dde.grad.hessian` (its own
   derivative code) in a `tf.function` (the `bench` extra; DDE_BACKEND=tensorflow);
 - JAX: `vmap` of nested `jax.grad` per point, `jit` (the `bench` extra).
@@ -37,10 +38,10 @@ def make_net(width, depth):
                             [keras.layers.Dense(1)])
 
 
-def hogrod_candidate(net, x):
+def hogrod_candidate(net, x, jit_compile=False):
     pde = pinn.burgers(NU)
 
-    @tf.function
+    @tf.function(jit_compile=jit_compile)
     def run():
         return hogrod.grad(lambda: tf.reduce_mean(tf.square(pinn.residual(pde, net, x))),
                            net.trainable_variables)
@@ -103,7 +104,8 @@ def bench_pinn(output_dir, points=10000, width=20, depth=8, rounds=10, calls_per
                warmup=3):
     net = make_net(width, depth)
     x = tf.constant(pinn.sample(pinn.Box((-1.0, 0.0), (1.0, 1.0)), points, "sobol", 0))
-    candidates = {"hogrod": hogrod_candidate(net, x)}
+    candidates = {"hogrod": hogrod_candidate(net, x),
+                  "hogrod_xla": hogrod_candidate(net, x, jit_compile=True)}
     for name, make in (("deepxde_tf", deepxde_candidate), ("jax", jax_candidate)):
         c = make(net, x)
         if c is not None:
@@ -117,8 +119,9 @@ def bench_pinn(output_dir, points=10000, width=20, depth=8, rounds=10, calls_per
     rates = interleaved_rates(candidates, rounds, calls_per_round, warmup)
     m = {f"evals_per_s_{k}": v for k, v in rates.items()}
     for k in rates:
-        if k != "hogrod":
+        if not k.startswith("hogrod"):
             m[f"ratio_hogrod_over_{k}"] = rates["hogrod"] / rates[k]
+            m[f"ratio_hogrod_xla_over_{k}"] = rates["hogrod_xla"] / rates[k]
     for k, v in sorted(m.items()):
         print(f"{k:35s} {v:.4g}")
     return dict(m, points=points, width=width, depth=depth)

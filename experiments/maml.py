@@ -155,7 +155,8 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
         else train_stream
     iterator = iter(strategy.experimental_distribute_dataset(stream))
     ckpt = train.Checkpointer(output_dir, model=net, optimizer=optimizer, data=iterator,
-                              **{f"algo_var_{i}": v for i, v in enumerate(algo.variables)})
+                              **{f"algo_var_{i}": v for i, v in enumerate(algo.variables)},
+                              **{f"algo_state_{i}": v for i, v in enumerate(algo.state)})
     history_path = os.path.join(output_dir, "eval_history.json")
     history = json.load(open(history_path)) if os.path.exists(history_path) else []
 

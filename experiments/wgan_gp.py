@@ -55,11 +55,14 @@ def plot(path, real, fake, critic, title):
 def wgan_gp_experiment(output_dir, dataset="eight_gaussians", generator_steps=20000,
                        batch_size=256, latent_dim=2, width=512, depth=3, learning_rate=1e-4,
                        beta_1=0.5, beta_2=0.9, n_critic=5, linear_decay=False, eval_every=2000,
-                       eval_samples=2500, checkpoint_every=2000, seed=0):
+                       eval_samples=2500, checkpoint_every=2000, generator_ema=None, seed=0):
     """Train; evaluate and plot every `eval_every` generator steps; return the last metrics.
 
     linear_decay: decay both learning rates linearly to 0 over the run (as the WGAN-GP
     paper's CIFAR code), which lets the modes sharpen at the end.
+    generator_ema: evaluate an exponential moving average of the generator's weights with
+    this decay (e.g. 0.999; Yazici et al. 2019), which averages out the generator's
+    oscillation around the modes. None: the generator itself.
     """
     keras.utils.set_random_seed(seed)
     strategy = distribute.make_strategy()
@@ -72,21 +75,35 @@ def wgan_gp_experiment(output_dir, dataset="eight_gaussians", generator_steps=20
         opt_c = keras.optimizers.Adam(rate(generator_steps * n_critic), beta_1=beta_1,
                                       beta_2=beta_2)
         opt_g = keras.optimizers.Adam(rate(generator_steps), beta_1=beta_1, beta_2=beta_2)
+        sampler = generator
+        if generator_ema is not None:
+            sampler = mlp(latent_dim, 2, width, depth, "generator_ema")
+            sampler.set_weights(generator.get_weights())
     step = gan.make_wgan_gp_step(generator, critic, opt_c, opt_g, latent_dim, n_critic=n_critic,
                                  strategy=strategy)
+
+    @tf.function
+    def update_ema():
+        for e, v in zip(sampler.trainable_variables, generator.trainable_variables):
+            e.assign(generator_ema * e + (1.0 - generator_ema) * v)
+
     data = iter(strategy.experimental_distribute_dataset(
         gan.toy_batches(dataset, batch_size, seed)))
+    extra = {"generator_ema": sampler} if generator_ema is not None else {}
     ckpt = train.Checkpointer(output_dir, generator=generator, critic=critic,
-                              critic_optimizer=opt_c, generator_optimizer=opt_g, data=data)
+                              critic_optimizer=opt_c, generator_optimizer=opt_g, data=data,
+                              **extra)
     real = gan.sample_toy(dataset, eval_samples, tf.constant([seed + 10**6, 0], tf.int64)).numpy()
     history_path = os.path.join(output_dir, "eval_history.json")
     history = json.load(open(history_path)) if os.path.exists(history_path) else []
     start = time.perf_counter()
 
     def evaluate(i, logs=None):
+        if generator_ema is not None and logs is not None:
+            update_ema()
         if i % eval_every and i != generator_steps:
             return
-        fake = generator(tf.random.stateless_normal([eval_samples, latent_dim], (seed, i))).numpy()
+        fake = sampler(tf.random.stateless_normal([eval_samples, latent_dim], (seed, i))).numpy()
         result = {"step": i, "seconds": time.perf_counter() - start}
         if gan.modes(dataset) is not None:
             result.update(gan.mode_metrics(fake, dataset))

@@ -94,3 +94,39 @@ def test_first_order_phase_drops_the_curvature_term():
     fd_second = fd_gradient(algo, tasks, kernel, idx)
     np.testing.assert_allclose(algo_weights_second, fd_second, rtol=1e-5)
     assert abs(first - fd) > 1e-3 * max(abs(fd), 1e-3)  # the Hessian term is really dropped
+
+
+def test_per_step_batchnorm_statistics_and_non_transductive_predictions():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4),
+                              keras.layers.BatchNormalization(momentum=0.5), keras.layers.ReLU(),
+                              keras.layers.Dense(1)])
+    counter = tf.Variable(100, dtype=tf.int64)  # second order, last-step loss
+    algo = meta.maml_plus_plus(model, mse, inner_lr=0.1, inner_steps=2, iterations=counter,
+                               multi_step_iterations=10, first_order_iterations=5,
+                               transductive=False)
+    assert len(algo.state) == 6  # (moving mean, moving variance) for 0, 1 and 2 updates
+    rng = np.random.default_rng(0)
+    tasks = tuple(tf.constant(rng.normal(size=(3, 6, d)), tf.float32) for d in (3, 1, 3, 1))
+    before = [v.numpy() for v in model.non_trainable_variables]
+    algo.meta_loss(tasks)
+    # zero updates: the support batches seen by theta; Keras BN averages with the biased
+    # variance: new = 0.5 old + 0.5 batch moment, then the mean over the meta-batch
+    h = [model.layers[0](tasks[0][t]).numpy() for t in range(3)]
+    np.testing.assert_allclose(algo.state[0].numpy(),
+                               0.5 * np.mean([x.mean(0) for x in h], 0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(algo.state[1].numpy(),
+                               0.5 + 0.5 * np.mean([x.var(0) for x in h], 0), rtol=1e-5)
+    assert np.abs(algo.state[2].numpy() - algo.state[0].numpy()).max() > 1e-4  # after 1 update
+    for v, b in zip(model.non_trainable_variables, before):  # the model itself is untouched
+        np.testing.assert_array_equal(v.numpy(), b)
+    # non-transductive: a query prediction does not depend on the rest of the query batch
+    xs, ys, xq = tasks[0][0], tasks[1][0], tasks[2][0]
+    fast = algo.adapt((xs, ys), 1)
+    batch = algo.predict(fast, xq, 1).numpy()
+    alone = np.concatenate([algo.predict(fast, xq[i:i + 1], 1).numpy() for i in range(6)])
+    np.testing.assert_allclose(batch, alone, rtol=1e-5, atol=1e-6)
+    transductive = hogrod.functional_call(model, fast, xq, training=True).numpy()
+    assert np.abs(transductive - batch).max() > 1e-3
+    ev = meta.evaluate(algo, model, mse, tasks, steps=(0, 1), vectorize=False)
+    assert np.isfinite(ev["loss_after_1"])

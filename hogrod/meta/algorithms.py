@@ -31,7 +31,14 @@ from hogrod.meta.inner import adapt, initial_params
 __all__ = ["Algorithm", "maml", "fomaml", "reptile", "anil", "meta_sgd", "maml_plus_plus",
            "imaml", "ALGORITHMS"]
 
-Algorithm = collections.namedtuple("Algorithm", ["meta_loss", "adapt", "variables"])
+Algorithm = collections.namedtuple(
+    "Algorithm", ["meta_loss", "adapt", "variables", "predict", "state"], defaults=(None, ()))
+Algorithm.__doc__ = """meta_loss(tasks) -> {term: scalar}; adapt(support, steps) -> fast weights;
+variables: the algorithm's own trainables; predict(fast, x, steps) -> outputs on query
+inputs after `steps` adaptation steps (None: `functional_call(model, fast, x,
+training=True)`, BatchNorm on the query batch's statistics, the transductive setting);
+state: the algorithm's non-trainable variables (MAML++'s per-step BatchNorm statistics),
+to checkpoint with the model."""
 
 
 def _over_tasks(fn, tasks, vectorize=True, recompute=None):
@@ -53,10 +60,11 @@ def _over_tasks(fn, tasks, vectorize=True, recompute=None):
     return tf.nest.map_structure(tf.reduce_mean, out)
 
 
-def _signature(fn, tasks):
-    probe = tf.nest.map_structure(lambda t: t[0], tasks)
+def _signature(fn, tasks, scalars=True):
+    probe = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape[1:], t.dtype), tasks)
     out = tf.function(fn).get_concrete_function(probe).structured_outputs
-    return tf.nest.map_structure(lambda t: tf.TensorSpec([], t.dtype), out)
+    return tf.nest.map_structure(
+        lambda t: tf.TensorSpec([] if scalars else t.shape, t.dtype), out)
 
 
 def _query_loss(model, loss_fn, fast, xq, yq):
@@ -149,16 +157,25 @@ def meta_sgd(model, loss_fn, inner_lr=0.01, inner_steps=1, vectorize=True):
 
 @gin.configurable
 def maml_plus_plus(model, loss_fn, inner_lr=0.01, inner_steps=5, multi_step_iterations=10000,
-                   first_order_iterations=5000, iterations=None, vectorize=True):
-    """MAML++ (Antoniou et al. 2019), the parts that change the meta-gradient:
+                   first_order_iterations=5000, iterations=None, vectorize=True,
+                   per_step_bn_statistics=True, transductive=True):
+    """MAML++ (Antoniou et al. 2019):
 
     - learned per-layer, per-step inner rates (LSLR), initialized at `inner_lr`;
     - the multi-step loss: the query loss after every inner step, weighted from uniform
       toward the last step only over `multi_step_iterations` outer steps;
-    - first-order for the first `first_order_iterations` outer steps, second order after.
+    - first-order for the first `first_order_iterations` outer steps, second order after;
+    - per-step BatchNorm running statistics (BNRS): one copy of the model's BatchNorm
+      statistics per number of inner updates (0 .. inner_steps), each an exponential moving
+      average (the layers' own momentum) of the batch statistics the weights after that
+      many updates see (support batches; the query batch after the last update), averaged
+      over the meta-batch and over replicas.
     `iterations` is the outer step counter (the optimizer's `iterations`); required.
-    BatchNorm uses the batch's statistics at every step (transductive, as MAML++ evaluates);
-    MAML++'s per-step running statistics are not kept.
+
+    The losses always use batch statistics (transductive, as MAML and MAML++'s code train).
+    For evaluation, `transductive=False` makes `Algorithm.predict` use the per-step running
+    statistics instead (training=False), so a query prediction does not depend on the other
+    query examples.
     """
     if iterations is None:
         raise ValueError("maml_plus_plus needs `iterations` (the outer optimizer's counter)")
@@ -171,6 +188,27 @@ def maml_plus_plus(model, loss_fn, inner_lr=0.01, inner_steps=5, multi_step_iter
     dtype = variables[0].dtype
     lslr = {name: tf.Variable(tf.fill([inner_steps], tf.cast(inner_lr, dtype)),
                               name=f"lslr/{name}") for name in layers}
+    # per-step copies of the float non-trainable state (BatchNorm moving mean and variance)
+    tracked = [i for i, v in enumerate(model.non_trainable_variables)
+               if tf.as_dtype(v.dtype).is_floating]
+    if not per_step_bn_statistics:
+        tracked = []
+    step_stats = [[tf.Variable(model.non_trainable_variables[i], trainable=False,
+                               synchronization=tf.VariableSynchronization.ON_READ,
+                               aggregation=tf.VariableAggregation.MEAN,
+                               name=f"bn_step{s}/{model.non_trainable_variables[i].name}")
+                   for i in tracked] for s in range(inner_steps + 1)] if tracked else []
+
+    def state_at(s):  # the model's state with step s's statistics substituted
+        state = hogrod.model_state(model)
+        for i, var in zip(tracked, step_stats[s]):
+            state[i] = tf.convert_to_tensor(var)
+        return state
+
+    def updated_stats(s, fast, x):  # step s's statistics after seeing batch x
+        _, new = hogrod.functional_call(model, [tf.stop_gradient(p) for p in fast], x,
+                                        training=True, state=state_at(s))
+        return [tf.stop_gradient(new[i]) for i in tracked]
 
     def rates(step):
         return [lslr[layer_of[id(v)]][step] for v in variables]
@@ -186,17 +224,28 @@ def maml_plus_plus(model, loss_fn, inner_lr=0.01, inner_steps=5, multi_step_iter
 
         def task_losses(task, first_order):
             xs, ys, xq, yq = task
-            fast, losses = params, []
+            fast, losses, stats = params, [], []
             for s in range(inner_steps):
+                if tracked:
+                    stats.append(updated_stats(s, fast, xs))
                 fast = adapt(model, loss_fn, (xs, ys), lambda _, s=s: rates(s), 1, first_order,
                              fast)
                 losses.append(_query_loss(model, loss_fn, fast, xq, yq))
-            return tf.stack(losses)
+            if tracked:
+                stats.append(updated_stats(inner_steps, fast, xq))
+            return tf.stack(losses), stats
 
-        per_step = tf.cond(
-            iterations < first_order_iterations,
-            lambda: _over_steps(lambda t: task_losses(t, True), tasks, vectorize, dtype),
-            lambda: _over_steps(lambda t: task_losses(t, False), tasks, vectorize, dtype))
+        def over_tasks(first_order):
+            fn = lambda t: task_losses(t, first_order)  # noqa: E731
+            out = tf.vectorized_map(fn, tasks) if vectorize else tf.map_fn(
+                fn, tasks, fn_output_signature=_signature(fn, tasks, scalars=False))
+            return tf.nest.map_structure(lambda t: tf.reduce_mean(t, axis=0), out)
+
+        per_step, stats = tf.cond(iterations < first_order_iterations,
+                                  lambda: over_tasks(True), lambda: over_tasks(False))
+        for step_vars, values in zip(step_stats, stats):
+            for var, value in zip(step_vars, values):
+                var.assign(value)
         return {"query": tf.reduce_sum(step_weights() * per_step),
                 "monitor/query_last": per_step[-1]}
 
@@ -207,13 +256,19 @@ def maml_plus_plus(model, loss_fn, inner_lr=0.01, inner_steps=5, multi_step_iter
                          1, True, fast)
         return initial_params(model) if fast is None else fast
 
-    return Algorithm(meta_loss, adapt_eval, list(lslr.values()))
+    predict = None
+    if not transductive:
+        if not tracked:
+            raise ValueError("maml_plus_plus.transductive = False needs per-step BatchNorm "
+                             "statistics (per_step_bn_statistics = True and a model with "
+                             "BatchNorm)")
 
+        def predict(fast, x, steps):
+            return hogrod.functional_call(model, fast, x, training=False,
+                                          state=state_at(min(steps, inner_steps)))[0]
 
-def _over_steps(fn, tasks, vectorize, dtype):
-    out = tf.vectorized_map(fn, tasks) if vectorize else tf.map_fn(
-        fn, tasks, fn_output_signature=dtype)
-    return tf.reduce_mean(out, axis=0)
+    return Algorithm(meta_loss, adapt_eval, list(lslr.values()), predict,
+                     [v for step_vars in step_stats for v in step_vars])
 
 
 def _cg(matvec, b, iterations):

@@ -30,7 +30,8 @@ def evaluate(algorithm, model, loss_fn, tasks, steps=(0, 1, 10), accuracy=False,
     def per_task(task, s):
         xs, ys, xq, yq = task
         fast = algorithm.adapt((xs, ys), s)
-        pred = hogrod.functional_call(model, fast, xq, training=True)
+        pred = (hogrod.functional_call(model, fast, xq, training=True)
+                if algorithm.predict is None else algorithm.predict(fast, xq, s))
         out = [loss_fn(yq, pred)]
         if accuracy:
             out.append(tf.reduce_mean(tf.cast(
