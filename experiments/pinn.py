@@ -61,7 +61,7 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
                     n_condition=400, sampling="sobol", adam_steps=2000, adam_lr=1e-3,
                     lbfgs_iterations=10000, weights=None, inverse_initial=None,
                     n_observations=2000, weighting="fixed", annealing_every=100,
-                    dtype="float32", seed=0):
+                    dtype="float32", error_every=None, thresholds=(1e-2, 1e-3), seed=0):
     """Args:
       problem: a problem factory (`@burgers_problem`, ...).
       width, depth: the tanh MLP (Raissi: 9 layers of 20 = depth 8 hidden + output).
@@ -69,6 +69,10 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
         values, starting from this value (None: the forward problem).
       weighting: "fixed" (`weights`, default all 1) or "annealing" (learning-rate annealing
         of the condition terms every `annealing_every` Adam steps).
+      error_every: record the relative L2 error every this many Adam steps and L-BFGS
+        iterations (metrics `error_history`: [training seconds, phase, step, error], the
+        evaluation time not counted) and the training seconds to reach each of
+        `thresholds` (`seconds_to_<threshold>`; None if not reached). None: no curve.
     """
     keras.utils.set_random_seed(seed)
     strategy = distribute.make_strategy()
@@ -99,6 +103,15 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
         extra["data"] = lambda: tf.reduce_mean(tf.square(u(x_obs) - y_obs))
         variables.append(log_nu)
     callback, tracked = None, {}
+    history, clock = [], {"start": time.perf_counter(), "outside": 0.0}
+
+    def record(phase, i):
+        t0 = time.perf_counter()
+        err_i, _ = training.relative_l2(prob, u, tf_dtype)
+        history.append([t0 - clock["start"] - clock["outside"], phase, i, err_i])
+        logging.info("%s %d: relative L2 %.3e", phase, i, err_i)
+        clock["outside"] += time.perf_counter() - t0
+
     if weighting == "annealing":
         unweighted = training.pinn_loss(prob, u, points, cond_points, None, extra)
         names = [name for name, _, _ in prob.conditions] + list(extra)
@@ -116,14 +129,29 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
     batch = distribute.shard(strategy, (points, cond_points))
     ckpt = train.Checkpointer(output_dir, model=net, optimizer=opt, **tracked,
                               **({"log_viscosity": log_nu} if nu is not None else {}))
+    adam_callback = callback
+    if error_every:
+        def adam_callback(i, logs):
+            if callback is not None:
+                callback(i, logs)
+            if i % error_every == 0:
+                record("adam", i)
     t0 = time.perf_counter()
+    clock["start"] = t0
     logs = train.train_loop(step, itertools.repeat(batch), adam_steps, ckpt, output_dir,
-                            checkpoint_every=max(adam_steps, 1), log_every=500, callback=callback)
-    adam_seconds = time.perf_counter() - t0
+                            checkpoint_every=max(adam_steps, 1), log_every=500,
+                            callback=adam_callback)
+    adam_seconds = time.perf_counter() - t0 - clock["outside"]
+    t_eval = time.perf_counter()
     err_adam, _ = training.relative_l2(prob, u, tf_dtype)
+    clock["outside"] += time.perf_counter() - t_eval
     lbfgs_loss, lbfgs_iters, lbfgs_seconds = (
-        training.lbfgs(loss_fn, variables, lbfgs_iterations, strategy=strategy, batch=batch)
+        training.lbfgs(loss_fn, variables, lbfgs_iterations, strategy=strategy, batch=batch,
+                       callback_every=error_every or 500,
+                       callback=(lambda i: record("lbfgs", i)) if error_every else None)
         if lbfgs_iterations else (None, 0, 0.0))
+    if error_every:
+        record("end", lbfgs_iters)
     err, pair = training.relative_l2(prob, u, tf_dtype)
     terms = {k: float(v) for k, v in loss_fn().items()}
     pred = pair[0] if pair else np.concatenate(
@@ -135,6 +163,11 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
                "lbfgs_iterations": lbfgs_iters, "lbfgs_final_loss": lbfgs_loss,
                "total_seconds": adam_seconds + lbfgs_seconds,
                "adam_final_loss": logs.get("loss"), **{f"term_{k}": v for k, v in terms.items()}}
+    if error_every:
+        metrics["error_history"] = history
+        for threshold in thresholds:
+            metrics[f"seconds_to_{threshold:g}"] = next(
+                (h[0] for h in history if h[3] is not None and h[3] <= threshold), None)
     if nu is not None:
         true_nu = 0.01 / np.pi
         metrics.update(viscosity=float(nu()), viscosity_true=true_nu,

@@ -149,9 +149,13 @@ def test_a_short_training_run_reduces_the_error_well_below_its_start(tmp_path):
         "pinn_experiment.adam_steps = 0", "pinn_experiment.lbfgs_iterations = 0"],
         str(tmp_path / "a"))
     _, end = harness.run(exp.pinn_experiment, ["configs/pinn/heat.gin"], small + [
-        "pinn_experiment.adam_steps = 100", "pinn_experiment.lbfgs_iterations = 150"],
-        str(tmp_path / "b"))
+        "pinn_experiment.adam_steps = 100", "pinn_experiment.lbfgs_iterations = 150",
+        "pinn_experiment.error_every = 50"], str(tmp_path / "b"))
     assert end["relative_l2"] < 0.1 * start["relative_l2"]
+    curve = end["error_history"]  # [seconds, phase, step, error] at 50, 100 (Adam), L-BFGS
+    assert [h[1:3] for h in curve[:2]] == [["adam", 50], ["adam", 100]]
+    assert curve[-1][3] == end["relative_l2"] and all(a[0] <= b[0] for a, b in zip(curve, curve[1:]))
+    assert end["seconds_to_0.01"] is None or end["seconds_to_0.01"] <= curve[-1][0]
     assert end["relative_l2"] < end["relative_l2_after_adam"]  # L-BFGS improved on Adam
     assert (tmp_path / "b" / "solution.png").exists()
 
@@ -199,3 +203,15 @@ def test_bench_binary_checks_agreement_and_runs(tmp_path):
                        ["bench_pinn.points = 64", "bench_pinn.depth = 2", "bench_pinn.rounds = 1",
                         "bench_pinn.calls_per_round = 1", "bench_pinn.warmup = 1"], str(tmp_path))
     assert m["evals_per_s_hogrod"] > 0
+
+
+def test_convergence_benchmark_records_error_curves(tmp_path):
+    from experiments import bench_pinn_convergence as bench
+    from hogrod import harness
+    _, m = harness.run(bench.bench_pinn_convergence, ["configs/bench/pinn_convergence.gin"], [
+        "bench_pinn_convergence.dde_adam_steps = 40", "bench_pinn_convergence.dde_lbfgs_iterations = 20",
+        "bench_pinn_convergence.error_every = 20",
+        "bench_pinn_convergence.hogrod_runs = ('deepxde_setup',)"], str(tmp_path))
+    curve = m["histories"]["hogrod_deepxde_setup"]
+    assert [h[2] for h in curve[:2]] == [20, 40] and curve[-1][1] == "end"
+    assert m["hogrod_deepxde_setup_relative_l2"] < curve[0][3]  # training reduced the error

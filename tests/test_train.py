@@ -293,3 +293,20 @@ def test_iterator_with_python_state_is_left_out_of_checkpoints_with_a_warning(tm
                for r in caplog.records)
     again = train.Checkpointer(str(tmp_path), model=model, data=iter(data))
     assert again.restore() == 0 and "data" not in again.trackables
+
+
+def test_time_limit_stops_with_a_checkpoint_and_excludes_callback_time(tmp_path):
+    import time as _time
+
+    def slow_step(_):
+        _time.sleep(0.05)
+        return {"loss": tf.constant(1.0)}
+
+    counter = tf.Variable(0.0)
+    ckpt = train.Checkpointer(str(tmp_path), counter=counter)
+    calls = []
+    train.train_loop(slow_step, iter(range(10**6)), 10**6, ckpt, time_limit_s=0.5,
+                     callback=lambda i, logs: (calls.append(i), _time.sleep(0.1)))
+    # ~10 steps of 0.05 s fit in 0.5 s; counting the 0.1 s callbacks would allow ~3
+    assert 6 <= len(calls) <= 14
+    assert train.Checkpointer(str(tmp_path), counter=counter).restore() == len(calls)

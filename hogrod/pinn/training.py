@@ -54,13 +54,15 @@ def pinn_loss(problem, u_fn, points, condition_points, weights=None, extra_terms
 
 
 def lbfgs(loss_fn, variables, max_iterations=10000, tolerance=1e-12, history_size=50,
-          callback_every=500, strategy=None, batch=None):
+          callback_every=500, strategy=None, batch=None, callback=None):
     """Minimize the sum of `loss_fn(batch)`'s terms over `variables` with scipy's L-BFGS-B.
 
     The value and gradient are one compiled function of a flat float64 vector; returns
     (final loss, iterations, seconds). With a `strategy`, `batch` is the sharded points
     (`hogrod.distribute.shard`): each replica differentiates its shard's terms and the
-    value and gradient are averaged over replicas (equal shards: the full-batch ones)."""
+    value and gradient are averaged over replicas (equal shards: the full-batch ones).
+    `callback(iteration)` runs every `callback_every` iterations with the variables set to
+    the current iterate (error curves); its time is not counted in the returned seconds."""
     variables = list(variables)
     shapes = [v.shape for v in variables]
     sizes = [int(np.prod(s)) for s in shapes]
@@ -82,22 +84,36 @@ def lbfgs(loss_fn, variables, max_iterations=10000, tolerance=1e-12, history_siz
         return (tf.cast(value, tf.float64),
                 tf.concat([tf.reshape(tf.cast(g, tf.float64), [-1]) for g in grads], 0))
 
-    start, calls = time.perf_counter(), [0]
+    @tf.function
+    def assign(flat):
+        for v, part, s in zip(variables, tf.split(flat, sizes), shapes):
+            v.assign(tf.cast(tf.reshape(part, s), v.dtype))
+
+    start, calls, iterations, outside = time.perf_counter(), [0], [0], [0.0]
 
     def fun(w):
         value, grad = value_and_grad(tf.constant(w))
         calls[0] += 1
-        if calls[0] % callback_every == 0:
-            logging.info("L-BFGS evaluation %d: loss %.3e", calls[0], float(value))
         return float(value), grad.numpy()
+
+    def on_iteration(xk):
+        iterations[0] += 1
+        if iterations[0] % callback_every:
+            return
+        t0 = time.perf_counter()
+        logging.info("L-BFGS iteration %d (%d evaluations)", iterations[0], calls[0])
+        if callback is not None:
+            assign(tf.constant(xk))
+            callback(iterations[0])
+        outside[0] += time.perf_counter() - t0
 
     x0 = np.concatenate([v.numpy().ravel() for v in variables]).astype(np.float64)
     result = scipy.optimize.minimize(
-        fun, x0, jac=True, method="L-BFGS-B",
+        fun, x0, jac=True, method="L-BFGS-B", callback=on_iteration,
         options={"maxiter": max_iterations, "maxfun": int(max_iterations * 1.25),
                  "maxcor": history_size, "ftol": tolerance, "gtol": tolerance})
-    value_and_grad(tf.constant(result.x))  # leave the variables at the solution
-    return float(result.fun), int(result.nit), time.perf_counter() - start
+    assign(tf.constant(result.x))  # leave the variables at the solution
+    return float(result.fun), int(result.nit), time.perf_counter() - start - outside[0]
 
 
 def relative_l2(problem, u_fn, dtype=tf.float32):

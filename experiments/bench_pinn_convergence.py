@@ -1,0 +1,139 @@
+"""Time to reach 1e-2 and 1e-3 relative L2 error on Burgers: hogrod against DeepXDE's example.
+
+DeepXDE's Burgers example (examples/pinn_forward/Burgers.py): FNN 2-20-20-20-1, tanh,
+Glorot normal; 2,540 domain, 80 boundary and 160 initial random points, soft conditions;
+Adam 1e-3 for 15,000 iterations, then L-BFGS (TensorFlow Probability's, DeepXDE's
+TensorFlow backend). It runs here as written (t in [0, 1] so that the reference grid is the
+same), in chunks of `error_every` Adam iterations with the error measured between chunks
+(not timed); its L-BFGS is one graph call, so its error is known at the end only.
+
+hogrod runs `experiments/pinn.py` twice: with DeepXDE's setup (same net, point counts and
+schedule; Sobol points) and with its own Burgers config (`configs/pinn/burgers.gin`:
+Raissi's 8 x 20 net, 10,000 points, hard conditions, Adam 2,000 then scipy L-BFGS). Both
+record the error every `error_every` steps/iterations. The error is against the Cole-Hopf
+reference on the 256 x 100 grid.
+
+    python -m experiments.bench_pinn_convergence --gin_file=configs/bench/pinn_convergence.gin
+
+Reported: training seconds to each threshold (None: not reached), final errors, and the
+ratios DeepXDE seconds / hogrod seconds (a threshold DeepXDE reaches only during its
+L-BFGS call is timed at the end of that call, an upper bound).
+"""
+
+import os
+import time
+
+import gin
+import numpy as np
+from absl import logging
+
+from experiments import pinn as pinn_exp
+from hogrod import harness, pinn
+
+
+
+def deepxde_setup(adam_steps, lbfgs_iterations):
+    """experiments/pinn.py bindings for DeepXDE's example setup and schedule."""
+    return ["pinn_experiment.problem = @burgers_problem",
+            "burgers_problem.hard_constraints = False",
+            "pinn_experiment.width = 20", "pinn_experiment.depth = 3",
+            "pinn_experiment.n_collocation = 2540", "pinn_experiment.n_condition = 160",
+            f"pinn_experiment.adam_steps = {adam_steps}", "pinn_experiment.adam_lr = 1e-3",
+            f"pinn_experiment.lbfgs_iterations = {lbfgs_iterations}"]
+
+
+def first_below(history, threshold):
+    return next((h[0] for h in history if h[-1] is not None and h[-1] <= threshold), None)
+
+
+def deepxde_run(adam_steps, lbfgs_iterations, error_every, thresholds, seed):
+    os.environ.setdefault("DDE_BACKEND", "tensorflow")
+    try:
+        import deepxde as dde
+    except Exception as e:  # not installed (the `bench` extra), or another backend configured
+        logging.warning("deepxde unavailable (%s): no DeepXDE baseline", e)
+        return None
+    dde.config.set_random_seed(seed)
+    problem = pinn.burgers_problem()
+    grid, ref = problem.grid, problem.reference(problem.grid)
+
+    def error():
+        pred = model.predict(grid)
+        return float(np.linalg.norm(pred - ref) / np.linalg.norm(ref))
+
+    geomtime = dde.geometry.GeometryXTime(dde.geometry.Interval(-1, 1),
+                                          dde.geometry.TimeDomain(0, 1))
+
+    def pde(x, y):
+        dy_x = dde.grad.jacobian(y, x, i=0, j=0)
+        dy_t = dde.grad.jacobian(y, x, i=0, j=1)
+        dy_xx = dde.grad.hessian(y, x, i=0, j=0)
+        return dy_t + y * dy_x - 0.01 / np.pi * dy_xx
+
+    bc = dde.icbc.DirichletBC(geomtime, lambda x: 0, lambda _, on_boundary: on_boundary)
+    ic = dde.icbc.IC(geomtime, lambda x: -np.sin(np.pi * x[:, 0:1]),
+                     lambda _, on_initial: on_initial)
+    data = dde.data.TimePDE(geomtime, pde, [bc, ic], num_domain=2540, num_boundary=80,
+                            num_initial=160)
+    model = dde.Model(data, dde.nn.FNN([2] + [20] * 3 + [1], "tanh", "Glorot normal"))
+    model.compile("adam", lr=1e-3)
+    history, seconds = [], 0.0
+    for done in range(error_every, adam_steps + 1, error_every):
+        t0 = time.perf_counter()
+        model.train(iterations=error_every, display_every=error_every, verbose=0)
+        seconds += time.perf_counter() - t0
+        history.append([seconds, "adam", done, error()])
+        logging.info("deepxde adam %d: %.1f s, relative L2 %.3e", done, seconds, history[-1][3])
+    dde.optimizers.config.set_LBFGS_options(maxiter=lbfgs_iterations)
+    model.compile("L-BFGS")
+    t0 = time.perf_counter()
+    model.train(verbose=0)
+    seconds += time.perf_counter() - t0
+    history.append([seconds, "end", lbfgs_iterations, error()])
+    logging.info("deepxde L-BFGS: %.1f s, relative L2 %.3e", seconds, history[-1][3])
+    return {"relative_l2": history[-1][3], "total_seconds": seconds, "error_history": history,
+            **{f"seconds_to_{t:g}": first_below(history, t) for t in thresholds}}
+
+
+@gin.configurable
+def bench_pinn_convergence(output_dir, error_every=500, thresholds=(1e-2, 1e-3),
+                           dde_adam_steps=15000, dde_lbfgs_iterations=15000,
+                           hogrod_runs=("deepxde_setup", "burgers_gin"), seed=0):
+    """Args:
+      hogrod_runs: "deepxde_setup" (DeepXDE's net, points and schedule) and/or "burgers_gin"
+        (configs/pinn/burgers.gin). Each is a full `experiments/pinn.py` run (harness.run)
+        in `<output_dir>/<name>`, with its own config files there.
+      dde_adam_steps, dde_lbfgs_iterations: the example's schedule (also hogrod's in the
+        "deepxde_setup" run).
+    """
+    results = {}
+    for name in hogrod_runs:
+        files = ["configs/pinn/burgers.gin"] if name == "burgers_gin" else ["configs/pinn/base.gin"]
+        params = (deepxde_setup(dde_adam_steps, dde_lbfgs_iterations)
+                  if name == "deepxde_setup" else []) + [
+            f"pinn_experiment.error_every = {error_every}",
+            f"pinn_experiment.thresholds = {tuple(thresholds)!r}",
+            f"pinn_experiment.seed = {seed}"]
+        _, results[f"hogrod_{name}"] = harness.run(pinn_exp.pinn_experiment, files, params,
+                                                   os.path.join(output_dir, name))
+    baseline = deepxde_run(dde_adam_steps, dde_lbfgs_iterations, error_every, thresholds, seed)
+    if baseline is not None:
+        results["deepxde"] = baseline
+    m = {}
+    for name, r in results.items():
+        m[f"{name}_relative_l2"] = r["relative_l2"]
+        m[f"{name}_total_seconds"] = r["total_seconds"]
+        for t in thresholds:
+            m[f"{name}_seconds_to_{t:g}"] = r[f"seconds_to_{t:g}"]
+            if baseline is None or name == "deepxde":
+                continue
+            dde_t, ours = baseline[f"seconds_to_{t:g}"], r[f"seconds_to_{t:g}"]
+            if ours:
+                m[f"ratio_deepxde_over_{name}_to_{t:g}"] = dde_t / ours if dde_t else None
+    for k, v in sorted(m.items()):
+        logging.info("%-45s %s", k, v)
+    return dict(m, histories={k: r["error_history"] for k, r in results.items()})
+
+
+if __name__ == "__main__":
+    harness.main(bench_pinn_convergence)
