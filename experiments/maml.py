@@ -31,11 +31,17 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 @gin.configurable
-def mlp(input_dim=1, widths=(40, 40), outputs=1, activation="relu"):
-    """The sinusoid network of Finn et al.: 1-40-40-1, ReLU."""
+def mlp(input_dim=1, widths=(40, 40), outputs=1, activation="relu", init_stddev=None):
+    """The sinusoid network of Finn et al.: 1-40-40-1, ReLU.
+
+    init_stddev: kernels from a truncated normal with this deviation and zero biases, as
+    Finn et al.'s code (0.01); None: Keras's Glorot uniform."""
+    init = ("glorot_uniform" if init_stddev is None
+            else keras.initializers.TruncatedNormal(stddev=init_stddev))
     layers = [keras.Input((input_dim,))]
-    layers += [keras.layers.Dense(w, activation=activation) for w in widths]
-    return keras.Sequential(layers + [keras.layers.Dense(outputs)])
+    layers += [keras.layers.Dense(w, activation=activation, kernel_initializer=init)
+               for w in widths]
+    return keras.Sequential(layers + [keras.layers.Dense(outputs, kernel_initializer=init)])
 
 
 @gin.configurable

@@ -61,7 +61,8 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
                     n_condition=400, sampling="sobol", adam_steps=2000, adam_lr=1e-3,
                     lbfgs_iterations=10000, weights=None, inverse_initial=None,
                     n_observations=2000, weighting="fixed", annealing_every=100,
-                    dtype="float32", error_every=None, thresholds=(1e-2, 1e-3), seed=0):
+                    dtype="float32", error_every=None, thresholds=(1e-2, 1e-3),
+                    jit_compile=False, seed=0):
     """Args:
       problem: a problem factory (`@burgers_problem`, ...).
       width, depth: the tanh MLP (Raissi: 9 layers of 20 = depth 8 hidden + output).
@@ -69,6 +70,8 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
         values, starting from this value (None: the forward problem).
       weighting: "fixed" (`weights`, default all 1) or "annealing" (learning-rate annealing
         of the condition terms every `annealing_every` Adam steps).
+      jit_compile: compile the loss and gradient of the Adam steps and of L-BFGS with XLA
+        (fuses the residual's many small ops).
       error_every: record the relative L2 error every this many Adam steps and L-BFGS
         iterations (metrics `error_history`: [training seconds, phase, step, error], the
         evaluation time not counted) and the training seconds to reach each of
@@ -124,18 +127,17 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
     loss_fn = training.pinn_loss(prob, u, points, cond_points, weights, extra)
     with strategy.scope():
         opt = keras.optimizers.Adam(adam_lr)
-    step = train.make_train_step(loss_fn, opt, variables, strategy=strategy)
+    step = train.make_train_step(loss_fn, opt, variables, strategy=strategy,
+                                 jit_compile=jit_compile)
     # the collocation and condition points, split over the replicas (the same every step)
     batch = distribute.shard(strategy, (points, cond_points))
     ckpt = train.Checkpointer(output_dir, model=net, optimizer=opt, **tracked,
                               **({"log_viscosity": log_nu} if nu is not None else {}))
-    adam_callback = callback
-    if error_every:
-        def adam_callback(i, logs):
-            if callback is not None:
-                callback(i, logs)
-            if i % error_every == 0:
-                record("adam", i)
+    def adam_callback(i, logs):
+        if callback is not None:
+            callback(i, logs)
+        if error_every and i % error_every == 0:
+            record("adam", i)
     t0 = time.perf_counter()
     clock["start"] = t0
     logs = train.train_loop(step, itertools.repeat(batch), adam_steps, ckpt, output_dir,
@@ -147,7 +149,7 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
     clock["outside"] += time.perf_counter() - t_eval
     lbfgs_loss, lbfgs_iters, lbfgs_seconds = (
         training.lbfgs(loss_fn, variables, lbfgs_iterations, strategy=strategy, batch=batch,
-                       callback_every=error_every or 500,
+                       callback_every=error_every or 500, jit_compile=jit_compile,
                        callback=(lambda i: record("lbfgs", i)) if error_every else None)
         if lbfgs_iterations else (None, 0, 0.0))
     if error_every:

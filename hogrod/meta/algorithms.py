@@ -256,17 +256,14 @@ def maml_plus_plus(model, loss_fn, inner_lr=0.01, inner_steps=5, multi_step_iter
                          1, True, fast)
         return initial_params(model) if fast is None else fast
 
-    predict = None
-    if not transductive:
-        if not tracked:
-            raise ValueError("maml_plus_plus.transductive = False needs per-step BatchNorm "
-                             "statistics (per_step_bn_statistics = True and a model with "
-                             "BatchNorm)")
+    def predict_non_transductive(fast, x, steps):
+        return hogrod.functional_call(model, fast, x, training=False,
+                                      state=state_at(min(steps, inner_steps)))[0]
 
-        def predict(fast, x, steps):
-            return hogrod.functional_call(model, fast, x, training=False,
-                                          state=state_at(min(steps, inner_steps)))[0]
-
+    if not transductive and not tracked:
+        raise ValueError("maml_plus_plus.transductive = False needs per-step BatchNorm "
+                         "statistics (per_step_bn_statistics = True and a model with BatchNorm)")
+    predict = None if transductive else predict_non_transductive
     return Algorithm(meta_loss, adapt_eval, list(lslr.values()), predict,
                      [v for step_vars in step_stats for v in step_vars])
 

@@ -54,7 +54,7 @@ def pinn_loss(problem, u_fn, points, condition_points, weights=None, extra_terms
 
 
 def lbfgs(loss_fn, variables, max_iterations=10000, tolerance=1e-12, history_size=50,
-          callback_every=500, strategy=None, batch=None, callback=None):
+          callback_every=500, strategy=None, batch=None, callback=None, jit_compile=False):
     """Minimize the sum of `loss_fn(batch)`'s terms over `variables` with scipy's L-BFGS-B.
 
     The value and gradient are one compiled function of a flat float64 vector; returns
@@ -62,13 +62,17 @@ def lbfgs(loss_fn, variables, max_iterations=10000, tolerance=1e-12, history_siz
     (`hogrod.distribute.shard`): each replica differentiates its shard's terms and the
     value and gradient are averaged over replicas (equal shards: the full-batch ones).
     `callback(iteration)` runs every `callback_every` iterations with the variables set to
-    the current iterate (error curves); its time is not counted in the returned seconds."""
+    the current iterate (error curves); its time is not counted in the returned seconds.
+    `jit_compile`: compile each replica's value and gradient with XLA."""
     variables = list(variables)
     shapes = [v.shape for v in variables]
     sizes = [int(np.prod(s)) for s in shapes]
 
     def replica_value_and_grad(b):
         return hogrod.value_and_grad(lambda: tf.add_n(list(loss_fn(b).values())), variables)
+
+    if jit_compile:
+        replica_value_and_grad = tf.function(replica_value_and_grad, jit_compile=True)
 
     @tf.function
     def value_and_grad(flat):
