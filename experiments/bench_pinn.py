@@ -48,6 +48,30 @@ def hogrod_candidate(net, x, jit_compile=False):
     return lambda: [g.numpy() for g in run()]
 
 
+def forward_mode_candidate(net, x):
+    """u_x, u_xx by nested `tf.autodiff.ForwardAccumulator` (forward-over-forward), u_t by
+    one more, then the parameter gradient by a tape around them: the forward-mode operators
+    the PINN issue asked to measure. (Eagerly, TF 2.21's tape fails on this nesting with an
+    InternalError; inside tf.function it runs, see the agreement line it reports.)"""
+    nu = NU
+
+    @tf.function
+    def run():
+        ones, zeros = tf.ones_like(x[:, :1]), tf.zeros_like(x[:, :1])
+        e_x, e_t = tf.concat([ones, zeros], 1), tf.concat([zeros, ones], 1)
+        with tf.GradientTape() as tape:
+            with tf.autodiff.ForwardAccumulator(x, e_x) as outer:
+                with tf.autodiff.ForwardAccumulator(x, e_x) as inner:
+                    u = net(x)
+                u_x = inner.jvp(u)
+            u_xx = outer.jvp(u_x)
+            with tf.autodiff.ForwardAccumulator(x, e_t) as acc_t:
+                u_t = acc_t.jvp(net(x))
+            loss = tf.reduce_mean(tf.square(u_t + u * u_x - nu * u_xx))
+        return tape.gradient(loss, net.trainable_variables)
+    return lambda: [g.numpy() for g in run()]
+
+
 def deepxde_candidate(net, x):
     os.environ.setdefault("DDE_BACKEND", "tensorflow")
     try:
@@ -105,23 +129,26 @@ def bench_pinn(output_dir, points=10000, width=20, depth=8, rounds=10, calls_per
     net = make_net(width, depth)
     x = tf.constant(pinn.sample(pinn.Box((-1.0, 0.0), (1.0, 1.0)), points, "sobol", 0))
     candidates = {"hogrod": hogrod_candidate(net, x),
-                  "hogrod_xla": hogrod_candidate(net, x, jit_compile=True)}
+                  "hogrod_xla": hogrod_candidate(net, x, jit_compile=True),
+                  "tf_forward_mode": forward_mode_candidate(net, x)}
     for name, make in (("deepxde_tf", deepxde_candidate), ("jax", jax_candidate)):
         c = make(net, x)
         if c is not None:
             candidates[name] = c
     ref = np.concatenate([g.ravel() for g in candidates["hogrod"]()])
+    m = {}
     for name, fn in candidates.items():  # agreement before speed
         got = np.concatenate([g.ravel() for g in fn()])
-        err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
-        if err > 1e-3:
+        err = m[f"grad_rel_err_{name}"] = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+        if err > 1e-3 and name != "tf_forward_mode":  # that one is measured, not trusted
             raise AssertionError(f"{name}'s gradient disagrees with hogrod's: rel err {err:.2e}")
     rates = interleaved_rates(candidates, rounds, calls_per_round, warmup)
-    m = {f"evals_per_s_{k}": v for k, v in rates.items()}
+    m.update({f"evals_per_s_{k}": v for k, v in rates.items()})
     for k in rates:
-        if not k.startswith("hogrod"):
+        if not k.startswith("hogrod") and k != "tf_forward_mode":
             m[f"ratio_hogrod_over_{k}"] = rates["hogrod"] / rates[k]
             m[f"ratio_hogrod_xla_over_{k}"] = rates["hogrod_xla"] / rates[k]
+    m["ratio_hogrod_over_tf_forward_mode"] = rates["hogrod"] / rates["tf_forward_mode"]
     for k, v in sorted(m.items()):
         print(f"{k:35s} {v:.4g}")
     return dict(m, points=points, width=width, depth=depth)

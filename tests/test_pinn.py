@@ -202,7 +202,8 @@ def test_bench_binary_checks_agreement_and_runs(tmp_path):
     _, m = harness.run(bench_pinn.bench_pinn, ["configs/bench/pinn.gin"],
                        ["bench_pinn.points = 64", "bench_pinn.depth = 2", "bench_pinn.rounds = 1",
                         "bench_pinn.calls_per_round = 1", "bench_pinn.warmup = 1"], str(tmp_path))
-    assert m["evals_per_s_hogrod"] > 0
+    assert m["evals_per_s_hogrod"] > 0 and m["evals_per_s_hogrod_xla"] > 0
+    assert m["grad_rel_err_hogrod_xla"] < 1e-4  # XLA computes the same gradient
 
 
 def test_convergence_benchmark_records_error_curves(tmp_path):
