@@ -133,6 +133,7 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
     batch = distribute.shard(strategy, (points, cond_points))
     ckpt = train.Checkpointer(output_dir, model=net, optimizer=opt, **tracked,
                               **({"log_viscosity": log_nu} if nu is not None else {}))
+
     def adam_callback(i, logs):
         if callback is not None:
             callback(i, logs)
