@@ -46,9 +46,12 @@ def _check_pair(real, fake):
                          f"{fake.shape}")
 
 
+def _per_example_shape(x):  # [batch, 1, ..., 1]: one value per example, broadcastable to x
+    return tf.concat([tf.shape(x)[:1], tf.ones([x.shape.rank - 1], tf.int32)], 0)
+
+
 def _per_example_uniform(x, seed=None):
-    shape = tf.concat([tf.shape(x)[:1], tf.ones([x.shape.rank - 1], tf.int32)], 0)
-    return tf.random.uniform(shape, dtype=x.dtype, seed=seed)
+    return tf.random.uniform(_per_example_shape(x), dtype=x.dtype, seed=seed)
 
 
 def gradient_penalty(critic, real, fake, target=1.0, one_sided=False, interpolation=None):
@@ -63,9 +66,7 @@ def gradient_penalty(critic, real, fake, target=1.0, one_sided=False, interpolat
     if interpolation is None:
         e = _per_example_uniform(real)
     else:
-        e = tf.reshape(tf.cast(interpolation, real.dtype),
-                       tf.concat([tf.shape(real)[:1], tf.ones([real.shape.rank - 1], tf.int32)],
-                                 0))
+        e = tf.reshape(tf.cast(interpolation, real.dtype), _per_example_shape(real))
     x_hat = e * real + (1.0 - e) * tf.cast(fake, real.dtype)
     gap = input_gradient_norm(critic, x_hat) - target
     if one_sided:

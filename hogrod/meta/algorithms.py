@@ -158,7 +158,7 @@ def meta_sgd(model, loss_fn, inner_lr=0.01, inner_steps=1, vectorize=True):
 @gin.configurable
 def maml_plus_plus(model, loss_fn, inner_lr=0.01, inner_steps=5, multi_step_iterations=10000,
                    first_order_iterations=5000, iterations=None, vectorize=True,
-                   per_step_bn_statistics=True, transductive=True):
+                   transductive=True):
     """MAML++ (Antoniou et al. 2019):
 
     - learned per-layer, per-step inner rates (LSLR), initialized at `inner_lr`;
@@ -173,9 +173,10 @@ def maml_plus_plus(model, loss_fn, inner_lr=0.01, inner_steps=5, multi_step_iter
     `iterations` is the outer step counter (the optimizer's `iterations`); required.
 
     The losses always use batch statistics (transductive, as MAML and MAML++'s code train).
-    For evaluation, `transductive=False` makes `Algorithm.predict` use the per-step running
-    statistics instead (training=False), so a query prediction does not depend on the other
-    query examples.
+    `transductive=False` keeps the per-step running statistics (one extra forward pass per
+    inner step) and makes `Algorithm.predict` use them (training=False), so a query
+    prediction does not depend on the other query examples; with the default True they
+    would never be read, so they are not kept.
     """
     if iterations is None:
         raise ValueError("maml_plus_plus needs `iterations` (the outer optimizer's counter)")
@@ -189,10 +190,8 @@ def maml_plus_plus(model, loss_fn, inner_lr=0.01, inner_steps=5, multi_step_iter
     lslr = {name: tf.Variable(tf.fill([inner_steps], tf.cast(inner_lr, dtype)),
                               name=f"lslr/{name}") for name in layers}
     # per-step copies of the float non-trainable state (BatchNorm moving mean and variance)
-    tracked = [i for i, v in enumerate(model.non_trainable_variables)
-               if tf.as_dtype(v.dtype).is_floating]
-    if not per_step_bn_statistics:
-        tracked = []
+    tracked = [] if transductive else [i for i, v in enumerate(model.non_trainable_variables)
+                                       if tf.as_dtype(v.dtype).is_floating]
     step_stats = [[tf.Variable(model.non_trainable_variables[i], trainable=False,
                                synchronization=tf.VariableSynchronization.ON_READ,
                                aggregation=tf.VariableAggregation.MEAN,
@@ -261,8 +260,8 @@ def maml_plus_plus(model, loss_fn, inner_lr=0.01, inner_steps=5, multi_step_iter
                                       state=state_at(min(steps, inner_steps)))[0]
 
     if not transductive and not tracked:
-        raise ValueError("maml_plus_plus.transductive = False needs per-step BatchNorm "
-                         "statistics (per_step_bn_statistics = True and a model with BatchNorm)")
+        raise ValueError("maml_plus_plus.transductive = False needs a model with BatchNorm "
+                         "(its per-step statistics are what predictions use)")
     predict = None if transductive else predict_non_transductive
     return Algorithm(meta_loss, adapt_eval, list(lslr.values()), predict,
                      [v for step_vars in step_stats for v in step_vars])

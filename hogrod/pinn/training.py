@@ -75,9 +75,13 @@ def lbfgs(loss_fn, variables, max_iterations=10000, tolerance=1e-12, history_siz
         replica_value_and_grad = tf.function(replica_value_and_grad, jit_compile=True)
 
     @tf.function
-    def value_and_grad(flat):
+    def assign(flat):
         for v, part, s in zip(variables, tf.split(flat, sizes), shapes):
             v.assign(tf.cast(tf.reshape(part, s), v.dtype))
+
+    @tf.function
+    def value_and_grad(flat):
+        assign(flat)
         if strategy is None:
             value, grads = replica_value_and_grad(batch)
         else:
@@ -87,11 +91,6 @@ def lbfgs(loss_fn, variables, max_iterations=10000, tolerance=1e-12, history_siz
                 (value, grads))
         return (tf.cast(value, tf.float64),
                 tf.concat([tf.reshape(tf.cast(g, tf.float64), [-1]) for g in grads], 0))
-
-    @tf.function
-    def assign(flat):
-        for v, part, s in zip(variables, tf.split(flat, sizes), shapes):
-            v.assign(tf.cast(tf.reshape(part, s), v.dtype))
 
     start, calls, iterations, outside = time.perf_counter(), [0], [0], [0.0]
 
