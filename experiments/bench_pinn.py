@@ -7,12 +7,15 @@ same run on the same weights and points, interleaved:
   (`jit_compile=True`, what `make_train_step.jit_compile` does to a PINN step);
 - DeepXDE's TensorFlow backend: `dde.grad.jacobian` / `dde.grad.hessian` (its own
   derivative code) in a `tf.function` (the `bench` extra; DDE_BACKEND=tensorflow);
-- JAX: `vmap` of nested `jax.grad` per point, `jit` (the `bench` extra).
+- JAX: `vmap` of nested `jax.grad` per point, `jit` (the `bench` extra);
+- two forward-mode candidates, measured to choose the operators' mode: TF's nested
+  `ForwardAccumulator`s, and a hand-written Taylor-mode jet that pushes (u, u_x, u_t, u_xx)
+  through the Dense layers together (the "forward Laplacian" idea).
 
     python -m experiments.bench_pinn --gin_file=configs/bench/pinn.gin
 
-Reported: evaluations/s and hogrod's ratio over each. (The time-to-accuracy comparison with
-DeepXDE's Burgers example is not part of this binary yet.)
+Reported: evaluations/s, each gradient's error against hogrod's, and hogrod's ratio over each.
+The time to 1e-2 and 1e-3 against DeepXDE's Burgers example is `bench_pinn_convergence`.
 """
 
 import math
@@ -68,6 +71,35 @@ def forward_mode_candidate(net, x):
             with tf.autodiff.ForwardAccumulator(x, e_t) as acc_t:
                 u_t = acc_t.jvp(net(x))
             loss = tf.reduce_mean(tf.square(u_t + u * u_x - nu * u_xx))
+        return tape.gradient(loss, net.trainable_variables)
+    return lambda: [g.numpy() for g in run()]
+
+
+def taylor_mode_candidate(net, x):
+    """Forward Taylor propagation through the Dense chain: every layer maps the value h and
+    its partials (h_x, h_t, h_xx) to the next layer's, z_* = h_* W, then for a = tanh(z):
+    a_x = s1 z_x, a_t = s1 z_t, a_xx = s2 z_x^2 + s1 z_xx (s1, s2: tanh's first and second
+    derivatives at z). One forward pass of four channels replaces the nested backward
+    passes; the parameter gradient is one reverse pass over it."""
+    @tf.function
+    def run():
+        with tf.GradientTape() as tape:
+            h, hx, ht, hxx = x, None, None, None
+            for layer in net.layers:
+                w = layer.kernel
+                z = tf.matmul(h, w) + layer.bias
+                zx = w[0:1] if hx is None else tf.matmul(hx, w)  # the input's own partials
+                zt = w[1:2] if ht is None else tf.matmul(ht, w)
+                zxx = None if hxx is None else tf.matmul(hxx, w)
+                if layer.activation is keras.activations.linear:
+                    h, hx, ht, hxx = z, zx, zt, zxx
+                    continue
+                h = tf.tanh(z)
+                s1 = 1.0 - h * h
+                s2 = -2.0 * h * s1
+                hx, ht = s1 * zx, s1 * zt
+                hxx = s2 * zx * zx + (0.0 if zxx is None else s1 * zxx)
+            loss = tf.reduce_mean(tf.square(ht + h * hx - NU * hxx))
         return tape.gradient(loss, net.trainable_variables)
     return lambda: [g.numpy() for g in run()]
 
@@ -130,7 +162,8 @@ def bench_pinn(output_dir, points=10000, width=20, depth=8, rounds=10, calls_per
     x = tf.constant(pinn.sample(pinn.Box((-1.0, 0.0), (1.0, 1.0)), points, "sobol", 0))
     candidates = {"hogrod": hogrod_candidate(net, x),
                   "hogrod_xla": hogrod_candidate(net, x, jit_compile=True),
-                  "tf_forward_mode": forward_mode_candidate(net, x)}
+                  "tf_forward_mode": forward_mode_candidate(net, x),
+                  "taylor_mode": taylor_mode_candidate(net, x)}
     for name, make in (("deepxde_tf", deepxde_candidate), ("jax", jax_candidate)):
         c = make(net, x)
         if c is not None:
@@ -145,10 +178,11 @@ def bench_pinn(output_dir, points=10000, width=20, depth=8, rounds=10, calls_per
     rates = interleaved_rates(candidates, rounds, calls_per_round, warmup)
     m.update({f"evals_per_s_{k}": v for k, v in rates.items()})
     for k in rates:
-        if not k.startswith("hogrod") and k != "tf_forward_mode":
+        if k in ("deepxde_tf", "jax"):
             m[f"ratio_hogrod_over_{k}"] = rates["hogrod"] / rates[k]
             m[f"ratio_hogrod_xla_over_{k}"] = rates["hogrod_xla"] / rates[k]
-    m["ratio_hogrod_over_tf_forward_mode"] = rates["hogrod"] / rates["tf_forward_mode"]
+    for k in ("tf_forward_mode", "taylor_mode"):
+        m[f"ratio_hogrod_over_{k}"] = rates["hogrod"] / rates[k]
     for k, v in sorted(m.items()):
         print(f"{k:35s} {v:.4g}")
     return dict(m, points=points, width=width, depth=depth)

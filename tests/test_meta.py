@@ -151,23 +151,48 @@ def test_meta_sgd_uses_and_learns_per_parameter_rates():
     np.testing.assert_allclose(g_rate[idx], (vals[0] - vals[1]) / (2 * eps), rtol=1e-5)
 
 
-def test_imaml_implicit_gradient_equals_the_exact_one_on_a_quadratic_inner_problem():
-    rng = np.random.default_rng(3)
-    d, lam = 3, 2.0
+def imaml_quadratic(scale, lam=2.0, seed=3):
+    """A linear-regression task (support inputs scaled per coordinate by `scale`), its
+    exact iMAML meta-gradient (closed form), and the task as a meta-batch of one."""
+    rng = np.random.default_rng(seed)
+    d = len(scale)
     model = linear_model(d)
-    xs, xq = rng.normal(size=(12, d)), rng.normal(size=(9, d))
+    xs, xq = rng.normal(size=(12, d)) * scale, rng.normal(size=(9, d))
     ys, yq = xs @ [[1.0], [-2.0], [0.5]], xq @ [[0.3], [1.0], [-1.0]]
     theta = model.trainable_variables[0].numpy()
     A = 2 * xs.T @ xs / 12  # Hessian of the support MSE
     phi = np.linalg.solve(A + lam * np.eye(d), 2 * xs.T @ ys / 12 + lam * theta)
     grad_q = 2 * xq.T @ (xq @ phi - yq) / 9
     exact = np.linalg.solve(np.eye(d) + A / lam, grad_q)
-    algo = meta.imaml(model, mse, inner_lr=0.1, inner_steps=400, lam=lam, cg_steps=d)
-    tasks = tuple(tf.constant(t[None]) for t in (xs, ys, xq, yq))
+    return model, exact, tuple(tf.constant(t[None]) for t in (xs, ys, xq, yq)), A
+
+
+def imaml_meta_grad(algo, model, tasks):
     with tf.GradientTape() as tape:
         loss = algo.meta_loss(tasks)["implicit"]
-    got = tape.gradient(loss, model.trainable_variables)[0].numpy()
-    np.testing.assert_allclose(got, exact, rtol=1e-6, atol=1e-9)
+    return tape.gradient(loss, model.trainable_variables)[0].numpy()
+
+
+def test_imaml_implicit_gradient_equals_the_exact_one_on_a_quadratic_inner_problem():
+    model, exact, tasks, _ = imaml_quadratic([1.0, 1.0, 1.0])
+    algo = meta.imaml(model, mse, inner_lr=0.1, inner_steps=80, lam=2.0, cg_steps=3)
+    np.testing.assert_allclose(imaml_meta_grad(algo, model, tasks), exact, rtol=1e-6, atol=1e-9)
+
+
+def test_imaml_curvature_probes_keep_the_inner_solve_stable_on_a_sharp_task():
+    model, exact, tasks, A = imaml_quadratic([5.0, 10.0, 14.0])
+    assert 0.1 * (np.linalg.eigvalsh(A).max() + 2.0) > 2  # rate 0.1 is past the stability limit
+    unsafe = meta.imaml(model, mse, inner_lr=0.1, inner_steps=80, lam=2.0, cg_steps=3)
+    got = imaml_meta_grad(unsafe, model, tasks)
+    assert not np.all(np.isfinite(got)) or not np.allclose(got, exact, rtol=1e-2)
+    safe = meta.imaml(model, mse, inner_lr=0.1, inner_steps=80, lam=2.0, cg_steps=3,
+                      curvature_probes=20)
+    np.testing.assert_allclose(imaml_meta_grad(safe, model, tasks), exact, rtol=1e-6, atol=1e-9)
+    # where inner_lr is already stable, the probes leave the rate (and the result) alone
+    model, exact, tasks, _ = imaml_quadratic([1.0, 1.0, 1.0])
+    safe = meta.imaml(model, mse, inner_lr=0.1, inner_steps=80, lam=2.0, cg_steps=3,
+                      curvature_probes=20)
+    np.testing.assert_allclose(imaml_meta_grad(safe, model, tasks), exact, rtol=1e-6, atol=1e-9)
 
 
 def test_every_algorithm_trains_one_compiled_step():

@@ -134,6 +134,12 @@ def test_bad_input_is_named():
         pinn.partials(u, tf.zeros([3]), [(0,)])
     with pytest.raises(ValueError, match="residual must have shape"):
         pinn.residual(pinn.PDE([(0,)], lambda x, d: tf.reshape(d[(0,)], [-1])), u, pts(3))
+    prob = pinn.heat_problem()
+    conds = [fn(4, 0) for _, fn, _ in prob.conditions]
+    with pytest.raises(ValueError, match=r"collocation points must have shape \[n, 2\] .* 'heat'"):
+        pinn.pinn_loss(prob, u, np.zeros((5, 3), np.float32), conds)
+    with pytest.raises(ValueError, match=r"'initial' condition's points .* got \(4, 1\)"):
+        pinn.pinn_loss(prob, u, np.zeros((5, 2), np.float32), [conds[0][:, :1], conds[1]])
     with pytest.raises(ValueError, match="sampling method"):
         pinn.sample(pinn.Box((0,), (1,)), 3, "grid")
     with pytest.raises(ValueError, match="low < high"):
@@ -204,6 +210,8 @@ def test_bench_binary_checks_agreement_and_runs(tmp_path):
                         "bench_pinn.calls_per_round = 1", "bench_pinn.warmup = 1"], str(tmp_path))
     assert m["evals_per_s_hogrod"] > 0 and m["evals_per_s_hogrod_xla"] > 0
     assert m["grad_rel_err_hogrod_xla"] < 1e-4  # XLA computes the same gradient
+    # the hand-written Taylor-mode jet is an independent derivation of the same gradient
+    assert m["grad_rel_err_taylor_mode"] < 1e-4 and m["evals_per_s_taylor_mode"] > 0
 
 
 def test_convergence_benchmark_records_error_curves(tmp_path):

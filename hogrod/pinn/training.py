@@ -37,6 +37,12 @@ def pinn_loss(problem, u_fn, points, condition_points, weights=None, extra_terms
     points = tf.convert_to_tensor(points)
     condition_points = [tf.convert_to_tensor(x) for x in condition_points]
     names = [name for name, _, _ in problem.conditions]
+    dim = problem.domain.dim
+    for what, x in [("collocation points", points)] + [
+            (f"the {name!r} condition's points", x) for name, x in zip(names, condition_points)]:
+        if x.shape.rank != 2 or x.shape[-1] != dim:
+            raise ValueError(f"{what} must have shape [n, {dim}] for the {dim}-D domain of "
+                             f"problem {problem.name!r}, got {x.shape}")
     weights = dict(weights or {})
     unknown = set(weights) - {"residual"} - set(names) - set(extra_terms or {})
     if unknown:
