@@ -117,7 +117,7 @@ def plot_curves(path, history, accuracy):
     fig, ax = plt.subplots(figsize=(6, 4))
     steps = [h["step"] for h in history]
     for s in sorted({int(k.split("_")[-1]) for k in history[0] if k.startswith(f"{key}_after_")
-                     and not k.endswith("ci95")}):
+                     and k.split("_")[-1].isdigit()}):
         ax.plot(steps, [h[f"{key}_after_{s}"] for h in history], label=f"after {s} step(s)")
     ax.set_xlabel("meta-iteration")
     ax.set_ylabel(f"held-out query {key}")
@@ -171,7 +171,7 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
         history.append(dict(result, step=i))
         json.dump(history, open(history_path, "w"))
         logging.info("eval at %d: %s", i, {k: round(v, 4) for k, v in result.items()
-                                           if not k.endswith("ci95")})
+                                           if k.split("_")[-1].isdigit()})
         return result
 
     def callback(i, logs):

@@ -231,6 +231,21 @@ def test_batchnorm_model_adapts_without_mutating_the_model():
     assert adapted["loss_after_3"] < adapted["loss_after_0"]
 
 
+def test_evaluation_counts_diverged_tasks_and_reports_the_median():
+    # MSE curvature 2 mean(x^2): 2 and 8 converge at rate 0.01, 1,800 diverges (|1 - 18| > 1)
+    model = linear_model(1, dtype="float32")
+    model.trainable_variables[0].assign([[0.0]])
+    x = tf.constant([[[1.0]] * 4, [[2.0]] * 4, [[30.0]] * 4])
+    y = 3.0 * x
+    algo = meta.maml(model, mse, inner_lr=0.01)
+    ev = meta.evaluate(algo, model, mse, (x, y, x, y), steps=(0, 40))
+    assert ev["loss_after_0_nonfinite"] == 0 and np.isfinite(ev["loss_after_0"])
+    assert ev["loss_after_40_nonfinite"] == 1 and not np.isfinite(ev["loss_after_40"])
+    # losses 9 (0.98^2)^40 (task 1, the median), 36 (0.92^2)^40 (task 2), inf (task 3)
+    expect = 9.0 * (1 - 0.01 * 2.0) ** 80
+    np.testing.assert_allclose(ev["loss_after_40_median"], expect, rtol=1e-3)
+
+
 def test_short_sinusoid_run_adapts_well_below_the_unadapted_loss(tmp_path):
     from experiments import maml as exp
     from hogrod import harness

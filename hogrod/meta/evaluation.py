@@ -25,7 +25,9 @@ def evaluate(algorithm, model, loss_fn, tasks, steps=(0, 1, 10), accuracy=False,
         faster for conv nets, whose filter gradient pfor runs as a while loop.
 
     Returns:
-      {"loss_after_{s}": mean, "loss_after_{s}_ci95": half-width, ...} as floats.
+      {"loss_after_{s}": mean, "loss_after_{s}_ci95": half-width, "loss_after_{s}_median",
+      "loss_after_{s}_nonfinite": how many tasks gave inf or NaN, ...} as floats. One task
+      that diverges makes the mean inf; the median and the count say how many did.
     """
     def per_task(task, s):
         xs, ys, xq, yq = task
@@ -53,4 +55,8 @@ def evaluate(algorithm, model, loss_fn, tasks, steps=(0, 1, 10), accuracy=False,
             results[f"{name}_after_{s}"] = float(v.mean())
             results[f"{name}_after_{s}_ci95"] = (
                 float(1.96 * v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else float("nan"))
+            # a diverged task (inf or NaN) ranks above every finite loss
+            results[f"{name}_after_{s}_median"] = float(
+                np.median(np.where(np.isfinite(v), v, np.inf)))
+            results[f"{name}_after_{s}_nonfinite"] = float(np.sum(~np.isfinite(v)))
     return results
