@@ -16,6 +16,14 @@ same run on the same weights and points, interleaved:
 
 Reported: evaluations/s, each gradient's error against hogrod's, and hogrod's ratio over each.
 The time to 1e-2 and 1e-3 against DeepXDE's Burgers example is `bench_pinn_convergence`.
+
+The matmul floor says how far any TensorFlow evaluation could go. Per hidden-to-hidden
+layer an evaluation needs 12 [points, width] x [width, width] products in either mode: 4
+to carry u, its first partials and u_xx forward (one forward and one backward pass, and
+two more for the second derivative; or the jet's four channels), and 2 for each of those
+in the reverse pass for the weights (weights and inputs). The binary times 12 x (depth -
+1) such products alone (`timing.matmul_floor`) and reports each candidate's time over
+that floor: the highest ratio over it a step doing nothing but those products would reach.
 """
 
 import math
@@ -28,7 +36,7 @@ import tensorflow as tf
 from absl import logging
 
 import hogrod
-from experiments.timing import interleaved_rates
+from experiments.timing import interleaved_rates, matmul_floor
 from hogrod import harness, pinn
 
 NU = 0.01 / math.pi
@@ -175,7 +183,10 @@ def bench_pinn(output_dir, points=10000, width=20, depth=8, rounds=10, calls_per
         err = m[f"grad_rel_err_{name}"] = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
         if err > 1e-3 and name != "tf_forward_mode":  # that one is measured, not trusted
             raise AssertionError(f"{name}'s gradient disagrees with hogrod's: rel err {err:.2e}")
-    rates = interleaved_rates(candidates, rounds, calls_per_round, warmup)
+    products, floor_of = matmul_floor(points, width, 12 * (depth - 1))
+    rates = interleaved_rates(dict(candidates, **products), rounds, calls_per_round, warmup)
+    floor = floor_of(rates)
+    rates = {k: rates[k] for k in candidates}
     m.update({f"evals_per_s_{k}": v for k, v in rates.items()})
     for k in rates:
         if k in ("deepxde_tf", "jax"):
@@ -183,6 +194,9 @@ def bench_pinn(output_dir, points=10000, width=20, depth=8, rounds=10, calls_per
             m[f"ratio_hogrod_xla_over_{k}"] = rates["hogrod_xla"] / rates[k]
     for k in ("tf_forward_mode", "taylor_mode"):
         m[f"ratio_hogrod_over_{k}"] = rates["hogrod"] / rates[k]
+    m["matmul_floor_ms"] = 1e3 * floor
+    for k in rates:
+        m[f"floor_ratio_over_{k}"] = 1.0 / (floor * rates[k])
     for k, v in sorted(m.items()):
         print(f"{k:35s} {v:.4g}")
     return dict(m, points=points, width=width, depth=depth)

@@ -9,6 +9,16 @@ create_graph=True)` (the `bench` extra). Interleaved rounds, medians:
     python -m experiments.bench_wgan_gp --gin_file=configs/bench/wgan_gp.gin
 
 Targets: >= 5x the eager step, >= 1.5x PyTorch.
+
+The matmul floor says how far any TensorFlow step could go. Per hidden-to-hidden layer a
+critic step needs 11 [batch, width] x [width, width] products, however it is written:
+the generator's forward (1), the critic's forwards on real, fake and interpolates (3), the
+inner backward to the interpolates (1), the outer backward through the real and fake
+forwards (weights and inputs: 4) and through the inner backward (2); ReLU's second
+derivative is zero, so nothing flows back through the interpolates' forward. The binary
+times 11 x (depth - 1) such products alone (`timing.matmul_floor`) and reports each
+baseline's time over that floor: the highest ratio a step doing nothing but those
+products would reach on this machine.
 """
 
 import gin
@@ -16,7 +26,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from experiments.timing import interleaved_rates
+from experiments.timing import interleaved_rates, matmul_floor
 from hogrod import gan, harness
 
 
@@ -105,11 +115,16 @@ def bench_wgan_gp(output_dir, width=512, depth=3, batch=256, lam=10.0, rounds=10
     t = torch_step(width, depth, batch, lam)
     if t is not None:
         runs["torch"] = t
-    rates = interleaved_rates(runs, rounds, steps_per_round, warmup)
-    m = {f"critic_steps_per_s_{k}": v for k, v in rates.items()}
+    products, floor_of = matmul_floor(batch, width, 11 * (depth - 1))
+    rates = interleaved_rates(dict(runs, **products), rounds, steps_per_round, warmup)
+    floor = floor_of(rates)
+    m = {f"critic_steps_per_s_{k}": rates[k] for k in runs}
     m["ratio_over_eager"] = m["critic_steps_per_s_hogrod_compiled"] / m["critic_steps_per_s_tf_eager"]
     if "torch" in runs:
         m["ratio_over_torch"] = m["critic_steps_per_s_hogrod_compiled"] / m["critic_steps_per_s_torch"]
+    m["matmul_floor_ms"] = 1e3 * floor
+    for k in runs:  # over hogrod_compiled: how far the compiled step is from the floor
+        m[f"floor_ratio_over_{k}"] = 1.0 / (floor * m[f"critic_steps_per_s_{k}"])
     for k, v in sorted(m.items()):
         print(f"{k:40s} {v:.4g}")
     return dict(m, width=width, depth=depth, batch=batch)

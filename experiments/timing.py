@@ -8,8 +8,9 @@ report (never absolute targets).
 import time
 
 import numpy as np
+import tensorflow as tf
 
-__all__ = ["interleaved_rates"]
+__all__ = ["interleaved_rates", "matmul_floor"]
 
 
 def interleaved_rates(candidates, rounds, calls_per_round=1, warmup=5):
@@ -25,3 +26,36 @@ def interleaved_rates(candidates, rounds, calls_per_round=1, warmup=5):
                 fn()
             rates[name].append(calls_per_round / (time.perf_counter() - t0))
     return {name: float(np.median(r)) for name, r in rates.items()}
+
+
+def matmul_floor(rows, width, count):
+    """Candidates for `interleaved_rates` doing `count` float32 [rows, width] x [width,
+    width] products and nothing else, and a function of the rates giving the floor.
+
+    A step whose work is those products cannot run faster than them on this machine with
+    TensorFlow's kernels. They run in one `tf.function` both chained (one after another,
+    each using every intra-op thread) and independent (TensorFlow may run them
+    concurrently); the faster arrangement is the floor. Timed in the same interleaved
+    rounds as the step, a baseline's time over the floor is the best ratio over that
+    baseline that any TensorFlow step doing those products can reach here.
+
+    Returns ({name: callable}, floor_seconds(rates)).
+    """
+    x = tf.random.stateless_normal([rows, width], [count, 1])
+    scale = width ** -0.5  # keeps a chain of products O(1): no overflow, no denormals
+    ws = [scale * tf.random.stateless_normal([width, width], [i, 0]) for i in range(count)]
+
+    @tf.function
+    def chained():
+        h = x
+        for w in ws:  # distinct weights: nothing for grappler to merge
+            h = tf.matmul(h, w)
+        return h
+
+    @tf.function
+    def independent():
+        return [tf.matmul(x, w) for w in ws]
+
+    candidates = {"floor_chained": lambda: chained().numpy(),
+                  "floor_independent": lambda: independent()[0].numpy()}
+    return candidates, lambda rates: 1.0 / max(rates[k] for k in candidates)

@@ -170,3 +170,5 @@ def test_bench_binary_runs(tmp_path):
                         "bench_wgan_gp.rounds = 1", "bench_wgan_gp.steps_per_round = 2",
                         "bench_wgan_gp.warmup = 1"], str(tmp_path))
     assert m["ratio_over_eager"] > 0
+    # the floor is the step's products alone: the whole step takes longer
+    assert m["matmul_floor_ms"] > 0 and m["floor_ratio_over_hogrod_compiled"] > 1

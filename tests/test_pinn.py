@@ -212,6 +212,8 @@ def test_bench_binary_checks_agreement_and_runs(tmp_path):
     assert m["grad_rel_err_hogrod_xla"] < 1e-4  # XLA computes the same gradient
     # the hand-written Taylor-mode jet is an independent derivation of the same gradient
     assert m["grad_rel_err_taylor_mode"] < 1e-4 and m["evals_per_s_taylor_mode"] > 0
+    # the floor is the evaluation's products alone: the whole evaluation takes longer
+    assert m["matmul_floor_ms"] > 0 and m["floor_ratio_over_hogrod"] > 1
 
 
 def test_convergence_benchmark_records_error_curves(tmp_path):
