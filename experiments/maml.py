@@ -4,7 +4,7 @@ The algorithm, the data and the model are gin references; a config file is a few
 
     python -m experiments.maml --gin_file=configs/maml/sinusoid_maml.gin
     python -m experiments.maml --gin_file=configs/maml/omniglot_5way_1shot.gin \
-        --gin_param="maml_experiment.data_dir='../shared/data/omniglot'"
+        --gin_param="episode_data.data_dir='../shared/data/omniglot'"
 
 Outputs: metrics.json (query loss/accuracy after 0, 1, 10 steps on held-out tasks, with
 95% intervals), TensorBoard events, checkpoints (a re-run with the same --output_dir
@@ -13,7 +13,6 @@ and the model before and after 1 and 10 adaptation steps, or accuracy curves for
 """
 
 import inspect
-import json
 import os
 
 import gin
@@ -163,13 +162,11 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
     ckpt = train.Checkpointer(output_dir, model=net, optimizer=optimizer, data=iterator,
                               **{f"algo_var_{i}": v for i, v in enumerate(algo.variables)},
                               **{f"algo_state_{i}": v for i, v in enumerate(algo.state)})
-    history_path = os.path.join(output_dir, "eval_history.json")
-    history = json.load(open(history_path)) if os.path.exists(history_path) else []
+    history = harness.read_history(output_dir, ckpt.latest_step())
 
     def evaluate_now(i):
         result = meta.evaluate(algo, net, loss_fn, eval_tasks, eval_steps, classification)
-        history.append(dict(result, step=i))
-        json.dump(history, open(history_path, "w"))
+        harness.record_eval(output_dir, history, dict(result, step=i))
         logging.info("eval at %d: %s", i, {k: round(v, 4) for k, v in result.items()
                                            if k.split("_")[-1].isdigit()})
         return result
@@ -181,7 +178,10 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
     logs = train.train_loop(step, iterator, meta_iterations, ckpt, output_dir,
                             checkpoint_every=checkpoint_every, log_every=1000,
                             callback=callback, time_limit_s=time_limit_s)
-    result = evaluate_now(int(ckpt.step))
+    if history and history[-1]["step"] == int(ckpt.step):  # a finished run, run again
+        result = {k: v for k, v in history[-1].items() if k != "step"}
+    else:
+        result = evaluate_now(int(ckpt.step))
     if classification:
         plot_curves(os.path.join(output_dir, "accuracy.png"), history, True)
     else:

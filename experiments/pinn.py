@@ -62,7 +62,7 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
                     lbfgs_iterations=10000, weights=None, inverse_initial=None,
                     n_observations=2000, weighting="fixed", annealing_every=100,
                     dtype="float32", error_every=None, thresholds=(1e-2, 1e-3),
-                    jit_compile=False, seed=0):
+                    jit_compile=False, checkpoint_every=500, seed=0):
     """Args:
       problem: a problem factory (`@burgers_problem`, ...).
       width, depth: the tanh MLP (Raissi: 9 layers of 20 = depth 8 hidden + output).
@@ -76,6 +76,10 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
         iterations (metrics `error_history`: [training seconds, phase, step, error], the
         evaluation time not counted) and the training seconds to reach each of
         `thresholds` (`seconds_to_<threshold>`; None if not reached). None: no curve.
+      checkpoint_every: Adam steps between checkpoints; L-BFGS's result is checkpointed
+        when it ends. A re-run with the same output dir resumes Adam where it stopped, or
+        restarts L-BFGS from the Adam weights, or, for a finished run, only re-evaluates
+        (the timings of the first run stay in metrics.json).
     """
     keras.utils.set_random_seed(seed)
     strategy = distribute.make_strategy()
@@ -131,8 +135,9 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
                                  jit_compile=jit_compile)
     # the collocation and condition points, split over the replicas (the same every step)
     batch = distribute.shard(strategy, (points, cond_points))
-    ckpt = train.Checkpointer(output_dir, model=net, optimizer=opt, **tracked,
-                              **({"log_viscosity": log_nu} if nu is not None else {}))
+    lbfgs_done = tf.Variable(-1, dtype=tf.int64, trainable=False)  # its iterations, once run
+    ckpt = train.Checkpointer(output_dir, model=net, optimizer=opt, lbfgs_done=lbfgs_done,
+                              **tracked, **({"log_viscosity": log_nu} if nu is not None else {}))
 
     def adam_callback(i, logs):
         if callback is not None:
@@ -142,31 +147,38 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
     t0 = time.perf_counter()
     clock["start"] = t0
     logs = train.train_loop(step, itertools.repeat(batch), adam_steps, ckpt, output_dir,
-                            checkpoint_every=max(adam_steps, 1), log_every=500,
+                            checkpoint_every=checkpoint_every, log_every=500,
                             callback=adam_callback)
-    adam_seconds = time.perf_counter() - t0 - clock["outside"]
-    t_eval = time.perf_counter()
-    err_adam, _ = training.relative_l2(prob, u, tf_dtype)
-    clock["outside"] += time.perf_counter() - t_eval
-    lbfgs_loss, lbfgs_iters, lbfgs_seconds = (
-        training.lbfgs(loss_fn, variables, lbfgs_iterations, strategy=strategy, batch=batch,
-                       callback_every=error_every or 500, jit_compile=jit_compile,
-                       callback=(lambda i: record("lbfgs", i)) if error_every else None)
-        if lbfgs_iterations else (None, 0, 0.0))
-    if error_every:
-        record("end", lbfgs_iters)
+    metrics = {}  # what this run measured; a finished run re-run keeps the first's timings
+    if int(lbfgs_done) < 0:
+        if logs:
+            metrics.update(adam_seconds=time.perf_counter() - t0 - clock["outside"],
+                           adam_final_loss=logs["loss"])
+        t_eval = time.perf_counter()
+        metrics["relative_l2_after_adam"], _ = training.relative_l2(prob, u, tf_dtype)
+        clock["outside"] += time.perf_counter() - t_eval
+        lbfgs_loss, lbfgs_iters, lbfgs_seconds = (
+            training.lbfgs(loss_fn, variables, lbfgs_iterations, strategy=strategy, batch=batch,
+                           callback_every=error_every or 500, jit_compile=jit_compile,
+                           callback=(lambda i: record("lbfgs", i)) if error_every else None)
+            if lbfgs_iterations else (None, 0, 0.0))
+        if error_every:
+            record("end", lbfgs_iters)
+        lbfgs_done.assign(lbfgs_iters)
+        ckpt.step.assign(adam_steps + lbfgs_iters)
+        ckpt.save()
+        metrics.update(lbfgs_seconds=lbfgs_seconds, lbfgs_iterations=lbfgs_iters,
+                       lbfgs_final_loss=lbfgs_loss)
+        if "adam_seconds" in metrics:
+            metrics["total_seconds"] = metrics["adam_seconds"] + lbfgs_seconds
     err, pair = training.relative_l2(prob, u, tf_dtype)
     terms = {k: float(v) for k, v in loss_fn().items()}
     pred = pair[0] if pair else np.concatenate(
         [u(tf.constant(prob.grid[i:i + 8192], tf_dtype)).numpy()
          for i in range(0, len(prob.grid), 8192)])
     plot(os.path.join(output_dir, "solution.png"), prob, pred, pair[1] if pair else None)
-    metrics = {"problem": prob.name, "relative_l2": err, "relative_l2_after_adam": err_adam,
-               "adam_seconds": adam_seconds, "lbfgs_seconds": lbfgs_seconds,
-               "lbfgs_iterations": lbfgs_iters, "lbfgs_final_loss": lbfgs_loss,
-               "total_seconds": adam_seconds + lbfgs_seconds,
-               "adam_final_loss": logs.get("loss"), **{f"term_{k}": v for k, v in terms.items()}}
-    if error_every:
+    metrics.update(problem=prob.name, relative_l2=err, **{f"term_{k}": v for k, v in terms.items()})
+    if history:
         metrics["error_history"] = history
         for threshold in thresholds:
             metrics[f"seconds_to_{threshold:g}"] = next(

@@ -10,7 +10,6 @@ generated samples over the critic's contours. TensorBoard events and checkpoints
 re-run with the same --output_dir resumes) as every hogrod run.
 """
 
-import json
 import os
 import time
 
@@ -94,8 +93,7 @@ def wgan_gp_experiment(output_dir, dataset="eight_gaussians", generator_steps=20
                               critic_optimizer=opt_c, generator_optimizer=opt_g, data=data,
                               **extra)
     real = gan.sample_toy(dataset, eval_samples, tf.constant([seed + 10**6, 0], tf.int64)).numpy()
-    history_path = os.path.join(output_dir, "eval_history.json")
-    history = json.load(open(history_path)) if os.path.exists(history_path) else []
+    history = harness.read_history(output_dir, ckpt.latest_step())
     start = time.perf_counter()
 
     def evaluate(i, logs=None):
@@ -107,9 +105,8 @@ def wgan_gp_experiment(output_dir, dataset="eight_gaussians", generator_steps=20
         result = {"step": i, "seconds": time.perf_counter() - start}
         if gan.modes(dataset) is not None:
             result.update(gan.mode_metrics(fake, dataset))
-        history.append(result)
-        json.dump(history, open(history_path, "w"))
-        logging.info("eval at %d: %s", i, result)
+        harness.record_eval(output_dir, history, result)
+        logging.info("eval at %d: %s", i, {k: round(float(v), 4) for k, v in result.items()})
         plot(os.path.join(output_dir, f"samples_{i:06d}.png"), real, fake, critic,
              f"{dataset}, generator step {i}")
 

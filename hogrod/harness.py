@@ -8,23 +8,34 @@ Its binary ends with
 
 and is launched as
 
-    python -m experiments.NAME --gin_file=configs/NAME/x.gin \
-        --gin_param='NAME.steps = 10' --output_dir=runs/x
+    python -m experiments.NAME --gin_file=configs/FAMILY/x.gin \
+        --gin_param='FN.steps = 10' --output_dir=runs/x
 
-The harness parses every gin file and binding once (a bad one exits non-zero
-with gin's message, which names the configurable or parameter and the file and
-line), creates the output directory, runs `fn`, writes the dict it returns to
-`<output_dir>/metrics.json` and the operative config (every binding that was
-actually used, defaults included) to `<output_dir>/operative_config.gin`.
-Gin files may `include` each other by paths relative to the repository root.
+where FN is the experiment function's name (`maml_experiment` in experiments/maml.py),
+which is also its gin configurable. The harness parses every gin file and binding once
+(a bad one exits with code 2 and gin's message, which names the configurable or parameter
+and the file and line), creates the output directory, runs `fn`, writes the dict it
+returns to `<output_dir>/metrics.json` and the operative config (every binding that was
+actually used, defaults included) to `<output_dir>/operative_config.gin`. Gin files may
+`include` each other by paths relative to the repository root.
+
+Re-using an output directory resumes the run: the experiment restores its checkpoint,
+`read_history` gives the evaluations made up to that checkpoint (later ones are redone,
+so none is listed twice), and the new metrics update the old `metrics.json` (a value this
+run did not measure, such as the training time of a phase it skipped, is kept).
+
+A `ValueError` or `FileNotFoundError` raised by the run (bad input, named in its message)
+ends the binary with that message and code 2; `--verbosity=1` shows the traceback.
 """
 
 import datetime
 import json
+import numbers
 import os
 import sys
 
 import gin
+import tensorflow as tf
 from absl import app, flags, logging
 
 FLAGS = flags.FLAGS
@@ -66,8 +77,44 @@ def write_operative_config(output_dir):
 
 
 def write_metrics(output_dir, metrics):
-    with open(os.path.join(output_dir, "metrics.json"), "w") as f:
-        json.dump(metrics, f, indent=2, sort_keys=True, default=float)
+    """Write metrics.json, keeping the values of an earlier run in this directory that
+    these metrics do not replace."""
+    path = os.path.join(output_dir, "metrics.json")
+    old = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f)
+    with open(path, "w") as f:
+        json.dump(dict(old, **metrics), f, indent=2, sort_keys=True, default=float)
+
+
+def read_history(output_dir, upto_step):
+    """The evaluations earlier runs recorded in `<output_dir>/eval_history.json`, up to the
+    step this run resumes from (`Checkpointer.latest_step()`); [] for a new run."""
+    path = os.path.join(output_dir, "eval_history.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [h for h in json.load(f) if h["step"] <= upto_step]
+
+
+_EVAL_WRITERS = {}
+
+
+def record_eval(output_dir, history, result):
+    """Append `result` ({"step": ..., name: value}) to `history`, rewrite
+    eval_history.json, and write its scalar values to TensorBoard (`<output_dir>/eval`)."""
+    history.append(result)
+    with open(os.path.join(output_dir, "eval_history.json"), "w") as f:
+        json.dump(history, f, default=float)
+    path = os.path.join(output_dir, "eval")
+    if path not in _EVAL_WRITERS:
+        _EVAL_WRITERS[path] = tf.summary.create_file_writer(path)
+    with _EVAL_WRITERS[path].as_default():
+        for name, value in result.items():
+            if name != "step" and isinstance(value, numbers.Real):
+                tf.summary.scalar(name, value, step=int(result["step"]))
+    _EVAL_WRITERS[path].flush()
 
 
 def default_output_dir(fn):
@@ -105,6 +152,12 @@ def main(fn):
             output_dir, _ = run(fn, FLAGS.gin_file, FLAGS.gin_param, FLAGS.output_dir)
         except ConfigError as e:
             print(f"{fn.__name__}: {e}", file=sys.stderr)
+            sys.exit(2)
+        except (ValueError, FileNotFoundError) as e:  # bad input; the message names it
+            if FLAGS.verbosity >= 1:
+                raise
+            print(f"{fn.__name__}: error: {e}\n(run with --verbosity=1 for the traceback)",
+                  file=sys.stderr)
             sys.exit(2)
         print(f"{fn.__name__}: outputs in {os.path.abspath(output_dir)}")
 

@@ -43,25 +43,58 @@ def small_critic(seed=0):
                              keras.layers.Dense(1)])
 
 
-def test_r1_parameter_gradient_matches_finite_differences():
-    critic = small_critic()
-    real = tf.random.stateless_normal((5, 2), (1, 1))
+def half_squared_norm(x):
+    """D(x) = ||x||^2 / 2 (any callable is a critic): grad_x D = x, so the penalty at x_hat
+    is (||x_hat|| - 1)^2."""
+    return 0.5 * tf.reduce_sum(tf.square(x), axis=list(range(1, len(x.shape))))
+
+
+def test_gradient_penalty_is_taken_at_the_interpolates():
+    real = tf.random.stateless_normal((6, 3), (0, 3), dtype=tf.float64)
+    fake = tf.random.stateless_normal((6, 3), (0, 4), dtype=tf.float64)
+    e = tf.constant([0.0, 0.1, 0.5, 0.7, 0.9, 1.0], tf.float64)
+    x_hat = e[:, None] * real + (1 - e[:, None]) * fake
+    expect = np.mean((np.linalg.norm(x_hat, axis=1) - 1.0) ** 2)
+    np.testing.assert_allclose(gan.gradient_penalty(half_squared_norm, real, fake,
+                                                    interpolation=e), expect, rtol=1e-12)
+    one_sided = np.mean(np.maximum(np.linalg.norm(x_hat, axis=1) - 1.0, 0.0) ** 2)
+    np.testing.assert_allclose(gan.gradient_penalty(half_squared_norm, real, fake, one_sided=True,
+                                                    interpolation=e), one_sided, rtol=1e-12)
+
+
+def float64_critic(seed=0):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((2,), dtype="float64"),
+                             keras.layers.Dense(8, activation="tanh", dtype="float64"),
+                             keras.layers.Dense(1, dtype="float64")])
+
+
+@pytest.mark.parametrize("penalty", ["gp", "r1"])
+def test_penalty_parameter_gradients_match_float64_finite_differences(penalty):
+    critic = float64_critic()
+    real = tf.random.stateless_normal((5, 2), (1, 1), dtype=tf.float64)
+    fake = tf.random.stateless_normal((5, 2), (1, 2), dtype=tf.float64)
+    e = tf.random.stateless_uniform([5], (1, 3), dtype=tf.float64)
+    fn = {"gp": lambda: gan.gradient_penalty(critic, real, fake, interpolation=e),
+          "r1": lambda: gan.r1_penalty(critic, real)}[penalty]
     with tf.GradientTape() as tape:
-        p = gan.r1_penalty(critic, real)
+        p = fn()
+    assert p.dtype == tf.float64
     grads = tape.gradient(p, critic.trainable_variables)
-    kernel = critic.trainable_variables[0]
-    base = kernel.numpy().astype(np.float64)
-    eps = 1e-3
-    for idx in [(0, 0), (1, 3), (0, 7)]:
-        vals = []
-        for s in (eps, -eps):
-            k = base.copy()
-            k[idx] += s
-            kernel.assign(k.astype(np.float32))
-            vals.append(float(gan.r1_penalty(critic, real)))
-        kernel.assign(base.astype(np.float32))
-        np.testing.assert_allclose(grads[0].numpy()[idx], (vals[0] - vals[1]) / (2 * eps),
-                                   rtol=2e-2, atol=1e-4)
+    eps = 1e-6
+    for var, g in zip(critic.trainable_variables, grads):
+        base = var.numpy()
+        for idx in list(np.ndindex(base.shape))[:6]:
+            vals = []
+            for s in (eps, -eps):
+                k = base.copy()
+                k[idx] += s
+                var.assign(k)
+                vals.append(float(fn()))
+            var.assign(base)
+            # None: the penalty does not depend on it (the output bias): FD must agree
+            np.testing.assert_allclose(0.0 if g is None else g.numpy()[idx],
+                                       (vals[0] - vals[1]) / (2 * eps), rtol=1e-6, atol=1e-9)
 
 
 def test_zero_gradient_is_safe():
@@ -103,6 +136,16 @@ def test_bad_input_is_named():
         gan.r1_penalty(two_outputs, tf.zeros((4, 2)))
     with pytest.raises(ValueError, match="unknown toy data set"):
         gan.toy_batches("nine_gaussians")
+    # one score for the whole batch (a mean inside the critic) is not a per-example score
+    batch_mean = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1),
+                                   keras.layers.Lambda(lambda s: tf.reduce_mean(s))])
+    with pytest.raises(ValueError, match="one scalar per example"):
+        gan.r1_penalty(batch_mean, tf.zeros((4, 2)))
+    # sizes unknown when traced: the mismatch is named when the step runs
+    traced = tf.function(lambda r, f: gan.gradient_penalty(critic, r, f),
+                         input_signature=[tf.TensorSpec([None, 2])] * 2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="real and fake must have the same"):
+        traced(tf.zeros((4, 2)), tf.zeros((3, 2)))
 
 
 @pytest.mark.parametrize("name,expected_modes", [("eight_gaussians", 8),

@@ -95,3 +95,14 @@ def test_bench_maml_binary_runs(tmp_path):
                               "bench_maml.steps_per_round = 2", "bench_maml.warmup = 1"],
                              str(tmp_path))
     assert metrics["steps_per_s_hogrod"] > 0
+
+
+def test_binary_reports_a_bad_input_raised_during_the_run_without_a_traceback(tmp_path):
+    cmd = [sys.executable, "-m", "experiments.maml",
+           "--gin_file=configs/maml/omniglot_5way_1shot.gin", "--gin_param=episode_data.data_dir = None",
+           f"--output_dir={tmp_path}"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    bad = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert bad.returncode == 2
+    assert "episode_data.data_dir" in bad.stderr and "Traceback" not in bad.stderr

@@ -3,6 +3,7 @@ finite differences for an MLP, Reptile / Meta-SGD against their definitions, iMA
 the exact implicit gradient of a quadratic inner problem, episode invariants, BatchNorm
 purity, a short sinusoid run, strategy equivalence, bad input."""
 
+import json
 import os
 
 import keras
@@ -257,6 +258,16 @@ def test_short_sinusoid_run_adapts_well_below_the_unadapted_loss(tmp_path):
     assert metrics["loss_after_1"] < metrics["loss_after_0"]
     for name in ("adaptation.png", "metrics.json", "operative_config.gin", "loss.png"):
         assert (tmp_path / name).exists()
+    assert os.listdir(tmp_path / "eval")  # held-out losses in TensorBoard too
+    # the finished run, run again: nothing retrained or evaluated twice, nothing lost
+    _, again = harness.run(exp.maml_experiment, ["configs/maml/sinusoid_maml.gin"],
+                           ["maml_experiment.meta_iterations = 1500",
+                            "maml_experiment.eval_every = 1500",
+                            "sinusoid_data.eval_tasks = 100"], str(tmp_path))
+    assert again["loss_after_10"] == metrics["loss_after_10"]
+    assert [h["step"] for h in json.loads((tmp_path / "eval_history.json").read_text())] == [1500]
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    assert saved["final_train_loss"] == metrics["final_train_loss"]
 
 
 def synthetic_classes(num_classes=7, per_class=(5, 6, 7, 5, 9, 5, 6)):

@@ -3,9 +3,10 @@
 Each returns the unweighted expectation over the batch (trainers apply weights). The input
 gradient is taken with an inner tape, so an outer tape (the critic's update) differentiates
 through it: double backprop. The norm is over all non-batch axes (vectors or images) and
-is exact and safe at a zero gradient: value 0, finite gradients. Gradients are reduced in
-float32, so the penalties work under mixed precision; they use no Python state, so they
-run inside `tf.function` and `tf.distribute` replica functions.
+is exact and safe at a zero gradient: value 0, finite gradients. Half-precision gradients
+are reduced in float32, so the penalties work under mixed precision (float64 stays
+float64); they use no Python state, so they run inside `tf.function` and `tf.distribute`
+replica functions.
 """
 
 import tensorflow as tf
@@ -25,14 +26,18 @@ def _squared_input_gradient(critic, x):
     with tf.GradientTape() as tape:
         tape.watch(x)
         out = critic(x)
-        if out.shape.rank is not None and (out.shape.rank > 2 or
-                                           (out.shape.rank == 2 and out.shape[-1] != 1)):
-            raise ValueError(f"the critic must return one scalar per example (shape [batch] "
-                             f"or [batch, 1]), got shape {out.shape}")
+        rank = out.shape.rank
+        if rank is not None and (rank == 0 or rank > 2 or (rank == 2 and out.shape[-1] != 1)
+                                 or (out.shape[0] is not None and x.shape[0] is not None
+                                     and out.shape[0] != x.shape[0])):
+            raise ValueError(f"the critic must return one scalar per example (shape "
+                             f"[{x.shape[0]}] or [{x.shape[0]}, 1]), got shape {out.shape}")
         total = tf.reduce_sum(out)  # example i's score depends only on x_i
     grad = tape.gradient(total, x)
+    if grad.dtype in (tf.float16, tf.bfloat16):  # mixed precision: reduce in float32
+        grad = tf.cast(grad, tf.float32)
     axes = list(range(1, x.shape.rank))
-    return tf.reduce_sum(tf.square(tf.cast(grad, tf.float32)), axis=axes)
+    return tf.reduce_sum(tf.square(grad), axis=axes)
 
 
 def input_gradient_norm(critic, x):
@@ -41,9 +46,13 @@ def input_gradient_norm(critic, x):
 
 
 def _check_pair(real, fake):
-    if real.shape != fake.shape:
+    if not real.shape.is_compatible_with(fake.shape):
         raise ValueError(f"real and fake must have the same shape, got {real.shape} and "
                          f"{fake.shape}")
+    if not (real.shape.is_fully_defined() and fake.shape.is_fully_defined()):
+        # unknown sizes (a tf.function traced with None): checked when the step runs
+        tf.debugging.assert_equal(tf.shape(real), tf.shape(fake),
+                                  message="real and fake must have the same shape")
 
 
 def _per_example_shape(x):  # [batch, 1, ..., 1]: one value per example, broadcastable to x

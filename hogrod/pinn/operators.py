@@ -30,6 +30,10 @@ def partials(u_fn, x, wanted):
     if x.shape.rank != 2:
         raise ValueError(f"collocation points must have shape [batch, dim], got {x.shape}")
     dim = x.shape[-1]
+    for k in wanted:
+        if not isinstance(k, (tuple, list)) or not all(isinstance(i, int) for i in k):
+            raise ValueError(f"each wanted derivative is a tuple of coordinate indices (e.g. "
+                             f"(0,) for du/dx0, (0, 0) for d2u/dx0^2, () for u), got {k!r}")
     keys = {k: _key(k) for k in map(tuple, wanted)}
     for k in keys.values():
         bad = [i for i in k if not 0 <= i < dim]

@@ -97,6 +97,11 @@ class Checkpointer:
         logging.info("restored %s (step %d)", path, int(self.step))
         return int(self.step)
 
+    def latest_step(self):
+        """The step of the latest checkpoint (0 if none), read without restoring it."""
+        path = self.manager.latest_checkpoint
+        return int(tf.train.load_variable(path, "step/.ATTRIBUTES/VARIABLE_VALUE")) if path else 0
+
     def save(self):
         try:
             return self.manager.save(checkpoint_number=int(self.step))
