@@ -254,7 +254,7 @@ def test_short_sinusoid_run_adapts_well_below_the_unadapted_loss(tmp_path):
                              ["maml_experiment.meta_iterations = 1500",
                               "maml_experiment.eval_every = 1500",
                               "sinusoid_data.eval_tasks = 100"], str(tmp_path))
-    assert metrics["loss_after_10"] < 0.5 * metrics["loss_after_0"]
+    assert metrics["loss_after_10"] < 0.2 * metrics["loss_after_0"]
     assert metrics["loss_after_1"] < metrics["loss_after_0"]
     for name in ("adaptation.png", "metrics.json", "operative_config.gin", "loss.png"):
         assert (tmp_path / name).exists()
@@ -296,7 +296,7 @@ def test_episode_invariants():
             assert len(set(s_class[ys[t].numpy() == label]) | set(q_class[yq[t].numpy() == label])) == 1
 
 
-def test_episode_bad_input_is_clear():
+def test_episode_bad_input_is_clear(tmp_path):
     classes = synthetic_classes()
     with pytest.raises(ValueError, match="more than the 5 examples of the smallest class"):
         meta.episodes(classes, n_way=2, k_shot=3, k_query=3)
@@ -304,6 +304,12 @@ def test_episode_bad_input_is_clear():
         meta.episodes(classes, n_way=9, k_shot=1, k_query=1)
     with pytest.raises(FileNotFoundError, match="images_background.zip"):
         meta.load_omniglot("/nonexistent/dir", cache_dir="/nonexistent/cache")
+    np.savez(tmp_path / "omniglot_28.npz", chars=np.zeros((2, 3, 28, 28), np.uint8))
+    with pytest.raises(FileNotFoundError, match="lacks"):  # a cache does not hide a wrong dir
+        meta.load_omniglot("/nonexistent/dir", cache_dir=str(tmp_path))
+    for name in ("n_way", "k_shot", "k_query"):
+        with pytest.raises(ValueError, match=f"{name} must be at least 1, got 0"):
+            meta.episodes(classes, **dict(dict(n_way=2, k_shot=1, k_query=1), **{name: 0}))
 
 
 def test_omniglot_from_the_original_zips_when_present(tmp_path):

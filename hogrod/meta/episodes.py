@@ -27,11 +27,14 @@ ImageClasses = collections.namedtuple("ImageClasses", ["images", "offsets", "rot
 OMNIGLOT_ZIPS = ("images_background.zip", "images_evaluation.zip")
 
 
-def _read_omniglot(data_dir, size):
+def _check_omniglot_dir(data_dir):
     missing = [z for z in OMNIGLOT_ZIPS if not os.path.exists(os.path.join(data_dir, z))]
     if missing:
         raise FileNotFoundError(f"Omniglot data dir '{data_dir}' lacks {missing}; it needs the "
                                 f"original two zips {list(OMNIGLOT_ZIPS)}")
+
+
+def _read_omniglot(data_dir, size):
     from PIL import Image  # matplotlib's dependency; only needed here
     characters = []
     for name in OMNIGLOT_ZIPS:
@@ -61,6 +64,7 @@ def load_omniglot(data_dir, split="train", image_size=28, train_characters=1200,
     """
     cache_dir = cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "hogrod")
     cache = os.path.join(cache_dir, f"omniglot_{image_size}.npz")
+    _check_omniglot_dir(data_dir)  # a wrong data_dir is an error even when a cache exists
     if os.path.exists(cache):
         chars = list(np.load(cache)["chars"])
     else:
@@ -104,6 +108,10 @@ def episodes(classes, n_way=5, k_shot=1, k_query=15, meta_batch_size=32, seed=0)
     offsets = np.asarray(classes.offsets)
     sizes = np.diff(offsets)
     num_classes = len(sizes) * classes.rotations
+    for name, value in (("n_way", n_way), ("k_shot", k_shot), ("k_query", k_query),
+                        ("meta_batch_size", meta_batch_size)):
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
     if n_way > num_classes:
         raise ValueError(f"n_way={n_way} is more than the {num_classes} classes available")
     if k_shot + k_query > sizes.min():
