@@ -38,3 +38,14 @@ def test_tfds_classes_are_grouped_by_label_and_give_valid_episodes():
             assert set(q_cls[yq[t].numpy() == label]) == set(s_cls[ys[t].numpy() == label])
     with pytest.raises(ValueError, match="examples of the smallest class"):
         meta.episodes(classes, n_way=4, k_shot=1, k_query=smallest)
+
+
+def test_a_model_whose_outputs_do_not_match_n_way_is_named(tmp_path):
+    from experiments import maml as exp
+    from hogrod import harness
+    with tfds.testing.mock_data(num_examples=60):
+        with pytest.raises(ValueError, match="5 outputs but the episodes are 3-way"):
+            harness.run(exp.maml_experiment, ["configs/maml/omniglot_5way_1shot.gin"],
+                        ["episode_data.source = 'mnist'", "episode_data.n_way = 3",
+                         "episode_data.k_query = 1", "episode_data.eval_tasks = 2",
+                         "episode_data.meta_batch_size = 2"], str(tmp_path))

@@ -1,6 +1,8 @@
 """Boxes (space or space-time) and collocation sampling: uniform, Latin hypercube, Sobol
 (`scipy.stats.qmc`), and residual-based adaptive refinement."""
 
+import warnings
+
 import numpy as np
 import scipy.stats.qmc
 
@@ -28,7 +30,9 @@ def sample(box, n, method="sobol", seed=0):
     elif method == "lhs":
         unit = scipy.stats.qmc.LatinHypercube(d=box.dim, seed=rng).random(n)
     elif method == "sobol":
-        unit = scipy.stats.qmc.Sobol(d=box.dim, scramble=True, seed=rng).random(n)
+        with warnings.catch_warnings():  # n need not be a power of 2: the points asked for
+            warnings.filterwarnings("ignore", "The balance properties of Sobol")
+            unit = scipy.stats.qmc.Sobol(d=box.dim, scramble=True, seed=rng).random(n)
     else:
         raise ValueError(f"sampling method must be 'uniform', 'lhs' or 'sobol', got {method!r}")
     return (box.low + unit * (box.high - box.low)).astype(np.float32)
