@@ -142,23 +142,32 @@ def run(fn, gin_files=(), gin_params=(), output_dir=None):
     return output_dir, metrics
 
 
+def run_cli(fn, gin_files=(), gin_params=(), output_dir=None, show_traceback=False):
+    """`run` as a binary runs it; returns the exit code: 0, or 2 with the message of a bad
+    config or of a bad input (a ValueError or FileNotFoundError raised by the run, which
+    names what is wrong) on stderr, without a traceback unless `show_traceback`."""
+    try:
+        output_dir, _ = run(fn, gin_files, gin_params, output_dir)
+    except ConfigError as e:
+        print(f"{fn.__name__}: {e}", file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError) as e:
+        if show_traceback:
+            raise
+        print(f"{fn.__name__}: error: {e}\n(run with --verbosity=1 for the traceback)",
+              file=sys.stderr)
+        return 2
+    print(f"{fn.__name__}: outputs in {os.path.abspath(output_dir)}")
+    return 0
+
+
 def main(fn):
     """absl entry point for an experiment binary (see the module docstring)."""
 
     def _main(argv):
         if len(argv) > 1:
             raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-        try:
-            output_dir, _ = run(fn, FLAGS.gin_file, FLAGS.gin_param, FLAGS.output_dir)
-        except ConfigError as e:
-            print(f"{fn.__name__}: {e}", file=sys.stderr)
-            sys.exit(2)
-        except (ValueError, FileNotFoundError) as e:  # bad input; the message names it
-            if FLAGS.verbosity >= 1:
-                raise
-            print(f"{fn.__name__}: error: {e}\n(run with --verbosity=1 for the traceback)",
-                  file=sys.stderr)
-            sys.exit(2)
-        print(f"{fn.__name__}: outputs in {os.path.abspath(output_dir)}")
+        sys.exit(run_cli(fn, FLAGS.gin_file, FLAGS.gin_param, FLAGS.output_dir,
+                         show_traceback=FLAGS.verbosity >= 1))
 
     app.run(_main)

@@ -97,12 +97,25 @@ def test_bench_maml_binary_runs(tmp_path):
     assert metrics["steps_per_s_hogrod"] > 0
 
 
-def test_binary_reports_a_bad_input_raised_during_the_run_without_a_traceback(tmp_path):
-    cmd = [sys.executable, "-m", "experiments.maml",
-           "--gin_file=configs/maml/omniglot_5way_1shot.gin", "--gin_param=episode_data.data_dir = None",
-           f"--output_dir={tmp_path}"]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    bad = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, env=env,
-                         timeout=120)
-    assert bad.returncode == 2
-    assert "episode_data.data_dir" in bad.stderr and "Traceback" not in bad.stderr
+def test_a_bad_input_raised_during_the_run_exits_2_with_its_message_alone(tmp_path, capsys):
+    from experiments import maml
+    code = harness.run_cli(maml.maml_experiment, ["configs/maml/omniglot_5way_1shot.gin"],
+                           ["episode_data.data_dir = None"], str(tmp_path))
+    err = capsys.readouterr().err
+    assert code == 2 and "episode_data.data_dir" in err and "Traceback" not in err
+    with pytest.raises(ValueError, match="episode_data.data_dir"):  # --verbosity=1
+        harness.run_cli(maml.maml_experiment, ["configs/maml/omniglot_5way_1shot.gin"],
+                        ["episode_data.data_dir = None"], str(tmp_path), show_traceback=True)
+
+
+def test_history_of_a_resumed_run_stops_at_its_checkpoint_and_metrics_are_updated(tmp_path):
+    history = []
+    for step in (500, 1000, 1500):  # 1500 was evaluated, then the run was killed
+        harness.record_eval(str(tmp_path), history, {"step": step, "loss": step / 1000})
+    assert [h["step"] for h in harness.read_history(str(tmp_path), 1000)] == [500, 1000]
+    assert harness.read_history(str(tmp_path / "new"), 0) == []
+    assert os.listdir(tmp_path / "eval")  # the scalars went to TensorBoard too
+    harness.write_metrics(str(tmp_path), {"loss": 1.0, "train_seconds": 12.0})
+    harness.write_metrics(str(tmp_path), {"loss": 0.5})  # a re-run that trained nothing
+    assert json.loads((tmp_path / "metrics.json").read_text()) == {"loss": 0.5,
+                                                                   "train_seconds": 12.0}
