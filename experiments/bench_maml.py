@@ -8,6 +8,10 @@ recipe of the torch.func MAML tutorial. Both timed in the same run, interleaved 
 
     python -m experiments.bench_maml --gin_file=configs/bench/maml.gin
 
+Before timing, both start from the same weights and take the meta-gradient of the same
+meta-batch; the binary reports their relative difference and stops if it exceeds 1e-4, so
+the two steps compared are the same computation.
+
 Target: hogrod >= 2x PyTorch's steps/s.
 """
 
@@ -18,13 +22,18 @@ import tensorflow as tf
 from absl import logging
 
 from experiments.timing import interleaved_rates
+import hogrod
 from hogrod import harness, meta, train
 
 
-def hogrod_step(meta_batch, k, inner_lr, inner_steps):
+def keras_net():
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(40, activation="relu"),
-                              keras.layers.Dense(40, activation="relu"), keras.layers.Dense(1)])
+    return keras.Sequential([keras.Input((1,)), keras.layers.Dense(40, activation="relu"),
+                             keras.layers.Dense(40, activation="relu"), keras.layers.Dense(1)])
+
+
+def hogrod_step(model, meta_batch, k, inner_lr, inner_steps):
+    """(run one timed step, meta-gradient of a batch as numpy arrays in model order)."""
     mse = lambda y, p: tf.reduce_mean((y - p) ** 2)  # noqa: E731
     algo = meta.maml(model, mse, inner_lr=inner_lr, inner_steps=inner_steps)
     step = train.make_train_step(algo.meta_loss, keras.optimizers.Adam(1e-3),
@@ -33,21 +42,27 @@ def hogrod_step(meta_batch, k, inner_lr, inner_steps):
 
     def run():
         return float(step(next(it))["loss"])
-    return run
+
+    def meta_grad(batch):
+        return [g.numpy() for g in hogrod.grad(lambda: algo.meta_loss(batch)["query"],
+                                               model.trainable_variables)]
+    return run, meta_grad
 
 
-def torch_step(meta_batch, k, inner_lr, inner_steps):
+def torch_step(model, meta_batch, k, inner_lr, inner_steps):
     try:
         import torch
         from torch.func import functional_call, grad, vmap
     except ImportError:
         logging.warning("torch not installed (pip install -e '.[bench]'): no PyTorch baseline")
         return None
-    torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(1, 40), torch.nn.ReLU(), torch.nn.Linear(40, 40),
                               torch.nn.ReLU(), torch.nn.Linear(40, 1))
-    opt = torch.optim.Adam(net.parameters(), 1e-3)
     params = dict(net.named_parameters())
+    with torch.no_grad():  # the Keras model's weights (kernels are [in, out], torch's [out, in])
+        for p, w in zip(params.values(), model.get_weights()):
+            p.copy_(torch.tensor(w.T if w.ndim == 2 else w))
+    opt = torch.optim.Adam(net.parameters(), 1e-3)
     rng = np.random.default_rng(0)
 
     def loss(p, x, y):
@@ -73,19 +88,34 @@ def torch_step(meta_batch, k, inner_lr, inner_steps):
         total.backward()
         opt.step()
         return float(total.detach())
-    return run
+
+    def meta_grad(batch):
+        t = [torch.tensor(np.asarray(a)) for a in batch]
+        g = grad(lambda p: vmap(task_loss, in_dims=(None, 0, 0, 0, 0))(p, *t).mean())(params)
+        return [v.detach().numpy().T if v.ndim == 2 else v.detach().numpy() for v in g.values()]
+    return run, meta_grad
 
 
 @gin.configurable
 def bench_maml(output_dir, meta_batch=25, k=10, inner_lr=0.01, inner_steps=1, rounds=20,
                steps_per_round=25, warmup=20):
     """Steps/s of both, medians over interleaved rounds; returns the ratio."""
-    runs = {"hogrod": hogrod_step(meta_batch, k, inner_lr, inner_steps)}
-    t = torch_step(meta_batch, k, inner_lr, inner_steps)
-    if t is not None:
-        runs["torch_func"] = t
+    model = keras_net()
+    hogrod_run, hogrod_grad = hogrod_step(model, meta_batch, k, inner_lr, inner_steps)
+    runs, metrics = {"hogrod": hogrod_run}, {}
+    t = torch_step(model, meta_batch, k, inner_lr, inner_steps)
+    if t is not None:  # agreement before speed, from the same weights
+        batch = next(iter(meta.sinusoid_meta_batches(1, meta_batch, k, k)))
+        ref = np.concatenate([g.ravel() for g in hogrod_grad(batch)])
+        got = np.concatenate([g.ravel() for g in t[1](batch)])
+        err = metrics["grad_rel_err_torch_func"] = float(
+            np.linalg.norm(got - ref) / np.linalg.norm(ref))
+        if err > 1e-4:
+            raise AssertionError(f"torch.func's meta-gradient disagrees with hogrod's: rel err "
+                                 f"{err:.2e}")
+        runs["torch_func"] = t[0]
     rates = interleaved_rates(runs, rounds, steps_per_round, warmup)
-    metrics = {f"steps_per_s_{n}": r for n, r in rates.items()}
+    metrics.update({f"steps_per_s_{n}": r for n, r in rates.items()})
     if "torch_func" in runs:
         metrics["ratio_hogrod_over_torch_func"] = (metrics["steps_per_s_hogrod"]
                                                    / metrics["steps_per_s_torch_func"])
