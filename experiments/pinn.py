@@ -112,11 +112,18 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
     callback, tracked = None, {}
     history, clock = [], {"start": time.perf_counter(), "outside": 0.0}
 
+    eval_writer = tf.summary.create_file_writer(os.path.join(output_dir, "eval"))
+
     def record(phase, i):
         t0 = time.perf_counter()
         err_i, _ = training.relative_l2(prob, u, tf_dtype)
         history.append([t0 - clock["start"] - clock["outside"], phase, i, err_i])
         logging.info("%s %d: relative L2 %.3e", phase, i, err_i)
+        if err_i is not None:  # TensorBoard: L-BFGS iterations counted after the Adam steps
+            with eval_writer.as_default():
+                step = i if phase == "adam" else adam_steps + i
+                tf.summary.scalar("relative_l2", err_i, step=step)
+            eval_writer.flush()
         clock["outside"] += time.perf_counter() - t0
 
     if weighting == "annealing":

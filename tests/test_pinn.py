@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 
 import keras
 import numpy as np
@@ -175,6 +176,7 @@ def test_a_short_training_run_reduces_the_error_well_below_its_start(tmp_path):
     assert end["seconds_to_0.01"] is None or end["seconds_to_0.01"] <= curve[-1][0]
     assert end["relative_l2"] < end["relative_l2_after_adam"]  # L-BFGS improved on Adam
     assert (tmp_path / "b" / "solution.png").exists()
+    assert os.listdir(tmp_path / "b" / "eval")  # the error curve in TensorBoard too
     # the finished run, run again: it restores L-BFGS's result instead of redoing L-BFGS,
     # and keeps the first run's timings
     harness.run(exp.pinn_experiment, ["configs/pinn/heat.gin"], small + [
