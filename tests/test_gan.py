@@ -191,6 +191,33 @@ def test_critic_step_is_one_compiled_function_with_the_weighted_penalty():
         gan.make_wgan_gp_step(gen, critic, None, None, 2, penalty="wgan")
 
 
+def test_critic_update_and_lazy_regularization_follow_their_definition():
+    """A linear critic D = <w, x> + b under SGD: the Wasserstein term's gradient is
+    mean(fake) - mean(real), the GP's is 2 (||w|| - 1) w / ||w||, scaled by lazy_every on
+    the steps where it is due (the first of every lazy_every) and absent on the others."""
+    keras.utils.set_random_seed(1)
+    gen = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
+    critic = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    lr, lam, lazy = 0.05, 10.0, 2
+    step = gan.make_wgan_gp_step(gen, critic, keras.optimizers.SGD(lr), keras.optimizers.SGD(lr),
+                                 2, penalty="gp", penalty_weight=lam, n_critic=1,
+                                 lazy_every=lazy)
+    for i in range(3):
+        batch = {"real": tf.random.stateless_normal([8, 2], (i, 0)),
+                 "z": tf.random.stateless_normal([8, 2], (i, 1)),
+                 "interpolation": tf.random.stateless_uniform([8], (i, 2))}
+        w, b = (v.numpy().copy() for v in critic.trainable_variables)
+        delta = gen(batch["z"]).numpy().mean(0) - batch["real"].numpy().mean(0)
+        n = np.linalg.norm(w)
+        gp_grad = lazy * lam * 2 * (n - 1) * w[:, 0] / n if i % lazy == 0 else 0.0
+        logs = step.critic_step(batch)
+        np.testing.assert_allclose(critic.trainable_variables[0].numpy()[:, 0],
+                                   w[:, 0] - lr * (delta + gp_grad), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(critic.trainable_variables[1].numpy(), b, atol=1e-7)
+        np.testing.assert_allclose(float(logs["penalty"]),
+                                   lazy * (n - 1) ** 2 if i % lazy == 0 else 0.0, rtol=1e-5)
+
+
 def test_short_training_run_covers_more_modes_than_at_initialization(tmp_path):
     from experiments import wgan_gp
     from hogrod import harness
