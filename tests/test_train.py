@@ -87,7 +87,8 @@ def test_per_group_optimizers_move_each_group_by_its_own_rate():
     before = [v.numpy() for v in backbone + head]
     step = train.make_train_step(loss_fn, [(keras.optimizers.SGD(1e-5), backbone),
                                            (keras.optimizers.SGD(1e-3), head)])
-    step(batch)
+    logs = step(batch)
+    np.testing.assert_allclose([logs["lr"], logs["lr_group_1"]], [1e-5, 1e-3], rtol=1e-6)
     for i, (v, g, b) in enumerate(zip(backbone + head, grads, before)):
         lr = 1e-5 if i < len(backbone) else 1e-3
         np.testing.assert_allclose(v.numpy(), b - lr * g.numpy(), rtol=1e-6, atol=1e-9)

@@ -109,8 +109,9 @@ def make_train_step(loss_fn, optimizer, variables=None, weights=None, transform=
 
     Returns:
       `step(batch) -> logs`, a `tf.function`; logs hold each term (unweighted), "loss"
-      (weighted total), "grad_norm" (global, before the transform), "lr" (first group) and
-      "applied" (1.0 if the update was applied, 0.0 if a non-finite value stopped it).
+      (weighted total), "grad_norm" (global, before the transform), "lr" (first group;
+      "lr_group_1", ... for the others) and "applied" (1.0 if the update was applied,
+      0.0 if a non-finite value stopped it).
     """
     strategy = strategy or tf.distribute.get_strategy()
     groups = _groups(optimizer, variables)
@@ -177,8 +178,9 @@ def make_train_step(loss_fn, optimizer, variables=None, weights=None, transform=
             finite = tf.logical_and(finite, tf.math.is_finite(norm))
         if transform is not None:
             grads = transform(grads, all_vars)
-        lr = tf.cast(groups[0][0].learning_rate, tf.float32)
-        logs = dict(terms, loss=total, grad_norm=norm, lr=lr)
+        rates = {"lr" if i == 0 else f"lr_group_{i}": tf.cast(opt.learning_rate, tf.float32)
+                 for i, (opt, _) in enumerate(groups)}
+        logs = dict(terms, loss=total, grad_norm=norm, **rates)
         return logs, grads, finite
 
     def replica_apply(grads):
