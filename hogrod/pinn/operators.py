@@ -9,6 +9,8 @@ point (the network is applied pointwise), so one backward pass of sum(u[:, j]) g
 du_j/dx for the whole batch. Reverse-over-reverse on one persistent tape.
 """
 
+import numbers
+
 import tensorflow as tf
 
 __all__ = ["partials", "laplacian", "divergence"]
@@ -31,7 +33,7 @@ def partials(u_fn, x, wanted):
         raise ValueError(f"collocation points must have shape [batch, dim], got {x.shape}")
     dim = x.shape[-1]
     for k in wanted:
-        if not isinstance(k, (tuple, list)) or not all(isinstance(i, int) for i in k):
+        if not isinstance(k, (tuple, list)) or not all(isinstance(i, numbers.Integral) for i in k):
             raise ValueError(f"each wanted derivative is a tuple of coordinate indices (e.g. "
                              f"(0,) for du/dx0, (0, 0) for d2u/dx0^2, () for u), got {k!r}")
     keys = {k: _key(k) for k in map(tuple, wanted)}
