@@ -195,7 +195,7 @@ def bench_pinn(output_dir, points=10000, width=20, depth=8, rounds=10, calls_per
     for k in ("tf_forward_mode", "taylor_mode"):
         m[f"ratio_hogrod_over_{k}"] = rates["hogrod"] / rates[k]
     m["matmul_floor_ms"] = 1e3 * floor
-    for k in rates:
+    for k in rates if floor else ():  # no hidden-to-hidden products (depth 1): no floor
         m[f"floor_ratio_over_{k}"] = 1.0 / (floor * rates[k])
     for k, v in sorted(m.items()):
         print(f"{k:35s} {v:.4g}")

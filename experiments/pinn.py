@@ -11,6 +11,7 @@ slices at a few times).
 """
 
 import itertools
+import json
 import os
 import time
 
@@ -77,9 +78,10 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
         evaluation time not counted) and the training seconds to reach each of
         `thresholds` (`seconds_to_<threshold>`; None if not reached). None: no curve.
       checkpoint_every: Adam steps between checkpoints; L-BFGS's result is checkpointed
-        when it ends. A re-run with the same output dir resumes Adam where it stopped, or
-        restarts L-BFGS from the Adam weights, or, for a finished run, only re-evaluates
-        (the timings of the first run stay in metrics.json).
+        when it ends. A re-run with the same output dir resumes Adam where it stopped (the
+        error curve and its clock too), or restarts L-BFGS from the Adam weights, or, for a
+        finished run with the same adam_steps and lbfgs_iterations, only re-evaluates (the
+        first run's timings stay in metrics.json); other counts are an error.
     """
     keras.utils.set_random_seed(seed)
     strategy = distribute.make_strategy()
@@ -114,10 +116,13 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
 
     eval_writer = tf.summary.create_file_writer(os.path.join(output_dir, "eval"))
 
+    history_path = os.path.join(output_dir, "error_history.json")
+
     def record(phase, i):
         t0 = time.perf_counter()
         err_i, _ = training.relative_l2(prob, u, tf_dtype)
         history.append([t0 - clock["start"] - clock["outside"], phase, i, err_i])
+        harness.write_json(history_path, history)
         logging.info("%s %d: relative L2 %.3e", phase, i, err_i)
         if err_i is not None:  # TensorBoard: L-BFGS iterations counted after the Adam steps
             with eval_writer.as_default():
@@ -142,25 +147,45 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
                                  jit_compile=jit_compile)
     # the collocation and condition points, split over the replicas (the same every step)
     batch = distribute.shard(strategy, (points, cond_points))
-    lbfgs_done = tf.Variable(-1, dtype=tf.int64, trainable=False)  # its iterations, once run
-    ckpt = train.Checkpointer(output_dir, model=net, optimizer=opt, lbfgs_done=lbfgs_done,
-                              **tracked, **({"log_viscosity": log_nu} if nu is not None else {}))
+    # what the checkpoint says besides the weights: L-BFGS's budget and iterations once it
+    # has run (-1 before), and the training seconds so far (the error curve's time axis)
+    lbfgs_budget = tf.Variable(-1, dtype=tf.int64, trainable=False)
+    lbfgs_done = tf.Variable(0, dtype=tf.int64, trainable=False)
+    seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+    ckpt = train.Checkpointer(output_dir, model=net, optimizer=opt, lbfgs_budget=lbfgs_budget,
+                              lbfgs_done=lbfgs_done, train_seconds=seconds, **tracked,
+                              **({"log_viscosity": log_nu} if nu is not None else {}))
+    restored = ckpt.restore()  # here, so that the clock and the error curve resume with it
+    finished = int(lbfgs_budget) >= 0
+    if finished and (restored != adam_steps or int(lbfgs_budget) != lbfgs_iterations):
+        raise ValueError(
+            f"{output_dir} holds a finished run ({restored} Adam steps, then L-BFGS with a "
+            f"budget of {int(lbfgs_budget)} iterations); pinn_experiment.adam_steps = "
+            f"{adam_steps} and lbfgs_iterations = {lbfgs_iterations} cannot continue it: use "
+            "a new --output_dir")
+    if restored and os.path.exists(history_path):  # the curve up to the checkpoint
+        with open(history_path) as f:
+            history.extend(h for h in json.load(f)
+                           if finished or (h[1] == "adam" and h[2] <= restored))
+    clock["start"] = time.perf_counter() - float(seconds)
+
+    def elapsed():
+        return time.perf_counter() - clock["start"] - clock["outside"]
 
     def adam_callback(i, logs):
         if callback is not None:
             callback(i, logs)
         if error_every and i % error_every == 0:
             record("adam", i)
-    t0 = time.perf_counter()
-    clock["start"] = t0
-    logs = train.train_loop(step, itertools.repeat(batch), adam_steps, ckpt, output_dir,
-                            checkpoint_every=checkpoint_every, log_every=500,
-                            callback=adam_callback)
+        seconds.assign(elapsed())  # saved with the checkpoint that may follow this step
     metrics = {}  # what this run measured; a finished run re-run keeps the first's timings
-    if int(lbfgs_done) < 0:
+    if not finished:
+        logs = train.train_loop(step, itertools.repeat(batch), adam_steps, ckpt, output_dir,
+                                checkpoint_every=checkpoint_every, log_every=500,
+                                callback=adam_callback)
+        metrics["adam_seconds"] = elapsed()
         if logs:
-            metrics.update(adam_seconds=time.perf_counter() - t0 - clock["outside"],
-                           adam_final_loss=logs["loss"])
+            metrics["adam_final_loss"] = logs["loss"]
         t_eval = time.perf_counter()
         metrics["relative_l2_after_adam"], _ = training.relative_l2(prob, u, tf_dtype)
         clock["outside"] += time.perf_counter() - t_eval
@@ -169,15 +194,15 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
                            callback_every=error_every or 500, jit_compile=jit_compile,
                            callback=(lambda i: record("lbfgs", i)) if error_every else None)
             if lbfgs_iterations else (None, 0, 0.0))
+        metrics["total_seconds"] = elapsed()  # training time on the error curve's clock
         if error_every:
             record("end", lbfgs_iters)
+        lbfgs_budget.assign(lbfgs_iterations)
         lbfgs_done.assign(lbfgs_iters)
-        ckpt.step.assign(adam_steps + lbfgs_iters)
-        ckpt.save()
+        seconds.assign(elapsed())
+        ckpt.save()  # the final weights, under the Adam step count
         metrics.update(lbfgs_seconds=lbfgs_seconds, lbfgs_iterations=lbfgs_iters,
                        lbfgs_final_loss=lbfgs_loss)
-        if "adam_seconds" in metrics:
-            metrics["total_seconds"] = metrics["adam_seconds"] + lbfgs_seconds
     err, pair = training.relative_l2(prob, u, tf_dtype)
     terms = {k: float(v) for k, v in loss_fn().items()}
     pred = pair[0] if pair else np.concatenate(

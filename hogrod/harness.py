@@ -21,8 +21,10 @@ actually used, defaults included) to `<output_dir>/operative_config.gin`. Gin fi
 
 Re-using an output directory resumes the run: the experiment restores its checkpoint,
 `read_history` gives the evaluations made up to that checkpoint (later ones are redone,
-so none is listed twice), and the new metrics update the old `metrics.json` (a value this
-run did not measure, such as the training time of a phase it skipped, is kept).
+so none is listed twice), and, when the directory held a checkpoint, the new metrics update
+the old `metrics.json` (a value this run did not measure, such as the training time of a
+phase it skipped, is kept); otherwise (a benchmark) they replace it. JSON files are written
+atomically.
 
 A `ValueError` or `FileNotFoundError` raised by the run (bad input, named in its message)
 ends the binary with that message and code 2; `--verbosity=1` shows the traceback.
@@ -76,16 +78,24 @@ def write_operative_config(output_dir):
         f.write(gin.operative_config_str())
 
 
-def write_metrics(output_dir, metrics):
-    """Write metrics.json, keeping the values of an earlier run in this directory that
-    these metrics do not replace."""
+def write_json(path, value, **kwargs):
+    """Write JSON atomically (a temporary file, then a rename): a kill mid-write leaves the
+    previous file, never a truncated one."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(value, f, default=float, **kwargs)
+    os.replace(tmp, path)
+
+
+def write_metrics(output_dir, metrics, resumed=False):
+    """Write metrics.json; a resumed run keeps the earlier run's values that these metrics
+    do not replace (what it did not measure again, such as a skipped phase's time)."""
     path = os.path.join(output_dir, "metrics.json")
     old = {}
-    if os.path.exists(path):
+    if resumed and os.path.exists(path):
         with open(path) as f:
             old = json.load(f)
-    with open(path, "w") as f:
-        json.dump(dict(old, **metrics), f, indent=2, sort_keys=True, default=float)
+    write_json(path, dict(old, **metrics), indent=2, sort_keys=True)
 
 
 def read_history(output_dir, upto_step):
@@ -105,8 +115,7 @@ def record_eval(output_dir, history, result):
     """Append `result` ({"step": ..., name: value}) to `history`, rewrite
     eval_history.json, and write its scalar values to TensorBoard (`<output_dir>/eval`)."""
     history.append(result)
-    with open(os.path.join(output_dir, "eval_history.json"), "w") as f:
-        json.dump(history, f, default=float)
+    write_json(os.path.join(output_dir, "eval_history.json"), history)
     path = os.path.join(output_dir, "eval")
     if path not in _EVAL_WRITERS:
         _EVAL_WRITERS[path] = tf.summary.create_file_writer(path)
@@ -129,6 +138,7 @@ def run(fn, gin_files=(), gin_params=(), output_dir=None):
     """
     parse_config(list(gin_files), list(gin_params))
     output_dir = output_dir or default_output_dir(fn)
+    resumed = os.path.isdir(os.path.join(output_dir, "ckpt"))  # a checkpointed earlier run
     os.makedirs(output_dir, exist_ok=True)
     with open(os.path.join(output_dir, "config.gin"), "w") as f:
         f.write(gin.config_str())
@@ -138,7 +148,7 @@ def run(fn, gin_files=(), gin_params=(), output_dir=None):
     finally:
         write_operative_config(output_dir)
     if metrics is not None:
-        write_metrics(output_dir, metrics)
+        write_metrics(output_dir, metrics, resumed)
     return output_dir, metrics
 
 

@@ -141,6 +141,10 @@ def test_bad_input_is_named():
                                    keras.layers.Lambda(lambda s: tf.reduce_mean(s))])
     with pytest.raises(ValueError, match="one scalar per example"):
         gan.r1_penalty(batch_mean, tf.zeros((4, 2)))
+    # but a single example's score may be a scalar (a squeezed [1, 1] output)
+    squeezed = lambda x: tf.squeeze(critic(x))  # noqa: E731
+    np.testing.assert_allclose(gan.r1_penalty(squeezed, tf.ones((1, 2))),
+                               gan.r1_penalty(critic, tf.ones((1, 2))), rtol=1e-6)
     # sizes unknown when traced: the mismatch is named when the step runs
     traced = tf.function(lambda r, f: gan.gradient_penalty(critic, r, f),
                          input_signature=[tf.TensorSpec([None, 2])] * 2)

@@ -116,6 +116,9 @@ def test_history_of_a_resumed_run_stops_at_its_checkpoint_and_metrics_are_update
     assert harness.read_history(str(tmp_path / "new"), 0) == []
     assert os.listdir(tmp_path / "eval")  # the scalars went to TensorBoard too
     harness.write_metrics(str(tmp_path), {"loss": 1.0, "train_seconds": 12.0})
-    harness.write_metrics(str(tmp_path), {"loss": 0.5})  # a re-run that trained nothing
+    harness.write_metrics(str(tmp_path), {"loss": 0.5}, resumed=True)  # trained nothing
     assert json.loads((tmp_path / "metrics.json").read_text()) == {"loss": 0.5,
                                                                    "train_seconds": 12.0}
+    harness.write_metrics(str(tmp_path), {"loss": 0.25})  # not a resumed run: replaced
+    assert json.loads((tmp_path / "metrics.json").read_text()) == {"loss": 0.25}
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]

@@ -188,6 +188,35 @@ def test_a_short_training_run_reduces_the_error_well_below_its_start(tmp_path):
     assert saved["lbfgs_seconds"] == end["lbfgs_seconds"]
 
 
+class Killed(Exception):
+    """Stands in for a kill."""
+
+
+def test_a_run_stopped_during_lbfgs_resumes_its_error_curve_and_clock(tmp_path, monkeypatch):
+    from experiments import pinn as exp
+    from hogrod import harness
+    params = ["pinn_experiment.width = 16", "pinn_experiment.depth = 2",
+              "pinn_experiment.n_collocation = 500", "pinn_experiment.n_condition = 100",
+              "pinn_experiment.adam_steps = 60", "pinn_experiment.lbfgs_iterations = 40",
+              "pinn_experiment.error_every = 30", "pinn_experiment.checkpoint_every = 30"]
+
+    def killed(*args, **kwargs):
+        raise Killed
+    monkeypatch.setattr(exp.training, "lbfgs", killed)
+    with pytest.raises(Killed):
+        harness.run(exp.pinn_experiment, ["configs/pinn/heat.gin"], params, str(tmp_path))
+    monkeypatch.undo()
+    _, m = harness.run(exp.pinn_experiment, ["configs/pinn/heat.gin"], params, str(tmp_path))
+    curve = m["error_history"]  # the Adam points of the stopped run, then this run's L-BFGS
+    assert [h[1:3] for h in curve[:2]] == [["adam", 30], ["adam", 60]] and curve[-1][1] == "end"
+    assert all(a[0] <= b[0] for a, b in zip(curve, curve[1:]))  # one clock across the stop
+    assert m["adam_seconds"] >= curve[1][0] and abs(m["total_seconds"] - curve[-1][0]) < 0.05
+    assert m["relative_l2"] < m["relative_l2_after_adam"]
+    with pytest.raises(ValueError, match="holds a finished run"):  # more Adam after L-BFGS
+        harness.run(exp.pinn_experiment, ["configs/pinn/heat.gin"],
+                    params + ["pinn_experiment.adam_steps = 90"], str(tmp_path))
+
+
 def test_inverse_burgers_moves_the_viscosity_toward_the_truth(tmp_path):
     from experiments import pinn as exp
     from hogrod import harness

@@ -21,15 +21,24 @@ def _safe_norm(squared):
     return tf.where(positive, tf.sqrt(tf.where(positive, squared, 1.0)), 0.0)
 
 
+def _one_score_per_example(shape, n):
+    """Whether a critic output of `shape` can be one score for each of n examples: [n] or
+    [n, 1] ([] for a single example; unknown sizes are given the benefit of the doubt)."""
+    if shape.rank is None:
+        return True
+    if shape.rank == 0:
+        return n == 1
+    if shape.rank > 2 or (shape.rank == 2 and shape[-1] != 1):
+        return False
+    return shape[0] is None or n is None or shape[0] == n
+
+
 def _squared_input_gradient(critic, x):
     x = tf.convert_to_tensor(x)
     with tf.GradientTape() as tape:
         tape.watch(x)
         out = critic(x)
-        rank = out.shape.rank
-        if rank is not None and (rank == 0 or rank > 2 or (rank == 2 and out.shape[-1] != 1)
-                                 or (out.shape[0] is not None and x.shape[0] is not None
-                                     and out.shape[0] != x.shape[0])):
+        if not _one_score_per_example(out.shape, x.shape[0]):
             raise ValueError(f"the critic must return one scalar per example (shape "
                              f"[{x.shape[0]}] or [{x.shape[0]}, 1]), got shape {out.shape}")
         total = tf.reduce_sum(out)  # example i's score depends only on x_i
