@@ -147,15 +147,14 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
     train_stream, eval_tasks, loss_fn, classification = data(seed)
     with strategy.scope():
         net = model()
-    if classification and net.output_shape[-1] != int(np.max(eval_tasks[1])) + 1:
-        raise ValueError(f"the model has {net.output_shape[-1]} outputs but the episodes are "
-                         f"{int(np.max(eval_tasks[1])) + 1}-way: set conv4.n_way and "
-                         "episode_data.n_way alike (the Omniglot configs bind both to N_WAY)")
-    with strategy.scope():
         optimizer = keras.optimizers.Adam(meta_lr)
         kwargs = {"iterations": optimizer.iterations} if "iterations" in inspect.signature(
             algorithm).parameters else {}
         algo = algorithm(net, loss_fn, **kwargs)
+    if classification and net.output_shape[-1] != int(np.max(eval_tasks[1])) + 1:
+        raise ValueError(f"the model has {net.output_shape[-1]} outputs but the episodes are "
+                         f"{int(np.max(eval_tasks[1])) + 1}-way: set conv4.n_way and "
+                         "episode_data.n_way alike (the Omniglot configs bind both to N_WAY)")
     step = train.make_train_step(
         algo.meta_loss, optimizer, net.trainable_variables + algo.variables, strategy=strategy,
         transform=train.clip_by_global_norm(clip_norm) if clip_norm else None)
