@@ -6,14 +6,19 @@ like the input), in the spirit of `jax.grad` / `jax.jvp`. They work eagerly and
 inside a caller's `tf.function`; nothing here creates a `tf.function` of its own,
 so the caller controls tracing.
 
-`params` may be `tf.Variable`s, Keras 3 variables or plain tensors; tensors are
-watched for you. Keras 3 variables wrap a `tf.Variable` (`.value`); where
+`params` may be `tf.Variable`s, Keras 3 variables or plain tensors (of a floating dtype);
+tensors are watched for you. Arguments are checked when a function is traced (types and
+static shapes), and a bad one is an error naming it, so compiled callers pay nothing. Keras 3 variables wrap a `tf.Variable` (`.value`); where
 TensorFlow needs the underlying resource (forward-mode accumulators) it is
 unwrapped here so callers never have to.
 """
 
+import numbers
+
 import keras
+import numpy as np
 import tensorflow as tf
+from tensorflow.python.util import nest as _nest  # paths: dict keys must match, not just counts
 
 __all__ = [
     "value_and_grad",
@@ -42,12 +47,63 @@ def _unwrap(p):
     return p
 
 
-def _name(p, index):
+def _name(p, index, arg="params"):
     path = getattr(p, "path", None) or getattr(p, "name", None)
     try:
-        return f"{path} (params[{index}])" if path else f"params[{index}]"
+        return f"{path} ({arg}[{index}])" if path else f"{arg}[{index}]"
     except Exception:  # symbolic tensors in graph mode have no usable name
-        return f"params[{index}]"
+        return f"{arg}[{index}]"
+
+
+def _dtype(p):
+    """A tf.DType (a Keras 3 variable's `.dtype` is a string)."""
+    return tf.as_dtype(_unwrap(p).dtype)
+
+
+class _Leaf:
+    """Stands for a tensor in an error message: its dtype and shape, never its values
+    (a model's variables would fill the screen)."""
+
+    def __init__(self, t):
+        if isinstance(t, (tf.Tensor, tf.Variable, keras.Variable, np.ndarray, np.generic)):
+            self.text = f"{tf.as_dtype(_unwrap(t).dtype).name}{list(t.shape)}"
+        else:
+            self.text = type(t).__name__
+
+    def __repr__(self):
+        return self.text
+
+
+def _describe(structure):
+    return repr(tf.nest.map_structure(_Leaf, structure))
+
+
+def _check_params(params, what, arg="params"):
+    """The flat list of `params`, each a variable or tensor of a floating or complex dtype.
+
+    Checked when traced (types and static shapes only), so a compiled caller pays nothing.
+    """
+    flat = tf.nest.flatten(params)
+    if not flat:
+        raise ValueError(f"{what}: {arg} is empty ({params!r}); pass the variables or tensors "
+                         "to differentiate with respect to")
+    for i, p in enumerate(flat):
+        if not isinstance(p, (tf.Tensor, tf.Variable, keras.Variable)):
+            raise TypeError(
+                f"{what}: {arg}[{i}] must be a tf.Variable, a Keras variable or a tensor, got "
+                f"{type(p).__name__} (convert it with tf.constant(x, dtype) first)")
+        dtype = _dtype(p)
+        if not (dtype.is_floating or dtype.is_complex):
+            raise TypeError(f"{what}: {_name(p, i, arg)} has dtype {dtype.name}; only "
+                            "floating-point (or complex) values can be differentiated")
+    return flat
+
+
+def _scalar(value, what, fn_name="fn()"):
+    value = tf.convert_to_tensor(value)
+    if value.shape.rank not in (0, None):
+        raise ValueError(f"{what}: {fn_name} must return a scalar, got shape {value.shape}")
+    return value
 
 
 def _watch(tape, flat):
@@ -87,13 +143,10 @@ def value_and_grad(fn, params, unconnected="zero"):
     Returns:
       `(value, grads)` with `grads` structured like `params`.
     """
-    flat = tf.nest.flatten(params)
+    flat = _check_params(params, "value_and_grad")
     with tf.GradientTape() as tape:
         _watch(tape, flat)
-        value = fn()
-    value = tf.convert_to_tensor(value)
-    if value.shape.rank not in (0, None):
-        raise ValueError(f"fn() must return a scalar, got shape {value.shape}")
+        value = _scalar(fn(), "value_and_grad")
     grads = [_densify(g) for g in tape.gradient(value, flat)]
     grads = _fill_unconnected(grads, flat, unconnected)
     return value, tf.nest.pack_sequence_as(params, grads)
@@ -104,16 +157,39 @@ def grad(fn, params, unconnected="zero"):
     return value_and_grad(fn, params, unconnected)[1]
 
 
-def _check_vector(params, vector):
+def _check_vector(params, vector, what):
+    """(flat params, flat vector): the vector structured and shaped like the params, each
+    part a tensor of its param's dtype. Numbers and numpy arrays are converted at the
+    param's dtype; a tensor of another dtype is an error (casting would hide a precision
+    loss or a mix-up)."""
+    flat_p = _check_params(params, what)
     try:
-        tf.nest.assert_same_structure(params, vector)
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"vector must be structured like params: {e}") from None
-    flat_p, flat_v = tf.nest.flatten(params), tf.nest.flatten(vector)
-    for i, (p, v) in enumerate(zip(flat_p, flat_v)):
-        if not tf.TensorShape(v.shape).is_compatible_with(p.shape):
-            raise ValueError(
-                f"vector shape {v.shape} does not match {_name(p, i)} of shape {p.shape}")
+        tf.nest.assert_same_structure(params, vector, check_types=False)
+        same = ([k for k, _ in _nest.flatten_with_joined_string_paths(params)]
+                == [k for k, _ in _nest.flatten_with_joined_string_paths(vector)])
+    except (ValueError, TypeError):
+        same = False
+    if not same:
+        raise ValueError(f"{what}: vector must be structured like params; params is "
+                         f"{_describe(params)} ({len(flat_p)} parts) and vector is "
+                         f"{_describe(vector)} ({len(tf.nest.flatten(vector))} parts)") from None
+    flat_v = []
+    for i, (p, v) in enumerate(zip(flat_p, tf.nest.flatten(vector))):
+        dtype = _dtype(p)
+        if isinstance(v, (numbers.Number, np.ndarray, np.generic)) and not isinstance(v, bool):
+            v = tf.constant(np.asarray(v, dtype.as_numpy_dtype))
+        elif isinstance(v, (tf.Variable, keras.Variable)):
+            v = tf.convert_to_tensor(_unwrap(v))
+        elif not isinstance(v, tf.Tensor):
+            raise TypeError(f"{what}: vector[{i}] (for {_name(p, i)}) must be a tensor, a number "
+                            f"or a numpy array, got {type(v).__name__}")
+        if v.dtype != dtype:
+            raise TypeError(f"{what}: vector[{i}] has dtype {v.dtype.name} but {_name(p, i)} has "
+                            f"dtype {dtype.name}; cast the vector (tf.cast(v, {dtype.name!r}))")
+        if not v.shape.is_compatible_with(p.shape):
+            raise ValueError(f"{what}: vector[{i}] has shape {v.shape} but {_name(p, i)} has "
+                             f"shape {p.shape}")
+        flat_v.append(v)
     return flat_p, flat_v
 
 
@@ -122,8 +198,9 @@ def hvp(fn, params, vector, mode="auto"):
 
     Args:
       fn: a callable of no arguments returning a scalar.
-      params: variables / tensors (nested structure).
-      vector: a structure like `params` (the v in H v).
+      params: variables / tensors (nested structure) of floating dtypes.
+      vector: a structure like `params` (the v in H v): tensors of the params' shapes and
+        dtypes, or numbers / numpy arrays (converted at the params' dtypes).
       mode: "reverse_over_reverse" (nested tapes: d/dp <grad f, v>),
         "forward_over_reverse" (a `tf.autodiff.ForwardAccumulator` pushing v
         through the gradient computation) or "auto" (the faster one on the
@@ -136,14 +213,13 @@ def hvp(fn, params, vector, mode="auto"):
         mode = _AUTO_HVP_MODE
     if mode not in HVP_MODES:
         raise ValueError(f"mode must be 'auto' or one of {HVP_MODES}, got {mode!r}")
-    flat_p, flat_v = _check_vector(params, vector)
-    flat_v = [tf.cast(v, _unwrap(p).dtype) for p, v in zip(flat_p, flat_v)]
+    flat_p, flat_v = _check_vector(params, vector, "hvp")
     if mode == "reverse_over_reverse":
         with tf.GradientTape() as outer:
             _watch(outer, flat_p)
             with tf.GradientTape() as inner:
                 _watch(inner, flat_p)
-                value = fn()
+                value = _scalar(fn(), "hvp")
             grads = _fill_unconnected(inner.gradient(value, flat_p), flat_p, "zero")
             dot = tf.add_n([tf.reduce_sum(_densify(g) * v) for g, v in zip(grads, flat_v)])
         out = outer.gradient(dot, flat_p)
@@ -152,7 +228,7 @@ def hvp(fn, params, vector, mode="auto"):
         with tf.autodiff.ForwardAccumulator(primals, flat_v) as acc:
             with tf.GradientTape() as tape:
                 _watch(tape, flat_p)
-                value = fn()
+                value = _scalar(fn(), "hvp")
             grads = tape.gradient(value, flat_p)
         out = [None if g is None else acc.jvp(_densify(g)) for g in grads]
     out = _fill_unconnected([_densify(g) for g in out], flat_p, "zero")
@@ -165,12 +241,12 @@ def hessian(fn, params):
     Params are flattened (row-major) and concatenated in `tf.nest.flatten`
     order; meant for small problems and as an oracle for the matrix-free tools.
     """
-    flat = tf.nest.flatten(params)
+    flat = _check_params(params, "hessian")
     with tf.GradientTape(persistent=True) as outer:
         _watch(outer, flat)
         with tf.GradientTape() as inner:
             _watch(inner, flat)
-            value = fn()
+            value = _scalar(fn(), "hessian")
         grads = _fill_unconnected(inner.gradient(value, flat), flat, "zero")
         flat_grad = tf.concat([tf.reshape(_densify(g), [-1]) for g in grads], axis=0)
     n = flat_grad.shape[0]
@@ -186,6 +262,7 @@ def jacobian(fn, x):
 
     `x` may be a nested structure; the result is then structured like `x`.
     """
+    _check_params(x, "jacobian", "x")
     with tf.GradientTape() as tape:
         tape.watch(x)
         y = fn(x)
@@ -195,9 +272,18 @@ def jacobian(fn, x):
 def batch_jacobian(fn, x):
     """Per-example Jacobian: for y = fn(x) with y[i] depending only on x[i],
     returns dy[i]/dx[i] of shape [batch] + y.shape[1:] + x.shape[1:]."""
+    if tf.nest.is_nested(x):
+        raise TypeError(f"batch_jacobian: x must be one tensor of shape [batch, ...], got "
+                        f"{_describe(x)}")
+    _check_params(x, "batch_jacobian", "x")
+    if x.shape.rank == 0:
+        raise ValueError("batch_jacobian: x must have a batch axis, got a scalar")
     with tf.GradientTape() as tape:
         tape.watch(x)
-        y = fn(x)
+        y = tf.convert_to_tensor(fn(x))
+    if y.shape.rank == 0 or not y.shape[:1].is_compatible_with(x.shape[:1]):
+        raise ValueError(f"batch_jacobian: fn(x) must keep x's batch axis: x has shape "
+                         f"{x.shape} and fn(x) has shape {y.shape}")
     return tape.batch_jacobian(y, x, unconnected_gradients=tf.UnconnectedGradients.ZERO)
 
 
@@ -209,9 +295,10 @@ def derivatives(fn, x, order):
     (Beware `x ** 3` at x = 0 beyond order 3: TensorFlow's Pow gradient there is
     0 * x**-1, a NaN; write powers as products where the tower must go that high.)
     """
-    if int(order) != order or order < 1:
-        raise ValueError(f"order must be a positive integer, got {order!r}")
+    if not isinstance(order, numbers.Integral) or isinstance(order, bool) or order < 1:
+        raise ValueError(f"derivatives: order must be a positive integer, got {order!r}")
     x = tf.convert_to_tensor(x)
+    _check_params(x, "derivatives", "x")
     tapes, derivs = [], []
     try:
         for _ in range(order):  # outermost first
@@ -219,7 +306,10 @@ def derivatives(fn, x, order):
             tape.__enter__()
             tape.watch(x)
             tapes.append(tape)
-        current = fn(x)
+        current = tf.convert_to_tensor(fn(x))
+        if not current.shape.is_compatible_with(x.shape):
+            raise ValueError(f"derivatives: fn must be elementwise, but fn(x) has shape "
+                             f"{current.shape} for x of shape {x.shape}")
         while tapes:  # innermost first; outer tapes record each gradient
             tape = tapes.pop()
             tape.__exit__(None, None, None)
@@ -243,23 +333,25 @@ def gnvp(model_fn, loss_fn, params, vector):
       model_fn: a callable of no arguments returning the model output z
         (any shape; depends on `params`).
       loss_fn: a callable taking z and returning a scalar loss.
-      params: variables / tensors (nested structure).
-      vector: a structure like `params`.
+      params: variables / tensors (nested structure) of floating dtypes.
+      vector: a structure like `params` (as for `hvp`).
 
     Returns:
       G v, structured like `params`.
     """
-    flat_p, flat_v = _check_vector(params, vector)
-    flat_v = [tf.cast(v, _unwrap(p).dtype) for p, v in zip(flat_p, flat_v)]
+    flat_p, flat_v = _check_vector(params, vector, "gnvp")
     primals = [_unwrap(p) for p in flat_p]
     with tf.GradientTape() as tape:
         _watch(tape, flat_p)
         with tf.autodiff.ForwardAccumulator(primals, flat_v) as acc:
-            z = model_fn()
+            z = tf.convert_to_tensor(model_fn())
+        if not (z.dtype.is_floating or z.dtype.is_complex):
+            raise TypeError(f"gnvp: model_fn() must return floating-point outputs, got dtype "
+                            f"{z.dtype.name}")
         jv = acc.jvp(z, unconnected_gradients=tf.UnconnectedGradients.ZERO)
     z_const = tf.stop_gradient(z)
-    hjv = hvp(lambda: loss_fn(z_const), z_const, tf.stop_gradient(jv),
-              mode="reverse_over_reverse")
+    hjv = hvp(lambda: _scalar(loss_fn(z_const), "gnvp", "loss_fn(z)"), z_const,
+              tf.stop_gradient(jv), mode="reverse_over_reverse")
     out = tape.gradient(z, flat_p, output_gradients=hjv)
     out = _fill_unconnected([_densify(g) for g in out], flat_p, "zero")
     return tf.nest.pack_sequence_as(params, out)

@@ -365,3 +365,105 @@ def test_gnvp_equals_hessian_for_linear_model_with_mse():
     gn = hogrod.gnvp(lambda: model(X), loss_fn, model.trainable_variables, vec)
     hv = hogrod.hvp(lambda: loss_fn(model(X)), model.trainable_variables, vec)
     np.testing.assert_allclose(flat(gn), flat(hv), rtol=1e-10)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_hvp_of_a_non_scalar_function_is_an_error_giving_its_shape(mode):
+    a = tf.Variable([1.0, 2.0])
+    with pytest.raises(ValueError, match=r"hvp: fn\(\) must return a scalar, got shape \(2,\)"):
+        hogrod.hvp(lambda: a ** 3, a, tf.ones(2), mode=mode)
+    with pytest.raises(ValueError, match=r"hessian: fn\(\) must return a scalar"):
+        hogrod.hessian(lambda: a ** 3, a)
+    with pytest.raises(ValueError, match=r"gnvp: loss_fn\(z\) must return a scalar"):
+        hogrod.gnvp(lambda: a * 2.0, lambda z: z ** 2, a, tf.ones(2))
+
+
+def test_a_vector_of_the_wrong_structure_gives_counts_and_shapes_not_values():
+    big = tf.Variable(tf.fill([50, 40], 1234.5), name="big_kernel")
+    b = tf.Variable(tf.zeros([40]))
+    fn = lambda: tf.reduce_sum(tf.matmul(tf.ones([1, 50]), big) + b)  # noqa: E731
+    for call in (lambda v: hogrod.hvp(fn, [big, b], v),
+                 lambda v: hogrod.gnvp(lambda: big * 1.0, tf.reduce_sum, [big, b], v)):
+        with pytest.raises(ValueError, match=r"2 parts\) and vector is \[float32\[50, 40\]\] "
+                                             r"\(1 parts\)") as info:
+            call([tf.ones([50, 40])])
+        assert "1234" not in str(info.value) and len(str(info.value)) < 400
+    with pytest.raises(ValueError, match=r"vector\[1\] has shape \(3,\) but .*params\[1\]"):
+        hogrod.hvp(fn, [big, b], [tf.ones([50, 40]), tf.ones([3])])
+    with pytest.raises(ValueError, match="structured like params"):
+        hogrod.hvp(fn, {"w": big, "b": b}, {"w": tf.ones([50, 40]), "bias": tf.ones([40])})
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_hvp_accepts_numbers_and_numpy_arrays_at_the_params_dtype(mode):
+    w = tf.Variable(0.5, dtype=tf.float64)
+    fn = lambda: w ** 4  # noqa: E731  (H = 12 w^2 = 3)
+    got = hogrod.hvp(fn, w, 0.1, mode=mode)
+    assert got.dtype == tf.float64
+    # 0.1 taken at float64, not through float32 (which would be off by ~1.5e-9 relative)
+    assert float(got) == 3.0 * 0.1
+    v = np.array([0.1, -2.0, 3.0])  # float64 numpy for float32 params: converted
+    a = tf.Variable([1.0, 2.0, 3.0])
+    got = hogrod.hvp(lambda: tf.reduce_sum(a ** 3), a, v, mode=mode)
+    np.testing.assert_allclose(got, 6 * a.numpy() * v, rtol=1e-6)
+    assert got.dtype == tf.float32
+
+
+def test_a_vector_of_another_dtype_is_an_error_naming_both():
+    w = tf.Variable([1.0, 2.0], dtype=tf.float64, name="w64")
+    for call in (lambda v: hogrod.hvp(lambda: tf.reduce_sum(w ** 3), w, v),
+                 lambda v: hogrod.gnvp(lambda: w * 1.0, tf.reduce_sum, w, v)):
+        with pytest.raises(TypeError, match=r"vector\[0\] has dtype float32 but w64.* float64"):
+            call(tf.ones(2, tf.float32))
+        with pytest.raises(TypeError, match=r"vector\[0\] .* must be a tensor, a number"):
+            call("ab")
+
+
+def test_bad_params_are_named_by_every_primitive():
+    good = tf.Variable([1.0, 2.0])
+    fn = lambda: tf.reduce_sum(good ** 2)  # noqa: E731
+    ints = tf.constant([1, 2])
+    calls = {
+        "value_and_grad": lambda p: hogrod.value_and_grad(fn, p),
+        "grad": lambda p: hogrod.grad(fn, p),  # reported as value_and_grad
+        "hvp": lambda p: hogrod.hvp(fn, p, tf.nest.map_structure(lambda _: tf.ones(2), p)),
+        "hessian": lambda p: hogrod.hessian(fn, p),
+        "gnvp": lambda p: hogrod.gnvp(lambda: good * 1.0, tf.reduce_sum, p,
+                                      tf.nest.map_structure(lambda _: tf.ones(2), p)),
+        "jacobian": lambda p: hogrod.jacobian(lambda x: x, p),
+        "batch_jacobian": lambda p: hogrod.batch_jacobian(lambda x: x, p),
+    }
+    for name, call in calls.items():
+        what = "value_and_grad" if name == "grad" else name
+        arg = "x" if "jacobian" in name else "params"
+        # a numpy array is not a tensor (the gradient would silently be zero or fail in TF)
+        with pytest.raises(TypeError, match=rf"{what}: {arg}\[0\] must be a tf.Variable.*ndarray"):
+            call(np.ones(2, np.float32))
+        # an integer tensor has no gradient: zeros would be a silent wrong answer
+        with pytest.raises(TypeError, match=rf"{what}: {arg}\[0\] has dtype int32"):
+            call(ints)
+        if "jacobian" not in name:
+            with pytest.raises(ValueError, match=rf"{what}: params is empty"):
+                call([])
+    with pytest.raises(ValueError, match="derivatives: order"):
+        hogrod.derivatives(tf.sin, tf.ones(2), 1.5)
+    with pytest.raises(TypeError, match="derivatives: x.* has dtype int32"):
+        hogrod.derivatives(tf.sin, ints, 1)
+    with pytest.raises(ValueError, match="derivatives: fn must be elementwise"):
+        hogrod.derivatives(tf.reduce_sum, tf.ones(3), 2)
+    with pytest.raises(ValueError, match="batch_jacobian: fn.* keep x's batch axis"):
+        hogrod.batch_jacobian(tf.reduce_sum, tf.ones([3, 2]))
+    with pytest.raises(TypeError, match="batch_jacobian: x must be one tensor"):
+        hogrod.batch_jacobian(lambda x: x, [tf.ones([3, 2])])
+
+
+def test_checks_work_when_traced_with_unknown_sizes():
+    w = tf.Variable([1.0, 2.0, 3.0])
+    step = tf.function(lambda v: hogrod.hvp(lambda: tf.reduce_sum(w ** 3), w, v))
+    step.get_concrete_function(tf.TensorSpec([None]))
+    np.testing.assert_allclose(step(tf.ones(3)), 6 * w.numpy())
+    with pytest.raises(ValueError, match="vector\\[0\\] has shape"):
+        step(tf.ones([2, 3]))
