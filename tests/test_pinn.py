@@ -71,6 +71,12 @@ def test_partials_of_a_network_match_finite_differences():
     # Burgers: u = x / (1 + t) (u_xx = 0, so any viscosity); Allen-Cahn: the stationary
     # front tanh(x sqrt(r / 2d)) (d u_xx = r (u^3 - u))
     (pinn.burgers(0.03), lambda x: x[:, :1] / (1.0 + x[:, 1:]), (-1, 0), (1, 1)),
+    # ... and the viscous travelling wave c - a tanh(a (x - c t) / 2 nu) (u_xx != 0: the
+    # viscous term's sign matters), with a fixed and a callable (learned) viscosity
+    (pinn.burgers(0.05), lambda x: 0.3 - 0.5 * tf.tanh(5.0 * (x[:, :1] - 0.3 * x[:, 1:])),
+     (-1, 0), (1, 1)),
+    (pinn.burgers(lambda: tf.constant(0.05, tf.float64)),
+     lambda x: 0.3 - 0.5 * tf.tanh(5.0 * (x[:, :1] - 0.3 * x[:, 1:])), (-1, 0), (1, 1)),
     (pinn.allen_cahn(diffusion=0.01, reaction=5.0),
      lambda x: tf.tanh(x[:, :1] * math.sqrt(5.0 / 0.02)) + 0.0 * x[:, 1:], (-1, 0), (1, 1)),
 ])
@@ -277,3 +283,66 @@ def test_convergence_benchmark_records_error_curves(tmp_path):
     curve = m["histories"]["hogrod_deepxde_setup"]
     assert [h[2] for h in curve[:2]] == [20, 40] and curve[-1][1] == "end"
     assert m["hogrod_deepxde_setup_relative_l2"] < curve[0][3]  # training reduced the error
+
+
+def test_partials_take_no_gradient_inside_a_recording_persistent_tape(monkeypatch):
+    """TensorFlow warns (once per process, so the log itself cannot be tested) when a
+    persistent tape's gradient is taken inside its context; partials must not do that, so
+    the warning never prints and no gradient op is recorded that no later order needs."""
+    from tensorflow.python.eager import backprop
+    inside = []
+    original = backprop.GradientTape.gradient
+
+    def spy(self, *args, **kwargs):
+        inside.append(self._persistent and self._recording)
+        return original(self, *args, **kwargs)
+    monkeypatch.setattr(backprop.GradientTape, "gradient", spy)
+    u = lambda x: tf.sin(x[:, :1]) * x[:, 1:] ** 2  # noqa: E731
+    x = pts(4)
+    d = pinn.partials(u, x, [(0, 1), (1, 1, 1), ()])
+    tf.function(lambda x: pinn.partials(u, x, [(0, 0), (1,)]))(x)
+    assert inside and not any(inside)
+    np.testing.assert_allclose(d[(0, 1)][:, 0], 2 * np.cos(x[:, 0]) * x[:, 1], rtol=1e-12)
+    np.testing.assert_array_equal(d[(1, 1, 1)], 0.0)
+    with pytest.raises(ValueError, match=r"u_fn\(x\) must have shape \[batch\] or \[batch, m\]"):
+        pinn.partials(lambda x: x[:, :, None], x, [(0,)])
+
+
+def test_every_condition_needs_its_points():
+    """Zipping conditions with fewer point sets would silently drop the boundary term."""
+    prob = pinn.heat_problem(grid_shape=(5, 5))
+    u = lambda x: x[:, :1] * x[:, 1:]  # noqa: E731
+    points = pinn.sample(prob.domain, 8, "uniform", 0)
+    conds = [fn(4, i) for i, (_, fn, _) in enumerate(prob.conditions)]
+    with pytest.raises(ValueError, match=r"one set of points per condition.*no points for "
+                                         r"condition\(s\) \['initial', 'boundary'\]"):
+        pinn.pinn_loss(prob, u, points, [])
+    with pytest.raises(ValueError, match=r"no points for condition\(s\) \['boundary'\]"):
+        pinn.pinn_loss(prob, u, points, conds[:1])
+    with pytest.raises(ValueError, match=r"got 3: 1 set\(s\) of points beyond them"):
+        pinn.pinn_loss(prob, u, points, conds + conds[:1])
+    loss_fn = pinn.pinn_loss(prob, u, points, conds)
+    terms = loss_fn()
+    assert set(terms) == {"residual", "initial", "boundary"}
+    # oracle for the boundary term: u = x t is t at x = 1 and 0 at x = 0 (the target is 0)
+    xb = conds[1]
+    np.testing.assert_allclose(float(terms["boundary"]),
+                               np.mean((xb[:, 0] * xb[:, 1]) ** 2), rtol=1e-5)
+    with pytest.raises(ValueError, match=r"the batch's condition points .*\['boundary'\]"):
+        loss_fn((tf.constant(points), [tf.constant(conds[0])]))
+
+
+def test_relative_l2_is_normalized_by_the_reference_and_is_a_number_or_none():
+    prob = pinn.heat_problem(alpha=0.5, grid_shape=(9, 7))
+    ref = prob.reference(prob.grid)
+
+    def u(x):  # 3 u_ref + 0.1: not proportional, so no normalization gives the same number
+        return 3.0 * tf.sin(math.pi * x[:, :1]) * tf.exp(-0.5 * math.pi ** 2 * x[:, 1:]) + 0.1
+    got = pinn.relative_l2(prob, u, tf.float64)
+    assert isinstance(got, float)
+    pred = 3.0 * ref + 0.1
+    np.testing.assert_allclose(got, np.linalg.norm(pred - ref) / np.linalg.norm(ref), rtol=1e-12)
+    np.testing.assert_allclose(pinn.predict_on_grid(prob, u, tf.float64), pred, rtol=1e-12)
+    assert pinn.relative_l2(pinn.allen_cahn_problem(grid_shape=(3, 3)), u) is None
+    with pytest.raises(ValueError, match=r"relative_l2: the solution has shape \(63, 2\)"):
+        pinn.relative_l2(prob, lambda x: tf.concat([u(x), u(x)], 1), tf.float64)

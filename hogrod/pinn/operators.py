@@ -6,7 +6,7 @@ each wanted derivative is a tuple of coordinate indices ((): u itself, (0,): du/
 u_xx reuse the same first backward pass; u_x and u_t come from one backward pass), mixed
 partials are symmetric ((1, 0) is (0, 1)), and each points' derivatives depend only on that
 point (the network is applied pointwise), so one backward pass of sum(u[:, j]) gives
-du_j/dx for the whole batch. Reverse-over-reverse on one persistent tape.
+du_j/dx for the whole batch. Reverse-over-reverse: one tape per derivative order.
 """
 
 import numbers
@@ -32,6 +32,7 @@ def partials(u_fn, x, wanted):
     if x.shape.rank != 2:
         raise ValueError(f"collocation points must have shape [batch, dim], got {x.shape}")
     dim = x.shape[-1]
+    wanted = list(wanted)  # iterated twice below
     for k in wanted:
         if not isinstance(k, (tuple, list)) or not all(isinstance(i, numbers.Integral) for i in k):
             raise ValueError(f"each wanted derivative is a tuple of coordinate indices (e.g. "
@@ -42,26 +43,46 @@ def partials(u_fn, x, wanted):
         if bad:
             raise ValueError(f"coordinate index {bad[0]} in derivative {k} is outside the input "
                              f"dimension {dim}")
-    cache, grads = {}, {}
-    with tf.GradientTape(persistent=True) as tape:
-        tape.watch(x)
-        u = u_fn(x)
-        cache[()] = u[:, None] if u.shape.rank == 1 else u
-        m = cache[()].shape[-1]
+    needed = {()} | {k[:i] for k in keys.values() for i in range(len(k) + 1)}
+    order = max(map(len, needed))
+    cache, sums, tapes = {}, {}, []
 
-        def get(key):
-            if key not in cache:
+    def store(key, value):  # the column sums are taken while the next order's tape records
+        cache[key] = value
+        if any(len(k) > len(key) and k[:len(key)] == key for k in needed):
+            sums[key] = [tf.reduce_sum(value[:, j]) for j in range(value.shape[-1])]
+
+    try:
+        # One tape per derivative order, outermost first, each entered before u is evaluated.
+        # The innermost is closed first and differentiates u; the tapes still open record
+        # that gradient for the next order. Every gradient is taken outside its own tape's
+        # context, so no gradient op is recorded that no later order needs (the costly
+        # pattern TensorFlow warns about for persistent tapes).
+        for _ in range(order):
+            tape = tf.GradientTape(persistent=True)  # several outputs and keys per order
+            tape.__enter__()
+            tape.watch(x)
+            tapes.append(tape)
+        u = tf.convert_to_tensor(u_fn(x))
+        if u.shape.rank not in (1, 2) or not u.shape[:1].is_compatible_with(x.shape[:1]):
+            raise ValueError(f"u_fn(x) must have shape [batch] or [batch, m] for points x of "
+                             f"shape {x.shape}, got {u.shape}")
+        store((), u[:, None] if u.shape.rank == 1 else u)
+        for level in range(1, order + 1):
+            tape = tapes.pop()
+            tape.__exit__(None, None, None)
+            grads = {}
+            for key in sorted(k for k in needed if len(k) == level):
                 parent = key[:-1]
-                value = get(parent)
                 if parent not in grads:  # one backward pass per output gives every coordinate
                     grads[parent] = [tape.gradient(
-                        tf.reduce_sum(value[:, j]), x,
-                        unconnected_gradients=tf.UnconnectedGradients.ZERO) for j in range(m)]
-                cache[key] = tf.stack([g[:, key[-1]] for g in grads[parent]], axis=1)
-            return cache[key]
-
-        for k in sorted(set(keys.values()), key=len):
-            get(k)
+                        total, x, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+                        for total in sums[parent]]
+                store(key, tf.stack([g[:, key[-1]] for g in grads[parent]], axis=1))
+            del tape
+    finally:
+        for tape in reversed(tapes):
+            tape.__exit__(None, None, None)
     return {k: cache[v] for k, v in keys.items()}
 
 

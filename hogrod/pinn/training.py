@@ -3,7 +3,8 @@
 `pinn_loss(problem, u_fn, points, condition_points, weights)` returns the loss function of
 named terms ("residual" and one per condition) that `hogrod.train.make_train_step` takes.
 `lbfgs(loss, variables)` runs scipy's L-BFGS-B on a compiled float64 value-and-gradient of
-the same terms; `relative_l2` measures a solution against the problem's reference.
+the same terms; `relative_l2` measures a solution against the problem's reference
+(a float, or None without one); `predict_on_grid` evaluates it on the problem's grid.
 """
 
 import time
@@ -16,7 +17,7 @@ from absl import logging
 import hogrod
 from hogrod.pinn.pdes import residual
 
-__all__ = ["solution_fn", "pinn_loss", "lbfgs", "relative_l2"]
+__all__ = ["solution_fn", "pinn_loss", "lbfgs", "relative_l2", "predict_on_grid"]
 
 
 def solution_fn(problem, net):
@@ -24,6 +25,18 @@ def solution_fn(problem, net):
     if problem.transform is None:
         return net
     return lambda x: problem.transform(x, net(x))
+
+
+def _check_one_set_per_condition(problem, names, condition_points,
+                                 what="condition_points"):
+    """One set of points per condition, in order: zipping shorter lists would drop terms."""
+    if len(condition_points) != len(names):
+        missing = names[len(condition_points):]
+        detail = (f"no points for condition(s) {missing}" if missing else
+                  f"{len(condition_points) - len(names)} set(s) of points beyond them")
+        raise ValueError(f"pinn_loss: {what} must hold one set of points per condition of "
+                         f"problem {problem.name!r}, in order {names}; got "
+                         f"{len(condition_points)}: {detail}")
 
 
 def pinn_loss(problem, u_fn, points, condition_points, weights=None, extra_terms=None):
@@ -37,6 +50,7 @@ def pinn_loss(problem, u_fn, points, condition_points, weights=None, extra_terms
     points = tf.convert_to_tensor(points)
     condition_points = [tf.convert_to_tensor(x) for x in condition_points]
     names = [name for name, _, _ in problem.conditions]
+    _check_one_set_per_condition(problem, names, condition_points)
     dim = problem.domain.dim
     for what, x in [("collocation points", points)] + [
             (f"the {name!r} condition's points", x) for name, x in zip(names, condition_points)]:
@@ -50,6 +64,7 @@ def pinn_loss(problem, u_fn, points, condition_points, weights=None, extra_terms
 
     def loss_fn(batch=None):
         pts, cond_pts = (points, condition_points) if batch is None else batch
+        _check_one_set_per_condition(problem, names, cond_pts, "the batch's condition points")
         terms = {"residual": tf.reduce_mean(tf.square(residual(problem.pde, u_fn, pts)))}
         for (name, _, target), x in zip(problem.conditions, cond_pts):
             terms[name] = tf.reduce_mean(tf.square(u_fn(x) - target(x)))
@@ -125,12 +140,21 @@ def lbfgs(loss_fn, variables, max_iterations=10000, tolerance=1e-12, history_siz
     return float(result.fun), int(result.nit), time.perf_counter() - start - outside[0]
 
 
-def relative_l2(problem, u_fn, dtype=tf.float32):
-    """||u - u_ref|| / ||u_ref|| on the problem's grid (None if it has no reference)."""
-    if problem.reference is None:
-        return None, None
+def predict_on_grid(problem, u_fn, dtype=tf.float32):
+    """u on the problem's grid, numpy [grid points, m] (evaluated in chunks)."""
     grid = problem.grid
-    pred = np.concatenate([u_fn(tf.constant(grid[i:i + 8192], dtype)).numpy()
+    return np.concatenate([u_fn(tf.constant(grid[i:i + 8192], dtype)).numpy()
                            for i in range(0, len(grid), 8192)])
-    ref = problem.reference(grid)
-    return float(np.linalg.norm(pred - ref) / np.linalg.norm(ref)), (pred, ref)
+
+
+def relative_l2(problem, u_fn, dtype=tf.float32):
+    """||u - u_ref|| / ||u_ref|| on the problem's grid, a float; None if the problem has no
+    reference solution."""
+    if problem.reference is None:
+        return None
+    pred = predict_on_grid(problem, u_fn, dtype)
+    ref = np.asarray(problem.reference(problem.grid))
+    if pred.shape != ref.shape:
+        raise ValueError(f"relative_l2: the solution has shape {pred.shape} on the grid of "
+                         f"problem {problem.name!r} but its reference has shape {ref.shape}")
+    return float(np.linalg.norm(pred - ref) / np.linalg.norm(ref))
