@@ -311,3 +311,59 @@ def test_time_limit_stops_with_a_checkpoint_and_excludes_callback_time(tmp_path)
     # ~10 steps of 0.05 s fit in 0.5 s; counting the 0.1 s callbacks would allow ~3
     assert 6 <= len(calls) <= 14
     assert train.Checkpointer(str(tmp_path), counter=counter).restore() == len(calls)
+
+
+def test_accumulated_step_logs_the_mean_over_its_micro_batches():
+    """Oracle: each micro-batch's terms and gradient by a plain tape, before the update."""
+    model, opt, loss_fn, data = make_problem()
+    batch = big_batch(data)
+    k, size = 4, GLOBAL_BATCH // 4
+    micro = [tuple(t[i * size:(i + 1) * size] for t in batch) for i in range(k)]
+    terms, grads = [], []
+    for m in micro:
+        with tf.GradientTape() as tape:
+            t = loss_fn(m)
+            total = t["mse"] + 0.5 * t["l2"]
+        terms.append({n: float(v) for n, v in t.items()})
+        grads.append(np.concatenate([g.numpy().ravel() for g in
+                                     tape.gradient(total, model.trainable_variables)]))
+    mean = {n: np.mean([t[n] for t in terms]) for n in terms[0]}
+    step = train.make_train_step(loss_fn, opt, model.trainable_variables, weights={"l2": 0.5},
+                                 accumulation_steps=k)
+    logs = step(batch)
+    for name in ("mse", "l2"):
+        np.testing.assert_allclose(float(logs[name]), mean[name], rtol=1e-5)
+    np.testing.assert_allclose(float(logs["loss"]), mean["mse"] + 0.5 * mean["l2"], rtol=1e-5)
+    np.testing.assert_allclose(float(logs["grad_norm"]), np.linalg.norm(np.mean(grads, 0)),
+                               rtol=1e-5)
+
+
+def test_nan_guard_skips_an_update_whose_gradient_alone_is_not_finite(tmp_path):
+    """sqrt at 0: the loss is finite, its gradient is inf; the update must not be applied."""
+    w = tf.Variable([0.0, 4.0], name="w")
+    step = train.make_train_step(lambda b: tf.reduce_sum(tf.sqrt(w)), keras.optimizers.SGD(0.1),
+                                 [w])
+    logs = step(tf.zeros([1]))
+    assert float(logs["loss"]) == 2.0 and float(logs["grad_norm"]) == np.inf
+    assert float(logs["applied"]) == 0.0
+    np.testing.assert_array_equal(w.numpy(), [0.0, 4.0])
+    with pytest.raises(train.NonFiniteError, match="step 1: the gradient is inf"):
+        train.train_loop(step, iter([tf.zeros([1])] * 3), 3)
+    np.testing.assert_array_equal(w.numpy(), [0.0, 4.0])
+
+
+def test_empty_or_non_variable_variables_are_clear_errors():
+    model, _, loss_fn, _ = make_problem()
+    vs = model.trainable_variables
+    with pytest.raises(ValueError, match="make_train_step: variables is empty"):
+        train.make_train_step(loss_fn, keras.optimizers.SGD(0.1), [])
+    with pytest.raises(ValueError, match="make_train_step: optimizer group 1's variables is empty"):
+        train.make_train_step(loss_fn, [(keras.optimizers.SGD(0.1), vs),
+                                        (keras.optimizers.SGD(0.1), [])])
+    with pytest.raises(ValueError, match="empty list of"):
+        train.make_train_step(loss_fn, [])
+    with pytest.raises(TypeError, match=r"make_train_step: variables\[1\] must be a variable, "
+                                        r"got EagerTensor"):
+        train.make_train_step(loss_fn, keras.optimizers.SGD(0.1), [vs[0], tf.ones(3)])
+    with pytest.raises(ValueError, match="accumulation_steps must be an integer >= 1, got 2.5"):
+        train.make_train_step(loss_fn, keras.optimizers.SGD(0.1), vs, accumulation_steps=2.5)

@@ -13,6 +13,8 @@ transform, and updates the variables only if every term and the gradient are fin
 returned logs let `train_loop` stop on the first non-finite value without saving it.
 """
 
+import numbers
+
 import gin
 import keras
 import tensorflow as tf
@@ -33,12 +35,25 @@ def _groups(optimizer, variables):
     """Normalize to [(optimizer, [vars])] and check that groups are disjoint."""
     if isinstance(optimizer, (list, tuple)):
         groups = [(opt, list(vs)) for opt, vs in optimizer]
+        if not groups:
+            raise ValueError("make_train_step: optimizer is an empty list of (optimizer, "
+                             "variables) groups")
         if variables is not None:
             raise ValueError("pass variables inside the (optimizer, variables) groups, not both")
     else:
         if variables is None:
             raise ValueError("make_train_step needs `variables` with a single optimizer")
         groups = [(optimizer, list(variables))]
+    grouped = isinstance(optimizer, (list, tuple))
+    for i, (_, vs) in enumerate(groups):
+        where = f"optimizer group {i}'s variables" if grouped else "variables"
+        if not vs:
+            raise ValueError(f"make_train_step: {where} is empty; nothing would be trained "
+                             "(a model not built yet has no variables)")
+        for j, v in enumerate(vs):
+            if not isinstance(v, (tf.Variable, keras.Variable)):
+                raise TypeError(f"make_train_step: {where}[{j}] must be a variable, got "
+                                f"{type(v).__name__}")
     owner = {}
     for i, (_, vs) in enumerate(groups):
         for v in vs:
@@ -120,9 +135,11 @@ def make_train_step(loss_fn, optimizer, variables=None, weights=None, transform=
     if scaler is not None and len(groups) > 1:
         raise ValueError("mixed precision (LossScaleOptimizer) supports one optimizer group")
     weights = dict(weights or {})
-    k = int(accumulation_steps)
-    if k < 1:
-        raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
+    k = accumulation_steps
+    if not isinstance(k, numbers.Integral) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"make_train_step.accumulation_steps must be an integer >= 1, got "
+                         f"{accumulation_steps!r}")
+    k = int(k)
     with strategy.scope():
         build_optimizers(groups)
 
