@@ -8,9 +8,9 @@ so the caller controls tracing.
 
 `params` may be `tf.Variable`s, Keras 3 variables or plain tensors (of a floating dtype);
 tensors are watched for you. Arguments are checked when a function is traced (types and
-static shapes), and a bad one is an error naming it, so compiled callers pay nothing. Keras 3 variables wrap a `tf.Variable` (`.value`); where
-TensorFlow needs the underlying resource (forward-mode accumulators) it is
-unwrapped here so callers never have to.
+static shapes), and a bad one is an error naming it, so compiled callers pay nothing.
+Keras 3 variables wrap a `tf.Variable` (`.value`); where TensorFlow needs the underlying
+resource (forward-mode accumulators) it is unwrapped here so callers never have to.
 """
 
 import numbers

@@ -246,3 +246,80 @@ def test_bench_binary_runs(tmp_path):
     assert m["ratio_over_eager"] > 0
     # the floor is the step's products alone: the whole step takes longer
     assert m["matmul_floor_ms"] > 0 and m["floor_ratio_over_hogrod_compiled"] > 1
+
+
+class QuadraticCritic(keras.Model):
+    """D(x) = ||x W||^2 / 2: grad_x D = W W^T x depends on the point, so a penalty taken at
+    the wrong points (real for fake) has another value."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = self.add_weight(shape=(2, 2), initializer="random_normal", name="w")
+
+    def call(self, x, training=False):
+        return 0.5 * tf.reduce_sum(tf.square(tf.matmul(x, self.w)), axis=1)
+
+
+@pytest.mark.parametrize("penalty", ["gp", "lp", "r1", "r2"])
+def test_the_trainer_takes_each_penalty_at_its_points(penalty):
+    """Oracle: the closed form ||W W^T x|| at real data (R1), generated data (R2) or the
+    interpolates (GP, LP), in numpy, before the critic's update."""
+    keras.utils.set_random_seed(3)
+    gen = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
+    critic = QuadraticCritic()
+    critic(tf.zeros((1, 2)))
+    step = gan.make_wgan_gp_step(gen, critic, keras.optimizers.SGD(0.01),
+                                 keras.optimizers.SGD(0.01), 2, penalty=penalty, n_critic=1)
+    batch = {"real": tf.random.stateless_normal([8, 2], (5, 0)) + 3.0,
+             "z": tf.random.stateless_normal([8, 2], (5, 1)),
+             "interpolation": tf.random.stateless_uniform([8], (5, 2))}
+    W = critic.w.numpy()
+    real, fake, e = batch["real"].numpy(), gen(batch["z"]).numpy(), batch["interpolation"].numpy()
+    norm = lambda x: np.linalg.norm(x @ W @ W.T, axis=1)  # noqa: E731
+    x_hat = e[:, None] * real + (1 - e[:, None]) * fake
+    expected = {"r1": np.mean(norm(real) ** 2), "r2": np.mean(norm(fake) ** 2),
+                "gp": np.mean((norm(x_hat) - 1) ** 2),
+                "lp": np.mean(np.maximum(norm(x_hat) - 1, 0) ** 2)}
+    assert abs(expected["r1"] - expected["r2"]) > 0.1 * expected["r2"]  # the test can fail
+    logs = step.critic_step(batch)
+    np.testing.assert_allclose(float(logs["penalty"]), expected[penalty], rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(3,), (4, 4, 2)])
+def test_each_gp_interpolate_lies_on_the_segment_between_its_real_and_fake_example(shape):
+    """One weight e_i per example: x_hat_i - fake_i = e_i (real_i - fake_i), 0 <= e_i <= 1
+    (a weight per element would leave the segment)."""
+    seen = []
+
+    def critic(x):
+        seen.append(x.numpy())
+        return half_squared_norm(x)
+    real = tf.random.stateless_normal((16,) + shape, (6, 0), dtype=tf.float64)
+    fake = tf.random.stateless_normal((16,) + shape, (6, 1), dtype=tf.float64)
+    gp = gan.gradient_penalty(critic, real, fake)
+    (x_hat,) = seen
+    d = (real - fake).numpy().reshape(16, -1)
+    r = (x_hat - fake.numpy()).reshape(16, -1)
+    e = np.sum(r * d, axis=1) / np.sum(d * d, axis=1)
+    np.testing.assert_allclose(r, e[:, None] * d, atol=1e-12)
+    assert np.all((e >= 0) & (e <= 1)) and len(np.unique(e)) == 16
+    norms = np.linalg.norm(x_hat.reshape(16, -1), axis=1)  # grad of ||x||^2 / 2 is x
+    np.testing.assert_allclose(float(gp), np.mean((norms - 1) ** 2), rtol=1e-12)
+
+
+def test_trainer_and_gp_arguments_are_checked():
+    keras.utils.set_random_seed(0)
+    gen = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
+    critic = small_critic()
+    unbuilt = keras.Sequential([keras.layers.Dense(1)])
+    sgd = keras.optimizers.SGD
+    with pytest.raises(ValueError, match="the critic has no trainable variables"):
+        gan.make_wgan_gp_step(gen, unbuilt, sgd(), sgd(), 2)
+    with pytest.raises(ValueError, match="penalty_weight must be >= 0"):
+        gan.make_wgan_gp_step(gen, critic, sgd(), sgd(), 2, penalty_weight=-1.0)
+    step = gan.make_wgan_gp_step(gen, critic, sgd(), sgd(), 2, n_critic=2)
+    with pytest.raises(TypeError, match="tuple of 2 real batches"):
+        step(tf.zeros([2, 2]))  # two rows, not two batches
+    with pytest.raises(ValueError, match=r"one weight per example, shape \[4\], got \(4, 2\)"):
+        gan.gradient_penalty(critic, tf.zeros([4, 2]), tf.ones([4, 2]),
+                             interpolation=tf.fill([4, 2], 0.5))

@@ -84,6 +84,11 @@ def gradient_penalty(critic, real, fake, target=1.0, one_sided=False, interpolat
     if interpolation is None:
         e = _per_example_uniform(real)
     else:
+        interpolation = tf.convert_to_tensor(interpolation)
+        if interpolation.shape.rank != 1 or not interpolation.shape.is_compatible_with(
+                real.shape[:1]):
+            raise ValueError(f"interpolation must hold one weight per example, shape "
+                             f"[{real.shape[0]}], got {interpolation.shape}")
         e = tf.reshape(tf.cast(interpolation, real.dtype), _per_example_shape(real))
     x_hat = e * real + (1.0 - e) * tf.cast(fake, real.dtype)
     gap = input_gradient_norm(critic, x_hat) - target

@@ -57,6 +57,12 @@ def make_wgan_gp_step(generator, critic, critic_optimizer, generator_optimizer, 
         raise ValueError(f"make_wgan_gp_step.penalty must be one of {PENALTIES}, got {penalty!r}")
     if lazy_every < 1 or n_critic < 1:
         raise ValueError(f"n_critic ({n_critic}) and lazy_every ({lazy_every}) must be >= 1")
+    if penalty_weight < 0:
+        raise ValueError(f"make_wgan_gp_step.penalty_weight must be >= 0, got {penalty_weight}")
+    for name, model in (("critic", critic), ("generator", generator)):
+        if not model.trainable_variables:
+            raise ValueError(f"make_wgan_gp_step: the {name} has no trainable variables; "
+                             "build it (call it once on a batch) first")
 
     def unpack(batch):  # (real, z, interpolation) with z drawn here unless given
         if not isinstance(batch, dict):
@@ -96,6 +102,10 @@ def make_wgan_gp_step(generator, critic, critic_optimizer, generator_optimizer, 
                                            generator.trainable_variables, strategy=strategy)
 
     def step(real_batches):
+        if not isinstance(real_batches, (tuple, list)):  # a tensor would be split into rows
+            raise TypeError(f"step needs a tuple of {n_critic} real batches (n_critic, e.g. "
+                            f"from grouped(iterator, {n_critic})), got "
+                            f"{type(real_batches).__name__}")
         if len(real_batches) != n_critic:
             raise ValueError(f"step needs {n_critic} real batches (n_critic), got "
                              f"{len(real_batches)}")
