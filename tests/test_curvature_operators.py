@@ -60,3 +60,26 @@ def test_float32_and_float64_operators_agree():
                                      (tf.cast(x, tf.float32), y), tf.float32)
     np.testing.assert_allclose(op32.matvec(tf.constant(v, tf.float32)),
                                op64.matvec(tf.constant(v)), rtol=1e-3, atol=1e-5)
+
+
+def test_bad_arguments_are_named_at_construction():
+    import pytest
+    model, loss, batch = small_problem()
+    vs = model.trainable_variables
+    with pytest.raises(ValueError, match="HessianOperator: data is None"):
+        curvature.HessianOperator(loss, vs, None, tf.float64)
+    with pytest.raises(ValueError, match="GaussNewtonOperator: data is None"):
+        curvature.GaussNewtonOperator(lambda b: model(b[0]), lambda z, b: tf.reduce_sum(z), vs,
+                                      None)
+    with pytest.raises(ValueError, match=r"data holds None \(flattened part\(s\) \[1\] of 2\)"):
+        curvature.HessianOperator(loss, vs, (batch[0], None), tf.float64)
+    with pytest.raises(ValueError, match="HessianOperator: params is empty"):
+        curvature.HessianOperator(loss, [], batch, tf.float64)
+    with pytest.raises(TypeError, match=r"HessianOperator: params\[0\] must be a tf.Variable"):
+        curvature.HessianOperator(loss, [np.ones(3)], batch, tf.float64)
+    with pytest.raises(ValueError, match="HessianOperator: mode must be"):
+        curvature.HessianOperator(loss, vs, batch, tf.float64, mode="forward")
+    with pytest.raises(ValueError, match="dtype must be a floating dtype"):
+        curvature.HessianOperator(loss, vs, batch, tf.int32)
+    with pytest.raises(TypeError, match="GaussNewtonOperator: loss_fn must be callable"):
+        curvature.GaussNewtonOperator(lambda b: model(b[0]), "mse", vs, batch)

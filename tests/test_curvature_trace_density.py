@@ -1,6 +1,7 @@
 """Trace (Hutchinson, Hutch++) and SLQ density against known spectra; fixed-seed determinism."""
 
 import numpy as np
+import pytest
 from curvature_fixtures import known_spectrum
 
 from hogrod import curvature
@@ -42,3 +43,41 @@ def test_every_estimator_is_deterministic_for_a_fixed_seed():
         np.testing.assert_array_equal(first, second)
     # ... and another seed gives another estimate (the seed is used).
     assert curvature.hutchinson(A, 20, seed=4) != runs[0][2]
+
+
+def test_hutchpp_equals_its_definition_with_fixed_probes(monkeypatch):
+    """Meyer et al. 2021: tr(Q^T A Q) + (1/m) sum_i g_i^T P A P g_i, P = I - Q Q^T, Q an
+    orthonormal basis of range(A S), for the probes S, G fixed here (the value does not
+    depend on which basis: scipy's orth, not the estimator's QR)."""
+    import scipy.linalg
+    from hogrod.curvature import trace
+    rng = np.random.default_rng(11)
+    n, m = 12, 4
+    A = known_spectrum(rng.uniform(-1, 3, n), seed=2)
+    S, G = rng.choice([-1.0, 1.0], (n, m)), rng.choice([-1.0, 1.0], (n, m))
+    probes = iter([S, G])
+    monkeypatch.setattr(trace, "_rademacher", lambda rng, n_, m_: next(probes).copy())
+    est, se = curvature.hutchpp(A, 3 * m, seed=0)
+    Q = scipy.linalg.orth(A @ S)
+    P = np.eye(n) - Q @ Q.T
+    samples = np.array([g @ P @ A @ P @ g for g in G.T])
+    np.testing.assert_allclose(est, np.trace(Q.T @ A @ Q) + samples.mean(), rtol=1e-12)
+    np.testing.assert_allclose(se, samples.std(ddof=1) / np.sqrt(m), rtol=1e-10)
+
+
+def test_hutchpp_is_exact_when_the_sketch_covers_the_rank():
+    A = known_spectrum(np.concatenate([[5.0, -2.0, 1.0], np.zeros(27)]), seed=4)
+    for seed in range(3):
+        est, se = curvature.hutchpp(A, 12, seed=seed)  # sketch of 4 >= rank 3
+        np.testing.assert_allclose(est, 4.0, atol=1e-10)
+        assert se < 1e-10
+
+
+def test_estimator_counts_are_checked():
+    A = np.eye(4)
+    with pytest.raises(ValueError, match="hutchpp: num_matvecs must be an integer >= 6, got 5"):
+        curvature.hutchpp(A, 5)
+    with pytest.raises(ValueError, match="hutchinson: num_samples must be an integer >= 2"):
+        curvature.hutchinson(A, 1)
+    with pytest.raises(ValueError, match="num_samples must be an integer >= 2, got 10.5"):
+        curvature.hutchinson(A, 10.5)

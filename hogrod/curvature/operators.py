@@ -16,6 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 import hogrod
+from hogrod.autodiff import _check_params  # the primitives' own check: one message format
 
 __all__ = ["flatten", "unflatten", "HessianOperator", "GaussNewtonOperator", "layer_params"]
 
@@ -47,10 +48,33 @@ def _batch_size(batch):
     return tf.shape(tf.nest.flatten(batch)[0])[0]
 
 
+def _check_data(data, name):
+    """Data is one batch (a structure of tensors, no None in it) or a tf.data.Dataset: checked
+    here, not at the first product deep inside a trace."""
+    if data is None:
+        raise ValueError(f"{name}: data is None; pass one batch (any structure of tensors, as "
+                         "loss_fn takes it) or a tf.data.Dataset of batches")
+    if isinstance(data, tf.data.Dataset):
+        return
+    missing = [i for i, t in enumerate(tf.nest.flatten(data)) if t is None]
+    if missing:
+        raise ValueError(f"{name}: data holds None (flattened part(s) {missing} of "
+                         f"{len(tf.nest.flatten(data))}); every part of a batch must be a tensor")
+
+
+def _check_callable(fn, arg, name):
+    if not callable(fn):
+        raise TypeError(f"{name}: {arg} must be callable, got {type(fn).__name__}")
+
+
 class _CurvatureOperator(tf.linalg.LinearOperator):
     """Shared machinery: flat vectors in and out, batches reduced by size-weighted mean."""
 
     def __init__(self, product, params, data, dtype, name, strategy=None, **hints):
+        _check_data(data, name)
+        if not tf.as_dtype(dtype).is_floating:
+            raise ValueError(f"{name}: dtype must be a floating dtype (float32 or float64), got "
+                             f"{tf.as_dtype(dtype).name}")
         self._params = list(tf.nest.flatten(params))
         self._n = sum(int(np.prod(p.shape)) for p in self._params)
         self._single = not isinstance(data, tf.data.Dataset)
@@ -120,7 +144,11 @@ class HessianOperator(_CurvatureOperator):
     """
 
     def __init__(self, loss_fn, params, data, dtype=tf.float32, mode="auto", strategy=None):
-        flat_params = tf.nest.flatten(params)
+        _check_callable(loss_fn, "loss_fn", "HessianOperator")
+        flat_params = _check_params(params, "HessianOperator")
+        if mode != "auto" and mode not in hogrod.autodiff.HVP_MODES:
+            raise ValueError(f"HessianOperator: mode must be 'auto' or one of "
+                             f"{hogrod.autodiff.HVP_MODES}, got {mode!r}")
         product = lambda batch, v: hogrod.hvp(lambda: loss_fn(batch), flat_params, v,  # noqa
                                               mode=mode)
         super().__init__(product, flat_params, data, dtype, "HessianOperator", strategy)
@@ -133,7 +161,9 @@ class GaussNewtonOperator(_CurvatureOperator):
     """
 
     def __init__(self, model_fn, loss_fn, params, data, dtype=tf.float32, strategy=None):
-        flat_params = tf.nest.flatten(params)
+        _check_callable(model_fn, "model_fn", "GaussNewtonOperator")
+        _check_callable(loss_fn, "loss_fn", "GaussNewtonOperator")
+        flat_params = _check_params(params, "GaussNewtonOperator")
         product = lambda batch, v: hogrod.gnvp(  # noqa: E731
             lambda: model_fn(batch), lambda z: loss_fn(z, batch), flat_params, v)
         super().__init__(product, flat_params, data, dtype, "GaussNewtonOperator", strategy,

@@ -1,5 +1,7 @@
 """Stochastic trace estimators: Hutchinson and Hutch++, each with a standard error."""
 
+import numbers
+
 import numpy as np
 
 from hogrod.curvature.eigen import as_matvec
@@ -11,8 +13,16 @@ def _rademacher(rng, n, m):
     return rng.choice([-1.0, 1.0], size=(n, m))
 
 
+def _count(value, least, arg, fn):
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least:
+        raise ValueError(f"{fn}: {arg} must be an integer >= {least}, got {value!r}")
+    return int(value)
+
+
 def hutchinson(op, num_samples=100, seed=0):
-    """tr(A) ~ mean of z^T A z over Rademacher z; returns (estimate, standard error)."""
+    """tr(A) ~ mean of z^T A z over Rademacher z; returns (estimate, standard error).
+    num_samples >= 2 (the standard error needs two)."""
+    num_samples = _count(num_samples, 2, "num_samples", "hutchinson")
     matvec, n = as_matvec(op)
     z = _rademacher(np.random.default_rng(seed), n, num_samples)
     samples = np.array([z[:, i] @ matvec(z[:, i]) for i in range(num_samples)])
@@ -22,9 +32,10 @@ def hutchinson(op, num_samples=100, seed=0):
 def hutchpp(op, num_matvecs=99, seed=0):
     """Hutch++ (Meyer et al. 2021): exact trace on a sketched top subspace plus Hutchinson
     on the rest; m/3 sketch, m/3 projection and m/3 residual products. The standard error
-    is that of the residual Hutchinson part (the projected part is exact)."""
+    is that of the residual Hutchinson part (the projected part is exact). Uses
+    3 * (num_matvecs // 3) products; num_matvecs >= 6 (two residual samples)."""
+    m = _count(num_matvecs, 6, "num_matvecs", "hutchpp") // 3
     matvec, n = as_matvec(op)
-    m = max(num_matvecs // 3, 2)
     rng = np.random.default_rng(seed)
     S = _rademacher(rng, n, m)
     AS = np.stack([matvec(S[:, i]) for i in range(m)], axis=1)
