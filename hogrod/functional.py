@@ -14,6 +14,8 @@ of tensors ordered like `model.non_trainable_variables`, e.g. from
 model's current state is read and only outputs are returned.
 """
 
+import keras
+import numpy as np
 import tensorflow as tf
 
 __all__ = ["functional_call", "model_state", "trainable_values"]
@@ -36,7 +38,15 @@ def _check(variables, values, kind):
             f"functional_call got {len(values)} {kind} tensors but the model has "
             f"{len(variables)} {kind} variables: [{names}]")
     for i, (var, val) in enumerate(zip(variables, values)):
-        shape = tf.TensorShape(getattr(val, "shape", None))
+        if not isinstance(val, (tf.Tensor, tf.Variable, keras.Variable, np.ndarray)):
+            raise TypeError(f"functional_call: {kind} tensor {i} (for variable '{var.path}') "
+                            f"must be a tensor or a numpy array, got {type(val).__name__}")
+        if isinstance(val, tf.Tensor) and tf.as_dtype(val.dtype) != tf.as_dtype(var.dtype):
+            # Keras would cast it: an integer loses its gradient, float64 its precision
+            raise TypeError(f"functional_call: {kind} tensor {i} has dtype {val.dtype.name} but "
+                            f"variable '{var.path}' has dtype {tf.as_dtype(var.dtype).name}; "
+                            "cast it first")
+        shape = tf.TensorShape(val.shape)
         if not shape.is_compatible_with(var.shape):
             raise ValueError(
                 f"functional_call: {kind} tensor {i} has shape {shape.as_list()} but "

@@ -132,3 +132,19 @@ def test_unbuilt_model_is_a_clear_error():
     model = keras.Sequential([keras.layers.Dense(2)], name="not_built")
     with pytest.raises(ValueError, match="not_built"):
         hogrod.functional_call(model, [], tf.zeros((1, 3)))
+
+
+def test_params_of_another_dtype_or_not_tensors_are_named():
+    """Keras would cast them silently: an integer tensor loses its gradient, float64 its
+    precision."""
+    model = bn_dropout_model()
+    x = tf.zeros((2, 5))
+    params = hogrod.trainable_values(model)
+    for bad, message in [(tf.cast(params[0], tf.int32), "has dtype int32 but variable"),
+                         (tf.cast(params[0], tf.float64), "has dtype float64 but variable"),
+                         (None, "must be a tensor or a numpy array, got NoneType")]:
+        with pytest.raises(TypeError, match=rf"trainable tensor 0 .*{message}"):
+            hogrod.functional_call(model, [bad] + params[1:], x)
+    # numpy arrays are constants (no gradient flows through them anyway): accepted
+    out = hogrod.functional_call(model, [p.numpy() for p in params], x)
+    np.testing.assert_allclose(out, hogrod.functional_call(model, params, x), rtol=1e-6)
