@@ -311,3 +311,22 @@ def test_time_limit_stops_with_a_checkpoint_and_excludes_callback_time(tmp_path)
     # ~10 steps of 0.05 s fit in 0.5 s; counting the 0.1 s callbacks would allow ~3
     assert 6 <= len(calls) <= 14
     assert train.Checkpointer(str(tmp_path), counter=counter).restore() == len(calls)
+
+
+def test_progress_shows_without_absl_info_and_stats_report_steps_per_s(capsys):
+    """A plain script (absl logging at its WARNING default) still sees its progress lines."""
+    from absl import logging as absl_logging
+    step_fn = lambda batch: {"loss": tf.constant(0.5)}  # noqa: E731
+    before = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    try:
+        stats = {}
+        train.train_loop(step_fn, iter(range(100)), 4, log_every=2, stats=stats)
+        err = capsys.readouterr().err
+        assert "step 2/4" in err and "step 4/4" in err and "steps/s" in err
+        assert stats["train_steps"] == 4 and stats["train_steps_per_s"] > 0
+        assert stats["train_seconds"] > 0
+        train.train_loop(step_fn, iter(range(100)), 4, log_every=None)  # turned off
+        assert "step" not in capsys.readouterr().err
+    finally:
+        absl_logging.set_verbosity(before)

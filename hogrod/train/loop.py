@@ -38,9 +38,10 @@ std_logging.getLogger("tensorflow").addFilter(_DropShardingTiming())
 
 
 def _progress(message, *args):
-    """A progress line: through absl at INFO when absl shows INFO (a binary), else printed
-    to stderr, so a plain script sees its progress too."""
-    if logging.level_info():
+    """A progress line: through absl logging when its logger passes INFO (a binary, whose
+    absl flags set INFO; Python logging configured at INFO), else printed to stderr, so a
+    plain script, where logging stays at its WARNING default, sees its progress too."""
+    if logging.get_absl_logger().isEnabledFor(std_logging.INFO):
         logging.info(message, *args)
     else:
         print(message % args, file=sys.stderr, flush=True)
