@@ -124,13 +124,15 @@ def plot_curves(path, history, accuracy):
     intervals `meta.evaluate` gives as bands."""
     key = "accuracy" if accuracy else "loss"
     fig, ax = plt.subplots(figsize=(6, 4))
-    steps = np.array([h["step"] for h in history])
-    for s in sorted({int(k.split("_")[-1]) for k in history[0] if k.startswith(f"{key}_after_")
-                     and k.split("_")[-1].isdigit()}):
-        mean = np.array([h[f"{key}_after_{s}"] for h in history], float)
+    counts = sorted({int(k.split("_")[-1]) for h in history for k in h
+                     if k.startswith(f"{key}_after_") and k.split("_")[-1].isdigit()})
+    for s in counts:  # each over the evaluations that measured it (settings may change)
+        points = [h for h in history if f"{key}_after_{s}" in h]
+        steps = np.array([h["step"] for h in points])
+        mean = np.array([h[f"{key}_after_{s}"] for h in points], float)
         line, = ax.plot(steps, mean, marker=".", label=f"after {s} step(s)")
-        if all(f"{key}_after_{s}_ci95" in h for h in history):
-            half = np.array([h[f"{key}_after_{s}_ci95"] for h in history], float)
+        if all(f"{key}_after_{s}_ci95" in h for h in points):
+            half = np.array([h[f"{key}_after_{s}_ci95"] for h in points], float)
             low = mean - half if accuracy else np.maximum(mean - half, mean * 1e-3)
             ax.fill_between(steps, low, mean + half, color=line.get_color(), alpha=0.2,
                             lw=0)

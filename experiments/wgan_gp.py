@@ -116,8 +116,8 @@ def wgan_gp_experiment(output_dir, dataset="eight_gaussians", generator_steps=20
     train.train_loop(step, gan.grouped(data, step.n_critic), generator_steps, ckpt, output_dir,
                      checkpoint_every=checkpoint_every, log_every=500, callback=evaluate,
                      stats=stats)
-    if not history or history[-1]["step"] != int(ckpt.step):
-        evaluate(generator_steps)
+    if not stats or not history or history[-1]["step"] != int(ckpt.step):
+        evaluate(generator_steps)  # a finished run, run again, re-evaluates (replacing it)
     return dict(history[-1], history=history, **stats)
 
 
