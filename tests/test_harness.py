@@ -166,6 +166,7 @@ def test_console_command_runs_from_another_directory_with_a_shipped_config(tmp_p
     assert "writing outputs to" in good.stderr  # absl INFO lines pass the filter
     assert "Could not find cuda drivers" not in good.stderr
     assert "absl::InitializeLog" not in good.stderr
+    assert "Sharding callback duration" not in good.stderr  # one per checkpoint, dropped
 
 
 def test_bench_hvp_binary_runs_and_checks_agreement(tmp_path):

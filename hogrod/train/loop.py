@@ -26,15 +26,16 @@ __all__ = ["Checkpointer", "train_loop", "NonFiniteError", "CheckpointMismatchEr
 
 
 class _DropShardingTiming(std_logging.Filter):
-    """TensorFlow's checkpoint saver logs "Sharding callback duration: N microseconds" at
-    INFO on every save (tensorflow/python/checkpoint/functional_saver.py); drop that line
-    only, so a run's log shows its checkpoints by hogrod's own lines."""
+    """TensorFlow's checkpoint saver logs "Sharding callback duration: N microseconds"
+    through absl at INFO on every save (tensorflow/python/checkpoint/functional_saver.py);
+    drop that line only."""
 
     def filter(self, record):
         return not str(record.msg).startswith("Sharding callback duration")
 
 
-std_logging.getLogger("tensorflow").addFilter(_DropShardingTiming())
+for _logger in (logging.get_absl_logger(), std_logging.getLogger("tensorflow")):
+    _logger.addFilter(_DropShardingTiming())
 
 
 def _progress(message, *args):
