@@ -119,5 +119,10 @@ def bench_hvp(output_dir, widths=(64, 256, 256, 10), batch=256, repeats=100, war
     return metrics
 
 
-if __name__ == "__main__":
+def main():
+    """The console command `hogrod-bench-hvp` (see the module docstring)."""
     harness.main(bench_hvp)
+
+
+if __name__ == "__main__":
+    main()

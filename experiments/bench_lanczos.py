@@ -61,5 +61,10 @@ def bench_lanczos(output_dir, widths=(100, 256, 256, 10), batch=512, k=20, tol=1
     return results
 
 
-if __name__ == "__main__":
+def main():
+    """The console command `hogrod-bench-lanczos` (see the module docstring)."""
     harness.main(bench_lanczos)
+
+
+if __name__ == "__main__":
+    main()

@@ -128,5 +128,10 @@ def bench_maml(output_dir, meta_batch=25, k=10, inner_lr=0.01, inner_steps=1, ro
     return metrics
 
 
-if __name__ == "__main__":
+def main():
+    """The console command `hogrod-bench-maml` (see the module docstring)."""
     harness.main(bench_maml)
+
+
+if __name__ == "__main__":
+    main()

@@ -49,5 +49,10 @@ def bench_maml_memory(output_dir, inner_steps=(1, 5, 10), meta_batch=4, filters=
     return metrics
 
 
-if __name__ == "__main__":
+def main():
+    """The console command `hogrod-bench-maml-memory` (see the module docstring)."""
     harness.main(bench_maml_memory)
+
+
+if __name__ == "__main__":
+    main()

@@ -202,5 +202,10 @@ def bench_pinn(output_dir, points=10000, width=20, depth=8, rounds=10, calls_per
     return dict(m, points=points, width=width, depth=depth)
 
 
-if __name__ == "__main__":
+def main():
+    """The console command `hogrod-bench-pinn` (see the module docstring)."""
     harness.main(bench_pinn)
+
+
+if __name__ == "__main__":
+    main()

@@ -157,5 +157,10 @@ def bench_pinn_convergence(output_dir, error_every=500, thresholds=(1e-2, 1e-3),
     return dict(m, histories={k: r["error_history"] for k, r in results.items()})
 
 
-if __name__ == "__main__":
+def main():
+    """The console command `hogrod-bench-pinn-convergence` (see the module docstring)."""
     harness.main(bench_pinn_convergence)
+
+
+if __name__ == "__main__":
+    main()

@@ -174,5 +174,10 @@ def bench_scaling(output_dir, families=FAMILIES, replicas=(1, 2, 4), multi_worke
     return {"runs": rows, "cpu_count": os.cpu_count(), "gpus": gpus, "table": table}
 
 
-if __name__ == "__main__":
+def main():
+    """The console command `hogrod-bench-scaling` (see the module docstring)."""
     harness.main(bench_scaling)
+
+
+if __name__ == "__main__":
+    main()

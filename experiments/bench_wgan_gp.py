@@ -130,5 +130,10 @@ def bench_wgan_gp(output_dir, width=512, depth=3, batch=256, lam=10.0, rounds=10
     return dict(m, width=width, depth=depth, batch=batch)
 
 
-if __name__ == "__main__":
+def main():
+    """The console command `hogrod-bench-wgan-gp` (see the module docstring)."""
     harness.main(bench_wgan_gp)
+
+
+if __name__ == "__main__":
+    main()

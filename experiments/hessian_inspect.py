@@ -11,6 +11,7 @@ Outputs: metrics.json, operative_config.gin, TensorBoard events (train/), checkp
 """
 
 import os
+import time
 
 import gin
 import keras
@@ -95,6 +96,7 @@ def hessian_inspect(output_dir, n_examples=512, n_features=5, n_classes=2, hidde
         step.assign_add(1)
         return loss
 
+    first, start = int(step), time.perf_counter()
     with writer.as_default():
         while int(step) < steps:
             loss = train_step()
@@ -102,6 +104,9 @@ def hessian_inspect(output_dir, n_examples=512, n_features=5, n_classes=2, hidde
             if int(step) % checkpoint_every == 0 or int(step) == steps:
                 manager.save(checkpoint_number=int(step))
 
+    trained = int(step) - first
+    train_seconds = time.perf_counter() - start
+    logging.info("dense Hessian of %d parameters, HVP checks", sum(int(tf.size(p)) for p in params))
     loss, grads = hogrod.value_and_grad(loss_fn, params)
     H = hogrod.hessian(loss_fn, params).numpy()
     eigvals = np.linalg.eigvalsh((H + H.T) / 2)
@@ -119,6 +124,9 @@ def hessian_inspect(output_dir, n_examples=512, n_features=5, n_classes=2, hidde
         "top5_eigenvalues": [float(e) for e in eigvals[::-1][:5]],
         "hessian_asymmetry": float(np.abs(H - H.T).max()),
     }
+    if trained:
+        metrics.update(train_steps=trained, train_seconds=train_seconds,
+                       train_steps_per_s=trained / train_seconds)
     for mode in hogrod.autodiff.HVP_MODES:
         hv = flat(hogrod.hvp(loss_fn, params, v, mode=mode))
         metrics[f"hvp_rel_err_{mode}"] = float(np.linalg.norm(hv - dense_hv)
@@ -134,5 +142,10 @@ def hessian_inspect(output_dir, n_examples=512, n_features=5, n_classes=2, hidde
     return metrics
 
 
-if __name__ == "__main__":
+def main():
+    """The console command `hogrod-hessian-inspect` (see the module docstring)."""
     harness.main(hessian_inspect)
+
+
+if __name__ == "__main__":
+    main()

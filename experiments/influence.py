@@ -20,6 +20,7 @@ import matplotlib
 import numpy as np
 import scipy.optimize
 import tensorflow as tf
+from absl import logging
 
 from hogrod import curvature, harness
 
@@ -59,6 +60,7 @@ def influence_experiment(output_dir, n_train=200, dim=5, l2=0.01, test_points=(0
     test_loss = lambda w_: np.logaddexp(0, x_te[chosen] @ w_) - y_te[chosen] * (  # noqa: E731
         x_te[chosen] @ w_)
     base = test_loss(w)
+    logging.info("leave-one-out: refitting without each of the %d training examples", n_train)
     actual = np.stack([test_loss(fit_logistic(np.delete(x_tr, i, 0), np.delete(y_tr, i), l2, w))
                        - base for i in range(n_train)], axis=1)
     predicted = -infl / n_train
@@ -84,5 +86,10 @@ def influence_experiment(output_dir, n_train=200, dim=5, l2=0.01, test_points=(0
     return metrics
 
 
-if __name__ == "__main__":
+def main():
+    """The console command `hogrod-influence` (see the module docstring)."""
     harness.main(influence_experiment)
+
+
+if __name__ == "__main__":
+    main()

@@ -7,9 +7,12 @@ The algorithm, the data and the model are gin references; a config file is a few
         --gin_param="episode_data.data_dir='../shared/data/omniglot'"
 
 Outputs: metrics.json (query loss/accuracy after 0, 1, 10 steps on held-out tasks, with
-95% intervals), TensorBoard events, checkpoints (a re-run with the same --output_dir
-resumes), operative_config.gin, and a PNG: three test sinusoids with their support points
-and the model before and after 1 and 10 adaptation steps, or accuracy curves for episodes.
+95% intervals; training steps/s and wall time), TensorBoard events, checkpoints (a re-run
+with the same --output_dir resumes; a finished run re-evaluates its final model),
+operative_config.gin, eval_history.json (every evaluation, from the untrained model at step
+0 on), loss.png (held-out loss on a log scale with 95% bands) and adaptation.png (three test
+sinusoids with their support points and the model before and after 1 and 10 adaptation
+steps), or accuracy.png for episodes.
 """
 
 import inspect
@@ -24,6 +27,7 @@ from absl import logging
 
 import hogrod
 from hogrod import distribute, harness, meta, train
+from hogrod.meta.episodes import OMNIGLOT_ZIPS
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -77,8 +81,11 @@ def episode_data(seed, source="omniglot", data_dir=None, n_way=5, k_shot=1, k_qu
     """N-way K-shot episodes; source 'omniglot' (the zips in data_dir) or a tfds name."""
     if source == "omniglot":
         if data_dir is None:
-            raise ValueError("episode_data.data_dir must name the folder with Omniglot's two zips "
-                             "(e.g. ../shared/data/omniglot)")
+            raise ValueError(
+                "episode_data.data_dir must name the folder with Omniglot's two zips "
+                f"{list(OMNIGLOT_ZIPS)} (from https://github.com/brendenlake/omniglot, "
+                "folder python/); e.g. --gin_param=\"episode_data.data_dir = "
+                "'../shared/data/omniglot'\"")
         train_cls = meta.load_omniglot(data_dir, "train", image_size)
         test_cls = meta.load_omniglot(data_dir, "test", image_size)
     else:
@@ -112,14 +119,28 @@ def plot_sinusoids(path, algo, model, seed):
 
 
 def plot_curves(path, history, accuracy):
+    """Held-out query loss (log scale) or accuracy against meta-iterations, one curve per
+    number of adaptation steps, from the untrained model (step 0) on, with the 95%
+    intervals `meta.evaluate` gives as bands."""
     key = "accuracy" if accuracy else "loss"
     fig, ax = plt.subplots(figsize=(6, 4))
-    steps = [h["step"] for h in history]
-    for s in sorted({int(k.split("_")[-1]) for k in history[0] if k.startswith(f"{key}_after_")
-                     and k.split("_")[-1].isdigit()}):
-        ax.plot(steps, [h[f"{key}_after_{s}"] for h in history], label=f"after {s} step(s)")
+    counts = sorted({int(k.split("_")[-1]) for h in history for k in h
+                     if k.startswith(f"{key}_after_") and k.split("_")[-1].isdigit()})
+    for s in counts:  # each over the evaluations that measured it (settings may change)
+        points = [h for h in history if f"{key}_after_{s}" in h]
+        steps = np.array([h["step"] for h in points])
+        mean = np.array([h[f"{key}_after_{s}"] for h in points], float)
+        line, = ax.plot(steps, mean, marker=".", label=f"after {s} step(s)")
+        if all(f"{key}_after_{s}_ci95" in h for h in points):
+            half = np.array([h[f"{key}_after_{s}_ci95"] for h in points], float)
+            low = mean - half if accuracy else np.maximum(mean - half, mean * 1e-3)
+            ax.fill_between(steps, low, mean + half, color=line.get_color(), alpha=0.2,
+                            lw=0)
+    if not accuracy:
+        ax.set_yscale("log")  # the loss falls over orders of magnitude
     ax.set_xlabel("meta-iteration")
-    ax.set_ylabel(f"held-out query {key}")
+    ax.set_ylabel(f"held-out query {key}" + ("" if accuracy else " (log scale)"))
+    ax.set_title("mean over held-out tasks, 95% interval shaded")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -169,6 +190,7 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
     history = harness.read_history(output_dir, ckpt.latest_step())
 
     def evaluate_now(i):
+        logging.info("evaluating at meta-iteration %d on held-out tasks", i)
         result = meta.evaluate(algo, net, loss_fn, eval_tasks, eval_steps, classification)
         harness.record_eval(output_dir, history, dict(result, step=i))
         logging.info("eval at %d: %s", i, {k: round(v, 4) for k, v in result.items()
@@ -179,21 +201,28 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
         if i % eval_every == 0 and i != meta_iterations:
             evaluate_now(i)
 
+    if not history and ckpt.latest_step() == 0:
+        evaluate_now(0)  # the untrained model: the curves' first point
+    stats = {}
     logs = train.train_loop(step, iterator, meta_iterations, ckpt, output_dir,
                             checkpoint_every=checkpoint_every, log_every=1000,
-                            callback=callback, time_limit_s=time_limit_s)
-    if history and history[-1]["step"] == int(ckpt.step):  # a finished run, run again
-        result = {k: v for k, v in history[-1].items() if k != "step"}
-    else:
-        result = evaluate_now(int(ckpt.step))
+                            callback=callback, time_limit_s=time_limit_s, stats=stats)
+    # A finished run run again re-evaluates its final model (replacing the evaluation
+    # recorded at that step), so its metrics follow the evaluation settings in force.
+    result = evaluate_now(int(ckpt.step))
+    logging.info("plotting")
     if classification:
         plot_curves(os.path.join(output_dir, "accuracy.png"), history, True)
     else:
         plot_sinusoids(os.path.join(output_dir, "adaptation.png"), algo, net, seed)
         plot_curves(os.path.join(output_dir, "loss.png"), history, False)
-    return dict(result, meta_iterations=int(ckpt.step),
+    return dict(result, meta_iterations=int(ckpt.step), **stats,
                 **{f"final_train_{k}": v for k, v in logs.items()})
+
+def main():
+    """The console command `hogrod-maml` (see the module docstring)."""
+    harness.main(maml_experiment)
 
 
 if __name__ == "__main__":
-    harness.main(maml_experiment)
+    main()

@@ -180,15 +180,20 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
         seconds.assign(elapsed())  # saved with the checkpoint that may follow this step
     metrics = {}  # what this run measured; a finished run re-run keeps the first's timings
     if not finished:
+        stats = {}
         logs = train.train_loop(step, itertools.repeat(batch), adam_steps, ckpt, output_dir,
                                 checkpoint_every=checkpoint_every, log_every=500,
-                                callback=adam_callback)
+                                callback=adam_callback, stats=stats)
         metrics["adam_seconds"] = elapsed()
+        if stats:
+            metrics["adam_steps_per_s"] = stats["train_steps_per_s"]
         if logs:
             metrics["adam_final_loss"] = logs["loss"]
         t_eval = time.perf_counter()
         metrics["relative_l2_after_adam"] = training.relative_l2(prob, u, tf_dtype)
         clock["outside"] += time.perf_counter() - t_eval
+        if lbfgs_iterations:
+            logging.info("L-BFGS: up to %d iterations", lbfgs_iterations)
         lbfgs_loss, lbfgs_iters, lbfgs_seconds = (
             training.lbfgs(loss_fn, variables, lbfgs_iterations, strategy=strategy, batch=batch,
                            callback_every=error_every or 500, jit_compile=jit_compile,
@@ -203,6 +208,8 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
         ckpt.save()  # the final weights, under the Adam step count
         metrics.update(lbfgs_seconds=lbfgs_seconds, lbfgs_iterations=lbfgs_iters,
                        lbfgs_final_loss=lbfgs_loss)
+        if lbfgs_iters and lbfgs_seconds > 0:
+            metrics["lbfgs_iterations_per_s"] = lbfgs_iters / lbfgs_seconds
     err = training.relative_l2(prob, u, tf_dtype)
     terms = {k: float(v) for k, v in loss_fn().items()}
     ref = None if prob.reference is None else prob.reference(prob.grid)
@@ -222,5 +229,10 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
     return metrics
 
 
-if __name__ == "__main__":
+def main():
+    """The console command `hogrod-pinn` (see the module docstring)."""
     harness.main(pinn_experiment)
+
+
+if __name__ == "__main__":
+    main()

@@ -19,6 +19,7 @@ import matplotlib
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
+from absl import logging
 
 from hogrod import distribute, harness, train
 
@@ -154,8 +155,10 @@ def train_classifier(output_dir, dataset="mnist", data_dir=None, conv_filters=()
         if i % max(1, steps // 50) == 0 or i == steps:
             history.append((i, logs["loss"], float(batch_accuracy(*probe))))
 
+    stats = {}
     logs = train.train_loop(step, iterator, steps, ckpt, output_dir,
-                            checkpoint_every=checkpoint_every, callback=record)
+                            checkpoint_every=checkpoint_every, callback=record, stats=stats)
+    logging.info("evaluating on the test split")
     test = load(dataset, "test", data_dir, 256, seed, repeat=False)
     correct = total = 0
     for x, y in test.take(eval_batches) if eval_batches else test:
@@ -167,8 +170,13 @@ def train_classifier(output_dir, dataset="mnist", data_dir=None, conv_filters=()
     plot_attribution(os.path.join(output_dir, "attribution.png"), model, x_test[:4],
                      y_test[:4].numpy())
     return {"steps": int(ckpt.step), "test_accuracy": correct / max(total, 1),
-            "test_examples": total, **{f"final_{k}": v for k, v in logs.items()}}
+            "test_examples": total, **stats, **{f"final_{k}": v for k, v in logs.items()}}
+
+
+def main():
+    """The console command `hogrod-train-classifier` (see the module docstring)."""
+    harness.main(train_classifier)
 
 
 if __name__ == "__main__":
-    harness.main(train_classifier)
+    main()

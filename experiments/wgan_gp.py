@@ -112,12 +112,19 @@ def wgan_gp_experiment(output_dir, dataset="eight_gaussians", generator_steps=20
 
     if not history:
         evaluate(0)  # the untrained generator, for comparison
+    stats = {}  # generator steps (each with n_critic critic updates) per second
     train.train_loop(step, gan.grouped(data, step.n_critic), generator_steps, ckpt, output_dir,
-                     checkpoint_every=checkpoint_every, log_every=500, callback=evaluate)
-    if not history or history[-1]["step"] != int(ckpt.step):
-        evaluate(generator_steps)
-    return dict(history[-1], history=history)
+                     checkpoint_every=checkpoint_every, log_every=500, callback=evaluate,
+                     stats=stats)
+    if not stats or not history or history[-1]["step"] != int(ckpt.step):
+        evaluate(generator_steps)  # a finished run, run again, re-evaluates (replacing it)
+    return dict(history[-1], history=history, **stats)
+
+
+def main():
+    """The console command `hogrod-wgan-gp` (see the module docstring)."""
+    harness.main(wgan_gp_experiment)
 
 
 if __name__ == "__main__":
-    harness.main(wgan_gp_experiment)
+    main()

@@ -15,8 +15,9 @@ from hogrod import harness
 BINARIES = [os.path.splitext(os.path.basename(p))[0]
             for p in glob.glob(os.path.join(harness.REPO_ROOT, "experiments", "*.py"))
             if not p.endswith("__init__.py")]
-CONFIGS = sorted(os.path.relpath(p, harness.REPO_ROOT)
-                 for p in glob.glob(os.path.join(harness.REPO_ROOT, "configs", "**", "*.gin"),
+# the shipped configs (hogrod/configs/), named as from the repository root (configs/...)
+CONFIGS = sorted("configs/" + os.path.relpath(p, harness.CONFIG_DIR).replace(os.sep, "/")
+                 for p in glob.glob(os.path.join(harness.CONFIG_DIR, "**", "*.gin"),
                                     recursive=True))
 
 
@@ -30,6 +31,10 @@ def configurables():
 def test_config_parses(path):
     harness.parse_config([path], [])
     assert gin.config_str() or path.startswith("configs/strategy/")
+
+
+def test_there_are_configs():
+    assert len(CONFIGS) > 50 and "configs/maml/sinusoid_maml.gin" in CONFIGS
 
 
 def test_a_misspelt_binding_is_caught():

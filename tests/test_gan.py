@@ -234,6 +234,14 @@ def test_short_training_run_covers_more_modes_than_at_initialization(tmp_path):
     assert m["modes_covered"] > initial["modes_covered"]
     assert m["reverse_kl"] < initial["reverse_kl"]
     assert (tmp_path / "samples_001000.png").exists()
+    assert m["train_steps_per_s"] > 0 and m["wall_seconds"] > 0
+    # the finished run, run again: trains nothing, re-evaluates the final step, lists it once
+    _, again = harness.run(wgan_gp.wgan_gp_experiment, ["configs/wgan_gp/eight_gaussians.gin"],
+                           ["wgan_gp_experiment.generator_steps = 1000",
+                            "wgan_gp_experiment.eval_every = 1000",
+                            "wgan_gp_experiment.width = 64"], str(tmp_path))
+    assert [h["step"] for h in again["history"]] == [0, 1000]
+    assert again["reverse_kl"] == m["reverse_kl"]
 
 
 def test_bench_binary_runs(tmp_path):

@@ -36,13 +36,80 @@ def test_rerun_with_same_output_dir_resumes_from_checkpoint(tmp_path):
     args = ([LOGISTIC], ["hessian_inspect.steps = 30", "hessian_inspect.checkpoint_every = 10",
                          "hessian_inspect.n_examples = 64"])
     _, first = harness.run(hi.hessian_inspect, *args, str(tmp_path))
+    assert first["train_steps"] == 30 and first["train_steps_per_s"] > 0
+    assert first["wall_seconds"] > 0
     _, again = harness.run(hi.hessian_inspect, args[0], args[1][:1] + args[1][2:]
                            + ["hessian_inspect.checkpoint_every = 10"], str(tmp_path))
     assert again["loss"] == first["loss"]  # nothing retrained: restored at step 30
-    _, longer = harness.run(hi.hessian_inspect, args[0],
-                            ["hessian_inspect.steps = 40", "hessian_inspect.n_examples = 64"],
-                            str(tmp_path))
+    record = {name: (tmp_path / name).read_bytes()
+              for name in ("config.gin", "metrics.json", "hessian.png")}
+    longer = ([LOGISTIC], ["hessian_inspect.steps = 40", "hessian_inspect.n_examples = 64"])
+    # another config is refused before anything is written, naming each binding that differs
+    with pytest.raises(harness.ConfigError) as e:
+        harness.run(hi.hessian_inspect, *longer, str(tmp_path))
+    assert "hessian_inspect.steps: 30 -> 40" in str(e.value)
+    assert "hessian_inspect.checkpoint_every: 10 -> (not bound" in str(e.value)
+    assert "--allow_config_change" in str(e.value)
+    assert record == {name: (tmp_path / name).read_bytes() for name in record}
+    _, longer = harness.run(hi.hessian_inspect, *longer, str(tmp_path), allow_config_change=True)
     assert longer["steps"] == 40 and longer["loss"] < first["loss"]
+    assert longer["train_steps"] == 10  # this invocation's steps
+    assert "hessian_inspect.steps = 40" in (tmp_path / "config.gin").read_text()
+    assert "hessian_inspect.steps: 30 -> 40" in (tmp_path / "config_changes.txt").read_text()
+
+
+def test_a_changed_config_exits_2_from_the_command_line(tmp_path, capsys):
+    (tmp_path / "config.gin").write_text("maml.inner_lr = 0.01\n")  # as a finished run left it
+    from experiments import maml
+    code = harness.run_cli(maml.maml_experiment, ["configs/maml/sinusoid_maml.gin"],
+                           ["maml.inner_lr = 0.1"], str(tmp_path))
+    err = capsys.readouterr().err
+    assert code == 2 and "maml.inner_lr: 0.01 -> 0.1" in err and "Traceback" not in err
+    assert os.listdir(tmp_path) == ["config.gin"]
+
+
+def test_gin_files_resolve_from_any_directory(tmp_path, monkeypatch):
+    """The shipped-relative path, the repository's configs/ form and a user's own file that
+    includes a shipped config, from another directory, with the repository root on sys.path
+    (where gin's package reader used to fail on the `configs` link)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(REPO_ROOT)
+    (tmp_path / "mine.gin").write_text("include 'configs/maml/sinusoid_maml.gin'\n"
+                                       "maml.inner_lr = 0.02\n")
+    for path in ("maml/sinusoid_maml.gin", "configs/maml/sinusoid_maml.gin", "mine.gin"):
+        harness.parse_config([path], [])
+        config = harness.gin.config_str()
+        assert "maml_experiment.algorithm = @maml" in config  # from the included files
+        assert "maml.inner_lr = " + ("0.02" if path == "mine.gin" else "0.01") in config
+    assert harness.resolve_gin_file("maml/sinusoid_maml.gin").startswith(harness.CONFIG_DIR)
+    with pytest.raises(harness.ConfigError, match="maml/nope.gin"):
+        harness.parse_config(["maml/nope.gin"], [])
+
+
+def test_no_config_for_a_required_binding_exits_2_naming_it_and_writes_nothing(tmp_path, capsys):
+    from experiments import maml
+    out = tmp_path / "run"
+    code = harness.run_cli(maml.maml_experiment, [], [], str(out))
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "maml_experiment.algorithm" in err
+    assert "maml/sinusoid_maml.gin" in err and "maml/omniglot_5way_1shot.gin" in err
+    assert "maml/algorithms/maml.gin" not in err  # fragments are not listed
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("binding,expected", [
+    ("maml_experiment.meta_iterations = 2,000", ["maml_experiment.meta_iterations = 2,000",
+                                                 "without thousands separators: 2000"]),
+    ("mlp.activation = relu", ["mlp.activation = relu", "quotes ('relu')"]),
+    ("maml_experiment.seed 3", ["maml_experiment.seed 3", "configurable.parameter = value"]),
+    ("maml.inner_lr = (0.1", ["maml.inner_lr = (0.1", "unclosed"]),
+])
+def test_a_malformed_binding_is_named_with_what_to_change(binding, expected):
+    with pytest.raises(harness.ConfigError) as e:
+        harness.parse_config(["configs/maml/sinusoid_maml.gin"], [binding])
+    for text in expected:
+        assert text in str(e.value)
 
 
 @pytest.mark.parametrize("files,params,expected", [
@@ -66,17 +133,40 @@ def test_error_in_a_gin_file_names_file_and_line(tmp_path):
 
 def test_binary_exits_nonzero_on_bad_binding_and_zero_on_success(tmp_path):
     cmd = [sys.executable, "-m", "experiments.hessian_inspect", f"--gin_file={LOGISTIC}",
-           f"--output_dir={tmp_path}"]
+           f"--output_dir={tmp_path / 'bad'}"]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     bad = subprocess.run(cmd + ["--gin_param=hessian_inspect.stepz = 1"], cwd=REPO_ROOT,
                          capture_output=True, text=True, env=env, timeout=120)
-    assert bad.returncode != 0
+    assert bad.returncode == 2
     assert "stepz" in bad.stderr
-    good = subprocess.run(cmd + ["--gin_param=hessian_inspect.steps = 5"], cwd=REPO_ROOT,
-                          capture_output=True, text=True, env=env, timeout=120)
+    assert not (tmp_path / "bad").exists()
+
+
+def test_console_command_runs_from_another_directory_with_a_shipped_config(tmp_path):
+    """What the `hogrod-hessian-inspect` script does (pyproject's [project.scripts]), run
+    in an empty directory: progress at INFO shows, TensorFlow's start-up noise does not."""
+    import tomllib
+    with open(os.path.join(REPO_ROOT, "pyproject.toml"), "rb") as f:
+        scripts = tomllib.load(f)["project"]["scripts"]
+    assert scripts["hogrod-hessian-inspect"] == "experiments.hessian_inspect:main"
+    for name in ("maml", "pinn", "wgan-gp", "influence", "hessian-spectrum", "train-classifier"):
+        module = scripts[f"hogrod-{name}"].split(":")[0]
+        assert os.path.exists(os.path.join(REPO_ROOT, *module.split(".")) + ".py")
+    script = ("import sys; sys.argv[0] = 'hogrod-hessian-inspect'; "
+              "from experiments.hessian_inspect import main; main()")
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT)
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    good = subprocess.run([sys.executable, "-c", script, "--gin_file=hessian_inspect/logistic.gin",
+                           "--gin_param=hessian_inspect.steps = 5", "--output_dir=out"],
+                          cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
     assert good.returncode == 0, good.stderr[-2000:]
-    assert f"outputs in {tmp_path}" in good.stdout
-    assert (tmp_path / "operative_config.gin").exists()
+    assert f"outputs in {out}" in good.stdout
+    assert json.loads((out / "metrics.json").read_text())["steps"] == 5
+    assert "writing outputs to" in good.stderr  # absl INFO lines pass the filter
+    assert "Could not find cuda drivers" not in good.stderr
+    assert "absl::InitializeLog" not in good.stderr
+    assert "Sharding callback duration" not in good.stderr  # one per checkpoint, dropped
 
 
 def test_bench_hvp_binary_runs_and_checks_agreement(tmp_path):

@@ -259,15 +259,27 @@ def test_short_sinusoid_run_adapts_well_below_the_unadapted_loss(tmp_path):
     for name in ("adaptation.png", "metrics.json", "operative_config.gin", "loss.png"):
         assert (tmp_path / name).exists()
     assert os.listdir(tmp_path / "eval")  # held-out losses in TensorBoard too
-    # the finished run, run again: nothing retrained or evaluated twice, nothing lost
-    _, again = harness.run(exp.maml_experiment, ["configs/maml/sinusoid_maml.gin"],
-                           ["maml_experiment.meta_iterations = 1500",
-                            "maml_experiment.eval_every = 1500",
-                            "sinusoid_data.eval_tasks = 100"], str(tmp_path))
+    assert metrics["train_steps"] == 1500 and metrics["train_steps_per_s"] > 0
+    # the finished run, run again: nothing retrained, the final model re-evaluated (the
+    # same numbers: the held-out tasks are fixed) and listed once, nothing lost
+    args = (exp.maml_experiment, ["configs/maml/sinusoid_maml.gin"],
+            ["maml_experiment.meta_iterations = 1500", "maml_experiment.eval_every = 1500",
+             "sinusoid_data.eval_tasks = 100"])
+    _, again = harness.run(*args, str(tmp_path))
     assert again["loss_after_10"] == metrics["loss_after_10"]
-    assert [h["step"] for h in json.loads((tmp_path / "eval_history.json").read_text())] == [1500]
+    history = json.loads((tmp_path / "eval_history.json").read_text())
+    assert [h["step"] for h in history] == [0, 1500]  # from the untrained model on
+    assert history[0]["loss_after_0"] > metrics["loss_after_0"]
     saved = json.loads((tmp_path / "metrics.json").read_text())
     assert saved["final_train_loss"] == metrics["final_train_loss"]
+    assert saved["train_steps_per_s"] == metrics["train_steps_per_s"]  # kept: trained nothing
+    # re-evaluated, not reused: other evaluation settings give their own numbers
+    _, other = harness.run(args[0], args[1], args[2] + ["maml_experiment.eval_steps = (0, 2)"],
+                           str(tmp_path), allow_config_change=True)
+    assert "loss_after_2" in other and "loss_after_10" not in other
+    assert other["loss_after_0"] == metrics["loss_after_0"]
+    assert [h["step"] for h in json.loads((tmp_path / "eval_history.json").read_text())] == [
+        0, 1500]
 
 
 def synthetic_classes(num_classes=7, per_class=(5, 6, 7, 5, 9, 5, 6)):

@@ -49,3 +49,31 @@ def test_a_model_whose_outputs_do_not_match_n_way_is_named(tmp_path):
                         ["episode_data.source = 'mnist'", "episode_data.n_way = 3",
                          "episode_data.k_query = 1", "episode_data.eval_tasks = 2",
                          "episode_data.meta_batch_size = 2"], str(tmp_path))
+
+
+def test_missing_omniglot_names_the_binding_and_where_the_zips_come_from(tmp_path):
+    with pytest.raises(FileNotFoundError) as e:
+        meta.load_omniglot(str(tmp_path), cache_dir=str(tmp_path / "cache"))
+    for text in ("episode_data.data_dir", "brendenlake/omniglot", "python/images_background.zip",
+                 "images_evaluation.zip"):
+        assert text in str(e.value)
+
+
+def test_a_truncated_omniglot_zip_is_named_with_what_to_do(tmp_path):
+    import zipfile
+    from PIL import Image
+    for name in ("images_background.zip", "images_evaluation.zip"):
+        with zipfile.ZipFile(tmp_path / name, "w") as z:  # one 2-image character each
+            for i in range(2):
+                image = tmp_path / "a.png"
+                Image.new("L", (105, 105), 255 * i).save(image)
+                z.write(image, f"{name[:-4]}/Alphabet/character01/{i}.png")
+    meta.load_omniglot(str(tmp_path), "test", 28, train_characters=1,
+                       cache_dir=str(tmp_path / "ok"))  # intact: reads
+    data = (tmp_path / "images_evaluation.zip").read_bytes()
+    (tmp_path / "images_evaluation.zip").write_bytes(data[:len(data) // 2])
+    with pytest.raises(ValueError) as e:
+        meta.load_omniglot(str(tmp_path), "test", 28, train_characters=1,
+                           cache_dir=str(tmp_path / "cache"))
+    assert str(tmp_path / "images_evaluation.zip") in str(e.value)
+    assert "download it again" in str(e.value) and "brendenlake/omniglot" in str(e.value)

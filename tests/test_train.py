@@ -367,3 +367,22 @@ def test_empty_or_non_variable_variables_are_clear_errors():
         train.make_train_step(loss_fn, keras.optimizers.SGD(0.1), [vs[0], tf.ones(3)])
     with pytest.raises(ValueError, match="accumulation_steps must be an integer >= 1, got 2.5"):
         train.make_train_step(loss_fn, keras.optimizers.SGD(0.1), vs, accumulation_steps=2.5)
+
+
+def test_progress_shows_without_absl_info_and_stats_report_steps_per_s(capsys):
+    """A plain script (absl logging at its WARNING default) still sees its progress lines."""
+    from absl import logging as absl_logging
+    step_fn = lambda batch: {"loss": tf.constant(0.5)}  # noqa: E731
+    before = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    try:
+        stats = {}
+        train.train_loop(step_fn, iter(range(100)), 4, log_every=2, stats=stats)
+        err = capsys.readouterr().err
+        assert "step 2/4" in err and "step 4/4" in err and "steps/s" in err
+        assert stats["train_steps"] == 4 and stats["train_steps_per_s"] > 0
+        assert stats["train_seconds"] > 0
+        train.train_loop(step_fn, iter(range(100)), 4, log_every=None)  # turned off
+        assert "step" not in capsys.readouterr().err
+    finally:
+        absl_logging.set_verbosity(before)

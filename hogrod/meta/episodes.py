@@ -16,6 +16,7 @@ import collections
 import io
 import os
 import zipfile
+import zlib
 
 import gin
 import numpy as np
@@ -27,29 +28,46 @@ ImageClasses = collections.namedtuple("ImageClasses", ["images", "offsets", "rot
 OMNIGLOT_ZIPS = ("images_background.zip", "images_evaluation.zip")
 
 
+OMNIGLOT_SOURCE = ("https://github.com/brendenlake/omniglot (python/images_background.zip and "
+                   "python/images_evaluation.zip)")
+
+
 def _check_omniglot_dir(data_dir):
     missing = [z for z in OMNIGLOT_ZIPS if not os.path.exists(os.path.join(data_dir, z))]
     if missing:
-        raise FileNotFoundError(f"Omniglot data dir '{data_dir}' lacks {missing}; it needs the "
-                                f"original two zips {list(OMNIGLOT_ZIPS)}")
+        raise FileNotFoundError(
+            f"Omniglot data dir '{data_dir}' lacks {missing}: set the binding "
+            f"episode_data.data_dir (or load_omniglot's data_dir) to a folder holding the two "
+            f"original zips {list(OMNIGLOT_ZIPS)}, from {OMNIGLOT_SOURCE}")
 
 
 def _read_omniglot(data_dir, size):
     from PIL import Image  # matplotlib's dependency; only needed here
     characters = []
     for name in OMNIGLOT_ZIPS:
-        with zipfile.ZipFile(os.path.join(data_dir, name)) as z:
-            by_char = collections.defaultdict(list)
-            for f in sorted(z.namelist()):
-                if f.endswith(".png"):
-                    by_char[os.path.dirname(f)].append(f)
-            for char in sorted(by_char):
-                imgs = []
-                for f in by_char[char]:
-                    img = Image.open(io.BytesIO(z.read(f))).convert("L").resize(
-                        (size, size), Image.LANCZOS)
-                    imgs.append(np.asarray(img, np.uint8))
-                characters.append(np.stack(imgs))
+        path = os.path.join(data_dir, name)
+        try:
+            characters += _read_zip(path, size, Image)
+        except (zipfile.BadZipFile, EOFError, zlib.error) as e:
+            raise ValueError(f"{path} is not a readable zip ({e}); it is truncated or "
+                             f"corrupt: download it again from {OMNIGLOT_SOURCE}") from None
+    return characters
+
+
+def _read_zip(path, size, Image):
+    characters = []
+    with zipfile.ZipFile(path) as z:
+        by_char = collections.defaultdict(list)
+        for f in sorted(z.namelist()):
+            if f.endswith(".png"):
+                by_char[os.path.dirname(f)].append(f)
+        for char in sorted(by_char):
+            imgs = []
+            for f in by_char[char]:
+                img = Image.open(io.BytesIO(z.read(f))).convert("L").resize(
+                    (size, size), Image.LANCZOS)
+                imgs.append(np.asarray(img, np.uint8))
+            characters.append(np.stack(imgs))
     return characters
 
 

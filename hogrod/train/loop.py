@@ -12,8 +12,10 @@ run with `NonFiniteError` naming the step and the term, before anything is saved
 last good checkpoint stays the latest.
 """
 
+import logging as std_logging
 import math
 import os
+import sys
 import time
 
 import keras
@@ -21,6 +23,29 @@ import tensorflow as tf
 from absl import logging
 
 __all__ = ["Checkpointer", "train_loop", "NonFiniteError", "CheckpointMismatchError"]
+
+
+class _DropShardingTiming(std_logging.Filter):
+    """TensorFlow's checkpoint saver logs "Sharding callback duration: N microseconds"
+    through absl at INFO on every save (tensorflow/python/checkpoint/functional_saver.py);
+    drop that line only."""
+
+    def filter(self, record):
+        return not str(record.msg).startswith("Sharding callback duration")
+
+
+for _logger in (logging.get_absl_logger(), std_logging.getLogger("tensorflow")):
+    _logger.addFilter(_DropShardingTiming())
+
+
+def _progress(message, *args):
+    """A progress line: through absl logging when its logger passes INFO (a binary, whose
+    absl flags set INFO; Python logging configured at INFO), else printed to stderr, so a
+    plain script, where logging stays at its WARNING default, sees its progress too."""
+    if logging.get_absl_logger().isEnabledFor(std_logging.INFO):
+        logging.info(message, *args)
+    else:
+        print(message % args, file=sys.stderr, flush=True)
 
 
 class NonFiniteError(FloatingPointError):
@@ -126,7 +151,7 @@ def _check_finite(logs, step):
 
 def train_loop(step_fn, iterator, steps, checkpointer=None, output_dir=None,
                checkpoint_every=500, log_every=100, summary_every=10, callback=None,
-               time_limit_s=None):
+               time_limit_s=None, stats=None):
     """Run `step_fn(next(iterator))` until `checkpointer.step` reaches `steps`.
 
     Args:
@@ -137,11 +162,16 @@ def train_loop(step_fn, iterator, steps, checkpointer=None, output_dir=None,
       checkpointer: a `Checkpointer`; restored before the first step, saved every
         `checkpoint_every` steps and at the end. None: no checkpoints.
       output_dir: TensorBoard events go to `<output_dir>/train`. None: no summaries.
-      log_every: an absl progress line (step, loss, steps/s, ETA) every this many steps.
+      log_every: a progress line (step, loss, steps/s, ETA) every this many steps and at
+        the last, through absl logging when it shows INFO (binaries), else printed to
+        stderr. None or 0: no progress lines.
       summary_every: tf.summary of every log value and steps/s every this many steps.
       callback: optional `callback(step, logs)` after each step (evaluation, plots).
       time_limit_s: stop (with a checkpoint) once the steps of this call have taken this
         many seconds, callbacks excluded; a re-run resumes. None: no limit.
+      stats: an optional dict that, when this call runs any steps, it fills with
+        `train_steps` (how many), `train_seconds` (their time, callbacks excluded) and
+        `train_steps_per_s`; binaries put them in metrics.json.
 
     Returns:
       the last step's logs as Python floats (empty if there was nothing left to do).
@@ -151,6 +181,9 @@ def train_loop(step_fn, iterator, steps, checkpointer=None, output_dir=None,
     counter = ckpt.step if ckpt else tf.Variable(0, dtype=tf.int64)
     writer = (tf.summary.create_file_writer(os.path.join(output_dir, "train"))
               if output_dir else tf.summary.create_noop_writer())
+    if log_every and step < steps:
+        _progress("training steps %d to %d%s", step + 1, steps,
+                  f" (resumed at step {step})" if step else "")
     logs = {}
     start, start_step = time.perf_counter(), step
     rate = 0.0
@@ -159,7 +192,7 @@ def train_loop(step_fn, iterator, steps, checkpointer=None, output_dir=None,
         while step < steps:
             if time_limit_s is not None and (
                     time.perf_counter() - start - in_callbacks >= time_limit_s):
-                logging.info("time limit of %.0f s reached at step %d", time_limit_s, step)
+                _progress("time limit of %.0f s reached at step %d", time_limit_s, step)
                 if ckpt:
                     ckpt.save()
                 break
@@ -174,10 +207,10 @@ def train_loop(step_fn, iterator, steps, checkpointer=None, output_dir=None,
                 for name, value in logs.items():
                     tf.summary.scalar(name, value, step=step)
                 tf.summary.scalar("steps_per_sec", rate, step=step)
-            if step % log_every == 0 or step == steps:
+            if log_every and (step % log_every == 0 or step == steps):
                 eta = (steps - step) / rate if rate > 0 else float("inf")
-                logging.info("step %d/%d  loss %.5g  %.1f steps/s  ETA %.0f s", step, steps,
-                             logs.get("loss", float("nan")), rate, eta)
+                _progress("step %d/%d  loss %.5g  %.1f steps/s  ETA %.0f s", step, steps,
+                          logs.get("loss", float("nan")), rate, eta)
             if callback is not None:
                 before = time.perf_counter()
                 callback(step, logs)
@@ -185,4 +218,7 @@ def train_loop(step_fn, iterator, steps, checkpointer=None, output_dir=None,
             if ckpt and (step % checkpoint_every == 0 or step == steps):
                 ckpt.save()
     writer.flush()
+    if stats is not None and step > start_step:
+        stats.update(train_steps=step - start_step, train_steps_per_s=rate,
+                     train_seconds=time.perf_counter() - start - in_callbacks)
     return logs
