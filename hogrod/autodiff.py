@@ -15,6 +15,8 @@ unwrapped here so callers never have to.
 import keras
 import tensorflow as tf
 
+from hogrod import tree
+
 __all__ = [
     "value_and_grad",
     "grad",
@@ -145,7 +147,7 @@ def hvp(fn, params, vector, mode="auto"):
                 _watch(inner, flat_p)
                 value = fn()
             grads = _fill_unconnected(inner.gradient(value, flat_p), flat_p, "zero")
-            dot = tf.add_n([tf.reduce_sum(_densify(g) * v) for g, v in zip(grads, flat_v)])
+            dot = tree.dot([_densify(g) for g in grads], flat_v)
         out = outer.gradient(dot, flat_p)
     else:
         primals = [_unwrap(p) for p in flat_p]

@@ -58,9 +58,10 @@ def _check_tol(tol, name="tol"):
 
 
 def _dtype(b, fn, name):
-    leaves = [tf.convert_to_tensor(t) for t in tf.nest.flatten(b)]
+    leaves = tf.nest.flatten(b)
     if not leaves or any(t is None for t in leaves):
         raise ValueError(f"{fn}: {name} must be a tree of tensors, got {b!r}")
+    leaves = [tf.convert_to_tensor(t) for t in leaves]
     dtypes = {t.dtype for t in leaves}
     if len(dtypes) != 1 or not leaves[0].dtype.is_floating:
         raise TypeError(f"{fn}: {name}'s leaves must share one floating dtype, got "
@@ -176,7 +177,8 @@ def cg(matvec, b, x0=None, maxiter=None, tol=1e-6, damping=0.0,
 
 def _assert_curvature(finite, curved, pap, pp, i, damping):
     """Raise (eagerly) or assert (in a graph) that a CG direction has positive curvature."""
-    what = f"p^T (A + {damping} I) p"
+    shown = damping if isinstance(damping, (numbers.Number, np.number)) else "damping"
+    what = f"p^T (A + {shown} I) p"
     fix = ("the system is singular or indefinite; add damping (> 0), use a positive definite "
            "operator (e.g. Gauss-Newton), or pass on_negative_curvature='stop' to keep the "
            "iterate reached")

@@ -203,20 +203,29 @@ def rademacher_like(like, seed):
         for x, s in zip(leaves, seeds)])
 
 
-def _static_sizes(leaves, fn, name):
-    sizes = []
-    for i, x in enumerate(leaves):
-        if not x.shape.is_fully_defined():
-            raise ValueError(f"tree.{fn}: leaf {i} of {name} has shape {x.shape}; a static "
+def _specs(tree, fn, name):
+    """(static shape, dtype) of each leaf, read without reading a variable's value."""
+    flat = tf.nest.flatten(tree)
+    if not flat:
+        raise ValueError(f"tree.{fn}: {name} has no tensors (got {tree!r})")
+    specs = []
+    for i, leaf in enumerate(flat):
+        if leaf is None:
+            raise ValueError(f"tree.{fn}: leaf {i} of {name} is None")
+        if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
+            leaf = tf.convert_to_tensor(leaf)
+        shape = tf.TensorShape(leaf.shape)
+        if not shape.is_fully_defined():
+            raise ValueError(f"tree.{fn}: leaf {i} of {name} has shape {shape}; a static "
                              "shape is needed")
-        sizes.append(x.shape.num_elements())
-    return sizes
+        specs.append((shape, tf.as_dtype(leaf.dtype)))
+    return specs
 
 
 @_no_autograph
 def size(a):
     """The total number of entries of the tree's leaves (a Python int; static shapes)."""
-    return sum(_static_sizes(_leaves(a, "size", "a"), "size", "a"))
+    return sum(shape.num_elements() for shape, _ in _specs(a, "size", "a"))
 
 
 @_no_autograph
@@ -235,8 +244,8 @@ def flatten(a, dtype=None):
 def unflatten(vector, like):
     """Split a vector of length `size(like)` into leaves shaped (and cast to the dtypes) of
     `like`'s leaves: the inverse of `flatten`."""
-    leaves = _leaves(like, "unflatten", "like")
-    sizes = _static_sizes(leaves, "unflatten", "like")
+    specs = _specs(like, "unflatten", "like")
+    sizes = [shape.num_elements() for shape, _ in specs]
     vector = tf.convert_to_tensor(vector)
     if vector.shape.rank != 1:
         raise ValueError(f"tree.unflatten: vector must be rank 1, got shape {vector.shape}")
@@ -244,5 +253,5 @@ def unflatten(vector, like):
         raise ValueError(f"tree.unflatten: vector has {vector.shape[0]} entries but like has "
                          f"{sum(sizes)}")
     parts = tf.split(vector, sizes)
-    return _pack(like, [tf.cast(tf.reshape(p, x.shape), x.dtype)
-                        for p, x in zip(parts, leaves)])
+    return _pack(like, [tf.cast(tf.reshape(p, shape), dtype)
+                        for p, (shape, dtype) in zip(parts, specs)])
