@@ -96,6 +96,7 @@ def host_solver(solver, matvec, n, stop=None, **static):
 
     def run(*args):
         with _running_lock:
+            errors.clear()
             _running.append({"matvec": host, "stop": stop})
             try:
                 out = compiled(*args)
