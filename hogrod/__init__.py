@@ -2,7 +2,9 @@
 
 The primitives (nested-tape autodiff and functional model calls) live at the top
 level; each family has its own subpackage, imported on first use:
-`hogrod.train`, `hogrod.meta`, `hogrod.gan`, `hogrod.pinn`, `hogrod.curvature`.
+`hogrod.train`, `hogrod.meta`, `hogrod.gan`, `hogrod.pinn`, `hogrod.curvature`. The numerical
+core they share: `hogrod.tree` (arithmetic on nested structures of tensors) and
+`hogrod.linalg` (conjugate gradient, power iteration, Lanczos on a `matvec`).
 """
 
 import importlib
@@ -13,7 +15,8 @@ from hogrod.functional import functional_call, model_state, trainable_values
 
 __version__ = "0.1.0"
 
-_SUBPACKAGES = ("train", "meta", "gan", "pinn", "curvature", "harness", "distribute")
+_SUBPACKAGES = ("train", "meta", "gan", "pinn", "curvature", "harness", "distribute", "tree",
+                "linalg")
 
 
 def __getattr__(name):  # lazy subpackages: `import hogrod; hogrod.meta.adapt(...)` works

@@ -20,6 +20,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.util import nest as _nest  # paths: dict keys must match, not just counts
 
+from hogrod import tree
+
 __all__ = [
     "value_and_grad",
     "grad",
@@ -221,7 +223,7 @@ def hvp(fn, params, vector, mode="auto"):
                 _watch(inner, flat_p)
                 value = _scalar(fn(), "hvp")
             grads = _fill_unconnected(inner.gradient(value, flat_p), flat_p, "zero")
-            dot = tf.add_n([tf.reduce_sum(_densify(g) * v) for g, v in zip(grads, flat_v)])
+            dot = tree.dot([_densify(g) for g in grads], flat_v)
         out = outer.gradient(dot, flat_p)
     else:
         primals = [_unwrap(p) for p in flat_p]

@@ -17,6 +17,8 @@ def test_eigenvalues_of_a_known_spectrum_largest_and_smallest(method):
                                                       if method is curvature.power_iteration
                                                       else {}))
     np.testing.assert_allclose(vals, [10, 7, 5, 4, 3.5], rtol=1e-6)
+    if method is curvature.lanczos:  # the Ritz residual test stops it long before n = 60
+        assert count <= 30, count
     np.testing.assert_allclose(np.abs(np.sum(vecs * (A @ vecs), axis=0)), vals, rtol=1e-6)
     low, _, _ = method(A, k=2, which="smallest", tol=1e-12,
                        **({"max_iterations": 20000} if method is curvature.power_iteration

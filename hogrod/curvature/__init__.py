@@ -1,5 +1,6 @@
 """Curvature of a loss: operators, eigenvalues, trace, spectral density, inverse-HVPs,
-influence functions. Tested against dense oracles (`hogrod.hessian`, numpy).
+influence functions. Tested against dense oracles (`hogrod.hessian`, numpy). The iterations
+are `hogrod.linalg`'s, compiled with products on the host (`eigen.host_solver`).
 
 - `HessianOperator`, `GaussNewtonOperator` (`tf.linalg.LinearOperator`s over one batch or a
   tf.data set; per-layer with `layer_params`), `flatten`, `unflatten` (`operators.py`);

@@ -1,34 +1,20 @@
 """Spectral density by stochastic Lanczos quadrature (Ubaru et al. 2017; Ghorbani et al. 2019).
 
-Each run starts Lanczos from a normalized Rademacher vector; the tridiagonal matrix's
-eigenvalues are quadrature nodes and the squared first components of its eigenvectors
-their weights (which sum to 1). The density is the run-averaged sum of Gaussians of width
-`sigma` at the nodes, so it integrates to 1 over a grid that covers the nodes.
+Each run starts Lanczos (`hogrod.linalg.lanczos`) from a normalized Rademacher vector; the
+tridiagonal matrix's eigenvalues are quadrature nodes and the squared first components of
+its eigenvectors their weights (which sum to 1). The density is the run-averaged sum of
+Gaussians of width `sigma` at the nodes, so it integrates to 1 over a grid that covers the
+nodes.
 """
 
 import numpy as np
 import scipy.linalg
+import tensorflow as tf
 
-from hogrod.curvature.eigen import as_matvec
+from hogrod import linalg
+from hogrod.curvature.eigen import as_matvec, host_solver
 
 __all__ = ["spectral_density"]
-
-
-def _lanczos_tridiagonal(matvec, n, m, v):
-    Q = np.zeros((m, n))
-    Q[0] = v / np.linalg.norm(v)
-    alphas, betas = [], []
-    for j in range(m):
-        w = matvec(Q[j])
-        alphas.append(Q[j] @ w)
-        w -= Q[: j + 1].T @ (Q[: j + 1] @ w)
-        w -= Q[: j + 1].T @ (Q[: j + 1] @ w)
-        beta = np.linalg.norm(w)
-        if j + 1 == m or beta < 1e-12:
-            break
-        betas.append(beta)
-        Q[j + 1] = w / beta
-    return np.array(alphas), np.array(betas)
 
 
 def spectral_density(op, num_iterations=50, num_runs=5, sigma=None, grid_points=1000,
@@ -38,11 +24,11 @@ def spectral_density(op, num_iterations=50, num_runs=5, sigma=None, grid_points=
     sigma defaults to 1% of the spectrum's span; the grid spans the nodes +- 5 sigma.
     """
     matvec, n = as_matvec(op)
-    m = min(num_iterations, n)
+    run = host_solver(linalg.lanczos, matvec, n, k=min(num_iterations, n))
     rng = np.random.default_rng(seed)
     nodes, weights = [], []
     for _ in range(num_runs):
-        a, b = _lanczos_tridiagonal(matvec, n, m, rng.choice([-1.0, 1.0], size=n))
+        a, b, _, _ = run(tf.constant(rng.choice([-1.0, 1.0], size=n)))
         theta, S = scipy.linalg.eigh_tridiagonal(a, b)
         nodes.append(theta)
         weights.append(S[0] ** 2 / num_runs)

@@ -1,16 +1,23 @@
 """Top-k eigenpairs of a symmetric curvature operator: Lanczos (default) and power iteration.
 
 Both work on any operator with `matvec_flat(vector)` (the operators of this package) or a
-dense symmetric matrix, keep their bookkeeping in float64 numpy, and return
-`(eigenvalues, eigenvectors, num_matvecs)`, eigenvalues sorted from the requested end.
+dense symmetric matrix and return `(eigenvalues, eigenvectors, num_matvecs)` as float64
+numpy, eigenvalues sorted from the requested end. The iterations are `hogrod.linalg`'s,
+run as one compiled loop in float64 whose products call the operator on the host
+(`host_solver`); the small tridiagonal eigenproblems are scipy's.
 """
+
+import functools
+import threading
 
 import numpy as np
 import scipy.linalg
 import tensorflow as tf
 from absl import logging
 
-__all__ = ["lanczos", "power_iteration", "as_matvec"]
+from hogrod import linalg
+
+__all__ = ["lanczos", "power_iteration", "as_matvec", "host_solver"]
 
 
 def as_matvec(op):
@@ -40,13 +47,81 @@ def as_matvec(op):
     return matvec, n
 
 
+_running = []  # the host callables of the compiled solve running now (innermost last)
+_running_lock = threading.RLock()
+
+
+def _dispatch(name):
+    return lambda *args: _running[-1][name](*args)
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(solver, n, static, with_stop):
+    """One tf.function per solver and configuration, shared by every host_solver call with
+    it: its numpy_functions call whatever host callables the running call registered, so
+    a second estimate with the same configuration does not trace again."""
+    def product(v):
+        w = tf.numpy_function(_dispatch("matvec"), [v], tf.float64, stateful=True)
+        w.set_shape([n])
+        return w
+
+    kwargs = dict(static)
+    if with_stop:
+        kwargs["stop"] = lambda *state: tf.numpy_function(_dispatch("stop"), list(state),
+                                                          tf.bool, stateful=True)
+    return tf.function(lambda *args: solver(product, *args, **kwargs), autograph=False)
+
+
+def host_solver(solver, matvec, n, stop=None, **static):
+    """A `hogrod.linalg` solver compiled once, its products calling a host `matvec`.
+
+    Returns `run(*args)`: `solver(product, *args, stop=..., **static)` as one compiled
+    loop, where `product` hands each float64 vector of length n to `matvec` (numpy in,
+    numpy out) and `stop` (Lanczos's; optional) gets numpy arrays and returns a bool; its
+    outputs come back as numpy. The compiled function is cached per (solver, n, static),
+    so `static` must be hashable. An exception `matvec` raises (FloatingPointError on a
+    NaN product) is re-raised as itself, not as TensorFlow's wrapper of it. Runs are
+    serialized by a lock; a `matvec` must not itself run a host solver.
+    """
+    errors = []
+
+    def host(v):
+        try:
+            return np.asarray(matvec(v), np.float64)
+        except Exception as e:  # noqa: BLE001 (re-raised below, unwrapped)
+            errors.append(e)
+            raise
+
+    compiled = _compiled(solver, n, tuple(sorted(static.items())), stop is not None)
+
+    def run(*args):
+        with _running_lock:
+            errors.clear()
+            _running.append({"matvec": host, "stop": stop})
+            try:
+                out = compiled(*args)
+            except tf.errors.OpError:
+                if errors:
+                    raise errors[-1] from None
+                raise
+            finally:
+                _running.pop()
+        return tf.nest.map_structure(lambda t: t.numpy(), out)
+    return run
+
+
 def _check_k(k, n):
     if not 1 <= k <= n:
         raise ValueError(f"k={k} must be between 1 and the operator's dimension n={n}")
 
 
+def _check_which(which):
+    if which not in ("largest", "smallest"):
+        raise ValueError(f"which must be 'largest' or 'smallest', got {which!r}")
+
+
 def lanczos(op, k=1, which="largest", tol=1e-6, max_iterations=None, seed=0):
-    """Lanczos with full reorthogonalization.
+    """Lanczos with full reorthogonalization (`hogrod.linalg.lanczos`).
 
     Args:
       op: a curvature operator (or a dense symmetric matrix).
@@ -59,75 +134,66 @@ def lanczos(op, k=1, which="largest", tol=1e-6, max_iterations=None, seed=0):
     """
     matvec, n = as_matvec(op)
     _check_k(k, n)
-    if which not in ("largest", "smallest"):
-        raise ValueError(f"which must be 'largest' or 'smallest', got {which!r}")
+    _check_which(which)
     m_max = min(n, max_iterations or 10 * k + 100)
-    q = np.random.default_rng(seed).standard_normal(n)
-    Q = np.zeros((m_max, n))
-    Q[0] = q / np.linalg.norm(q)
-    alphas, betas, count = [], [], 0
-    for j in range(m_max):
-        w = matvec(Q[j])
-        count += 1
-        alphas.append(Q[j] @ w)
-        w -= Q[: j + 1].T @ (Q[: j + 1] @ w)  # full reorthogonalization, twice for safety
-        w -= Q[: j + 1].T @ (Q[: j + 1] @ w)
-        beta = np.linalg.norm(w)
-        if j + 1 >= k:
-            theta, S = scipy.linalg.eigh_tridiagonal(np.array(alphas), np.array(betas))
-            order = np.argsort(theta)[::-1] if which == "largest" else np.argsort(theta)
-            wanted = order[:k]
-            residual = np.abs(beta * S[-1, wanted])
-            converged = np.all(residual <= tol * np.maximum(np.abs(theta[wanted]), 1e-12))
-            if tol > 0 and j + 1 == m_max and not converged and m_max < n:
-                logging.warning("lanczos: %d iterations without reaching tol=%g (largest "
-                                "relative residual %.2e)", m_max, tol, np.max(
-                                    residual / np.maximum(np.abs(theta[wanted]), 1e-12)))
-            if converged or j + 1 == m_max or beta < 1e-12 * max(1.0, abs(alphas[0])):
-                vectors = Q[: j + 1].T @ S[:, wanted]
-                return theta[wanted], vectors, count
-        betas.append(beta)
-        Q[j + 1] = w / beta
-    raise AssertionError("unreachable")
+
+    def ritz(alphas, betas):  # Ritz values, T's eigenvectors, the wanted ones' indices
+        theta, s = scipy.linalg.eigh_tridiagonal(alphas, betas)
+        order = np.argsort(theta)[::-1] if which == "largest" else np.argsort(theta)
+        return theta, s, order[:k]
+
+    def residuals(alphas, betas, beta):  # |beta_m s_mi| / |theta_i| of the wanted pairs
+        theta, s, wanted = ritz(alphas, betas)
+        return np.abs(beta * s[-1, wanted]) / np.maximum(np.abs(theta[wanted]), 1e-12)
+
+    def converged(alphas, betas, beta):
+        return np.bool_(len(alphas) >= k and np.all(residuals(alphas, betas, beta) <= tol))
+
+    run = host_solver(linalg.lanczos, matvec, n, stop=converged, k=m_max)
+    alphas, betas, basis, beta = run(tf.constant(
+        np.random.default_rng(seed).standard_normal(n)))
+    m = len(alphas)
+    if m < k:
+        raise ValueError(f"lanczos: the Krylov space of the start vector (seed={seed}) is "
+                         f"invariant after {m} < k={k} steps: the operator has fewer than k "
+                         "distinct eigenvalues there; ask for fewer (k) or another seed")
+    if tol > 0 and m == m_max < n and not converged(alphas, betas, beta):
+        logging.warning("lanczos: %d iterations without reaching tol=%g (largest relative "
+                        "residual %.2e)", m, tol, np.max(residuals(alphas, betas, beta)))
+    theta, s, wanted = ritz(alphas, betas)
+    return theta[wanted], basis.T @ s[:, wanted], m
 
 
 def power_iteration(op, k=1, which="largest", tol=1e-6, max_iterations=1000, seed=0):
-    """Power iteration with deflation: one eigenpair at a time, each projected out.
+    """Power iteration (`hogrod.linalg.power_iteration`) with deflation: one eigenpair at a
+    time, each on the operator restricted to the complement of those found before.
 
     "largest" finds the largest-magnitude eigenvalues (the largest ones for a PSD
     operator); "smallest" shifts by the largest eigenvalue to find the most negative.
     """
     matvec, n = as_matvec(op)
     _check_k(k, n)
+    _check_which(which)
     rng = np.random.default_rng(seed)
     count, shift = 0, 0.0
     if which == "smallest":
-        top, _, c = power_iteration(op, 1, "largest", tol, max_iterations, seed)
-        count += c
+        top, _, count = power_iteration(op, 1, "largest", tol, max_iterations, seed)
         shift = abs(top[0])
-    elif which != "largest":
-        raise ValueError(f"which must be 'largest' or 'smallest', got {which!r}")
-    values, vectors = [], []
+    values, vectors, products = [], [], []
+
+    def deflated(v):  # P (A - shift I) P, P the projector off the eigenvectors found
+        products.append(1)
+        for u in vectors:
+            v = v - (u @ v) * u
+        w = matvec(v) - shift * v
+        for u in vectors:
+            w = w - (u @ w) * u
+        return w
+
+    run = host_solver(linalg.power_iteration, deflated, n, iters=max_iterations, tol=tol)
     for _ in range(k):
-        v = rng.standard_normal(n)
-        v /= np.linalg.norm(v)
-        lam = 0.0
-        for _ in range(max_iterations):
-            for u in vectors:
-                v -= (u @ v) * u
-            w = matvec(v) - shift * v
-            count += 1
-            for u, l in zip(vectors, values):
-                w -= (l - shift) * (u @ v) * u
-            new = v @ w
-            norm = np.linalg.norm(w)
-            if norm == 0:
-                break
-            v = w / norm
-            if abs(new - lam) <= tol * max(abs(new), 1e-12):
-                lam = new
-                break
-            lam = new
+        start = rng.standard_normal(n)
+        lam, v = run(tf.constant(start))
         values.append(lam + shift)
         vectors.append(v)
-    return np.array(values), np.stack(vectors, axis=1), count
+    return np.array(values), np.stack(vectors, axis=1), count + len(products)

@@ -16,24 +16,20 @@ import numpy as np
 import tensorflow as tf
 
 import hogrod
+from hogrod import tree
 from hogrod.autodiff import _check_params  # the primitives' own check: one message format
 
 __all__ = ["flatten", "unflatten", "HessianOperator", "GaussNewtonOperator", "layer_params"]
 
 
 def flatten(tensors, dtype=None):
-    """Concatenate tensors into one flat vector."""
-    flat = tf.concat([tf.reshape(t, [-1]) for t in tf.nest.flatten(tensors)], 0)
-    return flat if dtype is None else tf.cast(flat, dtype)
+    """Concatenate tensors into one flat vector (`hogrod.tree.flatten`)."""
+    return tree.flatten(tensors, dtype)
 
 
 def unflatten(vector, like):
-    """Split a flat vector into tensors shaped (and typed) like `like`."""
-    flat_like = tf.nest.flatten(like)
-    sizes = [int(np.prod(p.shape)) for p in flat_like]
-    parts = tf.split(vector, sizes)
-    return tf.nest.pack_sequence_as(like, [tf.cast(tf.reshape(part, p.shape), p.dtype)
-                                           for part, p in zip(parts, flat_like)])
+    """Split a flat vector into tensors shaped (and typed) like `like` (`hogrod.tree.unflatten`)."""
+    return tree.unflatten(vector, like)
 
 
 def layer_params(model, layer_name):

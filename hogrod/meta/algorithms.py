@@ -26,6 +26,7 @@ import gin
 import tensorflow as tf
 
 import hogrod
+from hogrod import linalg, tree
 from hogrod.meta.inner import adapt, initial_params
 
 __all__ = ["Algorithm", "maml", "fomaml", "reptile", "anil", "meta_sgd", "maml_plus_plus",
@@ -267,33 +268,6 @@ def maml_plus_plus(model, loss_fn, inner_lr=0.01, inner_steps=5, multi_step_iter
                      [v for step_vars in step_stats for v in step_vars])
 
 
-def _cg(matvec, b, iterations):
-    """Conjugate gradient for A x = b, fixed iterations, A symmetric.
-
-    Truncated at the first direction of non-positive curvature (p^T A p <= 0), returning the
-    iterate reached so far, as Steihaug's CG does: for a non-convex support loss, I + H/lam
-    can be indefinite, and plain CG then runs away instead of converging."""
-    dot = lambda a, c: tf.add_n([tf.reduce_sum(u * w) for u, w in zip(a, c)])  # noqa: E731
-    x = [tf.zeros_like(t) for t in b]
-    r = list(b)
-    p = list(b)
-    rr = dot(r, r)
-    tiny = tf.cast(1e-30, rr.dtype)
-    active = tf.constant(True)
-    for _ in range(iterations):
-        ap = matvec(p)
-        pap = dot(p, ap)
-        active = tf.logical_and(active, tf.logical_and(pap > tiny, rr > tiny))
-        alpha = tf.where(active, rr / tf.where(active, pap, 1.0), 0.0)
-        x = [xi + alpha * pi for xi, pi in zip(x, p)]
-        r = [ri - alpha * api for ri, api in zip(r, ap)]
-        rr_new = dot(r, r)
-        beta = tf.where(active, rr_new / tf.where(active, rr, 1.0), 0.0)
-        p = [ri + beta * pi for ri, pi in zip(r, p)]
-        rr = rr_new
-    return x
-
-
 @gin.configurable
 def imaml(model, loss_fn, inner_lr=0.01, inner_steps=10, lam=1.0, cg_steps=5,
           curvature_probes=0, vectorize=True):
@@ -318,14 +292,12 @@ def imaml(model, loss_fn, inner_lr=0.01, inner_steps=10, lam=1.0, cg_steps=5,
             return inner_lr
         xs, ys = support
         fit = lambda: loss_fn(ys, hogrod.functional_call(model, anchor, xs, training=True))  # noqa
-        norm = lambda vs: tf.sqrt(tf.add_n([tf.reduce_sum(u * u) for u in vs]))  # noqa: E731
-        v = [tf.ones_like(a) for a in anchor]
-        for _ in range(curvature_probes):  # ||H v|| for unit v: a lower bound of |lambda|_max
-            n = norm(v)
-            v = hogrod.hvp(fit, anchor, [u / n for u in v])
+        # |v^T H v| for the power iteration's unit v: a lower bound of |lambda|_max
+        top, _ = linalg.power_iteration(lambda v: hogrod.hvp(fit, anchor, v),
+                                        tree.ones_like(anchor), iters=curvature_probes)
         # |lambda|_max of H + lam I is at most that bound + lam; underestimating it by less
         # than a factor 2 still leaves the rate below 2 / L, the stability limit
-        return tf.minimum(tf.cast(inner_lr, n.dtype), 1.0 / (norm(v) + lam))
+        return tf.minimum(tf.constant(inner_lr, top.dtype), 1.0 / (tf.abs(top) + lam))
 
     def proximal(support, anchor, steps):
         """`steps` gradient steps on L_s(phi) + lam/2 ||phi - anchor||^2 from the anchor."""
@@ -349,7 +321,10 @@ def imaml(model, loss_fn, inner_lr=0.01, inner_steps=10, lam=1.0, cg_steps=5,
         query, gq = hogrod.value_and_grad(lambda: _query_loss(model, loss_fn, phi, xq, yq), phi)
         support = lambda: loss_fn(ys, hogrod.functional_call(model, phi, xs, training=True))  # noqa
         matvec = lambda v: [vi + hi / lam for vi, hi in zip(v, hogrod.hvp(support, phi, v))]  # noqa
-        meta_grad = _cg(matvec, gq, cg_steps)
+        # truncated at a direction of non-positive curvature (Steihaug): for a non-convex
+        # support loss I + H/lam can be indefinite, and plain CG then runs away
+        meta_grad, _ = linalg.cg(matvec, gq, maxiter=cg_steps, tol=0.0,
+                                 on_negative_curvature="stop")
         surrogate = tf.add_n([tf.reduce_sum(t * tf.stop_gradient(m))
                               for t, m in zip(theta, meta_grad)])
         return {"implicit": surrogate, "query": tf.stop_gradient(query)}

@@ -1,0 +1,336 @@
+"""Iterative solvers on a symmetric linear operator given as a product `matvec(v)`:
+conjugate gradient, power iteration and Lanczos, written once for every family.
+
+`matvec` maps a tree of tensors (see `hogrod.tree`) to a tree of the same structure, shapes
+and dtypes: an HVP `lambda v: hogrod.hvp(loss, params, v)`, a Gauss-Newton product, a
+dense matrix's `lambda v: A @ v`. Each solver runs eagerly (its loop is a Python loop
+then, so `matvec` may call numpy), inside `tf.function` (one `tf.while_loop`, so the
+graph does not grow with the iteration count), and inside `tf.vectorized_map` (one solve
+per task, each stopping at its own iteration). Small dense work on the host (the
+tridiagonal eigenproblem) is left to `scipy.linalg.eigh_tridiagonal`.
+"""
+
+import collections
+import numbers
+
+import numpy as np
+import tensorflow as tf
+
+from hogrod import tree
+
+__all__ = ["cg", "CGInfo", "power_iteration", "lanczos", "LanczosResult"]
+
+CGInfo = collections.namedtuple("CGInfo", ["iterations", "residual_norm", "curvature",
+                                           "negative_curvature"])
+CGInfo.__doc__ = """iterations: the CG steps taken (int32); residual_norm: ||b - (A + damping
+I) x|| (the recurrence's residual); curvature: p^T (A + damping I) p of the last direction
+examined; negative_curvature: whether the solve stopped at a direction with curvature <= 0
+(only with on_negative_curvature="stop")."""
+
+LanczosResult = collections.namedtuple("LanczosResult", ["alphas", "betas", "basis",
+                                                         "residual_beta"])
+LanczosResult.__doc__ = """alphas [m], betas [m - 1]: the diagonal and off-diagonal of the
+tridiagonal T = Q^T A Q; basis: the tree of Lanczos vectors q_0 .. q_{m-1}, each leaf with a
+leading axis of length m (the rows of Q^T); residual_beta: beta_m = ||r_m||, the size of
+the residual A Q^T - Q^T T = beta_m q_m e_m^T (0 when the Krylov space is invariant)."""
+
+_NEGATIVE_CURVATURE = ("raise", "stop")
+# Python control flow here is on Python values only; the loops are explicit tf.while_loops.
+_no_autograph = tf.autograph.experimental.do_not_convert
+
+
+def _check_matvec(matvec):
+    if not callable(matvec):
+        raise TypeError(f"matvec must be a callable v -> A v, got {type(matvec).__name__}")
+
+
+def _check_int(value, name, minimum):
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, np.integer)) \
+            or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _check_tol(tol, name="tol"):
+    if not isinstance(tol, (numbers.Real, np.floating)) or not 0 <= tol < np.inf:
+        raise ValueError(f"{name} must be a finite number >= 0, got {tol!r}")
+    return float(tol)
+
+
+def _dtype(b, fn, name):
+    leaves = tf.nest.flatten(b)
+    if not leaves or any(t is None for t in leaves):
+        raise ValueError(f"{fn}: {name} must be a tree of tensors, got {b!r}")
+    leaves = [tf.convert_to_tensor(t) for t in leaves]
+    dtypes = {t.dtype for t in leaves}
+    if len(dtypes) != 1 or not leaves[0].dtype.is_floating:
+        raise TypeError(f"{fn}: {name}'s leaves must share one floating dtype, got "
+                        f"{sorted(d.name for d in dtypes)}")
+    return leaves[0].dtype
+
+
+def _product(matvec, v, like, fn):
+    """matvec(v), checked against `like` and given its exact structure (loop variables of a
+    tf.while_loop keep theirs)."""
+    out = matvec(v)
+    tree.check_same(like, out, "the vector", f"{fn}'s matvec(v)")
+    return tf.nest.pack_sequence_as(like, [tf.convert_to_tensor(t)
+                                           for t in tf.nest.flatten(out)])
+
+
+def _eps(dtype):
+    return float(np.finfo(dtype.as_numpy_dtype).eps)
+
+
+@_no_autograph
+def cg(matvec, b, x0=None, maxiter=None, tol=1e-6, damping=0.0,
+       on_negative_curvature="raise"):
+    """Conjugate gradient for (A + damping I) x = b, A symmetric.
+
+    From x_0 (zeros by default), r_0 = b - (A + damping I) x_0, p_0 = r_0, each step is
+      alpha = r^T r / p^T (A + damping I) p,  x += alpha p,  r -= alpha (A + damping I) p,
+      p = r + (r_new^T r_new / r^T r) p,
+    until ||r|| <= tol ||b|| or `maxiter` steps. CG needs A + damping I positive definite:
+    a direction of curvature p^T (A + damping I) p <= 100 eps |p|^2 max|Rayleigh quotient
+    seen| (non-positive up to rounding: an indefinite or singular system) either
+
+    - "raise": is an error naming the curvature found (a ValueError eagerly; in a graph a
+      `tf.debugging.Assert` that fails when the graph runs, with the same message), or
+    - "stop": ends the solve at the iterate reached before that direction, the truncated
+      CG of Steihaug (info.negative_curvature says so).
+
+    A non-finite curvature (a NaN product) raises in "raise" mode; in "stop" mode it is
+    carried into x, so a NaN guard downstream sees it.
+
+    Args:
+      matvec: v -> A v on trees structured like `b`.
+      b: the right-hand side, a tree of floating tensors of one dtype.
+      x0: the starting iterate (a tree like `b`), default zeros.
+      maxiter: the most steps (Python int >= 1); default 10 * size(b).
+      tol: relative residual tolerance (0: run until the residual is exactly 0 or maxiter).
+      damping: added to A's diagonal (a Python number, applied at b's dtype, or a scalar
+        tensor of b's dtype).
+      on_negative_curvature: "raise" or "stop".
+    Returns:
+      (x, CGInfo(iterations, residual_norm, curvature, negative_curvature)); x is
+      structured like `b`.
+    """
+    _check_matvec(matvec)
+    if on_negative_curvature not in _NEGATIVE_CURVATURE:
+        raise ValueError(f"on_negative_curvature must be one of {_NEGATIVE_CURVATURE}, got "
+                         f"{on_negative_curvature!r}")
+    dtype = _dtype(b, "cg", "b")
+    b = tf.nest.map_structure(tf.convert_to_tensor, b)
+    maxiter = 10 * tree.size(b) if maxiter is None else _check_int(maxiter, "maxiter", 1)
+    tol = _check_tol(tol)
+    raise_ = on_negative_curvature == "raise"
+    threshold = 100 * _eps(dtype)
+
+    def damped(v):
+        av = _product(matvec, v, b, "cg")
+        if isinstance(damping, (numbers.Number, np.number)) and damping == 0:
+            return av
+        return tree.axpy(damping, v, av)
+
+    if x0 is None:
+        x, r = tree.zeros_like(b), b
+    else:
+        tree.check_same(b, x0, "b", "x0")
+        x = tf.nest.pack_sequence_as(b, [tf.convert_to_tensor(t) for t in tf.nest.flatten(x0)])
+        r = tree.sub(b, damped(x))
+    rr = tree.dot(r, r)
+    stop_rr = tol ** 2 * tree.dot(b, b)
+    zero = tf.zeros([], dtype)
+    state = (tf.constant(0), x, r, r, rr, zero, zero, rr <= stop_rr, tf.constant(False))
+
+    def cond(i, x, r, p, rr, pap, rq_max, done, negative):
+        return tf.logical_and(i < maxiter, tf.logical_not(done))
+
+    def body(i, x, r, p, rr, pap, rq_max, done, negative):
+        ap = damped(p)
+        pap, pp = tree.dot(p, ap), tree.dot(p, p)
+        rq_max = tf.maximum(rq_max, tf.abs(pap) / pp)
+        finite = tf.math.is_finite(pap)
+        curved = pap > threshold * pp * rq_max
+        if raise_:
+            _assert_curvature(finite, curved, pap, pp, i, damping)
+            step = tf.constant(True)
+        else:
+            step = tf.logical_or(curved, tf.logical_not(finite))
+        one = tf.ones_like(pap)
+        alpha = tf.where(step, rr / tf.where(step, pap, one), tf.zeros_like(pap))
+        x = tree.axpy(alpha, p, x)
+        r = tree.axpy(-alpha, ap, r)
+        rr_new = tree.dot(r, r)
+        beta = tf.where(step, rr_new / tf.where(rr > 0, rr, one), tf.zeros_like(pap))
+        p = tree.axpy(beta, p, r)
+        negative = tf.logical_not(step)
+        done = tf.logical_or(tf.logical_or(negative, rr_new <= stop_rr), tf.logical_not(finite))
+        i = i + tf.cast(step, tf.int32)
+        rr = tf.where(step, rr_new, rr)
+        return i, x, r, p, rr, pap, rq_max, done, negative
+
+    i, x, _, _, rr, pap, _, _, negative = tf.while_loop(cond, body, state,
+                                                        maximum_iterations=maxiter)
+    return x, CGInfo(i, tf.sqrt(rr), pap, negative)
+
+
+def _assert_curvature(finite, curved, pap, pp, i, damping):
+    """Raise (eagerly) or assert (in a graph) that a CG direction has positive curvature."""
+    shown = damping if isinstance(damping, (numbers.Number, np.number)) else "damping"
+    what = f"p^T (A + {shown} I) p"
+    fix = ("the system is singular or indefinite; add damping (> 0), use a positive definite "
+           "operator (e.g. Gauss-Newton), or pass on_negative_curvature='stop' to keep the "
+           "iterate reached")
+    if tf.executing_eagerly():
+        if not bool(finite):
+            raise FloatingPointError(f"cg: {what} = {float(pap)} is not finite at iteration "
+                                     f"{int(i)}: check matvec and b for NaN/inf")
+        if not bool(curved):
+            raise ValueError(f"cg: non-positive curvature {what} = {float(pap):.6e} (|p|^2 = "
+                             f"{float(pp):.3e}) at iteration {int(i)}: {fix}")
+        return
+    tf.debugging.Assert(finite, [f"cg: {what} is not finite; check matvec and b for NaN/inf;"
+                                 " curvature, iteration:", pap, i])
+    tf.debugging.Assert(tf.logical_or(curved, tf.logical_not(finite)), [
+        f"cg: non-positive curvature: {fix}. curvature {what}, |p|^2, iteration:", pap, pp, i])
+
+
+@_no_autograph
+def power_iteration(matvec, v0=None, iters=100, tol=0.0, like=None, seed=None):
+    """The eigenvalue of largest magnitude of a symmetric A, and its eigenvector.
+
+    From v_0 = v0 / ||v0|| (or a standard normal tree `tree.normal_like(like, seed)`),
+      w = A v_{k-1},  lambda_k = v_{k-1}^T w,  v_k = w / ||w||,
+    for `iters` products, or until |lambda_k - lambda_{k-1}| <= tol |lambda_k| (tol > 0).
+    It converges when the largest |eigenvalue| is unique, at the rate of the ratio of the
+    two largest |eigenvalues|; lambda_k is signed. A product w = 0 (v in A's null space)
+    stops with lambda = 0.
+
+    Args:
+      matvec: v -> A v on trees structured like v0.
+      v0: the start (a nonzero tree of floating tensors); or None with `like` and `seed`.
+      iters: the most products (Python int >= 1).
+      tol: relative tolerance on successive eigenvalue estimates (0: run `iters`).
+    Returns:
+      (eigenvalue, eigenvector): lambda_k (a scalar of v0's dtype) and v_k (unit norm,
+      structured like v0).
+    """
+    _check_matvec(matvec)
+    if (v0 is None) == (like is None and seed is None):
+        raise ValueError("power_iteration: pass either v0 (the start vector) or like and seed "
+                         "(a random start shaped like `like`), not both")
+    if v0 is None:
+        if like is None or seed is None:
+            raise ValueError("power_iteration: a random start needs both like and seed")
+        v0 = tree.normal_like(like, seed)
+    dtype = _dtype(v0, "power_iteration", "v0")
+    iters = _check_int(iters, "iters", 1)
+    tol = _check_tol(tol)
+    v0 = tf.nest.map_structure(tf.convert_to_tensor, v0)
+    v0_norm = tree.norm(v0)
+    _assert_nonzero(v0_norm, "power_iteration: v0 is zero")
+    v = tree.scale(1 / v0_norm, v0)
+    zero = tf.zeros([], dtype)
+
+    def cond(i, v, lam, done):
+        return tf.logical_and(i < iters, tf.logical_not(done))
+
+    def body(i, v, lam, done):
+        w = _product(matvec, v, v, "power_iteration")
+        new, w_norm = tree.dot(v, w), tree.norm(w)
+        null = tf.equal(w_norm, 0.0)
+        v = tree.scale(tf.where(null, zero, 1 / tf.where(null, tf.ones_like(w_norm), w_norm)), w)
+        converged = tf.abs(new - lam) <= tol * tf.abs(new) if tol > 0 else tf.constant(False)
+        return i + 1, v, new, tf.logical_or(null, converged)
+
+    _, v, lam, _ = tf.while_loop(cond, body, (tf.constant(0), v, zero, tf.constant(False)),
+                                 maximum_iterations=iters)
+    return lam, v
+
+
+def _assert_nonzero(value, message):
+    if tf.executing_eagerly():
+        if float(value) == 0:
+            raise ValueError(message)
+    else:
+        tf.debugging.Assert(value > 0, [message])
+
+
+def _stacked_shape(k, t):
+    if t.shape.is_fully_defined():
+        return [k] + t.shape.as_list()
+    return tf.concat([[k], tf.shape(t)], 0)
+
+
+@_no_autograph
+def lanczos(matvec, v0, k, reorthogonalize=True, stop=None, breakdown_rtol=None):
+    """`k` steps of the Lanczos process from v0: an orthonormal basis Q of the Krylov space
+    span{v0, A v0, .., A^{k-1} v0} and the tridiagonal T = Q^T A Q.
+
+    With q_0 = v0 / ||v0||, step j computes w = A q_j, alpha_j = q_j^T w, removes the
+    components along q_j and q_{j-1} (with `reorthogonalize`, along every q_i, twice:
+    classical Gram-Schmidt repeated, which keeps Q orthonormal in floating point), sets
+    beta_j = ||w|| and q_{j+1} = w / beta_j. The extreme eigenvalues of T (the Ritz values;
+    use `scipy.linalg.eigh_tridiagonal(alphas, betas)` on the host) converge to A's first.
+
+    It stops early, with m < k steps, when beta_j <= breakdown_rtol * max_i(|alpha_i| +
+    beta_i) (the Krylov space is invariant: T's eigenvalues are exact eigenvalues of A;
+    breakdown_rtol defaults to 1000 eps of the dtype), or when `stop(alphas, betas, beta)`
+    (the tridiagonal so far and beta_j; a Python bool eagerly, a bool tensor in a graph)
+    is true.
+
+    Returns:
+      LanczosResult(alphas [m], betas [m - 1], basis, residual_beta): see its docstring.
+      basis has v0's structure, each leaf with a leading axis of length m.
+    """
+    _check_matvec(matvec)
+    k = _check_int(k, "k", 1)
+    dtype = _dtype(v0, "lanczos", "v0")
+    if stop is not None and not callable(stop):
+        raise TypeError(f"lanczos: stop must be a callable (alphas, betas, beta) -> bool, got "
+                        f"{type(stop).__name__}")
+    rtol = 1000 * _eps(dtype) if breakdown_rtol is None else _check_tol(breakdown_rtol,
+                                                                          "breakdown_rtol")
+    v0 = tf.nest.map_structure(tf.convert_to_tensor, v0)
+    v0_norm = tree.norm(v0)
+    _assert_nonzero(v0_norm, "lanczos: v0 is zero")
+    q = tree.scale(1 / v0_norm, v0)
+    basis = tf.nest.map_structure(lambda t: tf.zeros(_stacked_shape(k, t), dtype), q)
+    zero = tf.zeros([], dtype)
+
+    def project(basis, w):  # w - Q^T (Q w)
+        coeffs = tf.add_n([tf.tensordot(tf.reshape(qs, [k, -1]), tf.reshape(x, [-1]), 1)
+                           for qs, x in zip(tf.nest.flatten(basis), tf.nest.flatten(w))])
+        return tree.sub(w, tf.nest.map_structure(lambda qs: tf.tensordot(coeffs, qs, 1),
+                                                 basis))
+
+    def cond(j, q, q_prev, basis, alphas, betas, beta, anorm, done):
+        return tf.logical_and(j < k, tf.logical_not(done))
+
+    def body(j, q, q_prev, basis, alphas, betas, beta_prev, anorm, done):
+        basis = tf.nest.map_structure(
+            lambda qs, x: tf.tensor_scatter_nd_update(qs, [[j]], x[None]), basis, q)
+        w = _product(matvec, q, q, "lanczos")
+        alpha = tree.dot(q, w)
+        if reorthogonalize:
+            w = project(basis, project(basis, w))
+        else:
+            w = tree.axpy(-beta_prev, q_prev, tree.axpy(-alpha, q, w))
+        beta = tree.norm(w)
+        alphas = tf.tensor_scatter_nd_update(alphas, [[j]], [alpha])
+        anorm = tf.maximum(anorm, tf.abs(alpha) + beta + beta_prev)
+        done = beta <= rtol * anorm
+        if stop is not None:
+            asked = tf.reshape(tf.cast(stop(alphas[:j + 1], betas[:j], beta), tf.bool), [])
+            done = tf.logical_or(done, asked)
+        betas = tf.tensor_scatter_nd_update(betas, [[j]], [beta])
+        safe = tf.where(done, tf.ones_like(beta), beta)
+        return j + 1, tree.scale(1 / safe, w), q, basis, alphas, betas, beta, anorm, done
+
+    state = (tf.constant(0), q, tree.zeros_like(q), basis, tf.zeros([k], dtype),
+             tf.zeros([k], dtype), zero, zero, tf.constant(False))
+    m, _, _, basis, alphas, betas, beta, _, _ = tf.while_loop(cond, body, state,
+                                                              maximum_iterations=k)
+    return LanczosResult(alphas[:m], betas[:m - 1],
+                         tf.nest.map_structure(lambda qs: qs[:m], basis), beta)
