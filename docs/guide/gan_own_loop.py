@@ -1,7 +1,7 @@
 """Gradient penalties in your own GAN training loop, written by hand with GradientTape.
 
     python docs/guide/gan_own_loop.py            # 3,000 generator steps
-    python docs/guide/gan_own_loop.py --quick    # 100 generator steps (HOGROD_GUIDE_QUICK=1)
+    python docs/guide/gan_own_loop.py --quick    # 60 generator steps (HOGROD_GUIDE_QUICK=1)
 
 The penalties are plain functions of (critic, samples) returning a scalar; call one inside
 the tape of your critic update and the outer tape differentiates through its inner input
@@ -47,7 +47,7 @@ def check_linear_critic():
 def main(quick=False):
     check_linear_critic()
     keras.utils.set_random_seed(0)
-    steps, n_critic, batch, latent = (100, 5, 128, 2) if quick else (3000, 5, 256, 2)
+    steps, n_critic, batch, latent = (60, 5, 128, 2) if quick else (3000, 5, 256, 2)
     generator, critic = mlp(latent, 2, name="generator"), mlp(2, 1, name="critic")
     g_opt = keras.optimizers.Adam(1e-3, beta_1=0.5, beta_2=0.9)
     c_opt = keras.optimizers.Adam(1e-3, beta_1=0.5, beta_2=0.9)
