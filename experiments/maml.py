@@ -189,9 +189,11 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
                               **{f"algo_state_{i}": v for i, v in enumerate(algo.state)})
     history = harness.read_history(output_dir, ckpt.latest_step())
 
+    evaluate = meta.evaluator(algo, net, loss_fn, eval_steps, classification)
+
     def evaluate_now(i):
         logging.info("evaluating at meta-iteration %d on held-out tasks", i)
-        result = meta.evaluate(algo, net, loss_fn, eval_tasks, eval_steps, classification)
+        result = evaluate(eval_tasks)
         harness.record_eval(output_dir, history, dict(result, step=i))
         logging.info("eval at %d: %s", i, {k: round(v, 4) for k, v in result.items()
                                            if k.split("_")[-1].isdigit()})

@@ -54,6 +54,26 @@ def _check(variables, values, kind):
                 f"{list(var.shape)}")
 
 
+def _check_input_precision(model, args):
+    """A float64 model behind a float32 `keras.Input` rounds float64 inputs to float32
+    (Keras casts inputs to the Input's dtype): refuse that rather than lose the precision."""
+    inputs = getattr(model, "inputs", None) or []
+    weights = {tf.as_dtype(v.dtype) for v in model.trainable_variables if
+               tf.as_dtype(v.dtype).is_floating}
+    given = [getattr(a, "dtype", None) for a in tf.nest.flatten(args)]
+    for i, (t, g) in enumerate(zip(inputs, given)):
+        dtype = tf.as_dtype(t.dtype)
+        if g is None or not dtype.is_floating or not tf.as_dtype(g).is_floating:
+            continue
+        g = tf.as_dtype(g)
+        if g.size > dtype.size and any(w.size > dtype.size for w in weights):
+            raise TypeError(
+                f"functional_call: model '{model.name}' has {g.name} weights and is given "
+                f"{g.name} input {i}, but its keras.Input is {dtype.name}, so the input would "
+                f"be rounded to {dtype.name} before the first layer; build the model with "
+                f"keras.Input(..., dtype='{g.name}')")
+
+
 def functional_call(model, params, *args, training=False, state=None, **kwargs):
     """`model(*args)` with `params` substituted for `model.trainable_variables`.
 
@@ -72,6 +92,7 @@ def functional_call(model, params, *args, training=False, state=None, **kwargs):
         raise ValueError(
             f"functional_call needs a built model; call '{model.name}' once on an input "
             "or build it first")
+    _check_input_precision(model, args)
     params = list(params)
     _check(model.trainable_variables, params, "trainable")
     given_state = state is not None

@@ -70,7 +70,7 @@ def test_gradient_through_substitute_weights_equals_gradient_wrt_variables():
 def test_second_order_through_one_sgd_step_matches_finite_differences():
     """The MAML pattern: d/dw L(w - a dL/dw) through functional_call, against float64 FD."""
     keras.utils.set_random_seed(1)
-    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3, activation="tanh",
+    model = keras.Sequential([keras.Input((2,), dtype="float64"), keras.layers.Dense(3, activation="tanh",
                                                                      dtype="float64"),
                               keras.layers.Dense(1, dtype="float64")])
     x = tf.random.stateless_normal((8, 2), seed=(3, 0), dtype=tf.float64)
@@ -148,3 +148,17 @@ def test_params_of_another_dtype_or_not_tensors_are_named():
     # numpy arrays are constants (no gradient flows through them anyway): accepted
     out = hogrod.functional_call(model, [p.numpy() for p in params], x)
     np.testing.assert_allclose(out, hogrod.functional_call(model, params, x), rtol=1e-6)
+
+
+def test_float64_input_to_a_float64_model_behind_a_float32_input_is_refused():
+    """Keras casts inputs to the Input's dtype: float64 data would be rounded to float32."""
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, dtype="float64")])
+    x = tf.constant([[0.1, 0.2]], tf.float64)
+    with pytest.raises(TypeError, match=r"keras.Input\(\.\.\., dtype='float64'\)"):
+        hogrod.functional_call(model, hogrod.trainable_values(model), x)
+    hogrod.functional_call(model, hogrod.trainable_values(model), tf.cast(x, tf.float32))
+    exact = keras.Sequential([keras.Input((2,), dtype="float64"),
+                              keras.layers.Dense(1, dtype="float64")])
+    w = hogrod.trainable_values(exact)
+    np.testing.assert_allclose(hogrod.functional_call(exact, w, x).numpy(),
+                               x.numpy() @ w[0].numpy() + w[1].numpy(), rtol=1e-14)

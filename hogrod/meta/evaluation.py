@@ -6,12 +6,60 @@ import tensorflow as tf
 
 import hogrod
 
-__all__ = ["evaluate"]
-
-_COMPILED = {}
+__all__ = ["evaluate", "evaluator"]
 
 
 @gin.configurable
+def evaluator(algorithm, model, loss_fn, steps=(0, 1, 10), accuracy=False, vectorize=True):
+    """`evaluate` as a reusable function of the tasks: `ev = evaluator(algo, model, loss_fn);
+    ev(tasks)` traces once per step count and reuses the traces on every later call (a
+    periodic evaluation). The compiled functions belong to the returned function, so a
+    later evaluator with another algorithm, model or loss never sees them."""
+    steps = tuple(steps)
+    if not steps or any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0
+                        for s in steps):
+        raise ValueError(f"evaluate.steps must be non-negative integers, got {steps!r}")
+
+    def per_task(task, s):
+        xs, ys, xq, yq = task
+        fast = algorithm.adapt((xs, ys), s)
+        pred = (hogrod.functional_call(model, fast, xq, training=True)
+                if algorithm.predict is None else algorithm.predict(fast, xq, s))
+        out = [loss_fn(yq, pred)]
+        if accuracy:
+            out.append(tf.reduce_mean(tf.cast(
+                tf.equal(tf.argmax(pred, -1, output_type=tf.int32), tf.cast(yq, tf.int32)),
+                tf.float32)))
+        return tf.stack([tf.cast(v, tf.float64) for v in out])  # exact for float32 values
+
+    compiled = {s: tf.function(lambda t, s=s: (
+        tf.vectorized_map(lambda task: per_task(task, s), t) if vectorize else
+        tf.map_fn(lambda task: per_task(task, s), t, fn_output_signature=tf.float64)))
+        for s in steps}
+
+    def run(tasks):
+        results = {}
+        for s in steps:
+            values = compiled[s](tasks).numpy()
+            names = ["loss", "accuracy"] if accuracy else ["loss"]
+            for j, name in enumerate(names):
+                results.update(_summary(f"{name}_after_{s}", values[:, j]))
+        return results
+    return run
+
+
+def _summary(name, v):
+    """Mean, 95% half-width, median and the count of non-finite values of per-task values."""
+    return {
+        name: float(v.mean()),
+        f"{name}_ci95": (float(1.96 * v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1
+                         else float("nan")),
+        # a diverged task (inf or NaN) ranks above every finite loss
+        f"{name}_median": float(np.median(np.where(np.isfinite(v), v, np.inf))),
+        f"{name}_nonfinite": float(np.sum(~np.isfinite(v))),
+    }
+
+
 def evaluate(algorithm, model, loss_fn, tasks, steps=(0, 1, 10), accuracy=False,
              vectorize=True):
     """Per-step means over the tasks of a meta-batch, with 95% confidence half-widths.
@@ -28,35 +76,9 @@ def evaluate(algorithm, model, loss_fn, tasks, steps=(0, 1, 10), accuracy=False,
       {"loss_after_{s}": mean, "loss_after_{s}_ci95": half-width, "loss_after_{s}_median",
       "loss_after_{s}_nonfinite": how many tasks gave inf or NaN, ...} as floats. One task
       that diverges makes the mean inf; the median and the count say how many did.
-    """
-    def per_task(task, s):
-        xs, ys, xq, yq = task
-        fast = algorithm.adapt((xs, ys), s)
-        pred = (hogrod.functional_call(model, fast, xq, training=True)
-                if algorithm.predict is None else algorithm.predict(fast, xq, s))
-        out = [loss_fn(yq, pred)]
-        if accuracy:
-            out.append(tf.reduce_mean(tf.cast(
-                tf.equal(tf.argmax(pred, -1, output_type=tf.int32), tf.cast(yq, tf.int32)),
-                tf.float32)))
-        return tf.stack(out)
 
-    results = {}
-    for s in steps:
-        key = (id(algorithm), s, accuracy, vectorize)
-        if key not in _COMPILED:  # one trace per algorithm and step count, reused across calls
-            _COMPILED[key] = tf.function(lambda t, s=s: (
-                tf.vectorized_map(lambda task: per_task(task, s), t) if vectorize else
-                tf.map_fn(lambda task: per_task(task, s), t, fn_output_signature=tf.float32)))
-        values = _COMPILED[key](tasks).numpy()
-        names = ["loss", "accuracy"] if accuracy else ["loss"]
-        for j, name in enumerate(names):
-            v = values[:, j]
-            results[f"{name}_after_{s}"] = float(v.mean())
-            results[f"{name}_after_{s}_ci95"] = (
-                float(1.96 * v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else float("nan"))
-            # a diverged task (inf or NaN) ranks above every finite loss
-            results[f"{name}_after_{s}_median"] = float(
-                np.median(np.where(np.isfinite(v), v, np.inf)))
-            results[f"{name}_after_{s}_nonfinite"] = float(np.sum(~np.isfinite(v)))
-    return results
+    Each call traces anew; to evaluate the same algorithm periodically, build
+    `evaluator(algorithm, model, loss_fn, ...)` once and call it (gin binds `evaluator`'s
+    arguments, e.g. `evaluator.vectorize = False`).
+    """
+    return evaluator(algorithm, model, loss_fn, steps, accuracy, vectorize)(tasks)
