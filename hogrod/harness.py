@@ -46,6 +46,7 @@ ends the binary with that message and code 2; `--verbosity=1` shows the tracebac
 import datetime
 import glob
 import inspect
+import importlib
 import json
 import numbers
 import os
@@ -59,6 +60,7 @@ import tensorflow as tf
 from absl import app, flags, logging
 from gin import config_parser
 
+import hogrod
 from hogrod.train import loop as _loop  # noqa: F401  (drops TF's per-checkpoint timing line)
 
 FLAGS = flags.FLAGS
@@ -181,6 +183,8 @@ def parse_config(gin_files, gin_params):
     gin, the configurable or parameter and, for files, the file and line.
     """
     _add_search_paths()
+    for name in hogrod._SUBPACKAGES:  # register every library configurable before parsing
+        importlib.import_module(f"hogrod.{name}")
     files = [resolve_gin_file(p) for p in gin_files]
     for binding in gin_params:
         check_binding_syntax(binding)
@@ -378,6 +382,8 @@ def run(fn, gin_files=(), gin_params=(), output_dir=None, allow_config_change=Fa
         metrics = fn(output_dir)
     finally:
         write_operative_config(output_dir)
+        with gin.unlock_config():  # the run's bindings must not reach later code
+            gin.clear_config()
     if metrics is not None:
         metrics = dict(metrics, wall_seconds=time.perf_counter() - start)
         write_metrics(output_dir, metrics, resumed)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import tensorflow as tf
 
 from hogrod import harness
 from experiments import hessian_inspect as hi
@@ -212,3 +213,26 @@ def test_history_of_a_resumed_run_stops_at_its_checkpoint_and_metrics_are_update
     harness.write_metrics(str(tmp_path), {"loss": 0.25})  # not a resumed run: replaced
     assert json.loads((tmp_path / "metrics.json").read_text()) == {"loss": 0.25}
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+
+
+def test_a_run_leaves_no_bindings_behind(tmp_path):
+    """After `run`, a direct call no longer sees the run's bindings (a script that runs an
+    experiment and then builds its own train step got the run's loss weights)."""
+    import gin
+
+    @gin.configurable
+    def probe_experiment(output_dir, value=0):
+        from hogrod import train
+        step = train.make_train_step(lambda b: {"l2": tf.reduce_sum(v ** 2)},
+                                     __import__("keras").optimizers.SGD(0.0), [v])
+        return {"value": value, "logs": float(step(tf.zeros([1]))["loss"])}
+
+    v = tf.Variable([1.0, 2.0])
+    _, metrics = harness.run(probe_experiment, [],
+                             ["probe_experiment.value = 3", "make_train_step.weights = {'l2': 2.0}"],
+                             str(tmp_path / "run"))
+    assert metrics["value"] == 3 and metrics["logs"] == 10.0  # 2 * (1 + 4)
+    from hogrod import train
+    step = train.make_train_step(lambda b: {"l2": tf.reduce_sum(v ** 2)},
+                                 __import__("keras").optimizers.SGD(0.0), [v])
+    assert float(step(tf.zeros([1]))["loss"]) == 5.0  # no weight left from the run
