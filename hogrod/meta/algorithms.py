@@ -32,9 +32,13 @@ Called eagerly, `meta_loss` runs as one `tf.function` (traced once per input sig
 """
 
 import collections
+import contextlib
+import logging
 
 import gin
 import tensorflow as tf
+from absl import logging as absl_logging
+from tensorflow.python.ops.parallel_for import control_flow_ops as pfor_ops
 
 import hogrod
 from hogrod.meta.inner import adapt, as_dtype, draw_seeds, initial_params, run, seeded_state
@@ -52,6 +56,44 @@ state: the algorithm's non-trainable variables (MAML++'s per-step BatchNorm stat
 to checkpoint with the model."""
 
 
+class _RandomOpLoops(logging.Filter):
+    """Drops pfor's notice that a stateless random op runs as a loop over the tasks: that
+    is how per-task dropout masks are drawn (see above), not a problem to report on every
+    trace. Every other notice (e.g. a conv gradient run as a loop) passes."""
+
+    def filter(self, record):
+        return "Using a while_loop for converting StatelessRandom" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_random_op_loops():
+    logger, quiet = tf.get_logger(), _RandomOpLoops()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
+
+
+def _vectorized_map(fn, elems):
+    """tf.vectorized_map, except in a graph XLA compiles (make_train_step.jit_compile):
+    there tf.vectorized_map wraps its loop in a nested tf.function, and XLA then takes
+    every input of the compiled step (the data, the weights) as a compile-time constant,
+    compiling it anew on every step. The same pfor loop, not wrapped, compiles once."""
+    under_xla = getattr(pfor_ops, "_is_under_xla_context", None)
+    if tf.executing_eagerly() or under_xla is None or not under_xla():
+        return tf.vectorized_map(fn, elems)
+    loop = getattr(pfor_ops, "_pfor_impl", None)
+    if loop is None:  # a TensorFlow without it: sequential, still compiled once
+        absl_logging.warning("this TensorFlow has no unwrapped pfor; under XLA the tasks "
+                             "are mapped sequentially (tf.map_fn)")
+        return tf.map_fn(fn, elems, fn_output_signature=_signature(fn, elems, False))
+    flat = tf.nest.flatten(elems)
+    n = flat[0].shape[0] if flat[0].shape[0] is not None else tf.shape(flat[0])[0]
+    return loop(lambda i: fn(tf.nest.map_structure(lambda t: tf.gather(t, i), elems)), n,
+                fallback_to_while_loop=True)
+
+
 def _map_tasks(fn, tasks, vectorize=True, seeds=None, scalars=True):
     """fn(task, seeds) for every task (stacked on a leading axis); seeds: None, or one row
     per task (`draw_seeds`), given to fn with its task."""
@@ -60,7 +102,8 @@ def _map_tasks(fn, tasks, vectorize=True, seeds=None, scalars=True):
     if seeds is None:
         elems, call = tasks, lambda t: fn(t, None)  # noqa: E731
     if vectorize:
-        return tf.vectorized_map(call, elems)
+        with _quiet_random_op_loops():
+            return _vectorized_map(call, elems)
     return tf.map_fn(call, elems, fn_output_signature=_signature(call, elems, scalars))
 
 
