@@ -33,6 +33,7 @@ Called eagerly, `meta_loss` runs as one `tf.function` (traced once per input sig
 
 import collections
 import contextlib
+import functools
 import logging
 
 import gin
@@ -119,9 +120,18 @@ def _over_tasks(fn, tasks, vectorize=True, recompute=None, seeds=None):
         per_task = []
         for i in range(tasks[0].shape[0]):
             seed = None if seeds is None else seeds[i]
+            task = tf.nest.map_structure(lambda t: t[i], tasks)
             inner = tf.recompute_grad(
                 lambda *args, seed=seed: fn(args[n:], seed, list(args[:n])))
-            per_task.append(inner(*params, *tf.nest.map_structure(lambda t: t[i], tasks)))
+            # recompute_grad runs its forward pass with every tape stopped, the inner
+            # loop's included: its value is the loss without adaptation. Its gradient (a
+            # recomputation under a live tape) is right; the value comes from a forward
+            # pass on constants, which keeps nothing for the backward pass.
+            grad_only = inner(*params, *task)
+            value = fn(task, seed, [tf.stop_gradient(p) for p in params])
+            per_task.append(tf.nest.map_structure(
+                lambda v, g: tf.stop_gradient(v) + (g - tf.stop_gradient(g)), value,
+                grad_only))
         out = tf.nest.map_structure(lambda *v: tf.stack(v), *per_task)
     else:
         out = _map_tasks(fn, tasks, vectorize, seeds)
@@ -151,7 +161,9 @@ def _compiled_when_eager(meta_loss):
     """meta_loss run as one tf.function when called eagerly (eager tf.vectorized_map traces
     a new function on every call and TF warns of retracing); inside a caller's tf.function
     (the train step) it is traced into that function as is."""
-    compiled = tf.function(meta_loss)
+    # a partial, because TF keys its retracing warning on the code object: every
+    # algorithm built would count as a retrace of the others
+    compiled = tf.function(functools.partial(meta_loss))
 
     def call(tasks):
         return compiled(tasks) if tf.executing_eagerly() else meta_loss(tasks)
