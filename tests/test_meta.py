@@ -203,8 +203,9 @@ def test_every_algorithm_trains_one_compiled_step():
     for name, factory in meta.ALGORITHMS.items():
         model = small_mlp(dropout=0.2)
         opt = keras.optimizers.Adam(1e-3)
-        kwargs = {"iterations": opt.iterations} if name == "maml_plus_plus" else {}
-        algo = factory(model, mse, **kwargs)
+        kwargs = {"maml_plus_plus": {"iterations": opt.iterations},
+                  "imaml": {"cg_steps": 2}}.get(name, {})
+        algo = factory(model, mse, inner_steps=2, **kwargs)  # small: tracing is the cost
         step = train.make_train_step(algo.meta_loss, opt,
                                      model.trainable_variables + algo.variables)
         before = [v.numpy() for v in model.trainable_variables]
