@@ -473,7 +473,8 @@ def imaml(model, loss_fn, inner_lr=0.01, inner_steps=10, lam=1.0, cg_steps=5,
         phi = [tf.stop_gradient(p) for p in phi]
         query, gq = hogrod.value_and_grad(
             lambda: _query_loss(model, loss_fn, phi, xq, yq, _pass(seeds, inner_steps)), phi)
-        support = lambda: loss_fn(ys, run(model, phi, xs, True, _pass(seeds, inner_steps + 1)))  # noqa
+        hessian_seed = _pass(seeds, inner_steps + 1)
+        support = lambda: loss_fn(ys, run(model, phi, xs, True, hessian_seed))  # noqa: E731
         matvec = lambda v: [vi + hi / lam for vi, hi in zip(v, hogrod.hvp(support, phi, v))]  # noqa
         meta_grad = _cg(matvec, gq, cg_steps)
         surrogate = tf.add_n([tf.reduce_sum(t * tf.stop_gradient(m))
