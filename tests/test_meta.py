@@ -85,11 +85,13 @@ def sinusoid_batch(seed, tasks=4, k=5, dtype=tf.float32):
     return xs, ys, xq, yq
 
 
-def small_mlp(dtype="float32"):
+def small_mlp(dtype="float32", dropout=None):
     keras.utils.set_random_seed(0)
-    return keras.Sequential([keras.Input((1,), dtype=dtype),
-                             keras.layers.Dense(8, activation="tanh", dtype=dtype),
-                             keras.layers.Dense(1, dtype=dtype)])
+    hidden = [keras.layers.Dense(8, activation="tanh", dtype=dtype)]
+    if dropout:
+        hidden.append(keras.layers.Dropout(dropout, dtype=dtype))
+    return keras.Sequential([keras.Input((1,), dtype=dtype)] + hidden +
+                            [keras.layers.Dense(1, dtype=dtype)])
 
 
 def test_vectorized_meta_batch_equals_the_per_task_loop():
@@ -197,18 +199,24 @@ def test_imaml_curvature_probes_keep_the_inner_solve_stable_on_a_sharp_task():
 
 
 def test_every_algorithm_trains_one_compiled_step():
+    # with Dropout: every step draws new masks (the seed state advances), in one trace
     for name, factory in meta.ALGORITHMS.items():
-        model = small_mlp()
+        model = small_mlp(dropout=0.2)
         opt = keras.optimizers.Adam(1e-3)
-        kwargs = {"iterations": opt.iterations} if name == "maml_plus_plus" else {}
-        algo = factory(model, mse, **kwargs)
+        kwargs = {"maml_plus_plus": {"iterations": opt.iterations},
+                  "imaml": {"cg_steps": 2}}.get(name, {})
+        algo = factory(model, mse, inner_steps=2, **kwargs)  # small: tracing is the cost
         step = train.make_train_step(algo.meta_loss, opt,
                                      model.trainable_variables + algo.variables)
         before = [v.numpy() for v in model.trainable_variables]
-        logs = step(sinusoid_batch(4))
-        assert float(logs["applied"]) == 1.0, name
+        seed_state = model.non_trainable_variables[0]
+        start = seed_state.numpy()
+        logs = [step(sinusoid_batch(s)) for s in (4, 5)]
+        assert float(logs[0]["applied"]) == 1.0, name
         assert any(not np.allclose(b, v.numpy())
                    for b, v in zip(before, model.trainable_variables)), name
+        assert step.experimental_get_tracing_count() == 1, name
+        np.testing.assert_array_equal(seed_state.numpy(), start + [0, 2], err_msg=name)
 
 
 def test_batchnorm_model_adapts_without_mutating_the_model():

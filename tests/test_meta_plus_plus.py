@@ -117,7 +117,27 @@ def test_per_step_batchnorm_statistics_and_non_transductive_predictions():
                                0.5 * np.mean([x.mean(0) for x in h], 0), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(algo.state[1].numpy(),
                                0.5 + 0.5 * np.mean([x.var(0) for x in h], 0), rtol=1e-5)
-    assert np.abs(algo.state[2].numpy() - algo.state[0].numpy()).max() > 1e-4  # after 1 update
+    # every step's statistics, by hand: the Dense outputs under the weights after s plain
+    # gradient steps (rate 0.1, every layer), on the support batch, and after the last
+    # update on the query batch
+    phis = []
+    for t in range(3):
+        phi, per_step = hogrod.trainable_values(model), []
+        for s in range(3):
+            per_step.append(phi)
+            g = hogrod.grad(lambda: mse(tasks[1][t], hogrod.functional_call(
+                model, phi, tasks[0][t], training=True)), phi)
+            phi = [p - 0.1 * gi for p, gi in zip(phi, g)]
+        phis.append(per_step)
+    for s in range(3):
+        x = tasks[0] if s < 2 else tasks[2]
+        h = [x[t].numpy() @ phis[t][s][0].numpy() + phis[t][s][1].numpy() for t in range(3)]
+        np.testing.assert_allclose(algo.state[2 * s].numpy(),
+                                   0.5 * np.mean([v.mean(0) for v in h], 0), rtol=1e-5,
+                                   atol=1e-6, err_msg=f"moving mean after {s} updates")
+        np.testing.assert_allclose(algo.state[2 * s + 1].numpy(),
+                                   0.5 + 0.5 * np.mean([v.var(0) for v in h], 0), rtol=1e-5,
+                                   err_msg=f"moving variance after {s} updates")
     for v, b in zip(model.non_trainable_variables, before):  # the model itself is untouched
         np.testing.assert_array_equal(v.numpy(), b)
     # non-transductive: a query prediction does not depend on the rest of the query batch

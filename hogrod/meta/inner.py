@@ -5,18 +5,85 @@ the fast weights, a list of tensors shaped like `model.trainable_variables`. Not
 assigned: the model runs through `hogrod.functional_call`, so an outer tape that watched
 the starting params differentiates through every inner step (the exact second-order MAML
 meta-gradient), or through none of the inner gradients when `first_order=True`.
+
+Random layers (Dropout, GaussianNoise, ...): a functional call reads the layers' seed
+states but never writes them back, so without help every pass would reuse one mask. The
+algorithms therefore draw seeds per meta-batch with `draw_seeds` (which advances the
+model's seed states, so every meta-step gets new masks and a restored checkpoint
+reproduces them) and give each forward pass its own with `seeded_state`.
 """
 
+import numpy as np
 import tensorflow as tf
 
 import hogrod
 
-__all__ = ["adapt", "initial_params"]
+__all__ = ["adapt", "initial_params", "seed_slots", "draw_seeds", "seeded_state"]
+
+SEED_STATE = "seed_generator_state"  # the name Keras gives every SeedGenerator's state
 
 
 def initial_params(model):
     """The model's trainable variables read as tensors (recorded by any enclosing tape)."""
     return [tf.convert_to_tensor(v) for v in model.trainable_variables]
+
+
+def as_dtype(x, dtype):
+    """x at `dtype`: a Python or NumPy number is converted directly (0.05 in float64 is the
+    nearest float64, not float32's 0.05000000074505806, which `tf.cast(0.05, dtype)` gives);
+    a tensor or variable is cast."""
+    if isinstance(x, (int, float, np.number, np.ndarray, list, tuple)):
+        return tf.constant(x, dtype)
+    return tf.cast(x, dtype)
+
+
+def seed_slots(model):
+    """Positions in `model.non_trainable_variables` of the random layers' seed states."""
+    return [i for i, v in enumerate(model.non_trainable_variables) if v.name == SEED_STATE]
+
+
+def draw_seeds(model, num_tasks, passes):
+    """Seeds for `passes` forward passes of each of `num_tasks` tasks, or None for a model
+    without random layers: int64 [num_tasks, passes, generators, 2].
+
+    Derived statelessly from each seed generator's state (and the replica id, so replicas
+    drop different units); each state is then advanced by one, so the next call draws new
+    masks. Call once per meta-batch, outside the per-task map."""
+    slots = seed_slots(model)
+    if not slots:
+        return None
+    ctx = tf.distribute.get_replica_context()
+    replica = tf.cast(0 if ctx is None else ctx.replica_id_in_sync_group, tf.int32)
+    drawn = []
+    for i in slots:
+        var = model.non_trainable_variables[i]
+        state = tf.convert_to_tensor(var.value)
+        var.assign(state + tf.constant([0, 1], state.dtype))
+        # int32 seeds (XLA's stateless ops take no others), reduced as Keras reduces them
+        key = tf.cast(tf.math.floormod(tf.cast(state, tf.int64), tf.int32.max - 1), tf.int32)
+        key = tf.random.experimental.stateless_fold_in(key, replica)
+        drawn.append(tf.random.stateless_uniform(
+            tf.stack([num_tasks, passes, 2]), key, minval=None, maxval=None, dtype=state.dtype))
+    return tf.stack(drawn, axis=2)
+
+
+def seeded_state(model, seed, state=None):
+    """The model's state (or `state`) with the seed states replaced by `seed`
+    ([generators, 2], one pass's slice of `draw_seeds`); None when `seed` is None."""
+    if seed is None:
+        return state
+    state = hogrod.model_state(model) if state is None else list(state)
+    for g, i in enumerate(seed_slots(model)):
+        state[i] = seed[g]
+    return state
+
+
+def run(model, params, x, training=True, seed=None, state=None):
+    """`functional_call(model, params, x)` with one pass's seed (None: the model's state)."""
+    state = seeded_state(model, seed, state)
+    if state is None:
+        return hogrod.functional_call(model, params, x, training=training)
+    return hogrod.functional_call(model, params, x, training=training, state=state)[0]
 
 
 def _rates(inner_lr, step, params):
@@ -30,7 +97,7 @@ def _rates(inner_lr, step, params):
 
 
 def adapt(model, loss_fn, support, inner_lr, steps=1, first_order=False, params=None,
-          training=True):
+          training=True, seeds=None):
     """Fast weights after `steps` gradient steps on `support`.
 
     Args:
@@ -47,6 +114,8 @@ def adapt(model, loss_fn, support, inner_lr, steps=1, first_order=False, params=
         the caller's tape so the meta-gradient reaches them.
       training: passed to the model (True: BatchNorm uses the support batch's statistics,
         the transductive setting of MAML).
+      seeds: None (random layers use the model's seed states, the same masks every step),
+        or one seed per step for the random layers, [steps, generators, 2] (`draw_seeds`).
 
     Returns:
       the fast weights, a list of tensors in `model.trainable_variables` order.
@@ -57,11 +126,11 @@ def adapt(model, loss_fn, support, inner_lr, steps=1, first_order=False, params=
         rates = _rates(inner_lr, step, fast)
         active = [i for i, r in enumerate(rates) if r is not None]
 
-        def support_loss(sub, fast=fast):
+        def support_loss(sub, fast=fast, seed=None if seeds is None else seeds[step]):
             full = list(fast)
             for i, p in zip(active, sub):
                 full[i] = p
-            return loss_fn(y, hogrod.functional_call(model, full, x, training=training))
+            return loss_fn(y, run(model, full, x, training, seed))
 
         sub = [fast[i] for i in active]
         grads = hogrod.grad(lambda: support_loss(sub), sub)
@@ -69,5 +138,5 @@ def adapt(model, loss_fn, support, inner_lr, steps=1, first_order=False, params=
             grads = [tf.stop_gradient(g) for g in grads]
         fast = list(fast)
         for i, g in zip(active, grads):
-            fast[i] = fast[i] - tf.cast(rates[i], g.dtype) * g
+            fast[i] = fast[i] - as_dtype(rates[i], g.dtype) * g
     return fast

@@ -120,7 +120,9 @@ def make_train_step(loss_fn, optimizer, variables=None, weights=None, transform=
         the step is then a distributed batch (`strategy.experimental_distribute_dataset`).
       jit_compile: compile the loss and its gradient (per replica) with XLA, which fuses
         the many small elementwise ops of a PINN residual or a small MLP; the update and
-        the all-reduce stay outside XLA.
+        the all-reduce stay outside XLA. A loss that calls `tf.vectorized_map` directly
+        defeats it: XLA then takes the batch and the weights as compile-time constants
+        and compiles anew on every step (hogrod.meta's algorithms avoid this).
 
     Returns:
       `step(batch) -> logs`, a `tf.function`; logs hold each term (unweighted), "loss"
