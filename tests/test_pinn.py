@@ -179,7 +179,8 @@ def test_a_short_training_run_reduces_the_error_well_below_its_start(tmp_path):
     curve = end["error_history"]  # [seconds, phase, step, error] at 50, 100 (Adam), L-BFGS
     assert [h[1:3] for h in curve[:2]] == [["adam", 50], ["adam", 100]]
     assert curve[-1][3] == end["relative_l2"] and all(a[0] <= b[0] for a, b in zip(curve, curve[1:]))
-    assert end["seconds_to_0.01"] is None or end["seconds_to_0.01"] <= curve[-1][0]
+    reached = pinn.seconds_to_error(curve, 0.01)  # the benchmark's reading of the curve
+    assert reached is None or reached <= curve[-1][0]
     assert end["relative_l2"] < end["relative_l2_after_adam"]  # L-BFGS improved on Adam
     assert (tmp_path / "b" / "solution.png").exists()
     assert os.listdir(tmp_path / "b" / "eval")  # the error curve in TensorBoard too
@@ -229,10 +230,17 @@ def test_inverse_burgers_moves_the_viscosity_toward_the_truth(tmp_path):
     from hogrod import harness
     _, m = harness.run(exp.pinn_experiment, ["configs/pinn/burgers_inverse.gin"], [
         "pinn_experiment.width = 16", "pinn_experiment.depth = 3",
-        "pinn_experiment.n_collocation = 1000", "pinn_experiment.n_observations = 500",
+        "pinn_experiment.n_collocation = 1000", "burgers_inverse_problem.n_observations = 500",
         "pinn_experiment.adam_steps = 100", "pinn_experiment.lbfgs_iterations = 200",
         "burgers_problem.grid_shape = (64, 20)"], str(tmp_path))
     assert abs(m["viscosity"] - m["viscosity_true"]) < abs(0.05 - m["viscosity_true"])
+    # reported generically from the problem's Unknown: the truth is the factory's default
+    assert m["viscosity_true"] == 0.01 / math.pi and m["problem"] == "burgers_inverse"
+    np.testing.assert_allclose(m["viscosity_rel_err"],
+                               abs(m["viscosity"] - 0.01 / math.pi) / (0.01 / math.pi))
+    assert m["term_data"] > 0  # the observations are a loss term
+    saved = [n for n, _ in tf.train.list_variables(str(tmp_path / "ckpt"))]
+    assert any(n.startswith("unknown_viscosity/") for n in saved), saved  # resumes with it
 
 
 def test_annealing_weights_move_to_the_balancing_ratio():
