@@ -9,11 +9,13 @@ same), in chunks of `error_every` Adam iterations with the error measured betwee
 (500, 1,000, 2,000, ...), each from the weights Adam left, until the error is below the
 last threshold or the budget reaches the example's 15,000.
 
-hogrod runs `experiments/pinn.py` twice: with DeepXDE's setup (same net, point counts and
-schedule; Sobol points) and with its own Burgers config (`configs/pinn/burgers.gin`:
-Raissi's 8 x 20 net, 10,000 points, hard conditions, Adam 2,000 then scipy L-BFGS). Both
-record the error every `error_every` steps/iterations. The error is against the Cole-Hopf
-reference on the 256 x 100 grid.
+hogrod runs the `experiments/pinn.py` binary twice, each in its own process as a user runs
+it: with DeepXDE's setup (same net, point counts and schedule; Sobol points) and with its
+own Burgers config (`configs/pinn/burgers.gin`: Raissi's 8 x 20 net, 10,000 points, hard
+conditions, Adam 2,000 then scipy L-BFGS). Both record the error every `error_every`
+steps/iterations (their `error_history`); the times to the thresholds are read off those
+curves here (`pinn.seconds_to_error`). The error is against the Cole-Hopf reference on the
+256 x 100 grid.
 
     python -m experiments.bench_pinn_convergence --gin_file=configs/bench/pinn_convergence.gin
 
@@ -23,16 +25,18 @@ that of the first budget that reaches it, within a factor 2 of the iterations it
 the metrics give the previous budget's time too (`deepxde_lower_seconds_to_<t>`).
 """
 
+import json
 import os
+import subprocess
+import sys
 import time
 
 import gin
 import numpy as np
 from absl import logging
 
-from experiments import pinn as pinn_exp
+import experiments
 from hogrod import harness, pinn
-
 
 
 def deepxde_setup(adam_steps, lbfgs_iterations):
@@ -45,8 +49,19 @@ def deepxde_setup(adam_steps, lbfgs_iterations):
             f"pinn_experiment.lbfgs_iterations = {lbfgs_iterations}"]
 
 
-def first_below(history, threshold):
-    return next((h[0] for h in history if h[-1] is not None and h[-1] <= threshold), None)
+def run_pinn_binary(gin_files, gin_params, output_dir):
+    """`python -m experiments.pinn` with these configs in its own process; its metrics."""
+    argv = ([sys.executable, "-m", "experiments.pinn"] + [f"--gin_file={f}" for f in gin_files]
+            + [f"--gin_param={p}" for p in gin_params] + [f"--output_dir={output_dir}"])
+    root = os.path.dirname(os.path.dirname(os.path.abspath(experiments.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    out = subprocess.run(argv, capture_output=True, text=True, env=env)
+    if out.returncode:
+        raise RuntimeError(f"{' '.join(argv)} exited with code {out.returncode}:\n"
+                           f"{out.stderr[-3000:]}")
+    with open(os.path.join(output_dir, "metrics.json")) as f:
+        return json.load(f)
 
 
 def deepxde_run(adam_steps, lbfgs_iterations, error_every, thresholds, seed,
@@ -110,7 +125,7 @@ def deepxde_run(adam_steps, lbfgs_iterations, error_every, thresholds, seed,
     seconds = history[-1][0]
     history.append([seconds, "end", budget, history[-1][3]])
     return {"relative_l2": history[-1][3], "total_seconds": seconds, "error_history": history,
-            **{f"seconds_to_{t:g}": first_below(history, t) for t in thresholds}}
+            **{f"seconds_to_{t:g}": pinn.seconds_to_error(history, t) for t in thresholds}}
 
 
 @gin.configurable
@@ -119,21 +134,24 @@ def bench_pinn_convergence(output_dir, error_every=500, thresholds=(1e-2, 1e-3),
                            hogrod_runs=("deepxde_setup", "burgers_gin"), seed=0):
     """Args:
       hogrod_runs: "deepxde_setup" (DeepXDE's net, points and schedule) and/or "burgers_gin"
-        (configs/pinn/burgers.gin). Each is a full `experiments/pinn.py` run (harness.run)
-        in `<output_dir>/<name>`, with its own config files there.
+        (configs/pinn/burgers.gin). Each is a full `experiments/pinn.py` run, in its own
+        process, in `<output_dir>/<name>`, with its own config files there.
       dde_adam_steps, dde_lbfgs_iterations: the example's schedule (also hogrod's in the
         "deepxde_setup" run).
     """
     results = {}
     for name in hogrod_runs:
+        if name not in ("deepxde_setup", "burgers_gin"):
+            raise ValueError("bench_pinn_convergence.hogrod_runs holds 'deepxde_setup' and/or "
+                             f"'burgers_gin', got {name!r}")
         files = ["configs/pinn/burgers.gin"] if name == "burgers_gin" else ["configs/pinn/base.gin"]
         params = (deepxde_setup(dde_adam_steps, dde_lbfgs_iterations)
                   if name == "deepxde_setup" else []) + [
-            f"pinn_experiment.error_every = {error_every}",
-            f"pinn_experiment.thresholds = {tuple(thresholds)!r}",
-            f"pinn_experiment.seed = {seed}"]
-        _, results[f"hogrod_{name}"] = harness.run(pinn_exp.pinn_experiment, files, params,
-                                                   os.path.join(output_dir, name))
+            f"pinn_experiment.error_every = {error_every}", f"pinn_experiment.seed = {seed}"]
+        r = run_pinn_binary(files, params, os.path.abspath(os.path.join(output_dir, name)))
+        results[f"hogrod_{name}"] = dict(r, **{
+            f"seconds_to_{t:g}": pinn.seconds_to_error(r["error_history"], t)
+            for t in thresholds})
     baseline = deepxde_run(dde_adam_steps, dde_lbfgs_iterations, error_every, thresholds, seed)
     if baseline is not None:
         results["deepxde"] = baseline

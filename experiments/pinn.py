@@ -3,17 +3,18 @@
     python -m experiments.pinn --gin_file=configs/pinn/burgers.gin
     python -m experiments.pinn --gin_file=configs/pinn/burgers_inverse.gin
 
-The problem (PDE, domain, conditions, reference) is a gin reference (`@burgers_problem`,
-`@poisson_problem`, ...). Outputs: metrics.json (relative L2 error against the reference,
-final loss terms, times; the learned coefficient for inverse runs), TensorBoard events and
-checkpoints of the Adam phase, solution.png (prediction, reference, absolute error, and
-slices at a few times).
+The problem (PDE, domain, conditions, reference; for an inverse problem its unknown
+coefficients and observations) is a gin reference (`@burgers_problem`,
+`@burgers_inverse_problem`, ...): the binary has no per-problem code. Outputs: metrics.json
+(relative L2 error against the reference, final loss terms, times; each unknown's learned
+value, true value and relative error), the error curve (`eval_history.json`, through
+`harness.record_eval`, and `error_history` in metrics.json), TensorBoard events and
+checkpoints, solution.png (prediction, reference, absolute error, and slices at a few times).
 """
 
 import itertools
-import json
+import math
 import os
-import time
 
 import gin
 import keras
@@ -23,7 +24,7 @@ import tensorflow as tf
 from absl import logging
 
 from hogrod import distribute, harness, pinn, train
-from hogrod.pinn import pdes, training
+from hogrod.pinn import training
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -60,23 +61,21 @@ def plot(path, problem, pred, ref):
 @gin.configurable
 def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collocation=10000,
                     n_condition=400, sampling="sobol", adam_steps=2000, adam_lr=1e-3,
-                    lbfgs_iterations=10000, weights=None, inverse_initial=None,
-                    n_observations=2000, weighting="fixed", annealing_every=100,
-                    dtype="float32", error_every=None, thresholds=(1e-2, 1e-3),
-                    jit_compile=False, checkpoint_every=500, seed=0):
+                    lbfgs_iterations=10000, weights=None, weighting="fixed", annealing_every=100,
+                    dtype="float32", error_every=None, jit_compile=False, checkpoint_every=500,
+                    seed=0):
     """Args:
-      problem: a problem factory (`@burgers_problem`, ...).
+      problem: a problem factory (`@burgers_problem`, `@burgers_inverse_problem`, ...).
       width, depth: the tanh MLP (Raissi: 9 layers of 20 = depth 8 hidden + output).
-      inverse_initial: for Burgers, learn the viscosity from `n_observations` reference
-        values, starting from this value (None: the forward problem).
-      weighting: "fixed" (`weights`, default all 1) or "annealing" (learning-rate annealing
-        of the condition terms every `annealing_every` Adam steps).
+      weights: fixed loss-term weights ({term: w}, default all 1); weighting: "fixed" or
+        "annealing" (learning-rate annealing of the terms other than the residual every
+        `annealing_every` Adam steps; then `weights` must be None).
       jit_compile: compile the loss and gradient of the Adam steps and of L-BFGS with XLA
         (fuses the residual's many small ops).
       error_every: record the relative L2 error every this many Adam steps and L-BFGS
-        iterations (metrics `error_history`: [training seconds, phase, step, error], the
-        evaluation time not counted) and the training seconds to reach each of
-        `thresholds` (`seconds_to_<threshold>`; None if not reached). None: no curve.
+        iterations (eval_history.json at steps Adam step / Adam steps + L-BFGS iteration,
+        and metrics `error_history`: [training seconds, phase, phase step, error], the
+        evaluation time not counted). None: no curve.
       checkpoint_every: Adam steps between checkpoints; L-BFGS's result is checkpointed
         when it ends. A re-run with the same output dir resumes Adam where it stopped (the
         error curve and its clock too), or restarts L-BFGS from the Adam weights, or, for a
@@ -85,148 +84,199 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
     """
     keras.utils.set_random_seed(seed)
     strategy = distribute.make_strategy()
-    prob = problem()
     tf_dtype = tf.as_dtype(dtype)
     with strategy.scope():
-        net = keras.Sequential([keras.Input((prob.domain.dim,), dtype=dtype)] +
-                               [keras.layers.Dense(width, activation="tanh", dtype=dtype)
-                                for _ in range(depth)] + [keras.layers.Dense(1, dtype=dtype)])
-    u = training.solution_fn(prob, net)
-    points = tf.constant(pinn.sample(prob.domain, n_collocation, sampling, seed), tf_dtype)
-    cond_points = [tf.constant(fn(n_condition, seed + 1 + i), tf_dtype)
-                   for i, (_, fn, _) in enumerate(prob.conditions)]
-    variables = list(net.trainable_variables)
-    extra = {}
-    nu = None
-    if inverse_initial is not None:
-        if prob.name != "burgers":
-            raise ValueError("pinn_experiment.inverse_initial is implemented for burgers_problem")
-        # log-parameterized, as Raissi et al.: the viscosity is positive and ~1e-3, far from
-        # the weights' scale, which L-BFGS handles badly in the raw parameter
-        with strategy.scope():
-            log_nu = tf.Variable(np.log(inverse_initial), dtype=tf_dtype, name="log_viscosity")
-        nu = lambda: tf.exp(log_nu)  # noqa: E731
-        prob = prob._replace(pde=pdes.burgers(nu))
-        obs = pinn.sample(prob.domain, n_observations, "sobol", seed + 99)
-        x_obs, y_obs = tf.constant(obs, tf_dtype), tf.constant(prob.reference(obs), tf_dtype)
-        extra["data"] = lambda: tf.reduce_mean(tf.square(u(x_obs) - y_obs))
-        variables.append(log_nu)
-    callback, tracked = None, {}
-    history, clock = [], {"start": time.perf_counter(), "outside": 0.0}
-
-    eval_writer = tf.summary.create_file_writer(os.path.join(output_dir, "eval"))
-
-    history_path = os.path.join(output_dir, "error_history.json")
-
-    def record(phase, i):
-        t0 = time.perf_counter()
-        err_i = training.relative_l2(prob, u, tf_dtype)
-        history.append([t0 - clock["start"] - clock["outside"], phase, i, err_i])
-        harness.write_json(history_path, history)
-        if err_i is not None:  # None: the problem has no reference solution
-            logging.info("%s %d: relative L2 %.3e", phase, i, err_i)
-            with eval_writer.as_default():  # L-BFGS iterations counted after the Adam steps
-                step = i if phase == "adam" else adam_steps + i
-                tf.summary.scalar("relative_l2", err_i, step=step)
-            eval_writer.flush()
-        clock["outside"] += time.perf_counter() - t0
-
-    if weighting == "annealing":
-        unweighted = training.pinn_loss(prob, u, points, cond_points, None, extra)
-        names = [name for name, _, _ in prob.conditions] + list(extra)
-        weights, update = pinn.annealing_weights(unweighted, variables, names)
-        tracked = {f"weight_{n}": w for n, w in weights.items()}
-        callback = lambda i, logs: update() if i % annealing_every == 0 else None  # noqa: E731
-    elif weighting != "fixed":
-        raise ValueError(f"pinn_experiment.weighting must be 'fixed' or 'annealing', got "
-                         f"{weighting!r}")
-    loss_fn = training.pinn_loss(prob, u, points, cond_points, weights, extra)
-    with strategy.scope():
+        prob, unknowns = learnable(problem(), tf_dtype)
+        net = tanh_mlp(prob.domain.dim, width, depth, dtype)
         opt = keras.optimizers.Adam(adam_lr)
-    step = train.make_train_step(loss_fn, opt, variables, strategy=strategy,
-                                 jit_compile=jit_compile)
-    # the collocation and condition points, split over the replicas (the same every step)
-    batch = distribute.shard(strategy, (points, cond_points))
-    # what the checkpoint says besides the weights: L-BFGS's budget and iterations once it
-    # has run (-1 before), and the training seconds so far (the error curve's time axis)
-    lbfgs_budget = tf.Variable(-1, dtype=tf.int64, trainable=False)
-    lbfgs_done = tf.Variable(0, dtype=tf.int64, trainable=False)
-    seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False)
-    ckpt = train.Checkpointer(output_dir, model=net, optimizer=opt, lbfgs_budget=lbfgs_budget,
-                              lbfgs_done=lbfgs_done, train_seconds=seconds, **tracked,
-                              **({"log_viscosity": log_nu} if nu is not None else {}))
-    restored = ckpt.restore()  # here, so that the clock and the error curve resume with it
-    finished = int(lbfgs_budget) >= 0
-    if finished and (restored != adam_steps or int(lbfgs_budget) != lbfgs_iterations):
-        raise ValueError(
-            f"{output_dir} holds a finished run ({restored} Adam steps, then L-BFGS with a "
-            f"budget of {int(lbfgs_budget)} iterations); pinn_experiment.adam_steps = "
-            f"{adam_steps} and lbfgs_iterations = {lbfgs_iterations} cannot continue it: use "
-            "a new --output_dir")
-    if restored and os.path.exists(history_path):  # the curve up to the checkpoint
-        with open(history_path) as f:
-            history.extend(h for h in json.load(f)
-                           if finished or (h[1] == "adam" and h[2] <= restored))
-    clock["start"] = time.perf_counter() - float(seconds)
-
-    def elapsed():
-        return time.perf_counter() - clock["start"] - clock["outside"]
-
-    def adam_callback(i, logs):
-        if callback is not None:
-            callback(i, logs)
-        if error_every and i % error_every == 0:
-            record("adam", i)
-        seconds.assign(elapsed())  # saved with the checkpoint that may follow this step
+    u = training.solution_fn(prob, net)
+    variables = list(net.trainable_variables) + list(unknowns.values())
+    points, cond_points = collocation(prob, n_collocation, n_condition, sampling, seed, tf_dtype)
+    weights, anneal = loss_weights(prob, u, points, cond_points, variables, weights, weighting)
+    loss_fn = training.pinn_loss(prob, u, points, cond_points, weights)
+    batch = distribute.shard(strategy, (points, cond_points))  # the same every step
+    progress = Progress()
+    annealed = {f"weight_{n}": w for n, w in weights.items()} if anneal is not None else {}
+    ckpt = train.Checkpointer(output_dir, model=net, optimizer=opt, **progress.variables,
+                              **annealed, **{f"unknown_{n}": v for n, v in unknowns.items()})
+    restored = ckpt.restore()  # before the clock and the error curve, which resume with it
+    finished = progress.finished(output_dir, restored, adam_steps, lbfgs_iterations)
+    clock = training.Clock(offset=progress.seconds())
+    curve = ErrorCurve(output_dir, prob, u, tf_dtype, adam_steps, clock, error_every,
+                       upto_step=math.inf if finished else restored)
     metrics = {}  # what this run measured; a finished run re-run keeps the first's timings
     if not finished:
-        stats = {}
-        logs = train.train_loop(step, itertools.repeat(batch), adam_steps, ckpt, output_dir,
-                                checkpoint_every=checkpoint_every, log_every=500,
-                                callback=adam_callback, stats=stats)
-        metrics["adam_seconds"] = elapsed()
-        if stats:
-            metrics["adam_steps_per_s"] = stats["train_steps_per_s"]
-        if logs:
-            metrics["adam_final_loss"] = logs["loss"]
-        t_eval = time.perf_counter()
-        metrics["relative_l2_after_adam"] = training.relative_l2(prob, u, tf_dtype)
-        clock["outside"] += time.perf_counter() - t_eval
-        if lbfgs_iterations:
-            logging.info("L-BFGS: up to %d iterations", lbfgs_iterations)
-        lbfgs_loss, lbfgs_iters, lbfgs_seconds = (
-            training.lbfgs(loss_fn, variables, lbfgs_iterations, strategy=strategy, batch=batch,
-                           callback_every=error_every or 500, jit_compile=jit_compile,
-                           callback=(lambda i: record("lbfgs", i)) if error_every else None)
-            if lbfgs_iterations else (None, 0, 0.0))
-        metrics["total_seconds"] = elapsed()  # training time on the error curve's clock
-        if error_every:
-            record("end", lbfgs_iters)
-        lbfgs_budget.assign(lbfgs_iterations)
-        lbfgs_done.assign(lbfgs_iters)
-        seconds.assign(elapsed())
-        ckpt.save()  # the final weights, under the Adam step count
-        metrics.update(lbfgs_seconds=lbfgs_seconds, lbfgs_iterations=lbfgs_iters,
-                       lbfgs_final_loss=lbfgs_loss)
-        if lbfgs_iters and lbfgs_seconds > 0:
-            metrics["lbfgs_iterations_per_s"] = lbfgs_iters / lbfgs_seconds
-    err = training.relative_l2(prob, u, tf_dtype)
-    terms = {k: float(v) for k, v in loss_fn().items()}
-    ref = None if prob.reference is None else prob.reference(prob.grid)
-    plot(os.path.join(output_dir, "solution.png"), prob,
-         training.predict_on_grid(prob, u, tf_dtype), ref)
-    metrics.update(problem=prob.name, relative_l2=err, **{f"term_{k}": v for k, v in terms.items()})
-    if history:
-        metrics["error_history"] = history
-        for threshold in thresholds:
-            metrics[f"seconds_to_{threshold:g}"] = next(
-                (h[0] for h in history if h[3] is not None and h[3] <= threshold), None)
-    if nu is not None:
-        true_nu = 0.01 / np.pi
-        metrics.update(viscosity=float(nu()), viscosity_true=true_nu,
-                       viscosity_rel_err=abs(float(nu()) - true_nu) / true_nu)
+        step = train.make_train_step(loss_fn, opt, variables, strategy=strategy,
+                                     jit_compile=jit_compile)
+        on_step = adam_callback(curve, progress, anneal, annealing_every)
+        metrics.update(run_adam(step, batch, adam_steps, ckpt, output_dir, checkpoint_every,
+                                on_step, curve))
+        metrics.update(run_lbfgs(loss_fn, variables, lbfgs_iterations, strategy, batch, curve,
+                                 jit_compile))
+        progress.save(ckpt, lbfgs_iterations, metrics["lbfgs_iterations"], clock)
+    metrics.update(evaluate(output_dir, prob, u, loss_fn, tf_dtype), **curve.metrics(),
+                   **pinn.unknowns_report(prob, unknowns))
     logging.info("pinn: %s", metrics)
     return metrics
+
+
+def learnable(prob, dtype):
+    """(the problem with its PDE reading its unknowns' variables, {name: variable}); a
+    forward problem comes back as it is, with no variables."""
+    if not prob.unknowns:
+        return prob, {}
+    unknowns = {u.name: u.variable(dtype) for u in prob.unknowns}
+    return pinn.bind_unknowns(prob, unknowns), unknowns
+
+
+def tanh_mlp(dim, width, depth, dtype):
+    return keras.Sequential([keras.Input((dim,), dtype=dtype)] +
+                            [keras.layers.Dense(width, activation="tanh", dtype=dtype)
+                             for _ in range(depth)] + [keras.layers.Dense(1, dtype=dtype)])
+
+
+def collocation(prob, n_collocation, n_condition, sampling, seed, dtype):
+    """The collocation points and one set of points per condition (seeds seed + 1, ...)."""
+    points = tf.constant(pinn.sample(prob.domain, n_collocation, sampling, seed), dtype)
+    cond_points = [tf.constant(fn(n_condition, seed + 1 + i), dtype)
+                   for i, (_, fn, _) in enumerate(prob.conditions)]
+    return points, cond_points
+
+
+def loss_weights(prob, u, points, cond_points, variables, weights, weighting):
+    """(weights for pinn_loss, the annealing update or None)."""
+    if weighting == "fixed":
+        return weights, None
+    if weighting != "annealing":
+        raise ValueError(f"pinn_experiment.weighting must be 'fixed' or 'annealing', got "
+                         f"{weighting!r}")
+    if weights:
+        raise ValueError("pinn_experiment.weights must be None with weighting = 'annealing' "
+                         f"(the annealing sets them), got {weights!r}")
+    unweighted = training.pinn_loss(prob, u, points, cond_points)
+    return pinn.annealing_weights(unweighted, variables, training.term_names(prob)[1:])
+
+
+class Progress:
+    """What the checkpoint says besides the weights: L-BFGS's budget and iterations once it
+    has run (budget -1 before), and the training seconds so far (the clock's offset)."""
+
+    def __init__(self):
+        self.variables = {
+            "lbfgs_budget": tf.Variable(-1, dtype=tf.int64, trainable=False),
+            "lbfgs_done": tf.Variable(0, dtype=tf.int64, trainable=False),
+            "train_seconds": tf.Variable(0.0, dtype=tf.float64, trainable=False)}
+
+    def seconds(self):
+        return float(self.variables["train_seconds"])
+
+    def tick(self, clock):
+        self.variables["train_seconds"].assign(clock.seconds())
+
+    def finished(self, output_dir, restored, adam_steps, lbfgs_iterations):
+        """Whether the restored run is finished; an error if it is, with other counts."""
+        budget = int(self.variables["lbfgs_budget"])
+        if budget >= 0 and (restored != adam_steps or budget != lbfgs_iterations):
+            raise ValueError(
+                f"{output_dir} holds a finished run ({restored} Adam steps, then L-BFGS with "
+                f"a budget of {budget} iterations); pinn_experiment.adam_steps = {adam_steps} "
+                f"and lbfgs_iterations = {lbfgs_iterations} cannot continue it: use a new "
+                "--output_dir")
+        return budget >= 0
+
+    def save(self, ckpt, budget, done, clock):
+        """Mark the run finished and checkpoint the final weights (under the Adam steps)."""
+        self.variables["lbfgs_budget"].assign(budget)
+        self.variables["lbfgs_done"].assign(done)
+        self.tick(clock)
+        ckpt.save()
+
+
+class ErrorCurve:
+    """The relative L2 error on the training clock (its evaluation time not counted), every
+    `every` Adam steps and L-BFGS iterations (None: never), through `harness.record_eval`:
+    eval_history.json and TensorBoard's eval/, at step i for Adam step i and adam_steps + i
+    for L-BFGS iteration i. Starts from the evaluations recorded up to `upto_step`."""
+
+    def __init__(self, output_dir, prob, u, dtype, adam_steps, clock, every, upto_step):
+        self.output_dir, self.prob, self.u, self.dtype = output_dir, prob, u, dtype
+        self.adam_steps, self.clock, self.every = adam_steps, clock, every
+        self.history = harness.read_history(output_dir, upto_step)
+
+    def error(self):
+        with self.clock.paused():
+            return training.relative_l2(self.prob, self.u, self.dtype)
+
+    def record(self, phase, i):
+        with self.clock.paused():
+            seconds, err = self.clock.seconds(), self.error()
+            step = i if phase == "adam" else self.adam_steps + i
+            harness.record_eval(self.output_dir, self.history, {
+                "step": step, "phase": phase, "seconds": seconds, "relative_l2": err})
+        if err is not None:  # None: the problem has no reference solution
+            logging.info("%s %d: relative L2 %.3e", phase, i, err)
+
+    def lbfgs_callback(self):
+        return (lambda i: self.record("lbfgs", i)) if self.every else None
+
+    def metrics(self):
+        """{"error_history": [[seconds, phase, phase step, error], ...]} ({} without one)."""
+        if not self.history:
+            return {}
+        return {"error_history": [
+            [h["seconds"], h["phase"], h["step"] - (0 if h["phase"] == "adam" else
+                                                    self.adam_steps), h["relative_l2"]]
+            for h in self.history]}
+
+
+def adam_callback(curve, progress, anneal, annealing_every):
+    def on_step(i, logs):
+        if anneal is not None and i % annealing_every == 0:
+            anneal()
+        if curve.every and i % curve.every == 0:
+            curve.record("adam", i)
+        progress.tick(curve.clock)  # saved with the checkpoint that may follow this step
+    return on_step
+
+
+def run_adam(step, batch, adam_steps, ckpt, output_dir, checkpoint_every, on_step, curve):
+    stats = {}
+    logs = train.train_loop(step, itertools.repeat(batch), adam_steps, ckpt, output_dir,
+                            checkpoint_every=checkpoint_every, log_every=500, callback=on_step,
+                            stats=stats)
+    metrics = {"adam_seconds": curve.clock.seconds(), "relative_l2_after_adam": curve.error()}
+    if stats:
+        metrics["adam_steps_per_s"] = stats["train_steps_per_s"]
+    if logs:
+        metrics["adam_final_loss"] = logs["loss"]
+    return metrics
+
+
+def run_lbfgs(loss_fn, variables, iterations, strategy, batch, curve, jit_compile):
+    """L-BFGS from the current weights, then the curve's "end" point; its metrics."""
+    loss, done, seconds = None, 0, 0.0
+    if iterations:
+        logging.info("L-BFGS: up to %d iterations", iterations)
+        loss, done, seconds = training.lbfgs(
+            loss_fn, variables, iterations, strategy=strategy, batch=batch,
+            callback_every=curve.every or 500, callback=curve.lbfgs_callback(),
+            jit_compile=jit_compile)
+    metrics = {"total_seconds": curve.clock.seconds(), "lbfgs_seconds": seconds,
+               "lbfgs_iterations": done, "lbfgs_final_loss": loss}
+    if done and seconds > 0:
+        metrics["lbfgs_iterations_per_s"] = done / seconds
+    if curve.every:
+        curve.record("end", done)
+    return metrics
+
+
+def evaluate(output_dir, prob, u, loss_fn, dtype):
+    """The final error and loss terms; solution.png."""
+    ref = None if prob.reference is None else prob.reference(prob.grid)
+    plot(os.path.join(output_dir, "solution.png"), prob,
+         training.predict_on_grid(prob, u, dtype), ref)
+    return dict(problem=prob.name, relative_l2=training.relative_l2(prob, u, dtype),
+                **{f"term_{k}": float(v) for k, v in loss_fn().items()})
 
 
 def main():

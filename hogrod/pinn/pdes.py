@@ -5,7 +5,9 @@ lines, no subclassing:
 
     my_pde = PDE([(), (0,), (1, 1)], lambda x, d: d[(0,)] - 0.1 * d[(1, 1)] + d[()] ** 3)
 
-Coordinates: space first, time last (x, t) for time-dependent problems.
+and a problem to solve is one factory in `problems.py` (`advection` and
+`advection_problem` are such a pair). Coordinates: space first, time last (x, t) for
+time-dependent problems.
 """
 
 import collections
@@ -16,7 +18,8 @@ import tensorflow as tf
 
 from hogrod.pinn.operators import laplacian, partials
 
-__all__ = ["PDE", "residual", "burgers", "poisson", "heat", "wave", "allen_cahn", "helmholtz"]
+__all__ = ["PDE", "residual", "burgers", "poisson", "heat", "wave", "allen_cahn", "helmholtz",
+           "advection"]
 
 PDE = collections.namedtuple("PDE", ["wanted", "residual"])
 
@@ -77,3 +80,9 @@ def helmholtz(k=1.0, dim=2, source=None):
             tf.sin(math.pi * x), axis=1, keepdims=True)
     return PDE([()] + [(i, i) for i in range(dim)],
                lambda x, d: laplacian(d, range(dim)) + k ** 2 * d[()] - source(x))
+
+
+@gin.configurable
+def advection(c=1.0):
+    """u_t + c u_x = 0 on (x, t)."""
+    return PDE([(0,), (1,)], lambda x, d: d[(1,)] + c * d[(0,)])

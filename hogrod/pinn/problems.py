@@ -1,32 +1,143 @@
 """Problems: a PDE, its domain, its conditions and (when known) its reference solution.
 
-A `Problem` bundles what a PINN run needs:
+A `Problem` (built with keywords) bundles what a PINN run needs:
 - `pde`: a `PDE` (residual and the derivatives it needs);
 - `domain`: a `Box` (space first, time last);
-- `conditions`: a list of (name, points_fn(n, seed) -> x, target_fn(x) -> u) pairs, each
-  a soft penalty term mean((u(x) - target(x))^2);
+- `conditions`: (name, points_fn(n, seed) -> x, target_fn(x) -> u) triples, each a soft
+  penalty term mean((u(x) - target(x))^2);
 - `transform`: optional hard constraint, `transform(x, net_out) -> u`, built so that u
   satisfies the initial/boundary conditions exactly (then `conditions` can be empty);
-- `reference`: numpy `reference(x) -> u` or None; `grid`: evaluation points.
-Every problem is a gin-configurable factory, so a config swaps problems and coefficients.
+- `reference`: numpy `reference(x) -> u` or None; `grid`, `grid_shape`: evaluation points.
+
+An inverse problem is a `Problem` too: its `unknowns` are the PDE coefficients learned with
+the solution (`Unknown`: initial value, parametrization, the true value for reporting), its
+`pde_with(**coefficients) -> PDE` builds the PDE from them, and its `data` (`Observations`)
+is the measured solution, a loss term of its own. `pde` is None until `bind_unknowns`
+builds it from the training variables, so nothing trains an inverse problem on the truth.
+
+Adding an equation is one `PDE` line (`pdes.py`) and one factory here: see `advection` and
+`advection_problem`. Every factory is gin-configurable, so a config swaps problems and
+coefficients.
 """
 
-import collections
+import dataclasses
 import math
+from typing import Callable, NamedTuple, Optional
 
 import gin
 import numpy as np
 import tensorflow as tf
 
 from hogrod.pinn import pdes, reference
-from hogrod.pinn.geometry import Box
+from hogrod.pinn.geometry import Box, sample
 
-__all__ = ["Problem", "burgers_problem", "poisson_problem", "heat_problem", "wave_problem",
-           "helmholtz_problem", "allen_cahn_problem"]
+__all__ = ["Problem", "Unknown", "Observations", "bind_unknowns", "unknowns_report",
+           "burgers_problem", "burgers_inverse_problem", "poisson_problem", "heat_problem",
+           "wave_problem", "helmholtz_problem", "allen_cahn_problem", "advection_problem"]
 
-Problem = collections.namedtuple(
-    "Problem", ["name", "pde", "domain", "conditions", "transform", "reference", "grid",
-                "grid_shape"])
+
+class Unknown(NamedTuple):
+    """A PDE coefficient an inverse problem learns with the solution.
+
+    name: the keyword `Problem.pde_with` takes it by, and the prefix of its metrics;
+    initial: the value training starts from; true: the value the data came from (reported
+    with the relative error; None where it is not known); positive: learn log(value), as
+    Raissi et al. do for a viscosity: positive, and ~1e-3, far from the weights' scale,
+    which L-BFGS handles badly in the raw value."""
+    name: str
+    initial: float
+    true: Optional[float] = None
+    positive: bool = False
+
+    def variable(self, dtype=tf.float32):
+        """A trainable variable holding the initial value in its parametrization (the
+        Python float goes straight to `dtype`, never through float32)."""
+        if self.positive and not self.initial > 0:
+            raise ValueError(f"Unknown {self.name!r} is positive (learned as its log): its "
+                             f"initial value must be > 0, got {self.initial}")
+        raw = math.log(self.initial) if self.positive else float(self.initial)
+        return tf.Variable(raw, dtype=dtype, name=f"unknown_{self.name}")
+
+    def value(self, variable):
+        """The coefficient that `variable` (from `variable()`) holds, a scalar tensor."""
+        return tf.exp(variable) if self.positive else tf.convert_to_tensor(variable)
+
+
+class Observations(NamedTuple):
+    """Measured solution values: `points` [n, dim], `values` [n, m] (numpy)."""
+    points: np.ndarray
+    values: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Problem:
+    name: str
+    domain: Box
+    pde: Optional[pdes.PDE] = None
+    conditions: tuple = ()
+    transform: Optional[Callable] = None
+    reference: Optional[Callable] = None
+    grid: Optional[np.ndarray] = None
+    grid_shape: Optional[tuple] = None
+    unknowns: tuple = ()
+    pde_with: Optional[Callable[..., pdes.PDE]] = None
+    data: Optional[Observations] = None
+
+    def __post_init__(self):
+        where = f"Problem {self.name!r}"
+        if not isinstance(self.domain, Box):
+            raise TypeError(f"{where}: domain must be a pinn.Box, got {type(self.domain)}")
+        object.__setattr__(self, "conditions", tuple(self.conditions))
+        object.__setattr__(self, "unknowns", tuple(self.unknowns))
+        for c in self.conditions:
+            if not (isinstance(c, tuple) and len(c) == 3 and isinstance(c[0], str)):
+                raise ValueError(f"{where}: each condition must be (name, points_fn, "
+                                 f"target_fn), got {c!r}")
+        names = [u.name for u in self.unknowns]
+        if not all(isinstance(u, Unknown) for u in self.unknowns) or len(set(names)) < len(names):
+            raise ValueError(f"{where}: unknowns must be pinn.Unknown's with distinct names, "
+                             f"got {self.unknowns!r}")
+        if bool(self.unknowns) != (self.pde_with is not None):
+            raise ValueError(f"{where}: unknowns and pde_with go together (pde_with(**{{name: "
+                             f"coefficient}}) builds the PDE from the unknowns)")
+        if self.pde is None and not self.unknowns:
+            raise ValueError(f"{where}: a PDE is required (pde=...), or unknowns and pde_with "
+                             "for an inverse problem")
+        if (self.grid is None) != (self.grid_shape is None) or (
+                self.grid is not None and (np.shape(self.grid) != (
+                    int(np.prod(self.grid_shape)), self.domain.dim))):
+            raise ValueError(f"{where}: grid must be [prod(grid_shape), {self.domain.dim}] "
+                             f"points, got grid of shape {np.shape(self.grid)} and grid_shape "
+                             f"{self.grid_shape}")
+        if self.data is not None:
+            x, y = (np.asarray(a) for a in self.data)
+            if x.ndim != 2 or x.shape[1] != self.domain.dim or y.ndim != 2 or len(y) != len(x):
+                raise ValueError(f"{where}: data must be Observations(points [n, "
+                                 f"{self.domain.dim}], values [n, m]), got shapes {x.shape} "
+                                 f"and {y.shape}")
+
+
+def bind_unknowns(problem, variables):
+    """The problem with its `pde` built from the unknowns' `variables` ({name: the variable
+    from `Unknown.variable`}), read at every evaluation (so training moves them)."""
+    names = sorted(u.name for u in problem.unknowns)
+    if sorted(variables) != names:
+        raise ValueError(f"bind_unknowns: problem {problem.name!r} has unknowns {names}, "
+                         f"got variables for {sorted(variables)}")
+    coefficients = {u.name: (lambda u=u: u.value(variables[u.name])) for u in problem.unknowns}
+    return dataclasses.replace(problem, pde=problem.pde_with(**coefficients))
+
+
+def unknowns_report(problem, variables):
+    """{name: learned value, name_true: true value, name_rel_err: |learned - true| / |true|}
+    for each unknown (no _true or _rel_err where the true value is not known)."""
+    out = {}
+    for u in problem.unknowns:
+        value = out[u.name] = float(u.value(variables[u.name]))
+        if u.true is not None:
+            out[f"{u.name}_true"] = u.true
+            out[f"{u.name}_rel_err"] = abs(value - u.true) / abs(u.true)
+    return out
 
 
 def _grid(domain, shape):
@@ -42,6 +153,12 @@ def _on_face(domain, axis, value):
         x[:, axis] = value
         return x.astype(np.float32)
     return points
+
+
+def _on_faces(domain, axis):
+    """Points on both faces normal to `axis`, half on each."""
+    low, high = _on_face(domain, axis, domain.low[axis]), _on_face(domain, axis, domain.high[axis])
+    return lambda n, s: np.concatenate([low(n // 2, s), high(n - n // 2, s + 1)])
 
 
 def _boundary_of_box(domain):
@@ -66,17 +183,33 @@ def burgers_problem(nu=0.01 / math.pi, hard_constraints=True, grid_shape=(256, 1
     hard_constraints: u = -sin(pi x) + t (1 - x^2) N(x, t), exact at t = 0 and x = +-1.
     """
     domain = Box((-1.0, 0.0), (1.0, 1.0))
-    pi = math.pi
-    ic = ("initial", _on_face(domain, 1, 0.0), lambda x: -tf.sin(pi * x[:, :1]))
-    bc = ("boundary", lambda n, s: np.concatenate([_on_face(domain, 0, -1.0)(n // 2, s),
-                                                   _on_face(domain, 0, 1.0)(n - n // 2, s + 1)]),
-          _zeros)
+    ic = ("initial", _on_face(domain, 1, 0.0), lambda x: -tf.sin(math.pi * x[:, :1]))
+    bc = ("boundary", _on_faces(domain, 0), _zeros)
+
     def hard(x, out):
         xs, t = x[:, :1], x[:, 1:]
-        return -tf.sin(pi * xs) + t * (1.0 - xs ** 2) * out
-    return Problem("burgers", pdes.burgers(nu), domain, [] if hard_constraints else [ic, bc],
-                   hard if hard_constraints else None, lambda x: reference.burgers_cole_hopf(x[:, 0], x[:, 1], nu)[:, None],
-                   _grid(domain, grid_shape), tuple(grid_shape))
+        return -tf.sin(math.pi * xs) + t * (1.0 - xs ** 2) * out
+    return Problem(name="burgers", pde=pdes.burgers(nu), domain=domain,
+                   conditions=() if hard_constraints else (ic, bc),
+                   transform=hard if hard_constraints else None,
+                   reference=lambda x: reference.burgers_cole_hopf(x[:, 0], x[:, 1], nu)[:, None],
+                   grid=_grid(domain, grid_shape), grid_shape=tuple(grid_shape))
+
+
+@gin.configurable
+def burgers_inverse_problem(viscosity=0.01 / math.pi, initial=0.05, n_observations=2000,
+                            seed=99):
+    """Raissi et al.'s inverse Burgers problem: the viscosity is unknown, learned (as its
+    log, from `initial`) with the solution from `n_observations` noiseless Cole-Hopf values
+    at Sobol points (`seed`) of the solution with the true `viscosity`. The rest is
+    `burgers_problem`, whose bindings apply (hard_constraints, grid_shape)."""
+    forward = burgers_problem(nu=viscosity)
+    x = sample(forward.domain, n_observations, "sobol", seed)
+    return dataclasses.replace(
+        forward, name="burgers_inverse", pde=None,
+        unknowns=(Unknown("viscosity", initial, true=viscosity, positive=True),),
+        pde_with=lambda viscosity: pdes.burgers(viscosity),
+        data=Observations(x, forward.reference(x)))
 
 
 @gin.configurable
@@ -84,10 +217,10 @@ def poisson_problem(dim=2, grid_points=101):
     """Laplacian u = -dim pi^2 prod sin(pi x_i) on [0, 1]^dim, u = 0 on the boundary;
     solution prod sin(pi x_i)."""
     domain = Box([0.0] * dim, [1.0] * dim)
-    bc = ("boundary", _boundary_of_box(domain), _zeros)
-    shape = (grid_points,) * 2 if dim == 2 else (grid_points,) * dim
-    return Problem(f"poisson{dim}d", pdes.poisson(dim), domain, [bc], None,
-                   reference.poisson_sine, _grid(domain, shape), shape)
+    shape = (grid_points,) * dim
+    return Problem(name=f"poisson{dim}d", pde=pdes.poisson(dim), domain=domain,
+                   conditions=[("boundary", _boundary_of_box(domain), _zeros)],
+                   reference=reference.poisson_sine, grid=_grid(domain, shape), grid_shape=shape)
 
 
 @gin.configurable
@@ -96,12 +229,10 @@ def heat_problem(alpha=0.1, grid_shape=(101, 101)):
     solution sin(pi x) exp(-alpha pi^2 t)."""
     domain = Box((0.0, 0.0), (1.0, 1.0))
     ic = ("initial", _on_face(domain, 1, 0.0), lambda x: tf.sin(math.pi * x[:, :1]))
-    bc = ("boundary", lambda n, s: np.concatenate([_on_face(domain, 0, 0.0)(n // 2, s),
-                                                   _on_face(domain, 0, 1.0)(n - n // 2, s + 1)]),
-          _zeros)
-    return Problem("heat", pdes.heat(1, alpha), domain, [ic, bc], None,
-                   lambda x: reference.heat_sine(x, alpha), _grid(domain, grid_shape),
-                   tuple(grid_shape))
+    bc = ("boundary", _on_faces(domain, 0), _zeros)
+    return Problem(name="heat", pde=pdes.heat(1, alpha), domain=domain, conditions=[ic, bc],
+                   reference=lambda x: reference.heat_sine(x, alpha),
+                   grid=_grid(domain, grid_shape), grid_shape=tuple(grid_shape))
 
 
 @gin.configurable
@@ -113,9 +244,9 @@ def wave_problem(c=1.0, grid_shape=(101, 101)):
     def transform(x, out):
         xs, t = x[:, :1], x[:, 1:]
         return tf.sin(math.pi * xs) + t ** 2 * xs * (1.0 - xs) * out
-    return Problem("wave", pdes.wave(c), domain, [], transform,
-                   lambda x: reference.wave_sine(x, c), _grid(domain, grid_shape),
-                   tuple(grid_shape))
+    return Problem(name="wave", pde=pdes.wave(c), domain=domain, transform=transform,
+                   reference=lambda x: reference.wave_sine(x, c),
+                   grid=_grid(domain, grid_shape), grid_shape=tuple(grid_shape))
 
 
 @gin.configurable
@@ -126,8 +257,10 @@ def helmholtz_problem(k=1.0, grid_points=101):
 
     def transform(x, out):
         return tf.reduce_prod(1.0 - x ** 2, axis=1, keepdims=True) * out
-    return Problem("helmholtz", pdes.helmholtz(k, 2), domain, [], transform,
-                   reference.helmholtz_sine, _grid(domain, (grid_points,) * 2), (grid_points,) * 2)
+    shape = (grid_points,) * 2
+    return Problem(name="helmholtz", pde=pdes.helmholtz(k, 2), domain=domain,
+                   transform=transform, reference=reference.helmholtz_sine,
+                   grid=_grid(domain, shape), grid_shape=shape)
 
 
 @gin.configurable
@@ -139,5 +272,21 @@ def allen_cahn_problem(diffusion=1e-4, reaction=5.0, grid_shape=(201, 101)):
     def transform(x, out):
         xs, t = x[:, :1], x[:, 1:]
         return xs ** 2 * tf.cos(math.pi * xs) + t * (1.0 - xs ** 2) * out
-    return Problem("allen_cahn", pdes.allen_cahn(diffusion, reaction), domain, [], transform,
-                   None, _grid(domain, grid_shape), tuple(grid_shape))
+    return Problem(name="allen_cahn", pde=pdes.allen_cahn(diffusion, reaction), domain=domain,
+                   transform=transform, grid=_grid(domain, grid_shape),
+                   grid_shape=tuple(grid_shape))
+
+
+@gin.configurable
+def advection_problem(c=1.0, grid_shape=(101, 51)):
+    """u_t + c u_x = 0 (c > 0) on x in [0, 2], t in [0, 1]; u(x, 0) = sin(pi x) exactly
+    (u = sin(pi x) + t N), the inflow u(0, t) = -sin(pi c t) a soft condition; solution
+    sin(pi (x - c t)). The example of adding an equation: `pdes.advection` and this."""
+    if not c > 0:
+        raise ValueError(f"advection_problem.c must be > 0 (inflow at x = 0), got {c}")
+    domain = Box((0.0, 0.0), (2.0, 1.0))
+    inflow = ("inflow", _on_face(domain, 0, 0.0), lambda x: -tf.sin(math.pi * c * x[:, 1:]))
+    return Problem(name="advection", pde=pdes.advection(c), domain=domain, conditions=[inflow],
+                   transform=lambda x, out: tf.sin(math.pi * x[:, :1]) + x[:, 1:] * out,
+                   reference=lambda x: np.sin(np.pi * (x[:, :1] - c * x[:, 1:])),
+                   grid=_grid(domain, grid_shape), grid_shape=tuple(grid_shape))

@@ -1,12 +1,16 @@
 """PINN losses and the standard recipe: Adam (hogrod.train), then L-BFGS (scipy) to convergence.
 
 `pinn_loss(problem, u_fn, points, condition_points, weights)` returns the loss function of
-named terms ("residual" and one per condition) that `hogrod.train.make_train_step` takes.
+named terms (`term_names`: "residual", one per condition, and "data" for an inverse problem)
+that `hogrod.train.make_train_step` takes.
 `lbfgs(loss, variables)` runs scipy's L-BFGS-B on a compiled float64 value-and-gradient of
 the same terms; `relative_l2` measures a solution against the problem's reference
 (a float, or None without one); `predict_on_grid` evaluates it on the problem's grid.
+`Clock` counts training seconds without the evaluations; `seconds_to_error` reads the time
+to an error off an error curve.
 """
 
+import contextlib
 import time
 
 import numpy as np
@@ -17,7 +21,8 @@ from absl import logging
 import hogrod
 from hogrod.pinn.pdes import residual
 
-__all__ = ["solution_fn", "pinn_loss", "lbfgs", "relative_l2", "predict_on_grid"]
+__all__ = ["solution_fn", "term_names", "pinn_loss", "lbfgs", "relative_l2", "predict_on_grid",
+           "Clock", "seconds_to_error"]
 
 
 def solution_fn(problem, net):
@@ -25,6 +30,12 @@ def solution_fn(problem, net):
     if problem.transform is None:
         return net
     return lambda x: problem.transform(x, net(x))
+
+
+def term_names(problem):
+    """The names of `pinn_loss`'s terms for `problem`, in order."""
+    return (["residual"] + [name for name, _, _ in problem.conditions]
+            + (["data"] if problem.data is not None else []))
 
 
 def _check_one_set_per_condition(problem, names, condition_points,
@@ -41,12 +52,19 @@ def _check_one_set_per_condition(problem, names, condition_points,
 
 def pinn_loss(problem, u_fn, points, condition_points, weights=None, extra_terms=None):
     """A `loss_fn(batch=None) -> {term: scalar}`: mean squared residual at the collocation
-    points and mean squared misfit of each condition at its points. `weights` scale terms
-    ({name: w}).
+    points, mean squared misfit of each condition at its points and, for an inverse problem
+    (`problem.data`), of the observations ("data"). `weights` scale terms ({name: w});
+    `extra_terms` adds terms ({name: fn() -> scalar}).
 
     `batch`, when given, is `(points, condition_points)`: this replica's shard of them under
     a tf.distribute strategy (`hogrod.distribute.shard(strategy, (points, condition_points))`);
-    None uses the `points` and `condition_points` given here."""
+    None uses the `points` and `condition_points` given here. Every replica fits all the
+    observations."""
+    if problem.pde is None:
+        raise ValueError(f"pinn_loss: problem {problem.name!r} has unknowns "
+                         f"{[u.name for u in problem.unknowns]} and no PDE yet: build it from "
+                         "training variables with pinn.bind_unknowns(problem, {name: "
+                         "unknown.variable(dtype)})")
     points = tf.convert_to_tensor(points)
     condition_points = [tf.convert_to_tensor(x) for x in condition_points]
     names = [name for name, _, _ in problem.conditions]
@@ -57,10 +75,13 @@ def pinn_loss(problem, u_fn, points, condition_points, weights=None, extra_terms
         if x.shape.rank != 2 or x.shape[-1] != dim:
             raise ValueError(f"{what} must have shape [n, {dim}] for the {dim}-D domain of "
                              f"problem {problem.name!r}, got {x.shape}")
+    data = None if problem.data is None else tuple(
+        tf.constant(a, points.dtype) for a in problem.data)
     weights = dict(weights or {})
-    unknown = set(weights) - {"residual"} - set(names) - set(extra_terms or {})
+    unknown = set(weights) - set(term_names(problem)) - set(extra_terms or {})
     if unknown:
-        raise ValueError(f"weights for unknown PINN loss terms {sorted(unknown)}")
+        raise ValueError(f"weights for unknown PINN loss terms {sorted(unknown)}; the terms "
+                         f"of problem {problem.name!r} are {term_names(problem)}")
 
     def loss_fn(batch=None):
         pts, cond_pts = (points, condition_points) if batch is None else batch
@@ -68,6 +89,8 @@ def pinn_loss(problem, u_fn, points, condition_points, weights=None, extra_terms
         terms = {"residual": tf.reduce_mean(tf.square(residual(problem.pde, u_fn, pts)))}
         for (name, _, target), x in zip(problem.conditions, cond_pts):
             terms[name] = tf.reduce_mean(tf.square(u_fn(x) - target(x)))
+        if data is not None:
+            terms["data"] = tf.reduce_mean(tf.square(u_fn(data[0]) - data[1]))
         for name, fn in (extra_terms or {}).items():
             terms[name] = fn()
         return {k: weights.get(k, 1.0) * v for k, v in terms.items()}
@@ -158,3 +181,38 @@ def relative_l2(problem, u_fn, dtype=tf.float32):
         raise ValueError(f"relative_l2: the solution has shape {pred.shape} on the grid of "
                          f"problem {problem.name!r} but its reference has shape {ref.shape}")
     return float(np.linalg.norm(pred - ref) / np.linalg.norm(ref))
+
+
+class Clock:
+    """Training seconds: wall time since it was made, plus `offset` (a resumed run's earlier
+    seconds), less the time spent inside `paused()` blocks (evaluations). While paused,
+    `seconds()` is the time the pause began."""
+
+    def __init__(self, offset=0.0):
+        self._start = time.perf_counter() - float(offset)
+        self._paused_total = 0.0
+        self._paused_at = None
+
+    def seconds(self):
+        now = time.perf_counter() if self._paused_at is None else self._paused_at
+        return now - self._start - self._paused_total
+
+    @contextlib.contextmanager
+    def paused(self):
+        if self._paused_at is not None:  # already paused: the outer block counts the time
+            yield
+            return
+        self._paused_at = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._paused_total += time.perf_counter() - self._paused_at
+            self._paused_at = None
+
+
+def seconds_to_error(curve, threshold):
+    """The seconds of the first point of an error curve ([seconds, phase, step, error] rows,
+    error None where there is no reference) at or below `threshold`; None if none is."""
+    if not threshold > 0:
+        raise ValueError(f"seconds_to_error: threshold must be > 0, got {threshold}")
+    return next((row[0] for row in curve if row[3] is not None and row[3] <= threshold), None)
