@@ -33,7 +33,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 def plot(path, problem, pred, ref):
     shape = problem.grid_shape
     grid = problem.grid
-    if len(shape) != 2:
+    if shape is None or len(shape) != 2:  # only a 2-D mesh is drawn
         return
     ext = [problem.domain.low[1], problem.domain.high[1], problem.domain.low[0],
            problem.domain.high[0]]

@@ -365,6 +365,14 @@ def run(fn, gin_files=(), gin_params=(), output_dir=None, allow_config_change=Fa
     the config is valid. `allow_config_change`: continue a run whose `config.gin` records
     other bindings (see the module docstring).
     """
+    try:
+        return _run(fn, gin_files, gin_params, output_dir, allow_config_change)
+    finally:
+        with gin.unlock_config():  # the run's bindings must not reach later code
+            gin.clear_config()
+
+
+def _run(fn, gin_files, gin_params, output_dir, allow_config_change):
     parse_config(list(gin_files), list(gin_params))
     check_required(fn)
     output_dir = output_dir or default_output_dir(fn)
@@ -382,8 +390,6 @@ def run(fn, gin_files=(), gin_params=(), output_dir=None, allow_config_change=Fa
         metrics = fn(output_dir)
     finally:
         write_operative_config(output_dir)
-        with gin.unlock_config():  # the run's bindings must not reach later code
-            gin.clear_config()
     if metrics is not None:
         metrics = dict(metrics, wall_seconds=time.perf_counter() - start)
         write_metrics(output_dir, metrics, resumed)

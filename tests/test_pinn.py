@@ -371,7 +371,7 @@ def test_problems_are_built_with_keywords_and_checked():
         pinn.Problem(name="line", domain=box)
     with pytest.raises(ValueError, match="unknowns and pde_with go together"):
         pinn.Problem(name="line", domain=box, unknowns=[pinn.Unknown("k", 1.0)])
-    with pytest.raises(ValueError, match=r"grid must be \[prod\(grid_shape\), 1\]"):
+    with pytest.raises(ValueError, match=r"grid must be \[n, 1\] points \(n = prod\(grid_shape\)"):
         pinn.Problem(name="line", pde=pde, domain=box, grid=np.zeros((4, 1)), grid_shape=(5,))
     with pytest.raises(ValueError, match=r"data must be Observations\(points \[n, 1\]"):
         pinn.Problem(name="line", pde=pde, domain=box,

@@ -99,8 +99,11 @@ def main(quick=False):
                                        params + [f"own_regression.steps = {total}"], straight)
         harness.run(own_regression, [GIN_FILE], params + [f"own_regression.steps = {first}"],
                     resumed)                                       # "killed" after `first` steps
+        # continuing with more steps is a changed config: refused unless asked for, and
+        # then recorded in config_changes.txt
         _, metrics = harness.run(own_regression, [GIN_FILE],
-                                 params + [f"own_regression.steps = {total}"], resumed)
+                                 params + [f"own_regression.steps = {total}"], resumed,
+                                 allow_config_change=True)
         with open(os.path.join(resumed, "metrics.json")) as f:
             assert json.load(f)["steps"] == total
         with open(os.path.join(resumed, "eval_history.json")) as f:
@@ -108,9 +111,6 @@ def main(quick=False):
         with open(os.path.join(resumed, "operative_config.gin")) as f:
             operative = f.read()
         outputs = sorted(os.listdir(resumed))
-        # harness.run leaves its bindings in force in this process: without this, a later
-        # make_train_step (another script, a notebook cell) would get weights={'smooth': ...}
-        gin.clear_config()
 
     print(f"own_experiment: outputs {outputs}; resumed from step {metrics['resumed_from']}; "
           f"evaluations at steps {eval_steps}; test MSE {metrics['test_mse']:.4f} (zero "
@@ -118,6 +118,8 @@ def main(quick=False):
           f"{metrics['final_mse']:.4f}, smooth {metrics['final_smooth']:.3f}")
     assert "make_train_step.weights = {'smooth': 0.001}" in operative
     assert metrics["resumed_from"] == first and len(eval_steps) == len(set(eval_steps))
+    assert "config_changes.txt" in outputs
+    assert not gin.config_str()  # harness.run leaves no binding behind
     # the oracle: a resumed run ends where an uninterrupted one does (same weights, data order)
     assert np.isclose(metrics["test_mse"], uninterrupted["test_mse"], rtol=1e-5)
     assert metrics["test_mse"] < 0.5 * metrics["zero_predictor_mse"]

@@ -83,11 +83,12 @@ def main(quick=False):
     step(None)  # make_train_step's step takes a batch; pinn_loss ignores None (all points)
     for _ in range(adam_steps - 1):
         logs = step(None)
-    after_adam, _ = pinn.relative_l2(problem, u)
+    after_adam = pinn.relative_l2(problem, u)
     final_loss, iterations, seconds = pinn.lbfgs(loss_fn, net.trainable_variables,
                                                  max_iterations=lbfgs_iterations)
-    error, (pred, ref) = pinn.relative_l2(problem, u)   # error, (prediction, reference) [n, 1]
-    assert pred.shape == ref.shape == (len(problem.grid), 1)
+    error = pinn.relative_l2(problem, u)                # a float (None without a reference)
+    pred = pinn.predict_on_grid(problem, u)             # numpy [n, 1] on problem.grid
+    assert pred.shape == (len(problem.grid), 1)
 
     print(f"pinn_own_pde: relative L2 {after_adam:.2e} after Adam (loss {float(logs['loss']):.2e})"
           f", {error:.2e} after {iterations} L-BFGS iterations ({seconds:.1f} s, loss "

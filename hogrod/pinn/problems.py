@@ -72,7 +72,7 @@ class Observations(NamedTuple):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Problem:
     name: str
-    domain: Box
+    domain: Box  # or a geometry of one's own with an integer `dim` (docs/guide)
     pde: Optional[pdes.PDE] = None
     conditions: tuple = ()
     transform: Optional[Callable] = None
@@ -85,8 +85,9 @@ class Problem:
 
     def __post_init__(self):
         where = f"Problem {self.name!r}"
-        if not isinstance(self.domain, Box):
-            raise TypeError(f"{where}: domain must be a pinn.Box, got {type(self.domain)}")
+        if not isinstance(getattr(self.domain, "dim", None), int):
+            raise TypeError(f"{where}: domain must be a pinn.Box or a geometry of your own "
+                            f"with an integer `dim`, got {type(self.domain).__name__}")
         object.__setattr__(self, "conditions", tuple(self.conditions))
         object.__setattr__(self, "unknowns", tuple(self.unknowns))
         for c in self.conditions:
@@ -103,12 +104,16 @@ class Problem:
         if self.pde is None and not self.unknowns:
             raise ValueError(f"{where}: a PDE is required (pde=...), or unknowns and pde_with "
                              "for an inverse problem")
-        if (self.grid is None) != (self.grid_shape is None) or (
-                self.grid is not None and (np.shape(self.grid) != (
-                    int(np.prod(self.grid_shape)), self.domain.dim))):
-            raise ValueError(f"{where}: grid must be [prod(grid_shape), {self.domain.dim}] "
-                             f"points, got grid of shape {np.shape(self.grid)} and grid_shape "
-                             f"{self.grid_shape}")
+        # grid: evaluation points [n, dim]; grid_shape, when the points form a mesh to plot
+        if self.grid_shape is not None and self.grid is None:
+            raise ValueError(f"{where}: grid_shape {self.grid_shape} without a grid")
+        if self.grid is not None and (
+                np.ndim(self.grid) != 2 or np.shape(self.grid)[1] != self.domain.dim or (
+                    self.grid_shape is not None
+                    and len(self.grid) != int(np.prod(self.grid_shape)))):
+            raise ValueError(f"{where}: grid must be [n, {self.domain.dim}] points (n = "
+                             f"prod(grid_shape) when grid_shape is given), got grid of shape "
+                             f"{np.shape(self.grid)} and grid_shape {self.grid_shape}")
         if self.data is not None:
             x, y = (np.asarray(a) for a in self.data)
             if x.ndim != 2 or x.shape[1] != self.domain.dim or y.ndim != 2 or len(y) != len(x):
