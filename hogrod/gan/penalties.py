@@ -98,22 +98,22 @@ def input_gradient_norm(critic, x):
     return _safe_norm(squared_input_gradient(critic, x))
 
 
-def _check_pair(real, fake):
+def _pair(real, fake):
+    """real and fake as tensors (fake may be None), checked to have the same shape."""
+    real = tf.convert_to_tensor(real)
+    if fake is None:
+        return real, None
+    fake = tf.convert_to_tensor(fake)
     if not real.shape.is_compatible_with(fake.shape):
         raise ValueError(f"real and fake must have the same shape, got {real.shape} and "
                          f"{fake.shape}")
     if not (real.shape.is_fully_defined() and fake.shape.is_fully_defined()):
-        # unknown sizes (a tf.function traced with None): checked when the step runs
-        tf.debugging.assert_equal(tf.shape(real), tf.shape(fake),
-                                  message="real and fake must have the same shape")
-
-
-def _pair(real, fake):
-    """real and fake as tensors (fake may be None), checked to have the same shape."""
-    real = tf.convert_to_tensor(real)
-    if fake is not None:
-        fake = tf.convert_to_tensor(fake)
-        _check_pair(real, fake)
+        # unknown sizes (a tf.function traced with None): checked when the step runs, before
+        # anything computed from them (else a broadcasting error may come first)
+        check = tf.debugging.assert_equal(tf.shape(real), tf.shape(fake),
+                                          message="real and fake must have the same shape")
+        with tf.control_dependencies([check]):
+            real, fake = tf.identity(real), tf.identity(fake)
     return real, fake
 
 
