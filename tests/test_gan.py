@@ -196,31 +196,36 @@ def test_critic_step_is_one_compiled_function_with_the_weighted_penalty():
         gan.make_wgan_gp_step(gen, critic, None, None, 2, penalty="wgan")
 
 
-def test_critic_update_and_lazy_regularization_follow_their_definition():
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_critic_update_and_lazy_regularization_follow_their_definition(dtype):
     """A linear critic D = <w, x> + b under SGD: the Wasserstein term's gradient is
     mean(fake) - mean(real), the GP's is 2 (||w|| - 1) w / ||w||, scaled by lazy_every on
-    the steps where it is due (the first of every lazy_every) and absent on the others."""
+    the steps where it is due (the first of every lazy_every) and absent on the others.
+    float64 models and data stay float64 through the penalty, the lazy cond and the weights:
+    the update agrees to 1e-12."""
     keras.utils.set_random_seed(1)
-    gen = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
-    critic = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-    lr, lam, lazy = 0.05, 10.0, 2
+    gen = keras.Sequential([keras.Input((2,), dtype=dtype), keras.layers.Dense(2, dtype=dtype)])
+    critic = keras.Sequential([keras.Input((2,), dtype=dtype), keras.layers.Dense(1, dtype=dtype)])
+    lr, lam, lazy = 2.0 ** -4, 10.0, 2  # a rate Keras's float32 copy holds exactly
+    rtol, atol = (1e-5, 1e-7) if dtype == "float32" else (1e-12, 1e-14)
     step = gan.make_wgan_gp_step(gen, critic, keras.optimizers.SGD(lr), keras.optimizers.SGD(lr),
                                  2, penalty=gan.gradient_penalty, penalty_weight=lam, n_critic=1,
                                  lazy_every=lazy)
     for i in range(3):
-        batch = {"real": tf.random.stateless_normal([8, 2], (i, 0)),
-                 "z": tf.random.stateless_normal([8, 2], (i, 1)),
-                 "interpolation": tf.random.stateless_uniform([8], (i, 2))}
+        batch = {"real": tf.random.stateless_normal([8, 2], (i, 0), dtype=dtype),
+                 "z": tf.random.stateless_normal([8, 2], (i, 1), dtype=dtype),
+                 "interpolation": tf.random.stateless_uniform([8], (i, 2), dtype=dtype)}
         w, b = (v.numpy().copy() for v in critic.trainable_variables)
         delta = gen(batch["z"]).numpy().mean(0) - batch["real"].numpy().mean(0)
         n = np.linalg.norm(w)
         gp_grad = lazy * lam * 2 * (n - 1) * w[:, 0] / n if i % lazy == 0 else 0.0
         logs = step.critic_step(batch)
         np.testing.assert_allclose(critic.trainable_variables[0].numpy()[:, 0],
-                                   w[:, 0] - lr * (delta + gp_grad), rtol=1e-5, atol=1e-7)
-        np.testing.assert_allclose(critic.trainable_variables[1].numpy(), b, atol=1e-7)
+                                   w[:, 0] - lr * (delta + gp_grad), rtol=rtol, atol=atol)
+        np.testing.assert_allclose(critic.trainable_variables[1].numpy(), b, atol=atol)
         np.testing.assert_allclose(float(logs["penalty"]),
-                                   lazy * (n - 1) ** 2 if i % lazy == 0 else 0.0, rtol=1e-5)
+                                   lazy * (n - 1) ** 2 if i % lazy == 0 else 0.0, rtol=rtol)
+        assert logs["loss"].dtype == dtype and logs["wasserstein"].dtype == dtype
 
 
 def test_short_training_run_covers_more_modes_than_at_initialization(tmp_path):
