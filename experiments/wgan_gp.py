@@ -2,7 +2,7 @@
 
     python -m experiments.wgan_gp --gin_file=configs/wgan_gp/eight_gaussians.gin
     python -m experiments.wgan_gp --gin_file=configs/wgan_gp/twentyfive_gaussians.gin \
-        --gin_param="make_wgan_gp_step.penalty = 'r1'"
+        --gin_param="make_wgan_gp_step.penalty = @r1_penalty"
 
 Every `eval_every` generator steps: modes covered, high-quality %, reverse KL on
 `eval_samples` generated points (metrics.json keeps the history), and a PNG of real and

@@ -44,15 +44,20 @@ def meta_step(strategy):
     return flat(model.trainable_variables) - before
 
 
-def gan_step(strategy):
-    """WGAN-GP, n_critic 2: the real batch, latent codes and GP weights all sharded."""
+def _adam():
+    return keras.optimizers.Adam(1e-3, beta_1=0.0, beta_2=0.9)
+
+
+def gan_step(strategy, penalty=gan.gradient_penalty, optimizer=_adam):
+    """WGAN-GP, n_critic 2: the real batch, latent codes and the penalty's noise (GP
+    weights; DRAGAN's perturbation and weights) all sharded. (Adam's first steps are
+    nearly lr * sign(gradient): pass `optimizer=` SGD to see small gradient changes.)"""
     with strategy.scope():
         keras.utils.set_random_seed(0)
         generator, critic = mlp(2, 2), mlp(2, 1)
-        opt_c = keras.optimizers.Adam(1e-3, beta_1=0.0, beta_2=0.9)
-        opt_g = keras.optimizers.Adam(1e-3, beta_1=0.0, beta_2=0.9)
+        opt_c, opt_g = optimizer(), optimizer()
     step = gan.make_wgan_gp_step(generator, critic, opt_c, opt_g, latent_dim=2, n_critic=2,
-                                 strategy=strategy)
+                                 penalty=penalty, strategy=strategy)
     data = gan.with_noise(gan.toy_batches("eight_gaussians", 32, seed=0), latent_dim=2)
     batches = iter(strategy.experimental_distribute_dataset(data))
     before = flat(critic.trainable_variables + generator.trainable_variables)

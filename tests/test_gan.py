@@ -1,6 +1,7 @@
 """Gradient penalties against closed forms and finite differences; metrics on true and
 collapsed samplers; the trainer's compiled steps; bad input."""
 
+import gin
 import keras
 import numpy as np
 import pytest
@@ -180,7 +181,7 @@ def test_critic_step_is_one_compiled_function_with_the_weighted_penalty():
                             keras.layers.Dense(2)])
     critic = small_critic()
     step = gan.make_wgan_gp_step(gen, critic, keras.optimizers.Adam(1e-3),
-                                 keras.optimizers.Adam(1e-3), 2, penalty="gp",
+                                 keras.optimizers.Adam(1e-3), 2, penalty=gan.gradient_penalty,
                                  penalty_weight=10.0, n_critic=3, lazy_every=2)
     it = gan.grouped(iter(gan.toy_batches("eight_gaussians", 32, 0)), 3)
     for _ in range(3):
@@ -195,31 +196,36 @@ def test_critic_step_is_one_compiled_function_with_the_weighted_penalty():
         gan.make_wgan_gp_step(gen, critic, None, None, 2, penalty="wgan")
 
 
-def test_critic_update_and_lazy_regularization_follow_their_definition():
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_critic_update_and_lazy_regularization_follow_their_definition(dtype):
     """A linear critic D = <w, x> + b under SGD: the Wasserstein term's gradient is
     mean(fake) - mean(real), the GP's is 2 (||w|| - 1) w / ||w||, scaled by lazy_every on
-    the steps where it is due (the first of every lazy_every) and absent on the others."""
+    the steps where it is due (the first of every lazy_every) and absent on the others.
+    float64 models and data stay float64 through the penalty, the lazy cond and the weights:
+    the update agrees to 1e-12."""
     keras.utils.set_random_seed(1)
-    gen = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
-    critic = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-    lr, lam, lazy = 0.05, 10.0, 2
+    gen = keras.Sequential([keras.Input((2,), dtype=dtype), keras.layers.Dense(2, dtype=dtype)])
+    critic = keras.Sequential([keras.Input((2,), dtype=dtype), keras.layers.Dense(1, dtype=dtype)])
+    lr, lam, lazy = 2.0 ** -4, 10.0, 2  # a rate Keras's float32 copy holds exactly
+    rtol, atol = (1e-5, 1e-7) if dtype == "float32" else (1e-12, 1e-14)
     step = gan.make_wgan_gp_step(gen, critic, keras.optimizers.SGD(lr), keras.optimizers.SGD(lr),
-                                 2, penalty="gp", penalty_weight=lam, n_critic=1,
+                                 2, penalty=gan.gradient_penalty, penalty_weight=lam, n_critic=1,
                                  lazy_every=lazy)
     for i in range(3):
-        batch = {"real": tf.random.stateless_normal([8, 2], (i, 0)),
-                 "z": tf.random.stateless_normal([8, 2], (i, 1)),
-                 "interpolation": tf.random.stateless_uniform([8], (i, 2))}
+        batch = {"real": tf.random.stateless_normal([8, 2], (i, 0), dtype=dtype),
+                 "z": tf.random.stateless_normal([8, 2], (i, 1), dtype=dtype),
+                 "interpolation": tf.random.stateless_uniform([8], (i, 2), dtype=dtype)}
         w, b = (v.numpy().copy() for v in critic.trainable_variables)
         delta = gen(batch["z"]).numpy().mean(0) - batch["real"].numpy().mean(0)
         n = np.linalg.norm(w)
         gp_grad = lazy * lam * 2 * (n - 1) * w[:, 0] / n if i % lazy == 0 else 0.0
         logs = step.critic_step(batch)
         np.testing.assert_allclose(critic.trainable_variables[0].numpy()[:, 0],
-                                   w[:, 0] - lr * (delta + gp_grad), rtol=1e-5, atol=1e-7)
-        np.testing.assert_allclose(critic.trainable_variables[1].numpy(), b, atol=1e-7)
+                                   w[:, 0] - lr * (delta + gp_grad), rtol=rtol, atol=atol)
+        np.testing.assert_allclose(critic.trainable_variables[1].numpy(), b, atol=atol)
         np.testing.assert_allclose(float(logs["penalty"]),
-                                   lazy * (n - 1) ** 2 if i % lazy == 0 else 0.0, rtol=1e-5)
+                                   lazy * (n - 1) ** 2 if i % lazy == 0 else 0.0, rtol=rtol)
+        assert logs["loss"].dtype == dtype and logs["wasserstein"].dtype == dtype
 
 
 def test_short_training_run_covers_more_modes_than_at_initialization(tmp_path):
@@ -268,29 +274,155 @@ class QuadraticCritic(keras.Model):
         return 0.5 * tf.reduce_sum(tf.square(tf.matmul(x, self.w)), axis=1)
 
 
-@pytest.mark.parametrize("penalty", ["gp", "lp", "r1", "r2"])
-def test_the_trainer_takes_each_penalty_at_its_points(penalty):
-    """Oracle: the closed form ||W W^T x|| at real data (R1), generated data (R2) or the
-    interpolates (GP, LP), in numpy, before the critic's update."""
+@gin.configurable(denylist=["critic", "real", "fake", "noise"])
+def r1_plus_r2(critic, real, fake, *, noise=None, ratio=1.0):
+    """The example of a new penalty in hogrod/gan/penalties.py's docstring."""
+    return (tf.reduce_mean(gan.squared_input_gradient(critic, real))
+            + ratio * tf.reduce_mean(gan.squared_input_gradient(critic, fake)))
+
+
+@pytest.fixture
+def gin_bindings():
+    yield gin.parse_config
+    gin.clear_config()
+
+
+PENALTY_BINDINGS = {
+    "gp": ["make_wgan_gp_step.penalty = @gradient_penalty"],
+    "lp": ["make_wgan_gp_step.penalty = @lp_penalty"],
+    "r1": ["make_wgan_gp_step.penalty = @r1_penalty"],
+    "r2": ["make_wgan_gp_step.penalty = @r2_penalty"],
+    "dragan": ["make_wgan_gp_step.penalty = @dragan_penalty", "dragan_penalty.scale = 0.7",
+               "dragan_penalty.target = 0.0"],
+    "gp_target_0": ["make_wgan_gp_step.penalty = @gradient_penalty",
+                    "gradient_penalty.target = 0.0"],
+    "lp_target_small": ["make_wgan_gp_step.penalty = @gradient_penalty",
+                        "gradient_penalty.one_sided = True", "gradient_penalty.target = 0.005"],
+    "r1_plus_r2": ["make_wgan_gp_step.penalty = @r1_plus_r2", "r1_plus_r2.ratio = 0.5"],
+}
+
+
+@pytest.mark.parametrize("penalty", sorted(PENALTY_BINDINGS))
+def test_the_trainer_takes_each_penalty_at_its_points(penalty, gin_bindings):
+    """Oracle: the closed form ||W W^T x|| at real data (R1), generated data (R2), the
+    interpolates (GP, LP) or DRAGAN's perturbed points, in numpy, before the critic's
+    update. The penalty and its hyperparameters come from gin bindings, by reference."""
+    gin_bindings(PENALTY_BINDINGS[penalty])
     keras.utils.set_random_seed(3)
     gen = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
     critic = QuadraticCritic()
     critic(tf.zeros((1, 2)))
     step = gan.make_wgan_gp_step(gen, critic, keras.optimizers.SGD(0.01),
-                                 keras.optimizers.SGD(0.01), 2, penalty=penalty, n_critic=1)
+                                 keras.optimizers.SGD(0.01), 2, n_critic=1)
     batch = {"real": tf.random.stateless_normal([8, 2], (5, 0)) + 3.0,
              "z": tf.random.stateless_normal([8, 2], (5, 1)),
-             "interpolation": tf.random.stateless_uniform([8], (5, 2))}
+             "interpolation": tf.random.stateless_uniform([8], (5, 2)),
+             "perturbation": 2.0 * tf.random.stateless_normal([8, 2], (5, 3))}
     W = critic.w.numpy()
     real, fake, e = batch["real"].numpy(), gen(batch["z"]).numpy(), batch["interpolation"].numpy()
     norm = lambda x: np.linalg.norm(x @ W @ W.T, axis=1)  # noqa: E731
     x_hat = e[:, None] * real + (1 - e[:, None]) * fake
+    x_dragan = real + e[:, None] * 0.7 * batch["perturbation"].numpy()
     expected = {"r1": np.mean(norm(real) ** 2), "r2": np.mean(norm(fake) ** 2),
                 "gp": np.mean((norm(x_hat) - 1) ** 2),
-                "lp": np.mean(np.maximum(norm(x_hat) - 1, 0) ** 2)}
+                "lp": np.mean(np.maximum(norm(x_hat) - 1, 0) ** 2),
+                "dragan": np.mean(norm(x_dragan) ** 2),
+                "gp_target_0": np.mean(norm(x_hat) ** 2),
+                "lp_target_small": np.mean(np.maximum(norm(x_hat) - 0.005, 0) ** 2),
+                "r1_plus_r2": np.mean(norm(real) ** 2) + 0.5 * np.mean(norm(fake) ** 2)}
     assert abs(expected["r1"] - expected["r2"]) > 0.1 * expected["r2"]  # the test can fail
+    assert abs(expected["gp_target_0"] - expected["gp"]) > 0.1 * expected["gp"]
+    assert abs(expected["dragan"] - expected["r1"]) > 0.05 * expected["r1"]  # perturbed
+    assert 0 < expected["lp_target_small"] < 0.95 * np.mean((norm(x_hat) - 0.005) ** 2)
     logs = step.critic_step(batch)
     np.testing.assert_allclose(float(logs["penalty"]), expected[penalty], rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", gan.PENALTIES)
+def test_penalty_names_still_work_with_a_warning_naming_the_reference(name, gin_bindings):
+    keras.utils.set_random_seed(0)
+    gen = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
+    critic = small_critic()
+    reference = "None" if name == "none" else f"@{gan.PENALTY_BY_NAME[name].__name__}"
+    with pytest.warns(DeprecationWarning,
+                      match=f"make_wgan_gp_step.penalty = '{name}' is deprecated: bind the "
+                            f"function, make_wgan_gp_step.penalty = {reference}"):
+        step = gan.make_wgan_gp_step(gen, critic, keras.optimizers.SGD(0.01),
+                                     keras.optimizers.SGD(0.01), 2, penalty=name, n_critic=1)
+    assert step.penalty is gan.PENALTY_BY_NAME[name]
+    gin_bindings([f"make_wgan_gp_step.penalty = '{name}'"])  # a string in a gin file too
+    with pytest.warns(DeprecationWarning, match=reference):
+        step = gan.make_wgan_gp_step(gen, critic, keras.optimizers.SGD(0.01),
+                                     keras.optimizers.SGD(0.01), 2, n_critic=1)
+    assert step.penalty is gan.PENALTY_BY_NAME[name]
+
+
+def test_dragan_with_given_noise_is_its_closed_form():
+    """D(x) = ||x||^2 / 2 in float64: grad D(x_hat) = x_hat = x + alpha scale p."""
+    real = tf.random.stateless_normal((6, 3), (7, 0), dtype=tf.float64)
+    p = gan.perturbation(real, (7, 1))
+    alpha = tf.constant([0.0, 0.1, 0.5, 0.7, 0.9, 1.0], tf.float64)
+    x_hat = real.numpy() + alpha.numpy()[:, None] * 0.3 * p.numpy()
+    expect = np.mean((np.linalg.norm(x_hat, axis=1) - 2.0) ** 2)
+    got = gan.dragan_penalty(half_squared_norm, real, real + 1.0, target=2.0, scale=0.3,
+                             noise={"interpolation": alpha, "perturbation": p})
+    assert got.dtype == tf.float64
+    np.testing.assert_allclose(float(got), expect, rtol=1e-12)
+    # the perturbation at unit scale: the batch's std (numpy's, over every element) times U[0, 1]
+    u = tf.random.stateless_uniform((6, 3), (7, 1), dtype=tf.float64).numpy()
+    np.testing.assert_allclose(p.numpy(), np.std(real.numpy()) * u, rtol=1e-12)
+
+
+def test_with_noise_draws_every_penalty_number_from_the_whole_batch():
+    real = tf.random.stateless_normal((8, 2), (8, 0))
+    data = gan.with_noise(tf.data.Dataset.from_tensors(real).repeat(2), latent_dim=3, seed=4)
+    for i, batch in enumerate(data):
+        assert set(batch) == {"real", "z"} | set(gan.NOISE_KEYS)
+        np.testing.assert_array_equal(batch["z"], tf.random.stateless_normal([8, 3], [4, i]))
+        np.testing.assert_array_equal(batch["interpolation"],
+                                      tf.random.stateless_uniform([8], [5, i]))
+        u = tf.random.stateless_uniform([8, 2], [6, i]).numpy()
+        np.testing.assert_allclose(batch["perturbation"], np.std(real.numpy()) * u, rtol=1e-6)
+
+
+def test_r2_in_its_old_one_batch_form_warns_and_takes_the_batch_as_generated_data():
+    critic = QuadraticCritic()
+    real = tf.random.stateless_normal((4, 2), (9, 0))
+    fake = tf.random.stateless_normal((4, 2), (9, 1))
+    with pytest.warns(DeprecationWarning, match=r"r2_penalty\(critic, real, fake"):
+        old = gan.r2_penalty(critic, fake)
+    np.testing.assert_allclose(old, gan.r2_penalty(critic, real, fake), rtol=1e-6)
+    np.testing.assert_allclose(gan.r1_penalty(critic, fake), old, rtol=1e-6)
+
+
+def test_penalty_references_and_noise_are_checked():
+    keras.utils.set_random_seed(0)
+    gen = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
+    critic = small_critic()
+    sgd = keras.optimizers.SGD
+    with pytest.raises(TypeError, match="make_wgan_gp_step.penalty must be a penalty function "
+                                        "or None, got int"):
+        gan.make_wgan_gp_step(gen, critic, sgd(), sgd(), 2, penalty=42)
+    with pytest.raises(TypeError, match=r"must take \(critic, real, fake, \*, noise\)"):
+        gan.make_wgan_gp_step(gen, critic, sgd(), sgd(), 2,
+                              penalty=lambda critic, real: gan.r1_penalty(critic, real))
+    x = tf.zeros([4, 2])
+    with pytest.raises(ValueError, match=r"gradient_penalty: unknown noise key\(s\) "
+                                         r"\['interpolations'\]"):
+        gan.gradient_penalty(critic, x, x, noise={"interpolations": tf.ones([4])})
+    with pytest.raises(TypeError, match="r1_penalty: noise must be a dict"):
+        gan.r1_penalty(critic, x, x, noise=tf.ones([4]))
+    with pytest.raises(ValueError, match=r"dragan_penalty: noise\['perturbation'\] must have "
+                                         r"the shape of real"):
+        gan.dragan_penalty(critic, x, x, noise={"perturbation": tf.ones([4, 3])})
+    with pytest.raises(ValueError, match="interpolation given twice"):
+        gan.gradient_penalty(critic, x, x, interpolation=tf.ones([4]),
+                             noise={"interpolation": tf.ones([4])})
+    with pytest.raises(ValueError, match="real and fake must have the same shape"):
+        gan.dragan_penalty(critic, x, tf.zeros([3, 2]))
+    step = gan.make_wgan_gp_step(gen, critic, sgd(), sgd(), 2, n_critic=1)
+    with pytest.raises(ValueError, match="a batch dict needs the key 'real'"):
+        step.critic_step({"x": x})
 
 
 @pytest.mark.parametrize("shape", [(3,), (4, 4, 2)])

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from conftest import REPO_ROOT
 from hogrod import distribute, gan, train
-from scale_out_fixtures import FAMILIES, flat, mlp
+from scale_out_fixtures import FAMILIES, flat, gan_step, mlp
 from train_fixtures import GLOBAL_BATCH, make_problem, weights
 
 _SINGLE = {}
@@ -34,6 +34,19 @@ def test_mirrored_step_equals_single_device(name):
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_each_step_moves_the_weights(name):  # so the equivalences compare something
     assert np.linalg.norm(single(name)) > 1e-3
+
+
+def test_dragan_mirrored_step_equals_single_device():
+    """DRAGAN's perturbation (scaled by the whole batch's std) and weights come with the
+    data (`gan.with_noise`), so two replicas take the single device's penalty. SGD: the
+    update is proportional to the gradient, so a penalty computed from another
+    perturbation (a replica's own std) moves the weights elsewhere."""
+    def run(strategy, penalty=gan.dragan_penalty):
+        return gan_step(strategy, penalty, lambda: keras.optimizers.SGD(0.01))
+
+    one = run(tf.distribute.get_strategy())
+    assert np.linalg.norm(one - run(tf.distribute.get_strategy(), None)) > 1e-3  # it matters
+    np.testing.assert_allclose(run(distribute.make_strategy("mirrored")), one, atol=1e-6)
 
 
 def test_replicas_drawing_their_own_noise_are_not_the_single_device_step():

@@ -386,3 +386,48 @@ def test_progress_shows_without_absl_info_and_stats_report_steps_per_s(capsys):
         assert "step" not in capsys.readouterr().err
     finally:
         absl_logging.set_verbosity(before)
+
+
+def test_float64_loss_takes_a_python_weight_in_float64():
+    """Oracle: numpy's float64 closed form of one SGD step on mean((x w - y)^2) + 1e-4 ||w||^2
+    (a weight through float32, 1e-4 -> 9.99999975e-05, is off by 2.5e-9 relatively)."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(16, 3)), rng.normal(size=(16, 1))
+    w0 = 100.0 * rng.normal(size=(3, 1))  # so the weighted term dominates the loss
+    w = tf.Variable(w0, name="w")
+    lr, lam = 2.0 ** -7, 1e-4  # Keras keeps the rate in float32: take one it holds exactly
+
+    def loss_fn(batch):
+        xb, yb = batch
+        return {"mse": tf.reduce_mean((xb @ w - yb) ** 2), "l2": tf.reduce_sum(w ** 2),
+                "monitor/abs": tf.reduce_mean(tf.abs(w))}
+
+    step = train.make_train_step(loss_fn, keras.optimizers.SGD(lr), [w], weights={"l2": lam})
+    logs = step((tf.constant(x), tf.constant(y)))
+    mse, l2 = np.mean((x @ w0 - y) ** 2), np.sum(w0 ** 2)
+    grad = 2.0 / 16 * x.T @ (x @ w0 - y) + 2 * lam * w0
+    assert logs["loss"].dtype == tf.float64 and logs["l2"].dtype == tf.float64
+    np.testing.assert_allclose(float(logs["loss"]), mse + lam * l2, rtol=1e-14)
+    np.testing.assert_allclose(float(logs["grad_norm"]), np.linalg.norm(grad), rtol=1e-6)
+    np.testing.assert_allclose(w.numpy() - w0, -lr * grad, rtol=1e-12)
+
+
+def test_weights_and_transform_are_checked():
+    model, _, loss_fn, data = make_problem()
+    vs = model.trainable_variables
+    sgd = keras.optimizers.SGD
+    with pytest.raises(TypeError, match=r"make_train_step.weights\['l2'\] must be a number"):
+        train.make_train_step(loss_fn, sgd(0.1), vs, weights={"l2": "1e-4"})
+    with pytest.raises(ValueError, match=r"make_train_step.weights\['l2'\] must be finite"):
+        train.make_train_step(loss_fn, sgd(0.1), vs, weights={"l2": float("nan")})
+    with pytest.raises(TypeError, match="make_train_step.weights must be a dict"):
+        train.make_train_step(loss_fn, sgd(0.1), vs, weights=[("l2", 1.0)])
+    with pytest.raises(TypeError, match="make_train_step.transform must be a function"):
+        train.make_train_step(loss_fn, sgd(0.1), vs, transform=1.0)
+    step = train.make_train_step(loss_fn, sgd(0.1), vs, transform=lambda g, v: g[:1])
+    with pytest.raises(ValueError, match=f"transform must return a list of {len(vs)} gradients"):
+        step(big_batch(data))
+    only_monitor = train.make_train_step(lambda b: {"monitor/x": tf.reduce_sum(vs[0])}, sgd(0.1),
+                                         vs)
+    with pytest.raises(ValueError, match=r"only monitor terms \['monitor/x'\]"):
+        only_monitor(big_batch(data))

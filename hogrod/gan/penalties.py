@@ -1,4 +1,22 @@
-"""Gradient penalties: the gradient of a gradient norm, as plain functions.
+"""Gradient penalties: the gradient of a gradient norm, as plain gin-configurable functions.
+
+Every penalty has one signature:
+
+    penalty(critic, real, fake, *, noise=None) -> scalar
+
+- `critic`: any callable from a batch to one score per example ([batch] or [batch, 1]);
+- `real`, `fake`: batches of the same shape (a penalty ignores the one it does not use, but
+  checks that the two match);
+- `noise`: the dict of random numbers that came with the batch (`gan.with_noise` draws them
+  in tf.data, so every replica of a tf.distribute strategy gets its shard of the numbers a
+  single device would use, and the distributed step equals the single-device one).
+  Keys (each optional: a penalty draws what is missing itself):
+    "interpolation": U[0, 1] weights, one per example, shape [batch] (GP's e, DRAGAN's
+        alpha);
+    "perturbation": DRAGAN's perturbation at unit scale, shape of `real`: the std of the
+        whole batch times U[0, 1] per element (drawn in tf.data, the std is the global
+        batch's, as on one device).
+  Hyperparameters (`target`, `one_sided`, `scale`) are keyword arguments, bound by gin.
 
 Each returns the unweighted expectation over the batch (trainers apply weights). The input
 gradient is taken with an inner tape, so an outer tape (the critic's update) differentiates
@@ -7,12 +25,37 @@ is exact and safe at a zero gradient: value 0, finite gradients. Half-precision 
 are reduced in float32, so the penalties work under mixed precision (float64 stays
 float64); they use no Python state, so they run inside `tf.function` and `tf.distribute`
 replica functions.
+
+The trainer takes a penalty by reference, so a gin file selects and tunes it:
+
+    make_wgan_gp_step.penalty = @gradient_penalty    # WGAN-GP (the default)
+    gradient_penalty.target = 0.0                    # here zero-centred
+
+the others are `@lp_penalty`, `@r1_penalty`, `@r2_penalty`, `@dragan_penalty`; `None` is
+no penalty. (The names "gp", "lp", "r1", "r2", "dragan", "none" still work, deprecated.)
+
+Adding a penalty is one function and one binding:
+
+    @gin.configurable(denylist=["critic", "real", "fake", "noise"])
+    def r1_plus_r2(critic, real, fake, *, noise=None, ratio=1.0):
+        # E||grad D(real)||^2 + ratio E||grad D(fake)||^2
+        return (tf.reduce_mean(squared_input_gradient(critic, real))
+                + ratio * tf.reduce_mean(squared_input_gradient(critic, fake)))
+
+    # in a gin file (the module defining it imported by the binary):
+    make_wgan_gp_step.penalty = @r1_plus_r2
+    r1_plus_r2.ratio = 0.5
 """
 
+import gin
 import tensorflow as tf
 
-__all__ = ["input_gradient_norm", "gradient_penalty", "r1_penalty", "r2_penalty",
-           "dragan_penalty"]
+__all__ = ["input_gradient_norm", "squared_input_gradient", "gradient_penalty", "lp_penalty",
+           "r1_penalty", "r2_penalty", "dragan_penalty", "perturbation", "NOISE_KEYS"]
+
+NOISE_KEYS = ("interpolation", "perturbation")  # what `with_noise` draws for the penalties
+
+_DATA = ["critic", "real", "fake", "noise"]  # arguments gin must not bind
 
 
 def _safe_norm(squared):
@@ -33,7 +76,8 @@ def _one_score_per_example(shape, n):
     return shape[0] is None or n is None or shape[0] == n
 
 
-def _squared_input_gradient(critic, x):
+def squared_input_gradient(critic, x):
+    """||d critic(x)_i / d x_i||^2 per example, shape [batch] (float32 for half precision)."""
     x = tf.convert_to_tensor(x)
     with tf.GradientTape() as tape:
         tape.watch(x)
@@ -51,45 +95,88 @@ def _squared_input_gradient(critic, x):
 
 def input_gradient_norm(critic, x):
     """||d critic(x)_i / d x_i|| per example, shape [batch]."""
-    return _safe_norm(_squared_input_gradient(critic, x))
+    return _safe_norm(squared_input_gradient(critic, x))
 
 
-def _check_pair(real, fake):
+def _pair(real, fake):
+    """real and fake as tensors (fake may be None), checked to have the same shape."""
+    real = tf.convert_to_tensor(real)
+    if fake is None:
+        return real, None
+    fake = tf.convert_to_tensor(fake)
     if not real.shape.is_compatible_with(fake.shape):
         raise ValueError(f"real and fake must have the same shape, got {real.shape} and "
                          f"{fake.shape}")
     if not (real.shape.is_fully_defined() and fake.shape.is_fully_defined()):
-        # unknown sizes (a tf.function traced with None): checked when the step runs
-        tf.debugging.assert_equal(tf.shape(real), tf.shape(fake),
-                                  message="real and fake must have the same shape")
+        # unknown sizes (a tf.function traced with None): checked when the step runs, before
+        # anything computed from them (else a broadcasting error may come first)
+        check = tf.debugging.assert_equal(tf.shape(real), tf.shape(fake),
+                                          message="real and fake must have the same shape")
+        with tf.control_dependencies([check]):
+            real, fake = tf.identity(real), tf.identity(fake)
+    return real, fake
+
+
+def _noise(noise, name):
+    if noise is None:
+        return {}
+    if not hasattr(noise, "get") or not hasattr(noise, "keys"):
+        raise TypeError(f"{name}: noise must be a dict of random numbers (keys "
+                        f"{NOISE_KEYS}) or None, got {type(noise).__name__}")
+    unknown = sorted(set(noise.keys()) - set(NOISE_KEYS))
+    if unknown:  # a misspelt key would otherwise be drawn here instead, silently
+        raise ValueError(f"{name}: unknown noise key(s) {unknown} (a batch dict's keys other "
+                         f"than 'real' and 'z' are the penalty's noise); the built-in "
+                         f"penalties read {NOISE_KEYS}")
+    return noise
 
 
 def _per_example_shape(x):  # [batch, 1, ..., 1]: one value per example, broadcastable to x
     return tf.concat([tf.shape(x)[:1], tf.ones([x.shape.rank - 1], tf.int32)], 0)
 
 
-def _per_example_uniform(x, seed=None):
-    return tf.random.uniform(_per_example_shape(x), dtype=x.dtype, seed=seed)
+def _per_example_weights(noise, real, name):
+    """noise["interpolation"] (shape [batch]) as [batch, 1, ...] in real's dtype, or
+    U[0, 1] drawn here when the batch brought none."""
+    e = noise.get("interpolation")
+    if e is None:
+        return tf.random.uniform(_per_example_shape(real), dtype=real.dtype)
+    e = tf.convert_to_tensor(e)
+    if e.shape.rank != 1 or not e.shape.is_compatible_with(real.shape[:1]):
+        raise ValueError(f"{name}: interpolation must hold one weight per example, shape "
+                         f"[{real.shape[0]}], got {e.shape}")
+    return tf.reshape(tf.cast(e, real.dtype), _per_example_shape(real))
 
 
-def gradient_penalty(critic, real, fake, target=1.0, one_sided=False, interpolation=None):
-    """WGAN-GP (Gulrajani et al. 2017): E[(||grad D(x_hat)|| - target)^2] at random
-    interpolates x_hat = e real + (1 - e) fake, e ~ U[0, 1] per example. one_sided:
-    E[max(0, ||grad|| - target)^2], the Lipschitz penalty (WGAN-LP, Petzka et al. 2018).
-
-    interpolation: the weights e, shape [batch] (None: drawn here). Passing them with the
-    data makes a step reproducible across replica counts under a tf.distribute strategy."""
-    real, fake = tf.convert_to_tensor(real), tf.convert_to_tensor(fake)
-    _check_pair(real, fake)
-    if interpolation is None:
-        e = _per_example_uniform(real)
+def perturbation(real, seed=None):
+    """DRAGAN's perturbation at unit scale: std(real) (over the whole batch, every element)
+    times U[0, 1] per element; `seed`: a stateless seed pair (None: stateful op)."""
+    real = tf.convert_to_tensor(real)
+    if seed is None:
+        u = tf.random.uniform(tf.shape(real), dtype=real.dtype)
     else:
-        interpolation = tf.convert_to_tensor(interpolation)
-        if interpolation.shape.rank != 1 or not interpolation.shape.is_compatible_with(
-                real.shape[:1]):
-            raise ValueError(f"interpolation must hold one weight per example, shape "
-                             f"[{real.shape[0]}], got {interpolation.shape}")
-        e = tf.reshape(tf.cast(interpolation, real.dtype), _per_example_shape(real))
+        u = tf.random.stateless_uniform(tf.shape(real), seed, dtype=real.dtype)
+    return tf.math.reduce_std(real) * u
+
+
+@gin.configurable(denylist=_DATA)
+def gradient_penalty(critic, real, fake, target=1.0, one_sided=False, interpolation=None, *,
+                     noise=None):
+    """WGAN-GP (Gulrajani et al. 2017): E[(||grad D(x_hat)|| - target)^2] at random
+    interpolates x_hat = e real + (1 - e) fake, e ~ U[0, 1] per example (noise
+    "interpolation"). one_sided: E[max(0, ||grad|| - target)^2], the Lipschitz penalty
+    (WGAN-LP, Petzka et al. 2018; `lp_penalty`). target 0: the zero-centred GP.
+
+    interpolation: the weights e, shape [batch]; the same as noise={"interpolation": e}
+    (kept for calls written before `noise`)."""
+    real, fake = _pair(real, fake)
+    noise = _noise(noise, "gradient_penalty")
+    if interpolation is not None:
+        if noise.get("interpolation") is not None:
+            raise ValueError("gradient_penalty: interpolation given twice (the argument and "
+                             "noise['interpolation']); pass it in noise only")
+        noise = dict(noise, interpolation=interpolation)
+    e = _per_example_weights(noise, real, "gradient_penalty")
     x_hat = e * real + (1.0 - e) * tf.cast(fake, real.dtype)
     gap = input_gradient_norm(critic, x_hat) - target
     if one_sided:
@@ -97,22 +184,56 @@ def gradient_penalty(critic, real, fake, target=1.0, one_sided=False, interpolat
     return tf.reduce_mean(tf.square(gap))
 
 
-def r1_penalty(critic, real):
+@gin.configurable(denylist=_DATA)
+def lp_penalty(critic, real, fake, target=1.0, *, noise=None):
+    """WGAN-LP (Petzka et al. 2018): the one-sided `gradient_penalty`,
+    E[max(0, ||grad D(x_hat)|| - target)^2] at the same interpolates."""
+    return gradient_penalty(critic, real, fake, target=target, one_sided=True, noise=noise)
+
+
+@gin.configurable(denylist=_DATA)
+def r1_penalty(critic, real, fake=None, *, noise=None):
     """R1 (Mescheder et al. 2018): E[||grad D(x)||^2] on real data."""
-    return tf.reduce_mean(_squared_input_gradient(critic, real))
+    real, _ = _pair(real, fake)
+    _noise(noise, "r1_penalty")
+    return tf.reduce_mean(squared_input_gradient(critic, real))
 
 
-def r2_penalty(critic, fake):
-    """R2: E[||grad D(x)||^2] on generated data."""
-    return tf.reduce_mean(_squared_input_gradient(critic, fake))
+@gin.configurable(denylist=_DATA)
+def r2_penalty(critic, real, fake=None, *, noise=None):
+    """R2: E[||grad D(x)||^2] on generated data (`fake`).
+
+    The older form `r2_penalty(critic, fake)` (one batch) still works, with a
+    DeprecationWarning: the one batch is then the generated data."""
+    if fake is None:
+        import warnings
+        warnings.warn("r2_penalty(critic, fake) is deprecated: call r2_penalty(critic, real, "
+                      "fake, noise=...) (the one penalty signature); the one batch given is "
+                      "taken as the generated data", DeprecationWarning, stacklevel=2)
+        real, fake = None, real
+    else:
+        _, fake = _pair(real, fake)
+    _noise(noise, "r2_penalty")
+    return tf.reduce_mean(squared_input_gradient(critic, fake))
 
 
-def dragan_penalty(critic, real, target=1.0, scale=0.5):
-    """DRAGAN (Kodali et al. 2017): E[(||grad D(x_hat)|| - target)^2] at points between real
-    data and a perturbation of it, x + scale * std(x) * U[0, 1] noise."""
-    real = tf.convert_to_tensor(real)
-    noise = tf.random.uniform(tf.shape(real), dtype=real.dtype)
-    perturbed = real + scale * tf.math.reduce_std(real) * noise
-    alpha = _per_example_uniform(real)
-    x_hat = real + alpha * (perturbed - real)
+@gin.configurable(denylist=_DATA)
+def dragan_penalty(critic, real, fake=None, target=1.0, scale=0.5, *, noise=None):
+    """DRAGAN (Kodali et al. 2017): E[(||grad D(x_hat)|| - target)^2] at points between
+    real data and a perturbation of it: x_hat = x + alpha * scale * p, with p the
+    perturbation at unit scale (noise "perturbation": std(x) * U[0, 1] per element, see
+    `perturbation`) and alpha ~ U[0, 1] per example (noise "interpolation")."""
+    real, _ = _pair(real, fake)
+    noise = _noise(noise, "dragan_penalty")
+    p = noise.get("perturbation")
+    if p is None:
+        p = perturbation(real)
+    else:
+        p = tf.convert_to_tensor(p)
+        if not p.shape.is_compatible_with(real.shape):
+            raise ValueError(f"dragan_penalty: noise['perturbation'] must have the shape of "
+                             f"real, {real.shape}, got {p.shape}")
+        p = tf.cast(p, real.dtype)
+    alpha = _per_example_weights(noise, real, "dragan_penalty")
+    x_hat = real + alpha * (scale * p)
     return tf.reduce_mean(tf.square(input_gradient_norm(critic, x_hat) - target))

@@ -7,12 +7,19 @@ returned `step(real_batches)` runs `n_critic` critic steps, each on its own fres
 batch, then one generator step. Lazy regularization (StyleGAN2) computes the penalty only
 every `lazy_every` critic steps and multiplies it by `lazy_every`.
 
-A batch is the real samples, or a dict {"real": x, "z": latent codes, "interpolation": GP
-weights e} that carries the step's random numbers with the data (`with_noise`). Under a
-tf.distribute strategy every replica then draws nothing itself, and the distributed step
-equals the single-device one exactly (otherwise each replica samples its own z and e: the
-same distribution, other numbers).
+The penalty is a function passed by reference (`make_wgan_gp_step.penalty =
+@r1_penalty`; see `hogrod.gan.penalties` for the one signature they share).
+
+A batch is the real samples, or a dict {"real": x, "z": latent codes, ...the penalty's
+noise: "interpolation", "perturbation"} that carries the step's random numbers with the
+data (`with_noise`); every key but "real" and "z" is passed to the penalty as `noise`.
+Under a tf.distribute strategy every replica then draws nothing itself, and the
+distributed step equals the single-device one exactly (otherwise each replica samples its
+own numbers: the same distribution, other numbers).
 """
+
+import inspect
+import warnings
 
 import gin
 import tensorflow as tf
@@ -20,41 +27,74 @@ import tensorflow as tf
 from hogrod import train
 from hogrod.gan import penalties
 
-__all__ = ["make_wgan_gp_step", "PENALTIES", "grouped", "with_noise"]
+__all__ = ["make_wgan_gp_step", "PENALTIES", "PENALTY_BY_NAME", "resolve_penalty", "grouped",
+           "with_noise"]
 
-PENALTIES = ("gp", "lp", "r1", "r2", "dragan", "none")
-
-
-def _penalty(name, critic, real, fake, interpolation=None):
-    if name == "gp":
-        return penalties.gradient_penalty(critic, real, fake, interpolation=interpolation)
-    if name == "lp":
-        return penalties.gradient_penalty(critic, real, fake, one_sided=True,
-                                          interpolation=interpolation)
-    if name == "r1":
-        return penalties.r1_penalty(critic, real)
-    if name == "r2":
-        return penalties.r2_penalty(critic, fake)
-    return penalties.dragan_penalty(critic, real)
+# The names the trainer took before penalties were passed by reference (deprecated).
+PENALTY_BY_NAME = {"gp": penalties.gradient_penalty, "lp": penalties.lp_penalty,
+                   "r1": penalties.r1_penalty, "r2": penalties.r2_penalty,
+                   "dragan": penalties.dragan_penalty, "none": None}
+PENALTIES = tuple(PENALTY_BY_NAME)
 
 
-def _scores(critic, x):
-    return tf.reshape(tf.cast(critic(x, training=True), tf.float32), [-1])
+def _reference(fn):
+    return "None" if fn is None else f"@{fn.__name__}"
+
+
+def resolve_penalty(penalty, where="make_wgan_gp_step.penalty"):
+    """The penalty function for `penalty`: a callable `penalty(critic, real, fake, *, noise)`
+    (see `hogrod.gan.penalties`), None (no penalty), or one of the deprecated names
+    `PENALTIES`, which warns and names the reference to bind instead."""
+    if isinstance(penalty, str):
+        if penalty not in PENALTY_BY_NAME:
+            raise ValueError(f"{where} must be a penalty function (e.g. {where} = "
+                             f"@gradient_penalty), None, or one of the deprecated names "
+                             f"{PENALTIES}; got {penalty!r}")
+        fn = PENALTY_BY_NAME[penalty]
+        warnings.warn(f"{where} = '{penalty}' is deprecated: bind the function, "
+                      f"{where} = {_reference(fn)}", DeprecationWarning, stacklevel=3)
+        return fn
+    if penalty is None:
+        return None
+    if not callable(penalty):
+        raise TypeError(f"{where} must be a penalty function or None, got "
+                        f"{type(penalty).__name__}")
+    try:
+        signature = inspect.signature(penalty)
+    except (TypeError, ValueError):  # a builtin or extension: nothing to check
+        return penalty
+    try:
+        signature.bind("critic", "real", "fake", noise={})
+    except TypeError as e:
+        raise TypeError(f"{where}: {getattr(penalty, '__name__', penalty)!s} must take "
+                        f"(critic, real, fake, *, noise) (see hogrod.gan.penalties): {e}") from None
+    return penalty
+
+
+def _scores(critic, x):  # half precision is reduced in float32; float64 stays float64
+    s = critic(x, training=True)
+    if s.dtype in (tf.float16, tf.bfloat16):
+        s = tf.cast(s, tf.float32)
+    return tf.reshape(s, [-1])
 
 
 @gin.configurable(denylist=["generator", "critic", "critic_optimizer", "generator_optimizer"])
 def make_wgan_gp_step(generator, critic, critic_optimizer, generator_optimizer, latent_dim,
-                      penalty="gp", penalty_weight=10.0, n_critic=5, lazy_every=1,
-                      strategy=None):
+                      penalty=penalties.gradient_penalty, penalty_weight=10.0, n_critic=5,
+                      lazy_every=1, strategy=None):
     """Returns `step(real_batches) -> logs`; `real_batches` is a tuple of `n_critic` batches.
 
     Args:
-      penalty: "gp" (WGAN-GP), "lp" (one-sided), "r1", "r2", "dragan" or "none".
+      penalty: a function `penalty(critic, real, fake, *, noise) -> scalar` (`hogrod.gan`:
+        `gradient_penalty` (WGAN-GP), `lp_penalty`, `r1_penalty`, `r2_penalty`,
+        `dragan_penalty`, or your own), by reference in gin (`= @r1_penalty`), or None for
+        no penalty. Its hyperparameters are its own gin bindings
+        (`gradient_penalty.target = 0.0`). The names "gp", "lp", "r1", "r2", "dragan",
+        "none" are deprecated (a DeprecationWarning names the reference).
       penalty_weight: lambda (the paper's 10; the original toy code's 0.1).
       lazy_every: compute the penalty every this many critic steps, scaled by it.
     """
-    if penalty not in PENALTIES:
-        raise ValueError(f"make_wgan_gp_step.penalty must be one of {PENALTIES}, got {penalty!r}")
+    penalty = resolve_penalty(penalty)
     if lazy_every < 1 or n_critic < 1:
         raise ValueError(f"n_critic ({n_critic}) and lazy_every ({lazy_every}) must be >= 1")
     if penalty_weight < 0:
@@ -64,38 +104,45 @@ def make_wgan_gp_step(generator, critic, critic_optimizer, generator_optimizer, 
             raise ValueError(f"make_wgan_gp_step: the {name} has no trainable variables; "
                              "build it (call it once on a batch) first")
 
-    def unpack(batch):  # (real, z, interpolation) with z drawn here unless given
+    def unpack(batch):  # (real, z, noise): z drawn here unless given; noise the other keys
         if not isinstance(batch, dict):
             batch = {"real": batch}
+        if "real" not in batch:
+            raise ValueError(f"a batch dict needs the key 'real' (and optionally 'z' and the "
+                             f"penalty's noise, see with_noise); got keys {sorted(batch)}")
         real = batch["real"]
         z = batch.get("z")
         if z is None:
             z = tf.random.normal([tf.shape(real)[0], latent_dim])
-        return real, z, batch.get("interpolation")
+        noise = {k: v for k, v in batch.items() if k not in ("real", "z")}
+        return real, z, noise
 
     def fake_like(real, z):
         return tf.cast(generator(z, training=True), real.dtype)
 
+    def penalty_term(real, fake, noise):
+        # one dtype on both branches of the lazy cond: float64 data keeps float64
+        dtype = tf.float64 if real.dtype == tf.float64 else tf.float32
+        value = lambda: tf.cast(penalty(critic, real, fake, noise=noise), dtype)  # noqa: E731
+        if lazy_every == 1:
+            return value()
+        due = tf.equal(critic_optimizer.iterations % lazy_every, 0)
+        return tf.cond(due, lambda: lazy_every * value(), lambda: tf.zeros([], dtype))
+
     def critic_loss(batch):
-        real, z, e = unpack(batch)
+        real, z, noise = unpack(batch)
         fake = fake_like(real, z)
         terms = {"wasserstein": tf.reduce_mean(_scores(critic, fake))
                  - tf.reduce_mean(_scores(critic, real))}
-        if penalty != "none":
-            if lazy_every == 1:
-                terms["penalty"] = _penalty(penalty, critic, real, fake, e)
-            else:
-                due = tf.equal(critic_optimizer.iterations % lazy_every, 0)
-                terms["penalty"] = tf.cond(
-                    due, lambda: lazy_every * _penalty(penalty, critic, real, fake, e),
-                    lambda: tf.constant(0.0))
+        if penalty is not None:
+            terms["penalty"] = penalty_term(real, fake, noise)
         return terms
 
     def generator_loss(batch):
         real, z, _ = unpack(batch)
         return {"generator": -tf.reduce_mean(_scores(critic, fake_like(real, z)))}
 
-    weights = {"penalty": penalty_weight} if penalty != "none" else {}
+    weights = {"penalty": penalty_weight} if penalty is not None else {}
     critic_step = train.make_train_step(critic_loss, critic_optimizer, critic.trainable_variables,
                                         weights=weights, strategy=strategy)
     generator_step = train.make_train_step(generator_loss, generator_optimizer,
@@ -117,18 +164,22 @@ def make_wgan_gp_step(generator, critic, critic_optimizer, generator_optimizer, 
         return out
 
     step.critic_step, step.generator_step, step.n_critic = critic_step, generator_step, n_critic
+    step.penalty = penalty
     return step
 
 
 def with_noise(dataset, latent_dim, seed=0):
-    """Batches of `dataset` as {"real", "z", "interpolation"}: the latent codes and GP
-    interpolation weights drawn by tf.data (stateless, from `seed` and the batch index)
-    instead of inside the step."""
+    """Batches of `dataset` as {"real", "z", "interpolation", "perturbation"}: the latent
+    codes and every penalty's random numbers (`penalties.NOISE_KEYS`: the GP/DRAGAN
+    per-example weights and DRAGAN's unit-scale perturbation, whose std is the whole
+    batch's) drawn by tf.data (stateless, from `seed` and the batch index) instead of
+    inside the step, so a tf.distribute strategy shards them with the data."""
     def add(i, real):
         n = tf.shape(real)[0]
         return {"real": real,
                 "z": tf.random.stateless_normal([n, latent_dim], [seed, i], dtype=real.dtype),
-                "interpolation": tf.random.stateless_uniform([n], [seed + 1, i], dtype=real.dtype)}
+                "interpolation": tf.random.stateless_uniform([n], [seed + 1, i], dtype=real.dtype),
+                "perturbation": penalties.perturbation(real, [seed + 2, i])}
     return tf.data.Dataset.zip((tf.data.Dataset.counter(), dataset)).map(add)
 
 

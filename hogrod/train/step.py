@@ -8,11 +8,35 @@ loss scaling and a tf.distribute strategy, in one `tf.function`.
 
 `loss_fn(batch)` returns a scalar or a dict of named scalar terms, each a mean over the
 examples it was given. The step differentiates the weighted sum once (one tape, every
-variable group), sums the gradient over replicas, undoes loss scaling, applies the
-transform, and updates the variables only if every term and the gradient are finite; the
-returned logs let `train_loop` stop on the first non-finite value without saving it.
+variable group), averages over micro-batches and replicas, applies the transform, and
+updates the variables only if every term and the gradient are finite; the returned logs
+let `train_loop` stop on the first non-finite value without saving it.
+
+One step is a chain of small functions, one job each:
+  `_weighted_total`   the terms and their weighted sum, at the loss's dtype (a Python-number
+                      weight multiplies a float64 term in float64, never via float32);
+  `_gradient`         one (micro-)batch's terms and gradient, with loss scaling applied
+                      and undone around its tape;
+  `_replica_gradient` the mean over a replica's k micro-batches (gradient accumulation);
+  `_cross_replica`    the mean over the replicas;
+  `_transformed`      the gradient transform (clipping, ...);
+  `_apply`            the update, each group by its optimizer, only if everything is
+                      finite (the guard is a cond in `step`).
+
+The scale convention for gradients. Every gradient here is the gradient of a mean: of the
+weighted loss over the examples it was computed from. `_gradient` returns a micro-batch's
+(no loss scale left in it), `_replica_gradient` averages the k micro-batches', and
+`_cross_replica` averages the replicas' (an all-reduce MEAN: a distributed global batch
+is split into equal shards), which gives the gradient of the weighted loss over the
+global batch, the same for any replica count and accumulation. That global gradient is
+what "grad_norm", the NaN guard and the transform see. It is rescaled in one place,
+`_for_keras`, into what Keras expects: in a replica context `apply_gradients` sums the
+replicas' gradients, so each replica hands it global / replicas; a LossScaleOptimizer
+divides by its loss scale (and skips the step on overflow), so it gets them times that
+scale.
 """
 
+import math
 import numbers
 
 import gin
@@ -76,17 +100,6 @@ def build_optimizers(groups):
             opt.build(vs)
 
 
-def _terms(value):
-    terms = dict(value) if isinstance(value, dict) else {"loss": value}
-    out = {}
-    for name, t in terms.items():
-        t = tf.convert_to_tensor(t)
-        if t.shape.rank != 0:
-            raise ValueError(f"loss term '{name}' must be a scalar, got shape {t.shape}")
-        out[name] = tf.cast(t, tf.float32)
-    return out
-
-
 def _split(batch, k):
     def split(t):
         n = t.shape[0]
@@ -95,6 +108,154 @@ def _split(batch, k):
                              f"tensor of shape {t.shape}")
         return tf.reshape(t, [k, n // k] + t.shape[1:].as_list())
     return tf.nest.map_structure(split, batch)
+
+
+def _terms(value):
+    """loss_fn's value as {name: scalar tensor}; half-precision terms are promoted to
+    float32 (the mixed-precision convention), float32 and float64 terms keep their dtype."""
+    terms = dict(value) if isinstance(value, dict) else {"loss": value}
+    out = {}
+    for name, t in terms.items():
+        if not isinstance(name, str):
+            raise TypeError(f"loss term names must be strings, got {name!r}")
+        t = tf.convert_to_tensor(t)
+        if t.shape.rank != 0:
+            raise ValueError(f"loss term '{name}' must be a scalar, got shape {t.shape}")
+        if t.dtype != tf.float64:
+            t = tf.cast(t, tf.float32)
+        out[name] = t
+    return out
+
+
+def _check_weights(weights):
+    """{term: weight} with Python numbers as floats (applied at each term's dtype later)."""
+    if weights is None:
+        return {}
+    if not isinstance(weights, dict):
+        raise TypeError(f"make_train_step.weights must be a dict {{term: weight}}, got "
+                        f"{type(weights).__name__}")
+    out = {}
+    for name, w in weights.items():
+        where = f"make_train_step.weights[{name!r}]"
+        if not isinstance(name, str):
+            raise TypeError(f"make_train_step.weights: term names must be strings, got {name!r}")
+        if isinstance(w, numbers.Real) and not isinstance(w, bool):
+            if not math.isfinite(w):
+                raise ValueError(f"{where} must be finite, got {w}")
+            out[name] = float(w)
+        elif isinstance(w, (tf.Tensor, tf.Variable, keras.Variable)) and w.shape.rank == 0:
+            out[name] = w  # e.g. a schedule's variable: read at every step
+        else:
+            raise TypeError(f"{where} must be a number or a scalar tensor/variable, got "
+                            f"{w!r}")
+    return out
+
+
+def _weighted_total(terms, weights):
+    """sum_name weight * term over the optimized terms (not "monitor/..."), in float64 if
+    any term is float64, else float32. A Python-number weight becomes a tensor of that
+    dtype directly, so 1e-4 on a float64 loss is the float64 1e-4."""
+    unknown = sorted(set(weights) - set(terms))
+    if unknown:
+        raise ValueError(f"weights given for unknown loss term(s) {unknown}; the loss "
+                         f"returns {sorted(terms)}")
+    optimized = {n: t for n, t in terms.items() if not n.startswith(MONITOR)}
+    if not optimized:
+        raise ValueError(f"the loss returns only monitor terms {sorted(terms)}; nothing to "
+                         "optimize")
+    dtype = tf.float64 if any(t.dtype == tf.float64 for t in optimized.values()) else tf.float32
+    parts = []
+    for name, t in optimized.items():
+        t = tf.cast(t, dtype)  # float32 -> float64 is exact
+        w = weights.get(name)
+        if isinstance(w, float):
+            t = tf.constant(w, dtype) * t
+        elif w is not None:
+            t = tf.cast(w, dtype) * t
+        parts.append(t)
+    return tf.add_n(parts)
+
+
+def _gradient(loss_fn, weights, variables, scaler, batch):
+    """(terms, weighted total, gradient) of one (micro-)batch. With a LossScaleOptimizer
+    the tape differentiates total * scale (small half-precision gradients do not
+    underflow) and the gradient is divided by the scale here: no loss scale leaves."""
+    with tf.GradientTape() as tape:
+        terms = _terms(loss_fn(batch))
+        total = _weighted_total(terms, weights)
+        objective = total
+        if scaler is not None:
+            objective = total * tf.cast(scaler.dynamic_scale, total.dtype)
+    grads = zeros_for_unconnected(tape.gradient(objective, variables), variables)
+    grads = [tf.convert_to_tensor(g) for g in grads]  # IndexedSlices: dense
+    if scaler is not None:
+        grads = [g / tf.cast(scaler.dynamic_scale, g.dtype) for g in grads]
+    return terms, total, grads
+
+
+def _replica_gradient(gradient, batch, k):
+    """`gradient` averaged over the k micro-batches of this replica's batch: the same mean
+    as one pass over the whole batch, with the memory of one micro-batch."""
+    if k == 1:
+        return gradient(batch)
+    micro = _split(batch, k)
+    terms, total, grads = gradient(tf.nest.map_structure(lambda t: t[0], micro))
+    for i in tf.range(1, k):
+        t_i, total_i, g_i = gradient(tf.nest.map_structure(lambda t: t[i], micro))
+        terms = {name: terms[name] + t_i[name] for name in terms}
+        total += total_i
+        grads = [a + b for a, b in zip(grads, g_i)]
+    return {name: t / k for name, t in terms.items()}, total / k, [g / k for g in grads]
+
+
+def _cross_replica(terms, total, grads):
+    """The replicas' means averaged: the global batch's (equal shards)."""
+    ctx = tf.distribute.get_replica_context()
+    return ctx.all_reduce(tf.distribute.ReduceOp.MEAN, (terms, total, grads))
+
+
+def _finite(terms, norm, scaler):
+    finite = tf.reduce_all([tf.math.is_finite(t) for t in terms.values()])
+    if scaler is None:  # with loss scaling, overflowing gradients are the scaler's business
+        finite = tf.logical_and(finite, tf.math.is_finite(norm))
+    return finite
+
+
+def _transformed(transform, grads, variables):
+    if transform is None:
+        return grads
+    out = transform(grads, variables)
+    if not isinstance(out, (list, tuple)) or len(out) != len(grads):
+        raise ValueError(f"make_train_step.transform must return a list of {len(grads)} "
+                         f"gradients (one per variable), got {type(out).__name__}"
+                         + (f" of {len(out)}" if isinstance(out, (list, tuple)) else ""))
+    return list(out)
+
+
+def _for_keras(grads, replicas, scaler):
+    """The global gradient as one replica hands it to `apply_gradients` (see the module
+    docstring): divided by the replicas (Keras sums them), times a LossScaleOptimizer's
+    scale (it divides by it)."""
+    if replicas > 1:
+        grads = [g / replicas for g in grads]
+    if scaler is not None:
+        grads = [g * tf.cast(scaler.dynamic_scale, g.dtype) for g in grads]
+    return grads
+
+
+def _apply(groups, grads, replicas, scaler):
+    """Each group's slice of the global gradient to its optimizer (replica context)."""
+    start = 0
+    for opt, vs in groups:
+        g = grads[start:start + len(vs)]
+        start += len(vs)
+        opt.apply_gradients(zip(_for_keras(g, replicas, scaler if opt is scaler else None), vs))
+
+
+def _logs(terms, total, norm, groups):
+    rates = {"lr" if i == 0 else f"lr_group_{i}": tf.cast(opt.learning_rate, tf.float32)
+             for i, (opt, _) in enumerate(groups)}
+    return dict(terms, loss=total, grad_norm=norm, **rates)
 
 
 @gin.configurable(denylist=["loss_fn", "optimizer", "variables"])
@@ -110,7 +271,9 @@ def make_train_step(loss_fn, optimizer, variables=None, weights=None, transform=
         optimizer in `keras.optimizers.LossScaleOptimizer` for mixed precision.
       variables: the variables to train with a single optimizer.
       weights: {term: weight}; terms not named get weight 1. A weight for a term the loss
-        does not return is an error (raised on the first step).
+        does not return is an error (raised on the first step). A Python number is applied
+        at the dtype of the loss (float64 for a float64 loss: exact); a scalar tensor or
+        variable (a schedule) is cast to it.
       transform: `transform(grads, variables) -> grads` (see `hogrod.train.transforms`),
         applied to the global gradient; unconnected gradients are zeros (with a warning).
       accumulation_steps: split each batch into this many micro-batches, average their
@@ -125,8 +288,9 @@ def make_train_step(loss_fn, optimizer, variables=None, weights=None, transform=
         and compiles anew on every step (hogrod.meta's algorithms avoid this).
 
     Returns:
-      `step(batch) -> logs`, a `tf.function`; logs hold each term (unweighted), "loss"
-      (weighted total), "grad_norm" (global, before the transform), "lr" (first group;
+      `step(batch) -> logs`, a `tf.function`; logs hold each term (unweighted; float64
+      terms stay float64, the others are float32), "loss" (weighted total, float64 if any
+      term is), "grad_norm" (global, before the transform), "lr" (first group;
       "lr_group_1", ... for the others) and "applied" (1.0 if the update was applied,
       0.0 if a non-finite value stopped it).
     """
@@ -136,83 +300,31 @@ def make_train_step(loss_fn, optimizer, variables=None, weights=None, transform=
     scaler = groups[0][0] if isinstance(groups[0][0], keras.optimizers.LossScaleOptimizer) else None
     if scaler is not None and len(groups) > 1:
         raise ValueError("mixed precision (LossScaleOptimizer) supports one optimizer group")
-    weights = dict(weights or {})
+    weights = _check_weights(weights)
     k = accumulation_steps
     if not isinstance(k, numbers.Integral) or isinstance(k, bool) or k < 1:
         raise ValueError(f"make_train_step.accumulation_steps must be an integer >= 1, got "
                          f"{accumulation_steps!r}")
     k = int(k)
+    if transform is not None and not callable(transform):
+        raise TypeError(f"make_train_step.transform must be a function (grads, variables) -> "
+                        f"grads, got {type(transform).__name__}")
+    replicas = strategy.num_replicas_in_sync
     with strategy.scope():
         build_optimizers(groups)
 
-    def weighted(terms):
-        unknown = sorted(set(weights) - set(terms))
-        if unknown:
-            raise ValueError(f"weights given for unknown loss term(s) {unknown}; the loss "
-                             f"returns {sorted(terms)}")
-        return tf.add_n([weights.get(n, 1.0) * t for n, t in terms.items()
-                         if not n.startswith(MONITOR)])
-
-    def grads_of(batch, scale):
-        with tf.GradientTape() as tape:
-            terms = _terms(loss_fn(batch))
-            total = weighted(terms)
-            objective = total * scale
-            if scaler is not None:
-                objective = scaler.scale_loss(objective)
-        grads = tape.gradient(objective, all_vars)
-        grads = zeros_for_unconnected(grads, all_vars)
-        grads = [tf.convert_to_tensor(g) for g in grads]
-        if scaler is not None:
-            grads = [g / tf.cast(scaler.dynamic_scale, g.dtype) for g in grads]
-        return terms, total, grads
+    def gradient(batch):
+        return _gradient(loss_fn, weights, all_vars, scaler, batch)
 
     if jit_compile:
-        grads_of = tf.function(grads_of, jit_compile=True)
+        gradient = tf.function(gradient, jit_compile=True)
 
     def replica_step(batch):
-        ctx = tf.distribute.get_replica_context()
-        n = strategy.num_replicas_in_sync
-        if k == 1:
-            terms, total, grads = grads_of(batch, 1.0 / n)
-        else:
-            micro = _split(batch, k)
-            first = tf.nest.map_structure(lambda t: t[0], micro)
-            terms, total, grads = grads_of(first, 1.0 / (n * k))
-            for i in tf.range(1, k):
-                t_i, tot_i, g_i = grads_of(tf.nest.map_structure(lambda t: t[i], micro),
-                                           1.0 / (n * k))
-                terms = {name: terms[name] + t_i[name] for name in terms}
-                total += tot_i
-                grads = [a + b for a, b in zip(grads, g_i)]
-            terms = {name: t / k for name, t in terms.items()}
-            total /= k
-        # Global values: gradients summed over replicas, terms averaged.
-        grads = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads)
-        terms = ctx.all_reduce(tf.distribute.ReduceOp.MEAN, terms)
-        total = ctx.all_reduce(tf.distribute.ReduceOp.MEAN, total)
-        norm = global_norm(grads)
-        finite = tf.reduce_all([tf.math.is_finite(t) for t in terms.values()])
-        if scaler is None:  # with loss scaling, overflowing gradients are the scaler's business
-            finite = tf.logical_and(finite, tf.math.is_finite(norm))
-        if transform is not None:
-            grads = transform(grads, all_vars)
-        rates = {"lr" if i == 0 else f"lr_group_{i}": tf.cast(opt.learning_rate, tf.float32)
-                 for i, (opt, _) in enumerate(groups)}
-        logs = dict(terms, loss=total, grad_norm=norm, **rates)
-        return logs, grads, finite
-
-    def replica_apply(grads):
-        n = strategy.num_replicas_in_sync
-        start = 0
-        for opt, vs in groups:
-            g = grads[start:start + len(vs)]
-            start += len(vs)
-            # Keras sums gradients over replicas itself; ours are already summed.
-            g = [gi / n for gi in g]
-            if opt is scaler:  # it unscales (and skips overflowing steps) itself
-                g = [gi * tf.cast(scaler.dynamic_scale, gi.dtype) for gi in g]
-            opt.apply_gradients(zip(g, vs))
+        terms, total, grads = _cross_replica(*_replica_gradient(gradient, batch, k))
+        norm = global_norm(grads)  # before the transform: the raw gradient's size
+        finite = _finite(terms, norm, scaler)
+        grads = _transformed(transform, grads, all_vars)
+        return _logs(terms, total, norm, groups), grads, finite
 
     @tf.function
     def step(batch):
@@ -221,7 +333,7 @@ def make_train_step(loss_fn, optimizer, variables=None, weights=None, transform=
         # The update runs only on finite values. The cond is in cross-replica context: a
         # replica-context cond around apply_gradients (which synchronizes) is not allowed.
         def apply():
-            strategy.run(replica_apply, args=(grads,))
+            strategy.run(lambda g: _apply(groups, g, replicas, scaler), args=(grads,))
             return tf.constant(1.0)
 
         applied = tf.cond(finite, apply, lambda: tf.constant(0.0))
@@ -229,5 +341,5 @@ def make_train_step(loss_fn, optimizer, variables=None, weights=None, transform=
         return dict(logs, applied=applied)
 
     logging.info("train step: %d variables in %d group(s), %d replica(s), accumulation %d",
-                 len(all_vars), len(groups), strategy.num_replicas_in_sync, k)
+                 len(all_vars), len(groups), replicas, k)
     return step
