@@ -12,9 +12,11 @@ import pytest
 
 from hogrod import harness
 
-BINARIES = [os.path.splitext(os.path.basename(p))[0]
-            for p in glob.glob(os.path.join(harness.REPO_ROOT, "experiments", "*.py"))
-            if not p.endswith("__init__.py")]
+# every module under experiments/ (the binaries, experiments/bench/ and the shared models)
+_EXPERIMENTS = os.path.join(harness.REPO_ROOT, "experiments")
+BINARIES = sorted(os.path.splitext(os.path.relpath(p, _EXPERIMENTS))[0].replace(os.sep, ".")
+                  for p in glob.glob(os.path.join(_EXPERIMENTS, "**", "*.py"), recursive=True)
+                  if not p.endswith("__init__.py"))
 # the shipped configs (hogrod/configs/), named as from the repository root (configs/...)
 CONFIGS = sorted("configs/" + os.path.relpath(p, harness.CONFIG_DIR).replace(os.sep, "/")
                  for p in glob.glob(os.path.join(harness.CONFIG_DIR, "**", "*.gin"),
@@ -35,6 +37,7 @@ def test_config_parses(path):
 
 def test_there_are_configs():
     assert len(CONFIGS) > 50 and "configs/maml/sinusoid_maml.gin" in CONFIGS
+    assert {"bench.hvp", "bench.scaling", "hessian_spectrum", "models"} <= set(BINARIES)
 
 
 def test_a_misspelt_binding_is_caught():
