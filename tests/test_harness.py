@@ -28,6 +28,9 @@ def test_binding_override_takes_effect_and_lands_in_operative_config(tmp_path):
     assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == 20
     # closed-form oracle for logistic regression, computed by the run itself
     assert metrics["closed_form_rel_err"] < 1e-10
+    # and each HVP mode against the dense Hessian, in float64
+    assert metrics["hvp_rel_err_forward_over_reverse"] < 1e-10
+    assert metrics["hvp_rel_err_reverse_over_reverse"] < 1e-10
     assert (tmp_path / "hessian.png").stat().st_size > 0
     assert any(f.startswith("events") for f in os.listdir(tmp_path / "train"))
 
