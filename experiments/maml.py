@@ -28,43 +28,10 @@ from absl import logging
 import hogrod
 from hogrod import distribute, harness, meta, train
 from hogrod.meta.episodes import OMNIGLOT_ZIPS
+from experiments.models import cross_entropy, mlp, mse
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-
-
-@gin.configurable
-def mlp(input_dim=1, widths=(40, 40), outputs=1, activation="relu", init_stddev=None):
-    """The sinusoid network of Finn et al.: 1-40-40-1, ReLU.
-
-    init_stddev: kernels from a truncated normal with this deviation and zero biases, as
-    Finn et al.'s code (0.01); None: Keras's Glorot uniform."""
-    init = ("glorot_uniform" if init_stddev is None
-            else keras.initializers.TruncatedNormal(stddev=init_stddev))
-    layers = [keras.Input((input_dim,))]
-    layers += [keras.layers.Dense(w, activation=activation, kernel_initializer=init)
-               for w in widths]
-    return keras.Sequential(layers + [keras.layers.Dense(outputs, kernel_initializer=init)])
-
-
-@gin.configurable
-def conv4(image_size=28, channels=1, filters=64, n_way=5):
-    """MAML's Omniglot network: 4 x (3x3 conv stride 2, BatchNorm, ReLU), then linear."""
-    layers = [keras.Input((image_size, image_size, channels))]
-    for _ in range(4):
-        layers += [keras.layers.Conv2D(filters, 3, strides=2, padding="same"),
-                   keras.layers.BatchNormalization(), keras.layers.ReLU()]
-    layers += [keras.layers.Flatten(), keras.layers.Dense(n_way)]
-    return keras.Sequential(layers)
-
-
-def mse(y, pred):
-    return tf.reduce_mean((y - pred) ** 2)
-
-
-def cross_entropy(y, logits):
-    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-        labels=tf.cast(y, tf.int32), logits=logits))
 
 
 @gin.configurable

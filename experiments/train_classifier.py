@@ -21,6 +21,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from absl import logging
 
+from experiments.models import classifier, cross_entropy
 from hogrod import distribute, harness, train
 
 matplotlib.use("Agg")
@@ -40,17 +41,6 @@ def load(dataset, split, data_dir, batch_size, seed, repeat):
     if repeat:
         ds = ds.shuffle(10_000, seed=seed).repeat()
     return ds.batch(batch_size, drop_remainder=repeat)
-
-
-def make_model(input_shape, num_classes, conv_filters, hidden):
-    """A backbone (convs and dense layers) and a linear head."""
-    backbone = [keras.Input(input_shape)]
-    backbone += [keras.layers.Conv2D(f, 3, strides=2, activation="relu") for f in conv_filters]
-    backbone += [keras.layers.Flatten()]
-    backbone += [keras.layers.Dense(h, activation="relu") for h in hidden]
-    model = keras.Sequential(backbone + [keras.layers.Dense(num_classes, name="head",
-                                                            dtype="float32")])
-    return model
 
 
 def plot_curves(path, history):
@@ -108,7 +98,7 @@ def train_classifier(output_dir, dataset="mnist", data_dir=None, conv_filters=()
     with strategy.scope():
         opt_cls = OPTIMIZERS[optimizer]
         if precision == "float32":
-            model = make_model(image_shape, num_classes, conv_filters, hidden)
+            model = classifier(image_shape, num_classes, conv_filters, hidden)
             head = model.layers[-1].trainable_variables
             backbone = [v for v in model.trainable_variables if all(v is not h for h in head)]
             groups = [(opt_cls(backbone_lr), backbone), (opt_cls(head_lr), head)]
@@ -119,15 +109,14 @@ def train_classifier(output_dir, dataset="mnist", data_dir=None, conv_filters=()
                 raise ValueError("precision='mixed_*' uses one optimizer: set "
                                  "train_classifier.backbone_lr == head_lr")
             opt = train.mixed_precision(opt_cls(head_lr), precision)
-            model = make_model(image_shape, num_classes, conv_filters, hidden)
+            model = classifier(image_shape, num_classes, conv_filters, hidden)
             opts = {"optimizer": opt}
             step_args = dict(optimizer=opt, variables=model.trainable_variables)
 
     def loss_fn(batch):
         x, y = batch
         logits = tf.cast(model(x, training=True), tf.float32)
-        terms = {"ce": tf.reduce_mean(
-            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))}
+        terms = {"ce": cross_entropy(y, logits)}
         if l2:
             terms["l2"] = tf.add_n([tf.reduce_sum(tf.cast(v, tf.float32) ** 2)
                                     for v in model.trainable_variables if len(v.shape) > 1])

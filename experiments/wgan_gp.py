@@ -20,16 +20,11 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from experiments.models import relu_mlp as mlp
 from hogrod import distribute, gan, harness, train
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-
-
-def mlp(inputs, outputs, width, depth, name):
-    layers = [keras.Input((inputs,))] + [keras.layers.Dense(width, activation="relu")
-                                         for _ in range(depth)]
-    return keras.Sequential(layers + [keras.layers.Dense(outputs)], name=name)
 
 
 def plot(path, real, fake, critic, title):

@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 HVP_MODES = ("reverse_over_reverse", "forward_over_reverse")
-# Chosen by experiments/bench_hvp.py (see WORKSPACE.md, "Benchmarks"): on a quiet machine
+# Chosen by experiments/bench/hvp.py (see WORKSPACE.md, "Benchmarks"): on a quiet machine
 # forward-over-reverse was the faster mode in every run (0.92-1.00x JAX's HVP against
 # 1.04-1.07x for nested tapes); under heavy load the two were within noise.
 _AUTO_HVP_MODE = "forward_over_reverse"
@@ -206,7 +206,7 @@ def hvp(fn, params, vector, mode="auto"):
       mode: "reverse_over_reverse" (nested tapes: d/dp <grad f, v>),
         "forward_over_reverse" (a `tf.autodiff.ForwardAccumulator` pushing v
         through the gradient computation) or "auto" (the faster one on the
-        reference benchmark, `experiments/bench_hvp.py`).
+        reference benchmark, `experiments/bench/hvp.py`).
 
     Returns:
       H v, structured like `params`. Params `fn` does not depend on get zeros.

@@ -14,6 +14,9 @@ def test_spectrum_and_influence_binaries_check_themselves_against_dense_oracles(
     assert m["trace_error_in_se"] < 3
     np.testing.assert_allclose(m["density_integral"], 1.0, rtol=1e-6)
     assert (tmp_path / "s" / "density.png").exists()
+    assert max(m["hvp_rel_err_forward_over_reverse"], m["hvp_rel_err_reverse_over_reverse"]) < 1e-4
+    assert m["eig_max"] == m["exact_top_eigenvalues"][0] and m["n_params"] == 115
+    assert (tmp_path / "s" / "hessian.png").exists()
     _, m = harness.run(influence.influence_experiment, ["configs/curvature/influence_logistic.gin"],
                        ["influence_experiment.n_train = 60"], str(tmp_path / "i"))
     assert m["min_pearson"] >= 0.95

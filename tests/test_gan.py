@@ -251,7 +251,7 @@ def test_short_training_run_covers_more_modes_than_at_initialization(tmp_path):
 
 
 def test_bench_binary_runs(tmp_path):
-    from experiments import bench_wgan_gp
+    from experiments.bench import wgan_gp as bench_wgan_gp
     from hogrod import harness
     _, m = harness.run(bench_wgan_gp.bench_wgan_gp, ["configs/bench/wgan_gp.gin"],
                        ["bench_wgan_gp.width = 8", "bench_wgan_gp.batch = 8",

@@ -10,53 +10,56 @@ import pytest
 import tensorflow as tf
 
 from hogrod import harness
-from experiments import hessian_inspect as hi
+from experiments import hessian_spectrum as hs
 
 from conftest import REPO_ROOT
 
-LOGISTIC = "configs/hessian_inspect/logistic.gin"
+LOGISTIC = "configs/curvature/inspect_logistic.gin"
 
 
 def test_binding_override_takes_effect_and_lands_in_operative_config(tmp_path):
-    out, metrics = harness.run(hi.hessian_inspect, [LOGISTIC],
-                               ["hessian_inspect.steps = 20", "hessian_inspect.n_examples = 64"],
+    out, metrics = harness.run(hs.hessian_spectrum, [LOGISTIC],
+                               ["hessian_spectrum.steps = 20", "hessian_spectrum.n_examples = 64"],
                                str(tmp_path))
     assert metrics["steps"] == 20
     operative = (tmp_path / "operative_config.gin").read_text()
-    assert "hessian_inspect.steps = 20" in operative
-    assert "hessian_inspect.n_examples = 64" in operative
-    assert "hessian_inspect.checkpoint_every = 100" in operative  # defaults are recorded too
+    assert "hessian_spectrum.steps = 20" in operative
+    assert "hessian_spectrum.n_examples = 64" in operative
+    assert "hessian_spectrum.checkpoint_every = 100" in operative  # defaults are recorded too
     assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == 20
     # closed-form oracle for logistic regression, computed by the run itself
     assert metrics["closed_form_rel_err"] < 1e-10
+    # and each HVP mode against the dense Hessian, in float64
+    assert metrics["hvp_rel_err_forward_over_reverse"] < 1e-10
+    assert metrics["hvp_rel_err_reverse_over_reverse"] < 1e-10
     assert (tmp_path / "hessian.png").stat().st_size > 0
     assert any(f.startswith("events") for f in os.listdir(tmp_path / "train"))
 
 
 def test_rerun_with_same_output_dir_resumes_from_checkpoint(tmp_path):
-    args = ([LOGISTIC], ["hessian_inspect.steps = 30", "hessian_inspect.checkpoint_every = 10",
-                         "hessian_inspect.n_examples = 64"])
-    _, first = harness.run(hi.hessian_inspect, *args, str(tmp_path))
+    args = ([LOGISTIC], ["hessian_spectrum.steps = 30", "hessian_spectrum.checkpoint_every = 10",
+                         "hessian_spectrum.n_examples = 64"])
+    _, first = harness.run(hs.hessian_spectrum, *args, str(tmp_path))
     assert first["train_steps"] == 30 and first["train_steps_per_s"] > 0
     assert first["wall_seconds"] > 0
-    _, again = harness.run(hi.hessian_inspect, args[0], args[1][:1] + args[1][2:]
-                           + ["hessian_inspect.checkpoint_every = 10"], str(tmp_path))
+    _, again = harness.run(hs.hessian_spectrum, args[0], args[1][:1] + args[1][2:]
+                           + ["hessian_spectrum.checkpoint_every = 10"], str(tmp_path))
     assert again["loss"] == first["loss"]  # nothing retrained: restored at step 30
     record = {name: (tmp_path / name).read_bytes()
               for name in ("config.gin", "metrics.json", "hessian.png")}
-    longer = ([LOGISTIC], ["hessian_inspect.steps = 40", "hessian_inspect.n_examples = 64"])
+    longer = ([LOGISTIC], ["hessian_spectrum.steps = 40", "hessian_spectrum.n_examples = 64"])
     # another config is refused before anything is written, naming each binding that differs
     with pytest.raises(harness.ConfigError) as e:
-        harness.run(hi.hessian_inspect, *longer, str(tmp_path))
-    assert "hessian_inspect.steps: 30 -> 40" in str(e.value)
-    assert "hessian_inspect.checkpoint_every: 10 -> (not bound" in str(e.value)
+        harness.run(hs.hessian_spectrum, *longer, str(tmp_path))
+    assert "hessian_spectrum.steps: 30 -> 40" in str(e.value)
+    assert "hessian_spectrum.checkpoint_every: 10 -> (not bound" in str(e.value)
     assert "--allow_config_change" in str(e.value)
     assert record == {name: (tmp_path / name).read_bytes() for name in record}
-    _, longer = harness.run(hi.hessian_inspect, *longer, str(tmp_path), allow_config_change=True)
+    _, longer = harness.run(hs.hessian_spectrum, *longer, str(tmp_path), allow_config_change=True)
     assert longer["steps"] == 40 and longer["loss"] < first["loss"]
     assert longer["train_steps"] == 10  # this invocation's steps
-    assert "hessian_inspect.steps = 40" in (tmp_path / "config.gin").read_text()
-    assert "hessian_inspect.steps: 30 -> 40" in (tmp_path / "config_changes.txt").read_text()
+    assert "hessian_spectrum.steps = 40" in (tmp_path / "config.gin").read_text()
+    assert "hessian_spectrum.steps: 30 -> 40" in (tmp_path / "config_changes.txt").read_text()
 
 
 def test_a_changed_config_exits_2_from_the_command_line(tmp_path, capsys):
@@ -115,8 +118,8 @@ def test_a_malformed_binding_is_named_with_what_to_change(binding, expected):
 
 @pytest.mark.parametrize("files,params,expected", [
     ([LOGISTIC], ["no_such_configurable.steps = 3"], "no_such_configurable"),
-    ([LOGISTIC], ["hessian_inspect.stepz = 3"], "stepz"),
-    (["configs/hessian_inspect/missing.gin"], [], "missing.gin"),
+    ([LOGISTIC], ["hessian_spectrum.stepz = 3"], "stepz"),
+    (["configs/curvature/missing.gin"], [], "missing.gin"),
 ])
 def test_bad_config_is_a_clear_error(files, params, expected):
     with pytest.raises(harness.ConfigError, match=expected):
@@ -125,7 +128,7 @@ def test_bad_config_is_a_clear_error(files, params, expected):
 
 def test_error_in_a_gin_file_names_file_and_line(tmp_path):
     bad = tmp_path / "bad.gin"
-    bad.write_text("hessian_inspect.steps = 3\nhessian_inspect.lerning_rate = 0.1\n")
+    bad.write_text("hessian_spectrum.steps = 3\nhessian_spectrum.lerning_rate = 0.1\n")
     with pytest.raises(harness.ConfigError) as e:
         harness.parse_config([str(bad)], [])
     message = str(e.value)
@@ -133,10 +136,10 @@ def test_error_in_a_gin_file_names_file_and_line(tmp_path):
 
 
 def test_binary_exits_nonzero_on_bad_binding_and_zero_on_success(tmp_path):
-    cmd = [sys.executable, "-m", "experiments.hessian_inspect", f"--gin_file={LOGISTIC}",
+    cmd = [sys.executable, "-m", "experiments.hessian_spectrum", f"--gin_file={LOGISTIC}",
            f"--output_dir={tmp_path / 'bad'}"]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    bad = subprocess.run(cmd + ["--gin_param=hessian_inspect.stepz = 1"], cwd=REPO_ROOT,
+    bad = subprocess.run(cmd + ["--gin_param=hessian_spectrum.stepz = 1"], cwd=REPO_ROOT,
                          capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2
     assert "stepz" in bad.stderr
@@ -144,22 +147,25 @@ def test_binary_exits_nonzero_on_bad_binding_and_zero_on_success(tmp_path):
 
 
 def test_console_command_runs_from_another_directory_with_a_shipped_config(tmp_path):
-    """What the `hogrod-hessian-inspect` script does (pyproject's [project.scripts]), run
-    in an empty directory: progress at INFO shows, TensorFlow's start-up noise does not."""
+    """What the `hogrod-hessian-inspect` script (the merged curvature binary's second name)
+    does (pyproject's [project.scripts]), run in an empty directory: progress at INFO shows,
+    TensorFlow's start-up noise does not. Every console command names an existing module."""
     import tomllib
     with open(os.path.join(REPO_ROOT, "pyproject.toml"), "rb") as f:
         scripts = tomllib.load(f)["project"]["scripts"]
-    assert scripts["hogrod-hessian-inspect"] == "experiments.hessian_inspect:main"
-    for name in ("maml", "pinn", "wgan-gp", "influence", "hessian-spectrum", "train-classifier"):
-        module = scripts[f"hogrod-{name}"].split(":")[0]
+    assert scripts["hogrod-hessian-inspect"] == "experiments.hessian_spectrum:main"
+    assert {"hogrod-maml", "hogrod-bench-hvp", "hogrod-bench-pinn-convergence"} <= set(scripts)
+    for target in scripts.values():
+        module = target.split(":")[0]
         assert os.path.exists(os.path.join(REPO_ROOT, *module.split(".")) + ".py")
     script = ("import sys; sys.argv[0] = 'hogrod-hessian-inspect'; "
-              "from experiments.hessian_inspect import main; main()")
+              "from experiments.hessian_spectrum import main; main()")
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=REPO_ROOT)
     env.pop("TF_CPP_MIN_LOG_LEVEL", None)
-    good = subprocess.run([sys.executable, "-c", script, "--gin_file=hessian_inspect/logistic.gin",
-                           "--gin_param=hessian_inspect.steps = 5", "--output_dir=out"],
+    good = subprocess.run([sys.executable, "-c", script,
+                           "--gin_file=curvature/inspect_logistic.gin",
+                           "--gin_param=hessian_spectrum.steps = 5", "--output_dir=out"],
                           cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
     assert good.returncode == 0, good.stderr[-2000:]
     assert f"outputs in {out}" in good.stdout
@@ -171,8 +177,8 @@ def test_console_command_runs_from_another_directory_with_a_shipped_config(tmp_p
 
 
 def test_bench_hvp_binary_runs_and_checks_agreement(tmp_path):
-    from experiments import bench_hvp
-    _, metrics = harness.run(bench_hvp.bench_hvp, ["configs/bench/hvp.gin"],
+    from experiments.bench import hvp
+    _, metrics = harness.run(hvp.bench_hvp, ["configs/bench/hvp.gin"],
                              ["bench_hvp.widths = (4, 8, 3)", "bench_hvp.batch = 5",
                               "bench_hvp.repeats = 2", "bench_hvp.warmup = 1"], str(tmp_path))
     assert metrics["ratio_hvp_reverse_over_reverse_over_grad"] > 0
@@ -180,7 +186,7 @@ def test_bench_hvp_binary_runs_and_checks_agreement(tmp_path):
 
 
 def test_bench_maml_binary_runs(tmp_path):
-    from experiments import bench_maml
+    from experiments.bench import maml as bench_maml
     _, metrics = harness.run(bench_maml.bench_maml, ["configs/bench/maml.gin"],
                              ["bench_maml.meta_batch = 2", "bench_maml.rounds = 1",
                               "bench_maml.steps_per_round = 2", "bench_maml.warmup = 1"],

@@ -272,7 +272,7 @@ def test_annealing_weights_move_to_the_balancing_ratio():
 
 
 def test_bench_binary_checks_agreement_and_runs(tmp_path):
-    from experiments import bench_pinn
+    from experiments.bench import pinn as bench_pinn
     from hogrod import harness
     _, m = harness.run(bench_pinn.bench_pinn, ["configs/bench/pinn.gin"],
                        ["bench_pinn.points = 64", "bench_pinn.depth = 2", "bench_pinn.rounds = 1",
@@ -286,7 +286,7 @@ def test_bench_binary_checks_agreement_and_runs(tmp_path):
 
 
 def test_convergence_benchmark_records_error_curves(tmp_path):
-    from experiments import bench_pinn_convergence as bench
+    from experiments.bench import pinn_convergence as bench
     from hogrod import harness
     _, m = harness.run(bench.bench_pinn_convergence, ["configs/bench/pinn_convergence.gin"], [
         "bench_pinn_convergence.dde_adam_steps = 40", "bench_pinn_convergence.dde_lbfgs_iterations = 20",

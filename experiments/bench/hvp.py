@@ -5,7 +5,7 @@ cross-entropy, batch 256, float32. Every candidate is compiled (tf.function, opt
 with XLA; jax.jit), warmed up, then timed in interleaved rounds (one call of each per
 round, so machine noise hits all alike); the medians and their ratios are reported:
 
-    python -m experiments.bench_hvp --gin_file=configs/bench/hvp.gin
+    python -m experiments.bench.hvp --gin_file=configs/bench/hvp.gin
 
 Targets: hogrod's HVP <= 2.0x its own gradient, and <= 1.0x JAX's `jit(jvp(grad))` HVP
 (JAX comes with the `bench` extra; without it the JAX rows are left out).
@@ -18,16 +18,14 @@ import tensorflow as tf
 from absl import logging
 
 import hogrod
-from experiments.timing import interleaved_rates
+from experiments.bench.timing import interleaved_rates
+from experiments.models import cross_entropy, dense_net
 from hogrod import harness
 
 
 def reference_problem(widths, batch, seed):
     keras.utils.set_random_seed(seed)
-    layers = [keras.Input((widths[0],))]
-    layers += [keras.layers.Dense(w, activation="tanh") for w in widths[1:-1]]
-    layers += [keras.layers.Dense(widths[-1])]
-    model = keras.Sequential(layers)
+    model = dense_net(widths, "tanh")
     rng = np.random.default_rng(seed)
     x = tf.constant(rng.normal(size=(batch, widths[0])), tf.float32)
     y = tf.constant(rng.integers(0, widths[-1], size=batch), tf.int32)
@@ -39,8 +37,7 @@ def tf_candidates(model, x, y, vector, jit_compile):
     params = model.trainable_variables
 
     def loss():
-        return tf.reduce_mean(
-            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=model(x)))
+        return cross_entropy(y, model(x))
 
     def hvp_fn(mode):
         return tf.function(lambda v: hogrod.hvp(loss, params, v, mode=mode),

@@ -12,10 +12,10 @@ same run on the same weights and points, interleaved:
   `ForwardAccumulator`s, and a hand-written Taylor-mode jet that pushes (u, u_x, u_t, u_xx)
   through the Dense layers together (the "forward Laplacian" idea).
 
-    python -m experiments.bench_pinn --gin_file=configs/bench/pinn.gin
+    python -m experiments.bench.pinn --gin_file=configs/bench/pinn.gin
 
 Reported: evaluations/s, each gradient's error against hogrod's, and hogrod's ratio over each.
-The time to 1e-2 and 1e-3 against DeepXDE's Burgers example is `bench_pinn_convergence`.
+The time to 1e-2 and 1e-3 against DeepXDE's Burgers example is `experiments.bench.pinn_convergence`.
 
 The matmul floor says how far any TensorFlow evaluation could go. Per hidden-to-hidden
 layer an evaluation needs 12 [points, width] x [width, width] products in either mode: 4
@@ -36,7 +36,8 @@ import tensorflow as tf
 from absl import logging
 
 import hogrod
-from experiments.timing import interleaved_rates, matmul_floor
+from experiments.bench.timing import interleaved_rates, matmul_floor
+from experiments.models import dense_net
 from hogrod import harness, pinn
 
 NU = 0.01 / math.pi
@@ -44,9 +45,7 @@ NU = 0.01 / math.pi
 
 def make_net(width, depth):
     keras.utils.set_random_seed(0)
-    return keras.Sequential([keras.Input((2,))] +
-                            [keras.layers.Dense(width, activation="tanh") for _ in range(depth)] +
-                            [keras.layers.Dense(1)])
+    return dense_net((2,) + (width,) * depth + (1,), "tanh")
 
 
 def hogrod_candidate(net, x, jit_compile=False):

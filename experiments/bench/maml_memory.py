@@ -7,7 +7,7 @@ peak (`tf.config.experimental.get_memory_info`) over one compiled meta-step on M
 Omniglot network (5-way 1-shot, 15 queries, random images), tasks run sequentially in
 both cases so only recomputation differs; the vectorized default is reported too.
 
-    python -m experiments.bench_maml_memory --gin_file=configs/bench/maml_memory.gin
+    python -m experiments.bench.maml_memory --gin_file=configs/bench/maml_memory.gin
 """
 
 import gin
@@ -15,8 +15,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from experiments.models import conv4, cross_entropy
 from hogrod import harness, meta, train
-from experiments.maml import conv4, cross_entropy
 
 
 def peak_mb(inner_steps, mode, tasks, filters, device):

@@ -5,7 +5,7 @@ The reference is Lanczos run to residual 1e-10. Lanczos is counted at the smalle
 dimension (steps of 5) whose top-k are all within `tol` relative of it; power iteration at
 the loosest per-eigenvalue stopping tolerance (1e-3 ... 1e-7) that gets all within `tol`.
 
-    python -m experiments.bench_lanczos --gin_file=configs/curvature/bench_lanczos.gin
+    python -m experiments.bench.lanczos --gin_file=configs/bench/lanczos.gin
 """
 
 import time
@@ -15,6 +15,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from experiments.models import cross_entropy, dense_net
 from hogrod import curvature, harness
 
 
@@ -22,14 +23,11 @@ from hogrod import curvature, harness
 def bench_lanczos(output_dir, widths=(100, 256, 256, 10), batch=512, k=20, tol=1e-3,
                   power_max_iterations=1000, seed=0):
     keras.utils.set_random_seed(seed)
-    model = keras.Sequential([keras.Input((widths[0],))] +
-                             [keras.layers.Dense(w, activation="tanh") for w in widths[1:-1]] +
-                             [keras.layers.Dense(widths[-1])])
+    model = dense_net(widths, "tanh")
     rng = np.random.default_rng(seed)
     x = tf.constant(rng.normal(size=(batch, widths[0])), tf.float32)
     y = tf.constant(rng.integers(0, widths[-1], size=batch), tf.int32)
-    loss = lambda b: tf.reduce_mean(  # noqa: E731
-        tf.nn.sparse_softmax_cross_entropy_with_logits(b[1], model(b[0])))
+    loss = lambda b: cross_entropy(b[1], model(b[0]))  # noqa: E731
     op = curvature.HessianOperator(loss, model.trainable_variables, (x, y), tf.float32)
     n = int(op.shape[0])
     reference, _, ref_count = curvature.lanczos(op, k, tol=1e-10, max_iterations=10 * k + 200)

@@ -6,7 +6,7 @@ second-order MAML, Adam 1e-3. hogrod: `hogrod.meta.maml` + `hogrod.train.make_tr
 inner step, `torch.func.vmap` over tasks, `functional_call` for the forward pass, the
 recipe of the torch.func MAML tutorial. Both timed in the same run, interleaved in rounds:
 
-    python -m experiments.bench_maml --gin_file=configs/bench/maml.gin
+    python -m experiments.bench.maml --gin_file=configs/bench/maml.gin
 
 Before timing, both start from the same weights and take the meta-gradient of the same
 meta-batch; the binary reports their relative difference and stops if it exceeds 1e-4, so
@@ -21,20 +21,20 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from experiments.timing import interleaved_rates
+from experiments.bench.timing import interleaved_rates
+from experiments.models import mlp, mse
 import hogrod
 from hogrod import harness, meta, train
 
 
 def keras_net():
     keras.utils.set_random_seed(0)
-    return keras.Sequential([keras.Input((1,)), keras.layers.Dense(40, activation="relu"),
-                             keras.layers.Dense(40, activation="relu"), keras.layers.Dense(1)])
+    # every argument given: a gin binding of the MAML configs' `mlp` cannot change it
+    return mlp(input_dim=1, widths=(40, 40), outputs=1, activation="relu", init_stddev=None)
 
 
 def hogrod_step(model, meta_batch, k, inner_lr, inner_steps):
     """(run one timed step, meta-gradient of a batch as numpy arrays in model order)."""
-    mse = lambda y, p: tf.reduce_mean((y - p) ** 2)  # noqa: E731
     algo = meta.maml(model, mse, inner_lr=inner_lr, inner_steps=inner_steps)
     step = train.make_train_step(algo.meta_loss, keras.optimizers.Adam(1e-3),
                                  model.trainable_variables)

@@ -1,6 +1,6 @@
 """Steps/s and examples/s of every family's step for 1, 2 and 4 replicas.
 
-    python -m experiments.bench_scaling --gin_file=configs/bench/scaling.gin
+    python -m experiments.bench.scaling --gin_file=configs/bench/scaling.gin
 
 Each replica count runs in its own process (TensorFlow fixes the logical devices at start):
 MirroredStrategy over that many devices (GPUs when the machine has enough, else logical
@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from experiments.models import cross_entropy, dense_net, mse
 from hogrod import curvature, distribute, gan, harness, meta, pinn, train
 from hogrod.pinn import training as pinn_training
 
@@ -34,9 +35,7 @@ FAMILIES = ("meta", "gan", "pinn", "curvature")
 
 
 def _mlp(inputs, outputs, width, depth, activation="tanh"):
-    return keras.Sequential([keras.Input((inputs,))] +
-                            [keras.layers.Dense(width, activation=activation)
-                             for _ in range(depth)] + [keras.layers.Dense(outputs)])
+    return dense_net((inputs,) + (width,) * depth + (outputs,), activation)
 
 
 def build(family, strategy):
@@ -47,7 +46,7 @@ def build(family, strategy):
         with strategy.scope():
             model = _mlp(1, 1, 40, 2, "relu")
             opt = keras.optimizers.Adam(1e-3)
-            algo = meta.maml(model, lambda y, p: tf.reduce_mean((y - p) ** 2), 0.01, 1)
+            algo = meta.maml(model, mse, 0.01, 1)
         step = train.make_train_step(algo.meta_loss, opt, model.trainable_variables,
                                      strategy=strategy)
         data = tf.data.Dataset.from_tensors(tasks).unbatch().batch(32).repeat()
@@ -81,8 +80,7 @@ def build(family, strategy):
         with strategy.scope():
             model = _mlp(32, 10, 128, 2)
         op = curvature.HessianOperator(
-            lambda b: tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-                b[1], model(b[0]))), model.trainable_variables,
+            lambda b: cross_entropy(b[1], model(b[0])), model.trainable_variables,
             tf.data.Dataset.from_tensor_slices((x, y)).batch(1024), strategy=strategy)
         v = tf.constant(rng.normal(size=op.shape[0]), tf.float32)
         return lambda: op.matvec_flat(v), 1024
@@ -129,7 +127,7 @@ def bench_scaling(output_dir, families=FAMILIES, replicas=(1, 2, 4), multi_worke
         if json.loads(os.environ.get("TF_CONFIG", '{"task": {"index": 0}}'))["task"]["index"] == 0:
             print("RESULT " + json.dumps(result), flush=True)
         return result
-    child = [sys.executable, "-m", "experiments.bench_scaling",
+    child = [sys.executable, "-m", "experiments.bench.scaling",
              "--gin_param=bench_scaling.measure_only = True",
              f"--gin_param=bench_scaling.families = {tuple(families)!r}",
              f"--gin_param=bench_scaling.steps = {steps}",
