@@ -46,9 +46,6 @@ def test_a_misspelt_binding_is_caught():
                              ["maml_experimnt.seed = 1"])
 
 
-# bench/pinn_convergence.py runs experiments/pinn.py's experiment; its own refactor (another
-# branch) removes that import, after which this entry is stale and should go.
-_KNOWN_CROSS_IMPORTS = {("bench.pinn_convergence", "experiments.pinn")}
 _SHARED = {"experiments", "experiments.models", "experiments.bench", "experiments.bench.timing"}
 
 
@@ -71,4 +68,4 @@ def test_no_binary_imports_another_binary():
                 continue
             found |= {(name, m) for m in modules
                       if m.split(".")[0] == "experiments" and m not in _SHARED}
-    assert found <= _KNOWN_CROSS_IMPORTS, sorted(found - _KNOWN_CROSS_IMPORTS)
+    assert not found, sorted(found)

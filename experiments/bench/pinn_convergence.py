@@ -17,7 +17,7 @@ steps/iterations (their `error_history`); the times to the thresholds are read o
 curves here (`pinn.seconds_to_error`). The error is against the Cole-Hopf reference on the
 256 x 100 grid.
 
-    python -m experiments.bench_pinn_convergence --gin_file=configs/bench/pinn_convergence.gin
+    python -m experiments.bench.pinn_convergence --gin_file=configs/bench/pinn_convergence.gin
 
 Reported: training seconds to each threshold (None: not reached), final errors, and the
 ratios DeepXDE seconds / hogrod seconds. DeepXDE's time to a threshold reached in L-BFGS is
