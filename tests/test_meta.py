@@ -99,16 +99,16 @@ def test_vectorized_meta_batch_equals_the_per_task_loop():
     tasks = sinusoid_batch(0)
     algo = meta.maml(model, mse, inner_lr=0.05, inner_steps=2)
     with tf.GradientTape() as tape:
-        loss = algo.meta_loss(tasks)["query"]
+        loss = algo.meta_loss(tasks)["loss"]
     got = tape.gradient(loss, model.trainable_variables)
     per_task = [meta_grad(model, mse, tuple(t[i] for t in tasks), 0.05, 2, False)
                 for i in range(4)]
     for j, g in enumerate(got):
         np.testing.assert_allclose(g, np.mean([pt[j] for pt in per_task], axis=0), rtol=1e-4,
                                    atol=1e-6)
-    seq = meta.maml(model, mse, inner_lr=0.05, inner_steps=2, vectorize=False, recompute=True)
+    seq = meta.maml(model, mse, inner_lr=0.05, inner_steps=2, task_map="recomputed")
     with tf.GradientTape() as tape:
-        loss2 = seq.meta_loss(tasks)["query"]
+        loss2 = seq.meta_loss(tasks)["loss"]
     for a, b in zip(tape.gradient(loss2, model.trainable_variables), got):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
@@ -141,7 +141,7 @@ def test_meta_sgd_uses_and_learns_per_parameter_rates():
     for f, v, r, gi in zip(fast, model.trainable_variables, algo.variables, g):
         np.testing.assert_allclose(f, v.numpy() - r.numpy() * gi.numpy(), rtol=1e-12)
     with tf.GradientTape() as tape:
-        loss = algo.meta_loss(tasks)["query"]
+        loss = algo.meta_loss(tasks)["loss"]
     g_rate = tape.gradient(loss, algo.variables[0]).numpy()
     eps, idx = 1e-6, (0, 3)
     r0 = algo.variables[0].numpy()
@@ -150,7 +150,7 @@ def test_meta_sgd_uses_and_learns_per_parameter_rates():
         r = r0.copy()
         r[idx] += s
         algo.variables[0].assign(r)
-        vals.append(float(algo.meta_loss(tasks)["query"]))
+        vals.append(float(algo.meta_loss(tasks)["loss"]))
     np.testing.assert_allclose(g_rate[idx], (vals[0] - vals[1]) / (2 * eps), rtol=1e-5)
 
 
@@ -172,7 +172,7 @@ def imaml_quadratic(scale, lam=2.0, seed=3):
 
 def imaml_meta_grad(algo, model, tasks):
     with tf.GradientTape() as tape:
-        loss = algo.meta_loss(tasks)["implicit"]
+        loss = algo.meta_loss(tasks)["loss"]
     return tape.gradient(loss, model.trainable_variables)[0].numpy()
 
 
@@ -203,10 +203,9 @@ def test_every_algorithm_trains_one_compiled_step():
     for name, factory in meta.ALGORITHMS.items():
         model = small_mlp(dropout=0.2)
         opt = keras.optimizers.Adam(1e-3)
-        kwargs = {"maml_plus_plus": {"iterations": opt.iterations},
-                  "imaml": {"cg_steps": 2}}.get(name, {})
+        kwargs = {"imaml": {"cg_steps": 2}}.get(name, {})
         algo = factory(model, mse, inner_steps=2, **kwargs)  # small: tracing is the cost
-        step = train.make_train_step(algo.meta_loss, opt,
+        step = train.make_train_step(lambda tasks: algo.meta_loss(tasks, opt.iterations), opt,
                                      model.trainable_variables + algo.variables)
         before = [v.numpy() for v in model.trainable_variables]
         seed_state = model.non_trainable_variables[0]
@@ -217,6 +216,9 @@ def test_every_algorithm_trains_one_compiled_step():
                    for b, v in zip(before, model.trainable_variables)), name
         assert step.experimental_get_tracing_count() == 1, name
         np.testing.assert_array_equal(seed_state.numpy(), start + [0, 2], err_msg=name)
+        # the objective is "loss" (logged as such), everything else a monitor/ term
+        assert not set(logs[0]) - {"loss", "grad_norm", "lr", "applied"} - {
+            k for k in logs[0] if k.startswith("monitor/")}, (name, sorted(logs[0]))
 
 
 def test_batchnorm_model_adapts_without_mutating_the_model():
@@ -231,7 +233,7 @@ def test_batchnorm_model_adapts_without_mutating_the_model():
         tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits))
     algo = meta.maml(model, ce, inner_lr=0.5, inner_steps=3)
     with tf.GradientTape() as tape:
-        loss = algo.meta_loss((x[None], y[None], x[None], y[None]))["query"]
+        loss = algo.meta_loss((x[None], y[None], x[None], y[None]))["loss"]
     grads = tape.gradient(loss, model.trainable_variables)
     assert all(g is not None for g in grads)
     for b, v in zip(before, model.variables):

@@ -92,7 +92,7 @@ def over_tasks(tasks, fn):
             for j in range(len(results[0]))]
 
 
-def run(algo, tasks, variables, term="query"):
+def run(algo, tasks, variables, term="loss"):
     with tf.GradientTape() as tape:
         out = algo.meta_loss(tuple(tf.constant(t) for t in tasks))
     return out, tape.gradient(out[term], variables)
@@ -109,7 +109,7 @@ def test_maml_two_steps_float64_is_exact():
     out, grads = run(algo, tasks, model.trainable_variables)
     value, g_theta, _ = over_tasks(
         tasks, lambda t: unrolled(theta_of(model), t, [LR, LR], [0.0, 1.0]))
-    assert_close(out["query"], value)
+    assert_close(out["loss"], value)
     assert_close(flat(grads), g_theta)
 
 
@@ -120,7 +120,7 @@ def test_meta_sgd_float64_is_exact():
     out, grads = run(algo, tasks, model.trainable_variables + algo.variables)
     value, g_theta, g_rates = over_tasks(tasks, lambda t: unrolled(
         theta_of(model), t, [np.full(3, LR)] * 2, [0.0, 1.0], [np.eye(3)] * 2))
-    assert_close(out["query"], value)
+    assert_close(out["loss"], value)
     assert_close(flat(grads[:2]), g_theta)
     assert_close(flat(grads[2:]), g_rates)
 
@@ -135,7 +135,7 @@ def test_maml_plus_plus_float64_is_exact():
     basis = [np.outer(np.ones(3), np.eye(3)[s]) for s in range(3)]  # one layer, one rate a step
     value, g_theta, g_rates = over_tasks(tasks, lambda t: unrolled(
         theta_of(model), t, [LR] * 3, weights, basis))
-    assert_close(out["query"], value)
+    assert_close(out["loss"], value)
     assert_close(flat(grads[:2]), g_theta)
     assert_close(flat(grads[2:]), g_rates)
 
@@ -159,7 +159,7 @@ def test_imaml_float64_is_exact():
         assert LR < 1 / (np.linalg.eigvalsh(hess_np(x)).max() + lam)
     algo = meta.imaml(model, mse, inner_lr=LR, inner_steps=steps, lam=lam, cg_steps=3,
                       curvature_probes=3)
-    out, grads = run(algo, tasks, model.trainable_variables, "implicit")
+    out, grads = run(algo, tasks, model.trainable_variables)
 
     def exact(task):
         xs, ys, xq, yq = task
@@ -203,7 +203,7 @@ def test_anil_adapts_the_head_and_its_meta_gradient_is_the_closed_form():
               - a * 2 / len(xs) * (xs.T @ rs @ u.T + xs.T @ xs @ body @ u @ head.T))
     out, grads = run(algo, tuple(t[None] for t in (xs, ys, xq, yq)),
                      model.trainable_variables)
-    assert_close(out["query"], np.mean(rq ** 2))
+    assert_close(out["loss"], np.mean(rq ** 2))
     assert_close(grads[0], g_body)
     assert_close(grads[1], g_head)
 
@@ -224,7 +224,7 @@ def test_jit_compiled_maml_step_takes_the_meta_batch_as_input():
     @tf.function(jit_compile=True)
     def grads(batch):
         with tf.GradientTape() as tape:
-            loss = algo.meta_loss(batch)["query"]
+            loss = algo.meta_loss(batch)["loss"]
         return tape.gradient(loss, model.trainable_variables)
 
     batch = tuple(tf.random.stateless_normal((3, 5, 1), (i, 0)) for i in range(4))
@@ -237,4 +237,4 @@ def test_jit_compiled_maml_step_takes_the_meta_batch_as_input():
                                 model.trainable_variables, jit_compile=True)
     for s in range(2):
         batch = tuple(tf.random.stateless_normal((3, 5, 1), (s, i)) for i in range(4))
-        np.testing.assert_allclose(jit(batch)["query"], plain(batch)["query"], rtol=1e-5)
+        np.testing.assert_allclose(jit(batch)["loss"], plain(batch)["loss"], rtol=1e-5)
