@@ -381,3 +381,82 @@ def test_mirrored_meta_gradient_equals_single_device():
     single = run(tf.distribute.get_strategy())
     mirrored = run(distribute.make_strategy("mirrored"))
     np.testing.assert_allclose(mirrored, single, atol=1e-5)
+
+
+class _Mapped(Exception):
+    """Raised by the spy below: the trace stops at the first task mapping."""
+
+
+def mapping_of(monkeypatch, call):
+    """The task mapping `call()` uses: map_tasks is replaced by a spy that records its mode
+    and stops the trace there (nothing else is traced)."""
+    import sys
+    seen = []
+
+    def spy(fn, tasks, seeds=None, params=(), mode="vectorized"):
+        seen.append(mode)
+        raise _Mapped
+    for module in ("hogrod.meta.common", "hogrod.meta.evaluation"):
+        monkeypatch.setattr(sys.modules[module], "map_tasks", spy)
+    with pytest.raises(_Mapped):
+        call()
+    return seen[-1]
+
+
+def test_one_binding_maps_every_algorithm_and_the_evaluation(monkeypatch):
+    import gin
+    tasks = sinusoid_batch(0, tasks=2, k=3)
+    model = small_mlp()
+    try:
+        for mode, evaluated in [("sequential", "sequential"), ("recomputed", "sequential"),
+                                ("vectorized", "vectorized")]:
+            with gin.unlock_config():
+                gin.bind_parameter("task_map.mode", mode)
+            for name, factory in meta.ALGORITHMS.items():
+                algo = factory(model, mse)
+                assert mapping_of(monkeypatch, lambda: algo.meta_loss(tasks, 0)) == mode, name
+            assert mapping_of(monkeypatch, lambda: meta.evaluate(algo, model, mse, tasks,
+                                                                 steps=(1,))) == evaluated
+            # an algorithm's own argument wins over the binding
+            other = meta.maml(model, mse, task_map="recomputed" if mode != "recomputed"
+                              else "sequential")
+            assert mapping_of(monkeypatch, lambda: other.meta_loss(tasks)) != mode
+    finally:
+        with gin.unlock_config():
+            gin.clear_config()
+
+
+def test_deprecated_vectorize_and_recompute_are_forwarded(monkeypatch):
+    tasks = sinusoid_batch(0, tasks=2, k=3)
+    model = small_mlp()
+    for kwargs, mode in [({"vectorize": False}, "sequential"),
+                         ({"recompute": True}, "recomputed"),
+                         ({"vectorize": False, "recompute": True}, "recomputed"),
+                         ({"vectorize": True}, "vectorized")]:
+        for name in ("maml", "reptile", "imaml", "maml_plus_plus"):
+            with pytest.warns(DeprecationWarning, match=f"task_map.mode = '{mode}'"):
+                algo = meta.ALGORITHMS[name](model, mse, **kwargs)
+            assert mapping_of(monkeypatch, lambda: algo.meta_loss(tasks, 0)) == mode, name
+    with pytest.raises(ValueError, match="not both"):
+        meta.maml(model, mse, task_map="sequential", vectorize=False)
+    with pytest.raises(ValueError, match="task_map.mode must be one of"):
+        meta.reptile(model, mse, task_map="parallel")
+
+
+def test_bad_meta_loss_arguments_are_named():
+    algo = meta.maml(small_mlp(), mse)
+    with pytest.raises(ValueError, match="x_support, y_support, x_query, y_query"):
+        algo.meta_loss(sinusoid_batch(0)[:2])
+    with pytest.raises(TypeError, match="step must be an integer scalar"):
+        algo.meta_loss(sinusoid_batch(0), 0.5)
+    with pytest.raises(TypeError, match="meta_gradient: algorithm must be"):
+        meta.meta_gradient(algo.meta_loss, small_mlp(), sinusoid_batch(0))
+
+
+def test_data_functions_name_their_parts_and_the_meta_batch_size():
+    from experiments import maml as exp
+    data = exp.sinusoid_data(0, meta_batch_size=3, k_shot=4, eval_tasks=2)
+    assert isinstance(data, exp.MetaData) and data.meta_batch_size == 3
+    assert data.train.element_spec[0].shape == (3, 4, 1)  # known without pulling a batch
+    assert data.eval_tasks[0].shape == (2, 4, 1) and not data.classification
+    assert data.loss_fn is exp.mse

@@ -113,12 +113,16 @@ def maml_plus_plus(model, loss_fn, inner_lr=0.01, inner_steps=5, multi_step_iter
         params = initial_params(model)
         seeds = task_seeds(model, tasks, 2 * inner_steps)
 
-        def phase(first_order):
-            return mean_over_tasks(lambda t, sd, p: task_losses(t, sd, p, first_order),
-                                   tasks, seeds, params, mode)
-
-        per_step, stats = tf.cond(counter < first_order_iterations,
-                                  lambda: phase(True), lambda: phase(False))
+        first_order = counter < first_order_iterations
+        if mode == "recomputed":  # a tf.recompute_grad in a cond's branch has no gradient
+            per_step, stats = mean_over_tasks(lambda t, sd, p: tf.cond(
+                first_order, lambda: task_losses(t, sd, p, True),
+                lambda: task_losses(t, sd, p, False)), tasks, seeds, params, mode)
+        else:  # one cond around the map: no per-task cond for pfor to convert
+            per_step, stats = tf.cond(first_order, *[
+                lambda fo=fo: mean_over_tasks(lambda t, sd, p: task_losses(t, sd, p, fo),
+                                              tasks, seeds, params, mode)
+                for fo in (True, False)])
         for step_vars, values in zip(step_stats, stats):
             for var, value in zip(step_vars, values):
                 var.assign(value)
