@@ -162,6 +162,9 @@ def test_maml_plus_plus_reads_the_counter_it_was_built_with():
     value, g_theta, g_rates = maml_plus_plus_oracle(model, tasks)
     assert_close(out["loss"], value)
     assert_close(flat(grads), np.concatenate([g_theta, g_rates]))
+    counter.assign(0)  # a step given to meta_loss wins
+    _, grads = run(algo, model, tasks, step=3)
+    assert_close(flat(grads), np.concatenate([g_theta, g_rates]))
     without = meta.maml_plus_plus(model, mse, inner_lr=LR, inner_steps=3)
     with pytest.raises(ValueError, match=r"meta_loss\(tasks, step\)"):
         without.meta_loss(tuple(tf.constant(t) for t in tasks))
