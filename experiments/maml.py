@@ -15,7 +15,7 @@ sinusoids with their support points and the model before and after 1 and 10 adap
 steps), or accuracy.png for episodes.
 """
 
-import inspect
+import collections
 import os
 
 import gin
@@ -34,12 +34,19 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+MetaData = collections.namedtuple(
+    "MetaData", ["train", "eval_tasks", "loss_fn", "classification", "meta_batch_size"])
+MetaData.__doc__ = """What a data function (`maml_experiment.data`) returns: `train`, a tf.data
+stream of meta-batches (x_s, y_s, x_q, y_q), each `meta_batch_size` tasks; `eval_tasks`, one
+held-out meta-batch; `loss_fn(y_true, y_pred)`; `classification` (report accuracy)."""
+
+
 @gin.configurable
 def sinusoid_data(seed, meta_batch_size=25, k_shot=10, eval_tasks=600, eval_k_query=100):
     train_stream = meta.sinusoid_meta_batches(seed, meta_batch_size, k_shot, k_shot)
     xs, ys, xq, yq, amp, phase = meta.sample_sinusoids(tf.constant([seed + 10**6, 0], tf.int64),
                                                        eval_tasks, k_shot, eval_k_query)
-    return train_stream, (xs, ys, xq, yq), mse, False
+    return MetaData(train_stream, (xs, ys, xq, yq), mse, False, meta_batch_size)
 
 
 @gin.configurable
@@ -63,7 +70,7 @@ def episode_data(seed, source="omniglot", data_dir=None, n_way=5, k_shot=1, k_qu
     train_stream = meta.episodes(train_cls, n_way, k_shot, k_query, meta_batch_size, seed)
     eval_batch = next(iter(meta.episodes(test_cls, n_way, k_shot, k_query, eval_tasks,
                                          seed + 10**6)))
-    return train_stream, eval_batch, cross_entropy, True
+    return MetaData(train_stream, eval_batch, cross_entropy, True, meta_batch_size)
 
 
 def plot_sinusoids(path, algo, model, seed):
@@ -124,7 +131,7 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
     Args:
       algorithm: a hogrod.meta algorithm (gin: `@maml`, `@fomaml`, `@reptile`, `@anil`,
         `@meta_sgd`, `@maml_plus_plus`, `@imaml`).
-      data: `@sinusoid_data` or `@episode_data`.
+      data: `@sinusoid_data` or `@episode_data`: `data(seed) -> MetaData`.
       model: a function building the Keras model (`@mlp`, `@conv4`).
       clip_norm: clip the meta-gradient's global norm (None: no clipping).
       time_limit_s: stop meta-training after this many seconds of steps (evaluations
@@ -132,24 +139,30 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
     """
     keras.utils.set_random_seed(seed)
     strategy = distribute.make_strategy()
-    train_stream, eval_tasks, loss_fn, classification = data(seed)
+    data = data(seed)
+    if not isinstance(data, MetaData):
+        raise TypeError("maml_experiment.data must return a MetaData (train, eval_tasks, "
+                        f"loss_fn, classification, meta_batch_size), got {type(data).__name__}")
+    eval_tasks, loss_fn, classification = data.eval_tasks, data.loss_fn, data.classification
+    declared = tf.nest.flatten(data.train.element_spec)[0].shape[0]
+    if declared is not None and declared != data.meta_batch_size:
+        raise ValueError(f"the data function's stream has meta-batches of {declared} tasks but "
+                         f"its MetaData.meta_batch_size is {data.meta_batch_size}")
     with strategy.scope():
         net = model()
         optimizer = keras.optimizers.Adam(meta_lr)
-        kwargs = {"iterations": optimizer.iterations} if "iterations" in inspect.signature(
-            algorithm).parameters else {}
-        algo = algorithm(net, loss_fn, **kwargs)
+        algo = algorithm(net, loss_fn)
     if classification and net.output_shape[-1] != int(np.max(eval_tasks[1])) + 1:
         raise ValueError(f"the model has {net.output_shape[-1]} outputs but the episodes are "
                          f"{int(np.max(eval_tasks[1])) + 1}-way: set conv4.n_way and "
                          "episode_data.n_way alike (the Omniglot configs bind both to N_WAY)")
     step = train.make_train_step(
-        algo.meta_loss, optimizer, net.trainable_variables + algo.variables, strategy=strategy,
+        lambda tasks: algo.meta_loss(tasks, optimizer.iterations), optimizer,
+        net.trainable_variables + algo.variables, strategy=strategy,
         transform=train.clip_by_global_norm(clip_norm) if clip_norm else None)
     # One meta-batch per step; unbatch/batch makes the stream splittable across replicas.
-    meta_batch = next(iter(train_stream))[0].shape[0]
-    stream = train_stream.unbatch().batch(meta_batch) if strategy.num_replicas_in_sync > 1 \
-        else train_stream
+    stream = data.train.unbatch().batch(data.meta_batch_size) \
+        if strategy.num_replicas_in_sync > 1 else data.train
     iterator = iter(strategy.experimental_distribute_dataset(stream))
     ckpt = train.Checkpointer(output_dir, model=net, optimizer=optimizer, data=iterator,
                               **{f"algo_var_{i}": v for i, v in enumerate(algo.variables)},

@@ -99,16 +99,16 @@ def test_vectorized_meta_batch_equals_the_per_task_loop():
     tasks = sinusoid_batch(0)
     algo = meta.maml(model, mse, inner_lr=0.05, inner_steps=2)
     with tf.GradientTape() as tape:
-        loss = algo.meta_loss(tasks)["query"]
+        loss = algo.meta_loss(tasks)["loss"]
     got = tape.gradient(loss, model.trainable_variables)
     per_task = [meta_grad(model, mse, tuple(t[i] for t in tasks), 0.05, 2, False)
                 for i in range(4)]
     for j, g in enumerate(got):
         np.testing.assert_allclose(g, np.mean([pt[j] for pt in per_task], axis=0), rtol=1e-4,
                                    atol=1e-6)
-    seq = meta.maml(model, mse, inner_lr=0.05, inner_steps=2, vectorize=False, recompute=True)
+    seq = meta.maml(model, mse, inner_lr=0.05, inner_steps=2, task_map="recomputed")
     with tf.GradientTape() as tape:
-        loss2 = seq.meta_loss(tasks)["query"]
+        loss2 = seq.meta_loss(tasks)["loss"]
     for a, b in zip(tape.gradient(loss2, model.trainable_variables), got):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
@@ -141,7 +141,7 @@ def test_meta_sgd_uses_and_learns_per_parameter_rates():
     for f, v, r, gi in zip(fast, model.trainable_variables, algo.variables, g):
         np.testing.assert_allclose(f, v.numpy() - r.numpy() * gi.numpy(), rtol=1e-12)
     with tf.GradientTape() as tape:
-        loss = algo.meta_loss(tasks)["query"]
+        loss = algo.meta_loss(tasks)["loss"]
     g_rate = tape.gradient(loss, algo.variables[0]).numpy()
     eps, idx = 1e-6, (0, 3)
     r0 = algo.variables[0].numpy()
@@ -150,7 +150,7 @@ def test_meta_sgd_uses_and_learns_per_parameter_rates():
         r = r0.copy()
         r[idx] += s
         algo.variables[0].assign(r)
-        vals.append(float(algo.meta_loss(tasks)["query"]))
+        vals.append(float(algo.meta_loss(tasks)["loss"]))
     np.testing.assert_allclose(g_rate[idx], (vals[0] - vals[1]) / (2 * eps), rtol=1e-5)
 
 
@@ -172,7 +172,7 @@ def imaml_quadratic(scale, lam=2.0, seed=3):
 
 def imaml_meta_grad(algo, model, tasks):
     with tf.GradientTape() as tape:
-        loss = algo.meta_loss(tasks)["implicit"]
+        loss = algo.meta_loss(tasks)["loss"]
     return tape.gradient(loss, model.trainable_variables)[0].numpy()
 
 
@@ -203,10 +203,9 @@ def test_every_algorithm_trains_one_compiled_step():
     for name, factory in meta.ALGORITHMS.items():
         model = small_mlp(dropout=0.2)
         opt = keras.optimizers.Adam(1e-3)
-        kwargs = {"maml_plus_plus": {"iterations": opt.iterations},
-                  "imaml": {"cg_steps": 2}}.get(name, {})
+        kwargs = {"imaml": {"cg_steps": 2}}.get(name, {})
         algo = factory(model, mse, inner_steps=2, **kwargs)  # small: tracing is the cost
-        step = train.make_train_step(algo.meta_loss, opt,
+        step = train.make_train_step(lambda tasks: algo.meta_loss(tasks, opt.iterations), opt,
                                      model.trainable_variables + algo.variables)
         before = [v.numpy() for v in model.trainable_variables]
         seed_state = model.non_trainable_variables[0]
@@ -217,6 +216,9 @@ def test_every_algorithm_trains_one_compiled_step():
                    for b, v in zip(before, model.trainable_variables)), name
         assert step.experimental_get_tracing_count() == 1, name
         np.testing.assert_array_equal(seed_state.numpy(), start + [0, 2], err_msg=name)
+        # the objective is "loss" (logged as such), everything else a monitor/ term
+        assert not set(logs[0]) - {"loss", "grad_norm", "lr", "applied"} - {
+            k for k in logs[0] if k.startswith("monitor/")}, (name, sorted(logs[0]))
 
 
 def test_batchnorm_model_adapts_without_mutating_the_model():
@@ -231,7 +233,7 @@ def test_batchnorm_model_adapts_without_mutating_the_model():
         tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits))
     algo = meta.maml(model, ce, inner_lr=0.5, inner_steps=3)
     with tf.GradientTape() as tape:
-        loss = algo.meta_loss((x[None], y[None], x[None], y[None]))["query"]
+        loss = algo.meta_loss((x[None], y[None], x[None], y[None]))["loss"]
     grads = tape.gradient(loss, model.trainable_variables)
     assert all(g is not None for g in grads)
     for b, v in zip(before, model.variables):
@@ -379,3 +381,82 @@ def test_mirrored_meta_gradient_equals_single_device():
     single = run(tf.distribute.get_strategy())
     mirrored = run(distribute.make_strategy("mirrored"))
     np.testing.assert_allclose(mirrored, single, atol=1e-5)
+
+
+class _Mapped(Exception):
+    """Raised by the spy below: the trace stops at the first task mapping."""
+
+
+def mapping_of(monkeypatch, call):
+    """The task mapping `call()` uses: map_tasks is replaced by a spy that records its mode
+    and stops the trace there (nothing else is traced)."""
+    import sys
+    seen = []
+
+    def spy(fn, tasks, seeds=None, params=(), mode="vectorized"):
+        seen.append(mode)
+        raise _Mapped
+    for module in ("hogrod.meta.common", "hogrod.meta.evaluation"):
+        monkeypatch.setattr(sys.modules[module], "map_tasks", spy)
+    with pytest.raises(_Mapped):
+        call()
+    return seen[-1]
+
+
+def test_one_binding_maps_every_algorithm_and_the_evaluation(monkeypatch):
+    import gin
+    tasks = sinusoid_batch(0, tasks=2, k=3)
+    model = small_mlp()
+    try:
+        for mode, evaluated in [("sequential", "sequential"), ("recomputed", "sequential"),
+                                ("vectorized", "vectorized")]:
+            with gin.unlock_config():
+                gin.bind_parameter("task_map.mode", mode)
+            for name, factory in meta.ALGORITHMS.items():
+                algo = factory(model, mse)
+                assert mapping_of(monkeypatch, lambda: algo.meta_loss(tasks, 0)) == mode, name
+            assert mapping_of(monkeypatch, lambda: meta.evaluate(algo, model, mse, tasks,
+                                                                 steps=(1,))) == evaluated
+            # an algorithm's own argument wins over the binding
+            other = meta.maml(model, mse, task_map="recomputed" if mode != "recomputed"
+                              else "sequential")
+            assert mapping_of(monkeypatch, lambda: other.meta_loss(tasks)) != mode
+    finally:
+        with gin.unlock_config():
+            gin.clear_config()
+
+
+def test_deprecated_vectorize_and_recompute_are_forwarded(monkeypatch):
+    tasks = sinusoid_batch(0, tasks=2, k=3)
+    model = small_mlp()
+    for kwargs, mode in [({"vectorize": False}, "sequential"),
+                         ({"recompute": True}, "recomputed"),
+                         ({"vectorize": False, "recompute": True}, "recomputed"),
+                         ({"vectorize": True}, "vectorized")]:
+        for name in ("maml", "reptile", "imaml", "maml_plus_plus"):
+            with pytest.warns(DeprecationWarning, match=f"task_map.mode = '{mode}'"):
+                algo = meta.ALGORITHMS[name](model, mse, **kwargs)
+            assert mapping_of(monkeypatch, lambda: algo.meta_loss(tasks, 0)) == mode, name
+    with pytest.raises(ValueError, match="not both"):
+        meta.maml(model, mse, task_map="sequential", vectorize=False)
+    with pytest.raises(ValueError, match="task_map.mode must be one of"):
+        meta.reptile(model, mse, task_map="parallel")
+
+
+def test_bad_meta_loss_arguments_are_named():
+    algo = meta.maml(small_mlp(), mse)
+    with pytest.raises(ValueError, match="x_support, y_support, x_query, y_query"):
+        algo.meta_loss(sinusoid_batch(0)[:2])
+    with pytest.raises(TypeError, match="step must be an integer scalar"):
+        algo.meta_loss(sinusoid_batch(0), 0.5)
+    with pytest.raises(TypeError, match="meta_gradient: algorithm must be"):
+        meta.meta_gradient(algo.meta_loss, small_mlp(), sinusoid_batch(0))
+
+
+def test_data_functions_name_their_parts_and_the_meta_batch_size():
+    from experiments import maml as exp
+    data = exp.sinusoid_data(0, meta_batch_size=3, k_shot=4, eval_tasks=2)
+    assert isinstance(data, exp.MetaData) and data.meta_batch_size == 3
+    assert data.train.element_spec[0].shape == (3, 4, 1)  # known without pulling a batch
+    assert data.eval_tasks[0].shape == (2, 4, 1) and not data.classification
+    assert data.loss_fn is exp.mse

@@ -43,7 +43,7 @@ def seed_state(model):
 def loss_and_input_grads(algo, tasks):
     with tf.GradientTape() as tape:
         tape.watch(tasks)
-        loss = algo.meta_loss(tasks)["query"]
+        loss = algo.meta_loss(tasks)["loss"]
     return loss.numpy(), [tf.convert_to_tensor(g).numpy() for g in tape.gradient(loss, tasks)]
 
 
@@ -93,14 +93,14 @@ def test_meta_steps_advance_the_seed_state_and_a_fixed_state_reproduces():
     tasks = identical_tasks()
     algo = meta.maml(model, mse, inner_lr=0.1, inner_steps=2)
     start = seed_state(model).numpy()
-    first, second = (float(algo.meta_loss(tasks)["query"]) for _ in range(2))
+    first, second = (float(algo.meta_loss(tasks)["loss"]) for _ in range(2))
     assert first != second
     np.testing.assert_array_equal(seed_state(model).numpy(), start + [0, 2])
     seed_state(model).assign(start)  # as a restored checkpoint does
-    assert float(algo.meta_loss(tasks)["query"]) == first
+    assert float(algo.meta_loss(tasks)["loss"]) == first
     again = dropout_model()  # the same global seed builds the same model and generator
     assert float(meta.maml(again, mse, inner_lr=0.1, inner_steps=2).meta_loss(
-        tasks)["query"]) == first
+        tasks)["loss"]) == first
 
 
 def test_vectorized_sequential_and_recomputed_maps_draw_the_same_masks():
@@ -108,11 +108,11 @@ def test_vectorized_sequential_and_recomputed_maps_draw_the_same_masks():
     tasks = identical_tasks()
     start = seed_state(model).numpy()
     values = []
-    for kwargs in ({}, {"vectorize": False}, {"vectorize": False, "recompute": True}):
+    for kwargs in ({}, {"task_map": "sequential"}, {"task_map": "recomputed"}):
         seed_state(model).assign(start)
         with tf.GradientTape() as tape:
             loss = meta.maml(model, mse, inner_lr=0.1, inner_steps=2, **kwargs).meta_loss(
-                tasks)["query"]
+                tasks)["loss"]
         values.append([loss.numpy()] + [g.numpy() for g in
                                         tape.gradient(loss, model.trainable_variables)])
     for other in values[1:]:
@@ -125,7 +125,7 @@ def test_rate_zero_is_the_model_without_dropout():
     results = []
     for model in (dropout_model(rate=0.0), dropout_model(dropout=False)):
         with tf.GradientTape() as tape:
-            loss = meta.maml(model, mse, inner_lr=0.1, inner_steps=2).meta_loss(tasks)["query"]
+            loss = meta.maml(model, mse, inner_lr=0.1, inner_steps=2).meta_loss(tasks)["loss"]
         results.append([loss.numpy()] + [g.numpy() for g in
                                          tape.gradient(loss, model.trainable_variables)])
     for a, b in zip(*results):

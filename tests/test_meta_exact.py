@@ -4,7 +4,8 @@ learned rate, multi-step weight and meta-gradient is a few lines of float64 nump
 (forward-mode through the unrolled steps). Float64 runs must agree to 1e-12 relative: a
 Python hyperparameter such as 0.05 must meet the float64 tensors as float64's 0.05, not
 float32's 0.05000000074505806. Also ANIL's head (only layers with weights count), MAML++'s
-per-step rates at evaluation, and XLA compiling MAML's step once."""
+per-step rates at evaluation, and XLA compiling MAML's step once. The gradients are
+`meta.meta_gradient`'s; MAML++ and Reptile run in every task mapping."""
 
 import re
 
@@ -92,10 +93,14 @@ def over_tasks(tasks, fn):
             for j in range(len(results[0]))]
 
 
-def run(algo, tasks, variables, term="query"):
-    with tf.GradientTape() as tape:
-        out = algo.meta_loss(tuple(tf.constant(t) for t in tasks))
-    return out, tape.gradient(out[term], variables)
+def run(algo, model, tasks, step=None):
+    """The meta-loss's terms, and `meta.meta_gradient` (model weights, then the
+    algorithm's variables)."""
+    tasks = tuple(tf.constant(t) for t in tasks)
+    out = algo.meta_loss(tasks, step)
+    loss, grads = meta.meta_gradient(algo, model, tasks, step)
+    assert float(loss) == float(out["loss"])
+    return out, grads
 
 
 def assert_close(got, want):
@@ -106,10 +111,10 @@ def assert_close(got, want):
 def test_maml_two_steps_float64_is_exact():
     model, tasks = linear_model(), linear_tasks()
     algo = meta.maml(model, mse, inner_lr=LR, inner_steps=2)
-    out, grads = run(algo, tasks, model.trainable_variables)
+    out, grads = run(algo, model, tasks)
     value, g_theta, _ = over_tasks(
         tasks, lambda t: unrolled(theta_of(model), t, [LR, LR], [0.0, 1.0]))
-    assert_close(out["query"], value)
+    assert_close(out["loss"], value)
     assert_close(flat(grads), g_theta)
 
 
@@ -117,27 +122,75 @@ def test_meta_sgd_float64_is_exact():
     model, tasks = linear_model(), linear_tasks()
     algo = meta.meta_sgd(model, mse, inner_lr=LR, inner_steps=2)
     assert_close(flat(algo.variables), np.full(3, LR))
-    out, grads = run(algo, tasks, model.trainable_variables + algo.variables)
+    out, grads = run(algo, model, tasks)
     value, g_theta, g_rates = over_tasks(tasks, lambda t: unrolled(
         theta_of(model), t, [np.full(3, LR)] * 2, [0.0, 1.0], [np.eye(3)] * 2))
-    assert_close(out["query"], value)
+    assert_close(out["loss"], value)
     assert_close(flat(grads[:2]), g_theta)
     assert_close(flat(grads[2:]), g_rates)
 
 
-def test_maml_plus_plus_float64_is_exact():
-    model, tasks = linear_model(), linear_tasks()
-    counter = tf.Variable(3, dtype=tf.int64)  # 3/10 of the way to the last step only
-    algo = meta.maml_plus_plus(model, mse, inner_lr=LR, inner_steps=3, iterations=counter,
-                               multi_step_iterations=10, first_order_iterations=0)
-    out, grads = run(algo, tasks, model.trainable_variables + algo.variables)
+def maml_plus_plus_oracle(model, tasks):
+    """MAML++ at outer step 3 of 10 (weights 3/10 of the way to the last step only)."""
     weights = 0.7 * np.full(3, 1 / 3) + 0.3 * np.eye(3)[2]
     basis = [np.outer(np.ones(3), np.eye(3)[s]) for s in range(3)]  # one layer, one rate a step
-    value, g_theta, g_rates = over_tasks(tasks, lambda t: unrolled(
-        theta_of(model), t, [LR] * 3, weights, basis))
-    assert_close(out["query"], value)
+    return over_tasks(tasks, lambda t: unrolled(theta_of(model), t, [LR] * 3, weights, basis))
+
+
+@pytest.mark.parametrize("mode", ["sequential", "recomputed"])
+def test_maml_plus_plus_float64_is_exact(mode):
+    # the outer step given to meta_loss (no counter at construction); the other task
+    # mappings (the vectorized default: below). Recomputed: one task (a Python loop over
+    # the tasks, each a cond of both phases, recomputed: slow to trace)
+    model, tasks = linear_model(), linear_tasks(n=1 if mode == "recomputed" else 2)
+    algo = meta.maml_plus_plus(model, mse, inner_lr=LR, inner_steps=3, task_map=mode,
+                               multi_step_iterations=10, first_order_iterations=0)
+    out, grads = run(algo, model, tasks, step=3)
+    value, g_theta, g_rates = maml_plus_plus_oracle(model, tasks)
+    assert_close(out["loss"], value)
     assert_close(flat(grads[:2]), g_theta)
     assert_close(flat(grads[2:]), g_rates)
+
+
+def test_maml_plus_plus_reads_the_counter_it_was_built_with():
+    model, tasks = linear_model(), linear_tasks()
+    counter = tf.Variable(0, dtype=tf.int64)
+    algo = meta.maml_plus_plus(model, mse, inner_lr=LR, inner_steps=3, iterations=counter,
+                               multi_step_iterations=10, first_order_iterations=0)
+    counter.assign(3)  # read on every call
+    out, grads = run(algo, model, tasks)
+    value, g_theta, g_rates = maml_plus_plus_oracle(model, tasks)
+    assert_close(out["loss"], value)
+    assert_close(flat(grads), np.concatenate([g_theta, g_rates]))
+    counter.assign(0)  # a step given to meta_loss wins
+    _, grads = run(algo, model, tasks, step=3)
+    assert_close(flat(grads), np.concatenate([g_theta, g_rates]))
+    without = meta.maml_plus_plus(model, mse, inner_lr=LR, inner_steps=3)
+    with pytest.raises(ValueError, match=r"meta_loss\(tasks, step\)"):
+        without.meta_loss(tuple(tf.constant(t) for t in tasks))
+
+
+@pytest.mark.parametrize("mode", ["vectorized", "sequential", "recomputed"])
+def test_reptile_float64_is_exact(mode):
+    """Reptile's loss 0.5 ||theta - phi||^2 (mean over tasks), its gradient theta - mean
+    phi, phi after 2 SGD steps on support and query together; the query loss at phi is
+    logged as monitor/query."""
+    model, tasks = linear_model(), linear_tasks()
+    algo = meta.reptile(model, mse, inner_lr=LR, inner_steps=2, task_map=mode)
+    out, grads = run(algo, model, tasks)
+
+    def exact(task):
+        xs, ys, xq, yq = task
+        x, y = np.concatenate([xs, xq]), np.concatenate([ys, yq])
+        theta = phi = theta_of(model)
+        for _ in range(2):
+            phi = phi - LR * grad_np(phi, x, y)
+        return 0.5 * np.sum((theta - phi) ** 2), theta - phi, loss_np(phi, xq, yq)
+
+    value, grad, query = over_tasks(tasks, exact)
+    assert_close(out["loss"], value)
+    assert_close(out["monitor/query"], query)
+    assert_close(flat(grads), grad)
 
 
 def test_maml_plus_plus_adapts_with_each_steps_own_rate():
@@ -159,7 +212,7 @@ def test_imaml_float64_is_exact():
         assert LR < 1 / (np.linalg.eigvalsh(hess_np(x)).max() + lam)
     algo = meta.imaml(model, mse, inner_lr=LR, inner_steps=steps, lam=lam, cg_steps=3,
                       curvature_probes=3)
-    out, grads = run(algo, tasks, model.trainable_variables, "implicit")
+    out, grads = run(algo, model, tasks)
 
     def exact(task):
         xs, ys, xq, yq = task
@@ -201,9 +254,8 @@ def test_anil_adapts_the_head_and_its_meta_gradient_is_the_closed_form():
     g_head = (np.eye(2) - a * 2 * hs.T @ hs / len(xs)) @ u
     g_body = (2 * xq.T @ rq @ head1.T / len(xq)
               - a * 2 / len(xs) * (xs.T @ rs @ u.T + xs.T @ xs @ body @ u @ head.T))
-    out, grads = run(algo, tuple(t[None] for t in (xs, ys, xq, yq)),
-                     model.trainable_variables)
-    assert_close(out["query"], np.mean(rq ** 2))
+    out, grads = run(algo, model, tuple(t[None] for t in (xs, ys, xq, yq)))
+    assert_close(out["loss"], np.mean(rq ** 2))
     assert_close(grads[0], g_body)
     assert_close(grads[1], g_head)
 
@@ -224,7 +276,7 @@ def test_jit_compiled_maml_step_takes_the_meta_batch_as_input():
     @tf.function(jit_compile=True)
     def grads(batch):
         with tf.GradientTape() as tape:
-            loss = algo.meta_loss(batch)["query"]
+            loss = algo.meta_loss(batch)["loss"]
         return tape.gradient(loss, model.trainable_variables)
 
     batch = tuple(tf.random.stateless_normal((3, 5, 1), (i, 0)) for i in range(4))
@@ -237,4 +289,4 @@ def test_jit_compiled_maml_step_takes_the_meta_batch_as_input():
                                 model.trainable_variables, jit_compile=True)
     for s in range(2):
         batch = tuple(tf.random.stateless_normal((3, 5, 1), (s, i)) for i in range(4))
-        np.testing.assert_allclose(jit(batch)["query"], plain(batch)["query"], rtol=1e-5)
+        np.testing.assert_allclose(jit(batch)["loss"], plain(batch)["loss"], rtol=1e-5)

@@ -51,7 +51,7 @@ def test_multi_step_loss_weights_anneal_from_uniform_to_the_last_step():
     rates = [v.numpy() for v in algo.variables]
     for it, weights in [(0, (0.5, 0.5)), (5, (0.25, 0.75)), (10, (0.0, 1.0)), (50, (0.0, 1.0))]:
         counter.assign(it)
-        got = float(algo.meta_loss(tasks)["query"])
+        got = float(algo.meta_loss(tasks)["loss"])
         np.testing.assert_allclose(got, by_hand(model, rates, tasks, weights), rtol=1e-10)
 
 
@@ -62,14 +62,14 @@ def fd_gradient(algo, tasks, var, idx, eps=1e-6):
         shifted = base.copy()
         shifted[idx] += sign * eps
         var.assign(shifted)
-        vals.append(float(algo.meta_loss(tasks)["query"]))
+        vals.append(float(algo.meta_loss(tasks)["loss"]))
     var.assign(base)
     return (vals[0] - vals[1]) / (2 * eps)
 
 
 def gradient(algo, tasks, variables):
     with tf.GradientTape() as tape:
-        loss = algo.meta_loss(tasks)["query"]
+        loss = algo.meta_loss(tasks)["loss"]
     return [g.numpy() for g in tape.gradient(loss, variables)]
 
 

@@ -62,20 +62,25 @@ def main(quick=False):
     steps, meta_batch = (60, 8) if quick else (2000, 25)
     model = make_model()
     algo = hogrod.meta.maml(model, mse, inner_lr=0.01, inner_steps=1)
-    # algo.meta_loss(tasks) -> {"query": scalar}; algo.variables == [] for MAML
+    # algo.meta_loss(tasks, step) -> {"loss": scalar}; algo.variables == [] for MAML.
+    # step, the outer iteration, is read by MAML++ only; passing it always lets any
+    # algorithm of the family replace maml here.
     variables = model.trainable_variables + algo.variables
-    step = hogrod.train.make_train_step(algo.meta_loss, keras.optimizers.Adam(1e-3), variables,
+    optimizer = keras.optimizers.Adam(1e-3)
+    step = hogrod.train.make_train_step(lambda tasks: algo.meta_loss(tasks, optimizer.iterations),
+                                        optimizer, variables,
                                         transform=hogrod.train.clip_by_global_norm(10.0))
 
     test_tasks = sample_tasks(tf.constant([123, 0], tf.int64), 100 if quick else 600, 10, 10)
     # vectorize=False: tasks in a tf.map_fn, which traces faster than tf.vectorized_map and
-    # holds one task's activations at a time (the default vectorizes, as the meta-loss does)
+    # holds one task's activations at a time (the default follows the task_map.mode
+    # binding, 'vectorized' unless bound, as the meta-loss does)
     evaluate = lambda: hogrod.meta.evaluate(algo, model, mse, test_tasks,  # noqa: E731
                                             steps=(0, 1, 5), vectorize=False)
     before = evaluate()
 
     for _, tasks in zip(range(steps), meta_batches(seed=0, num_tasks=meta_batch)):
-        logs = step(tasks)          # {"query", "loss", "grad_norm", "lr", "applied"}: tensors
+        logs = step(tasks)          # {"loss", "grad_norm", "lr", "applied"}: tensors
     after = evaluate()      # {"loss_after_0": ..., "loss_after_0_ci95": ..., ...}: floats
 
     # One task by hand: adapt returns fast weights (a list of tensors, the order of
@@ -85,6 +90,11 @@ def main(quick=False):
     assert [f.shape for f in fast] == [v.shape for v in model.trainable_variables]
     pred = hogrod.functional_call(model, fast, xq, training=True)  # what evaluate does
     assert pred.shape == yq.shape
+
+    # The meta-gradient itself, without a train step: (loss, grads), the gradient over
+    # model.trainable_variables + algo.variables (what the step above applies).
+    loss, grads = hogrod.meta.meta_gradient(algo, model, test_tasks)
+    assert [g.shape for g in grads] == [v.shape for v in variables] and np.isfinite(float(loss))
 
     # The model's own BatchNorm statistics are never written by meta-training: every call
     # uses the batch's statistics (transductive) through functional_call's explicit state.
@@ -106,7 +116,7 @@ def main(quick=False):
           f"{before['loss_after_0']:.3f} / {before['loss_after_1']:.3f} / "
           f"{before['loss_after_5']:.3f}; after {steps} meta-steps {after['loss_after_0']:.3f} / "
           f"{after['loss_after_1']:.3f} / {after['loss_after_5']:.3f} "
-          f"(+- {after['loss_after_5_ci95']:.3f}); last meta-loss {float(logs['query']):.3f}")
+          f"(+- {after['loss_after_5_ci95']:.3f}); last meta-loss {float(logs['loss']):.3f}")
     assert float(logs["applied"]) == 1.0
     # the oracle: adaptation helps, and meta-training made the adapted model better
     assert after["loss_after_5"] < after["loss_after_0"]

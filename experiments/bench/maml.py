@@ -44,7 +44,7 @@ def hogrod_step(model, meta_batch, k, inner_lr, inner_steps):
         return float(step(next(it))["loss"])
 
     def meta_grad(batch):
-        return [g.numpy() for g in hogrod.grad(lambda: algo.meta_loss(batch)["query"],
+        return [g.numpy() for g in hogrod.grad(lambda: algo.meta_loss(batch)["loss"],
                                                model.trainable_variables)]
     return run, meta_grad
 

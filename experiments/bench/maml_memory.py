@@ -1,7 +1,7 @@
 """Benchmark: peak memory of one second-order MAML step, with and without recomputation.
 
 MAML's backward pass through k inner steps keeps every inner step's activations; with
-`maml.recompute = True` each task's inner loop is recomputed in the backward pass
+`task_map.mode = 'recomputed'` each task's inner loop is recomputed in the backward pass
 (`tf.recompute_grad`) instead. For 1, 5 and 10 inner steps this measures the allocator's
 peak (`tf.config.experimental.get_memory_info`) over one compiled meta-step on MAML's
 Omniglot network (5-way 1-shot, 15 queries, random images), tasks run sequentially in
@@ -23,7 +23,7 @@ def peak_mb(inner_steps, mode, tasks, filters, device):
     keras.utils.set_random_seed(0)
     model = conv4(filters=filters)
     algo = meta.maml(model, cross_entropy, inner_lr=0.4, inner_steps=inner_steps,
-                     vectorize=mode == "vectorized", recompute=mode == "recompute")
+                     task_map={"recompute": "recomputed"}.get(mode, mode))
     step = train.make_train_step(algo.meta_loss, keras.optimizers.Adam(1e-3),
                                  model.trainable_variables)
     step(tasks)  # trace and build outside the measurement

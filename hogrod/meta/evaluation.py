@@ -5,16 +5,18 @@ import numpy as np
 import tensorflow as tf
 
 import hogrod
+from hogrod.meta.common import map_tasks, task_map
 
 __all__ = ["evaluate", "evaluator"]
 
 
 @gin.configurable
-def evaluator(algorithm, model, loss_fn, steps=(0, 1, 10), accuracy=False, vectorize=True):
+def evaluator(algorithm, model, loss_fn, steps=(0, 1, 10), accuracy=False, vectorize=None):
     """`evaluate` as a reusable function of the tasks: `ev = evaluator(algo, model, loss_fn);
     ev(tasks)` traces once per step count and reuses the traces on every later call (a
     periodic evaluation). The compiled functions belong to the returned function, so a
     later evaluator with another algorithm, model or loss never sees them."""
+    mode = _mode(vectorize)
     steps = tuple(steps)
     if not steps or any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0
                         for s in steps):
@@ -32,10 +34,8 @@ def evaluator(algorithm, model, loss_fn, steps=(0, 1, 10), accuracy=False, vecto
                 tf.float32)))
         return tf.stack([tf.cast(v, tf.float64) for v in out])  # exact for float32 values
 
-    compiled = {s: tf.function(lambda t, s=s: (
-        tf.vectorized_map(lambda task: per_task(task, s), t) if vectorize else
-        tf.map_fn(lambda task: per_task(task, s), t, fn_output_signature=tf.float64)))
-        for s in steps}
+    compiled = {s: tf.function(lambda t, s=s: map_tasks(
+        lambda task, _, __: per_task(task, s), tuple(t), mode=mode)) for s in steps}
 
     def run(tasks):
         results = {}
@@ -46,6 +46,17 @@ def evaluator(algorithm, model, loss_fn, steps=(0, 1, 10), accuracy=False, vecto
                 results.update(_summary(f"{name}_after_{s}", values[:, j]))
         return results
     return run
+
+
+def _mode(vectorize):
+    """The evaluation's task mapping: the `task_map.mode` binding ('recomputed', which
+    only matters for a gradient, evaluates sequentially), unless `vectorize` is given."""
+    if vectorize is None:
+        return "vectorized" if task_map() == "vectorized" else "sequential"
+    if not isinstance(vectorize, bool):
+        raise ValueError(f"evaluator.vectorize must be None (follow task_map.mode), True or "
+                         f"False, got {vectorize!r}")
+    return "vectorized" if vectorize else "sequential"
 
 
 def _summary(name, v):
@@ -61,7 +72,7 @@ def _summary(name, v):
 
 
 def evaluate(algorithm, model, loss_fn, tasks, steps=(0, 1, 10), accuracy=False,
-             vectorize=True):
+             vectorize=None):
     """Per-step means over the tasks of a meta-batch, with 95% confidence half-widths.
 
     Args:
@@ -70,7 +81,8 @@ def evaluate(algorithm, model, loss_fn, tasks, steps=(0, 1, 10), accuracy=False,
       steps: numbers of adaptation steps to evaluate after.
       accuracy: also report query accuracy (classification: argmax of the outputs).
       vectorize: tf.vectorized_map over the tasks (fast for dense nets); False: tf.map_fn,
-        faster for conv nets, whose filter gradient pfor runs as a while loop.
+        faster for conv nets, whose filter gradient pfor runs as a while loop; None: as
+        the `task_map.mode` binding says ('sequential' and 'recomputed': False).
 
     Returns:
       {"loss_after_{s}": mean, "loss_after_{s}_ci95": half-width, "loss_after_{s}_median",
@@ -79,6 +91,10 @@ def evaluate(algorithm, model, loss_fn, tasks, steps=(0, 1, 10), accuracy=False,
 
     Each call traces anew; to evaluate the same algorithm periodically, build
     `evaluator(algorithm, model, loss_fn, ...)` once and call it (gin binds `evaluator`'s
-    arguments, e.g. `evaluator.vectorize = False`).
+    arguments; its `vectorize` follows `task_map.mode` unless bound).
+
+    Dropout is active (training=True is one flag for BatchNorm and Dropout) with the
+    model's current seed state: the same masks on every call, until a meta-step advances
+    the state.
     """
     return evaluator(algorithm, model, loss_fn, steps, accuracy, vectorize)(tasks)
