@@ -11,10 +11,10 @@ X~^T diag(p(1-p)) X~ / n (hessian.png: the matrix and its eigenvalues).
     python -m experiments.hessian_spectrum --gin_file=configs/curvature/spectrum_mlp.gin
     python -m experiments.hessian_spectrum --gin_file=configs/curvature/inspect_logistic.gin
 
-(`hogrod-hessian-inspect`, the console command of the former `experiments.hessian_inspect`,
-runs this binary: its configs are `configs/curvature/inspect_logistic.gin` and
-`inspect_mlp.gin`, its bindings `hessian_spectrum.*`, with `n_features` now `dim` and
-`n_classes` now `classes`.)
+(`hogrod-hessian-inspect` runs this binary too, for its dense and closed-form checks: the
+configs `configs/curvature/inspect_logistic.gin` and `inspect_mlp.gin`, bindings
+`hessian_spectrum.*`. A config written for `experiments.hessian_inspect` needs
+`n_features` renamed `dim` and `n_classes` renamed `classes`.)
 
 Outputs: metrics.json, operative_config.gin, TensorBoard events (train/), checkpoints (ckpt/;
 a re-run with the same --output_dir resumes), density.png, hessian.png.

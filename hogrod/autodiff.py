@@ -35,9 +35,9 @@ __all__ = [
 ]
 
 HVP_MODES = ("reverse_over_reverse", "forward_over_reverse")
-# Chosen by experiments/bench/hvp.py (see WORKSPACE.md, "Benchmarks"): on a quiet machine
-# forward-over-reverse was the faster mode in every run (0.92-1.00x JAX's HVP against
-# 1.04-1.07x for nested tapes); under heavy load the two were within noise.
+# What `mode="auto"` picks: forward-over-reverse is the faster mode in experiments/bench/hvp.py
+# (one forward-mode pass over the gradient instead of a second tape over it; the figures are
+# in experiments/RESULTS.md, "Primitives"), and no slower where the two are within noise.
 _AUTO_HVP_MODE = "forward_over_reverse"
 _UNCONNECTED = ("zero", "none", "raise")
 

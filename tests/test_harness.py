@@ -75,7 +75,8 @@ def test_a_changed_config_exits_2_from_the_command_line(tmp_path, capsys):
 def test_gin_files_resolve_from_any_directory(tmp_path, monkeypatch):
     """The shipped-relative path, the repository's configs/ form and a user's own file that
     includes a shipped config, from another directory, with the repository root on sys.path
-    (where gin's package reader used to fail on the `configs` link)."""
+    (then the root's `configs` link is a namespace package, on which gin's package reader
+    raises instead of trying the next search path)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(REPO_ROOT)
     (tmp_path / "mine.gin").write_text("include 'configs/maml/sinusoid_maml.gin'\n"
@@ -222,8 +223,8 @@ def test_history_of_a_resumed_run_stops_at_its_checkpoint_and_metrics_are_update
 
 
 def test_a_run_leaves_no_bindings_behind(tmp_path):
-    """After `run`, a direct call no longer sees the run's bindings (a script that runs an
-    experiment and then builds its own train step got the run's loss weights)."""
+    """After `run`, a direct call does not see the run's bindings (otherwise a script that
+    runs an experiment and then builds its own train step gets the run's loss weights)."""
     import gin
 
     @gin.configurable

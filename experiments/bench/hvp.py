@@ -49,7 +49,8 @@ def tf_candidates(model, x, y, vector, jit_compile):
         fn = hvp_fn(mode)
         out[f"hvp_{mode}"] = lambda fn=fn: fn(vector)
         # The traced graph called directly: no per-call signature matching of the 6-tensor
-        # argument, which costs a polymorphic tf.function call ~0.4 ms here.
+        # argument, which a polymorphic tf.function pays on every call (timed separately so
+        # that cost shows; experiments/RESULTS.md, "Primitives").
         concrete = fn.get_concrete_function(vector)
         out[f"hvp_{mode}_concrete"] = lambda c=concrete: c(vector)
     suffix = "_xla" if jit_compile else ""

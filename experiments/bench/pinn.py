@@ -36,7 +36,7 @@ import tensorflow as tf
 from absl import logging
 
 import hogrod
-from experiments.bench.timing import interleaved_rates, matmul_floor
+from experiments.bench.timing import floor_metrics, interleaved_rates, matmul_floor
 from experiments.models import dense_net
 from hogrod import harness, pinn
 
@@ -193,9 +193,7 @@ def bench_pinn(output_dir, points=10000, width=20, depth=8, rounds=10, calls_per
             m[f"ratio_hogrod_xla_over_{k}"] = rates["hogrod_xla"] / rates[k]
     for k in ("tf_forward_mode", "taylor_mode"):
         m[f"ratio_hogrod_over_{k}"] = rates["hogrod"] / rates[k]
-    m["matmul_floor_ms"] = 1e3 * floor
-    for k in rates if floor else ():  # no hidden-to-hidden products (depth 1): no floor
-        m[f"floor_ratio_over_{k}"] = 1.0 / (floor * rates[k])
+    m.update(floor_metrics(floor, rates))  # depth 1: no hidden-to-hidden products, no floor
     for k, v in sorted(m.items()):
         print(f"{k:35s} {v:.4g}")
     return dict(m, points=points, width=width, depth=depth)

@@ -61,3 +61,13 @@ def matmul_floor(rows, width, count):
     candidates = {"floor_chained": lambda: chained().numpy(),
                   "floor_independent": lambda: independent()[0].numpy()}
     return candidates, lambda rates: 1.0 / max(rates[k] for k in candidates)
+
+
+def floor_metrics(floor, rates):
+    """`matmul_floor_ms` and, for each candidate's rate (calls/s) in `rates`,
+    `floor_ratio_over_<name>`: its time over the floor's, the best ratio over it a step doing
+    only the floor's products could reach. A floor of 0 (no products) gives no ratios."""
+    metrics = {"matmul_floor_ms": 1e3 * floor}
+    for k in rates if floor else ():
+        metrics[f"floor_ratio_over_{k}"] = 1.0 / (floor * rates[k])
+    return metrics

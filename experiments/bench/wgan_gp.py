@@ -26,7 +26,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from experiments.bench.timing import interleaved_rates, matmul_floor
+from experiments.bench.timing import floor_metrics, interleaved_rates, matmul_floor
 from experiments.models import relu_mlp as mlp
 from hogrod import gan, harness
 
@@ -117,9 +117,8 @@ def bench_wgan_gp(output_dir, width=512, depth=3, batch=256, lam=10.0, rounds=10
     m["ratio_over_eager"] = m["critic_steps_per_s_hogrod_compiled"] / m["critic_steps_per_s_tf_eager"]
     if "torch" in runs:
         m["ratio_over_torch"] = m["critic_steps_per_s_hogrod_compiled"] / m["critic_steps_per_s_torch"]
-    m["matmul_floor_ms"] = 1e3 * floor
-    for k in runs if floor else ():  # over hogrod_compiled: how far the step is from it
-        m[f"floor_ratio_over_{k}"] = 1.0 / (floor * m[f"critic_steps_per_s_{k}"])
+    # over hogrod_compiled: how far the step is from the floor
+    m.update(floor_metrics(floor, {k: rates[k] for k in runs}))
     for k, v in sorted(m.items()):
         print(f"{k:40s} {v:.4g}")
     return dict(m, width=width, depth=depth, batch=batch)

@@ -30,8 +30,8 @@ def imaml(model, loss_fn, inner_lr=0.01, inner_steps=10, lam=1.0, cg_steps=5,
     the largest curvature L of the proximal objective at theta; the inner rate is then
     min(inner_lr, 1 / L). iMAML's objective rewards a support loss that is sharp relative
     to lam (the exact proximal solution then fits the support), so meta-training raises the
-    curvature until a fixed rate diverges (on the sinusoids: L from 20 to 1,000 in 2,000
-    steps, then inf). The implicit gradient depends only on the inner solution, not on the
+    curvature until a fixed rate diverges (on the sinusoids: experiments/RESULTS.md,
+    "Meta-learning"). The implicit gradient depends only on the inner solution, not on the
     solver, so a curvature-safe rate keeps the algorithm the same."""
     mode = resolve_task_map("imaml", task_map, vectorize, recompute)
     check_steps("imaml.inner_steps", inner_steps, minimum=0)
