@@ -77,6 +77,7 @@ def test_gin_files_resolve_from_any_directory(tmp_path, monkeypatch):
     includes a shipped config, from another directory, with the repository root on sys.path
     (then the root's `configs` link is a namespace package, on which gin's package reader
     raises instead of trying the next search path)."""
+    from experiments import maml  # noqa: F401  (registers maml_experiment, which they bind)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(REPO_ROOT)
     (tmp_path / "mine.gin").write_text("include 'configs/maml/sinusoid_maml.gin'\n"
