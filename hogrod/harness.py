@@ -64,17 +64,37 @@ import hogrod
 from hogrod.train import loop as _loop  # noqa: F401  (drops TF's per-checkpoint timing line)
 
 FLAGS = flags.FLAGS
-flags.DEFINE_multi_string(
-    "gin_file", [], "Gin config file (repeatable; later files override): a path, or one "
-    "relative to the shipped configs (maml/sinusoid_maml.gin or configs/maml/...).")
-flags.DEFINE_multi_string("gin_param", [], "Gin binding, e.g. 'maml.steps = 10' (repeatable).")
-flags.DEFINE_string("output_dir", None,
-                    "Where the run writes its outputs; default runs/<experiment>/<timestamp>. "
-                    "Re-using a directory resumes from its last checkpoint.")
-flags.DEFINE_boolean("allow_config_change", False,
-                     "Continue a run in an --output_dir whose config.gin records other "
-                     "bindings (refused without this flag); the differences are appended "
-                     "to <output_dir>/config_changes.txt.")
+
+
+_FLAG_DEFINITIONS = (  # (name, flag type as absl names it, define, default, help)
+    ("gin_file", "multi string", flags.DEFINE_multi_string, [],
+     "Gin config file (repeatable; later files override): a path, or one relative to the "
+     "shipped configs (maml/sinusoid_maml.gin or configs/maml/...)."),
+    ("gin_param", "multi string", flags.DEFINE_multi_string, [],
+     "Gin binding, e.g. 'maml.steps = 10' (repeatable)."),
+    ("output_dir", "string", flags.DEFINE_string, None,
+     "Where the run writes its outputs; default runs/<experiment>/<timestamp>. Re-using a "
+     "directory resumes from its last checkpoint."),
+    ("allow_config_change", "bool", flags.DEFINE_boolean, False,
+     "Continue a run in an --output_dir whose config.gin records other bindings (refused "
+     "without this flag); the differences are appended to <output_dir>/config_changes.txt."),
+)
+
+
+def _define_flags(flag_values=FLAGS):
+    """Define the binary's flags on absl's global FLAGS, once per process: only running a
+    binary defines them (importing hogrod defines none, so a program that imports it keeps
+    its flag names free), and several binaries or tests in one process share them. A flag
+    of the same name but another type, defined by the program, is an error, not reused."""
+    for name, flag_type, define, default, help_text in _FLAG_DEFINITIONS:
+        if name not in flag_values:
+            define(name, default, help_text, flag_values=flag_values)
+        elif flag_values[name].flag_type() != flag_type:
+            raise flags.DuplicateFlagError(
+                f"--{name} is already defined as a {flag_values[name].flag_type()} flag (by "
+                f"{flag_values.find_module_defining_flag(name)}); harness.main needs it as a "
+                f"{flag_type} flag: rename the program's flag")
+
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 CONFIG_DIR = os.path.join(PACKAGE_DIR, "configs")  # the shipped gin configs
@@ -419,7 +439,10 @@ def run_cli(fn, gin_files=(), gin_params=(), output_dir=None, show_traceback=Fal
 
 
 def main(fn):
-    """absl entry point for an experiment binary (see the module docstring)."""
+    """absl entry point for an experiment binary (see the module docstring): defines the
+    flags `--gin_file`, `--gin_param`, `--output_dir`, `--allow_config_change` (importing
+    the module defines none), parses the command line and runs `fn`."""
+    _define_flags()
 
     def _main(argv):
         if len(argv) > 1:

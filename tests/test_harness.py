@@ -146,6 +146,36 @@ def test_binary_exits_nonzero_on_bad_binding_and_zero_on_success(tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
+def test_importing_hogrod_defines_no_flags():
+    """Only a binary's `harness.main` defines --gin_file etc.: a program that imports hogrod
+    keeps those names free (it may define its own --output_dir)."""
+    script = ("import hogrod, hogrod.harness, hogrod.train, hogrod.meta, hogrod.gan, "
+              "hogrod.pinn, hogrod.curvature, hogrod.distribute, hogrod.linalg, hogrod.tree; "
+              "from absl import flags; "
+              "print(sorted({'gin_file', 'gin_param', 'output_dir', 'allow_config_change'} "
+              "& set(flags.FLAGS)))")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO_ROOT)
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_main_defines_its_flags_once_and_refuses_a_clashing_one():
+    from absl import flags
+    values = flags.FlagValues()
+    harness._define_flags(values)
+    harness._define_flags(values)  # a second binary or test in the same process
+    values(["prog", "--gin_file=a.gin", "--gin_file=b.gin", "--gin_param=x.y = 1",
+            "--output_dir=out", "--allow_config_change"])
+    assert (values.gin_file, values.gin_param, values.output_dir, values.allow_config_change
+            ) == (["a.gin", "b.gin"], ["x.y = 1"], "out", True)
+    clash = flags.FlagValues()
+    flags.DEFINE_string("gin_file", None, "the program's own", flag_values=clash)
+    with pytest.raises(flags.DuplicateFlagError, match="--gin_file.*string.*multi string"):
+        harness._define_flags(clash)
+
+
 def test_console_command_runs_from_another_directory_with_a_shipped_config(tmp_path):
     """What the `hogrod-hessian-inspect` script (the merged curvature binary's second name)
     does (pyproject's [project.scripts]), run in an empty directory: progress at INFO shows,
