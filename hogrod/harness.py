@@ -341,36 +341,65 @@ def write_metrics(output_dir, metrics, resumed=False):
     write_json(path, dict(old, **metrics), indent=2, sort_keys=True)
 
 
+class EvalHistory(list):
+    """The evaluations of one run's `output_dir` (a list of {"step": ..., name: value}),
+    owning the TensorBoard writer `record_eval` writes `<output_dir>/eval` with: one events
+    file per run, closed when the history goes, never shared with another run that names
+    the same (relative) directory from another working directory."""
+
+    def __init__(self, output_dir, evaluations=()):
+        super().__init__(evaluations)
+        self.output_dir = os.path.abspath(output_dir)
+        self._writer = None
+
+    def writer(self):
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(os.path.join(self.output_dir, "eval"))
+        return self._writer
+
+
 def read_history(output_dir, upto_step):
     """The evaluations earlier runs recorded in `<output_dir>/eval_history.json`, up to the
-    step this run resumes from (`Checkpointer.latest_step()`); [] for a new run."""
+    step this run resumes from (`Checkpointer.latest_step()`), as an `EvalHistory` to give
+    `record_eval`; empty for a new run."""
     path = os.path.join(output_dir, "eval_history.json")
     if not os.path.exists(path):
-        return []
+        return EvalHistory(output_dir)
     with open(path) as f:
-        return [h for h in json.load(f) if h["step"] <= upto_step]
-
-
-_EVAL_WRITERS = {}
+        return EvalHistory(output_dir, [h for h in json.load(f) if h["step"] <= upto_step])
 
 
 def record_eval(output_dir, history, result):
     """Append `result` ({"step": ..., name: value}) to `history` (replacing an evaluation
     at the same step, such as a finished run's re-evaluation), rewrite eval_history.json,
-    and write its scalar values to TensorBoard (`<output_dir>/eval`)."""
+    and write its scalar values to TensorBoard (`<output_dir>/eval`).
+
+    `history` is what `read_history(output_dir, ...)` returned (its writer keeps one events
+    file for the run); a plain list also works, with an events file for each call.
+    """
+    if isinstance(history, EvalHistory):
+        if history.output_dir != os.path.abspath(output_dir):
+            raise ValueError(f"record_eval: history is that of {history.output_dir}, not of "
+                             f"output_dir {os.path.abspath(output_dir)}; pass the history "
+                             "read_history gave for this output_dir")
+        writer = history.writer()
+    elif isinstance(history, list):
+        writer = tf.summary.create_file_writer(os.path.join(output_dir, "eval"))
+    else:
+        raise TypeError(f"record_eval: history must be the list read_history returned, got "
+                        f"{type(history).__name__}")
     if history and history[-1]["step"] == result["step"]:
         history[-1] = result
     else:
         history.append(result)
     write_json(os.path.join(output_dir, "eval_history.json"), history)
-    path = os.path.join(output_dir, "eval")
-    if path not in _EVAL_WRITERS:
-        _EVAL_WRITERS[path] = tf.summary.create_file_writer(path)
-    with _EVAL_WRITERS[path].as_default():
+    with writer.as_default():
         for name, value in result.items():
             if name != "step" and isinstance(value, numbers.Real):
                 tf.summary.scalar(name, value, step=int(result["step"]))
-    _EVAL_WRITERS[path].flush()
+    writer.flush()
+    if not isinstance(history, EvalHistory):
+        writer.close()
 
 
 def default_output_dir(fn):

@@ -251,6 +251,33 @@ def test_history_of_a_resumed_run_stops_at_its_checkpoint_and_metrics_are_update
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
 
 
+def _eval_scalars(eval_dir):
+    """{(step, name): value} of the TensorBoard scalars in a run's eval/ folder."""
+    out = {}
+    for name in os.listdir(eval_dir):
+        for event in tf.compat.v1.train.summary_iterator(os.path.join(eval_dir, name)):
+            for v in event.summary.value:
+                out[event.step, v.tag] = float(tf.make_ndarray(v.tensor))
+    return out
+
+
+def test_eval_scalars_go_to_the_run_that_recorded_them(tmp_path, monkeypatch):
+    """Two runs naming the same relative output_dir from two working directories each get
+    their own scalars (a writer cached by path wrote the second run's into the first's)."""
+    for run, value in (("a", 1.0), ("b", 2.0)):
+        (tmp_path / run).mkdir()
+        monkeypatch.chdir(tmp_path / run)
+        history = harness.read_history("out", 0)
+        for step in (10, 20):
+            harness.record_eval("out", history, {"step": step, "loss": value * step})
+        with pytest.raises(ValueError, match="record_eval: history is that of"):
+            harness.record_eval(str(tmp_path / "elsewhere"), history, {"step": 30})
+    for run, value in (("a", 1.0), ("b", 2.0)):
+        eval_dir = tmp_path / run / "out" / "eval"
+        assert len(os.listdir(eval_dir)) == 1  # the history's one writer
+        assert _eval_scalars(eval_dir) == {(10, "loss"): 10 * value, (20, "loss"): 20 * value}
+
+
 def test_a_run_leaves_no_bindings_behind(tmp_path):
     """After `run`, a direct call no longer sees the run's bindings (a script that runs an
     experiment and then builds its own train step got the run's loss weights)."""
