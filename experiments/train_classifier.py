@@ -109,7 +109,8 @@ def train_classifier(output_dir, dataset="mnist", data_dir=None, conv_filters=()
                 raise ValueError("precision='mixed_*' uses one optimizer: set "
                                  "train_classifier.backbone_lr == head_lr")
             opt = train.mixed_precision(opt_cls(head_lr), precision)
-            model = classifier(image_shape, num_classes, conv_filters, hidden)
+            with train.precision_policy(precision):  # this model's layers only
+                model = classifier(image_shape, num_classes, conv_filters, hidden)
             opts = {"optimizer": opt}
             step_args = dict(optimizer=opt, variables=model.trainable_variables)
 

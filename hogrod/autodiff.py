@@ -334,7 +334,8 @@ def gnvp(model_fn, loss_fn, params, vector):
     Args:
       model_fn: a callable of no arguments returning the model output z
         (any shape; depends on `params`).
-      loss_fn: a callable taking z and returning a scalar loss.
+      loss_fn: an output loss `loss_fn(z) -> scalar` of the model output alone (labels
+        closed over); a Keras loss is `lambda z: loss(y_true, z)`.
       params: variables / tensors (nested structure) of floating dtypes.
       vector: a structure like `params` (as for `hvp`).
 

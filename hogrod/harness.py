@@ -64,17 +64,37 @@ import hogrod
 from hogrod.train import loop as _loop  # noqa: F401  (drops TF's per-checkpoint timing line)
 
 FLAGS = flags.FLAGS
-flags.DEFINE_multi_string(
-    "gin_file", [], "Gin config file (repeatable; later files override): a path, or one "
-    "relative to the shipped configs (maml/sinusoid_maml.gin or configs/maml/...).")
-flags.DEFINE_multi_string("gin_param", [], "Gin binding, e.g. 'maml.steps = 10' (repeatable).")
-flags.DEFINE_string("output_dir", None,
-                    "Where the run writes its outputs; default runs/<experiment>/<timestamp>. "
-                    "Re-using a directory resumes from its last checkpoint.")
-flags.DEFINE_boolean("allow_config_change", False,
-                     "Continue a run in an --output_dir whose config.gin records other "
-                     "bindings (refused without this flag); the differences are appended "
-                     "to <output_dir>/config_changes.txt.")
+
+
+_FLAG_DEFINITIONS = (  # (name, flag type as absl names it, define, default, help)
+    ("gin_file", "multi string", flags.DEFINE_multi_string, [],
+     "Gin config file (repeatable; later files override): a path, or one relative to the "
+     "shipped configs (maml/sinusoid_maml.gin or configs/maml/...)."),
+    ("gin_param", "multi string", flags.DEFINE_multi_string, [],
+     "Gin binding, e.g. 'maml.steps = 10' (repeatable)."),
+    ("output_dir", "string", flags.DEFINE_string, None,
+     "Where the run writes its outputs; default runs/<experiment>/<timestamp>. Re-using a "
+     "directory resumes from its last checkpoint."),
+    ("allow_config_change", "bool", flags.DEFINE_boolean, False,
+     "Continue a run in an --output_dir whose config.gin records other bindings (refused "
+     "without this flag); the differences are appended to <output_dir>/config_changes.txt."),
+)
+
+
+def _define_flags(flag_values=FLAGS):
+    """Define the binary's flags on absl's global FLAGS, once per process: only running a
+    binary defines them (importing hogrod defines none, so a program that imports it keeps
+    its flag names free), and several binaries or tests in one process share them. A flag
+    of the same name but another type, defined by the program, is an error, not reused."""
+    for name, flag_type, define, default, help_text in _FLAG_DEFINITIONS:
+        if name not in flag_values:
+            define(name, default, help_text, flag_values=flag_values)
+        elif flag_values[name].flag_type() != flag_type:
+            raise flags.DuplicateFlagError(
+                f"--{name} is already defined as a {flag_values[name].flag_type()} flag (by "
+                f"{flag_values.find_module_defining_flag(name)}); harness.main needs it as a "
+                f"{flag_type} flag: rename the program's flag")
+
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 CONFIG_DIR = os.path.join(PACKAGE_DIR, "configs")  # the shipped gin configs
@@ -321,36 +341,65 @@ def write_metrics(output_dir, metrics, resumed=False):
     write_json(path, dict(old, **metrics), indent=2, sort_keys=True)
 
 
+class EvalHistory(list):
+    """The evaluations of one run's `output_dir` (a list of {"step": ..., name: value}),
+    owning the TensorBoard writer `record_eval` writes `<output_dir>/eval` with: one events
+    file per run, closed when the history goes, never shared with another run that names
+    the same (relative) directory from another working directory."""
+
+    def __init__(self, output_dir, evaluations=()):
+        super().__init__(evaluations)
+        self.output_dir = os.path.abspath(output_dir)
+        self._writer = None
+
+    def writer(self):
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(os.path.join(self.output_dir, "eval"))
+        return self._writer
+
+
 def read_history(output_dir, upto_step):
     """The evaluations earlier runs recorded in `<output_dir>/eval_history.json`, up to the
-    step this run resumes from (`Checkpointer.latest_step()`); [] for a new run."""
+    step this run resumes from (`Checkpointer.latest_step()`), as an `EvalHistory` to give
+    `record_eval`; empty for a new run."""
     path = os.path.join(output_dir, "eval_history.json")
     if not os.path.exists(path):
-        return []
+        return EvalHistory(output_dir)
     with open(path) as f:
-        return [h for h in json.load(f) if h["step"] <= upto_step]
-
-
-_EVAL_WRITERS = {}
+        return EvalHistory(output_dir, [h for h in json.load(f) if h["step"] <= upto_step])
 
 
 def record_eval(output_dir, history, result):
     """Append `result` ({"step": ..., name: value}) to `history` (replacing an evaluation
     at the same step, such as a finished run's re-evaluation), rewrite eval_history.json,
-    and write its scalar values to TensorBoard (`<output_dir>/eval`)."""
+    and write its scalar values to TensorBoard (`<output_dir>/eval`).
+
+    `history` is what `read_history(output_dir, ...)` returned (its writer keeps one events
+    file for the run); a plain list also works, with an events file for each call.
+    """
+    if isinstance(history, EvalHistory):
+        if history.output_dir != os.path.abspath(output_dir):
+            raise ValueError(f"record_eval: history is that of {history.output_dir}, not of "
+                             f"output_dir {os.path.abspath(output_dir)}; pass the history "
+                             "read_history gave for this output_dir")
+        writer = history.writer()
+    elif isinstance(history, list):
+        writer = tf.summary.create_file_writer(os.path.join(output_dir, "eval"))
+    else:
+        raise TypeError(f"record_eval: history must be the list read_history returned, got "
+                        f"{type(history).__name__}")
     if history and history[-1]["step"] == result["step"]:
         history[-1] = result
     else:
         history.append(result)
     write_json(os.path.join(output_dir, "eval_history.json"), history)
-    path = os.path.join(output_dir, "eval")
-    if path not in _EVAL_WRITERS:
-        _EVAL_WRITERS[path] = tf.summary.create_file_writer(path)
-    with _EVAL_WRITERS[path].as_default():
+    with writer.as_default():
         for name, value in result.items():
             if name != "step" and isinstance(value, numbers.Real):
                 tf.summary.scalar(name, value, step=int(result["step"]))
-    _EVAL_WRITERS[path].flush()
+    writer.flush()
+    if not isinstance(history, EvalHistory):
+        writer.close()
 
 
 def default_output_dir(fn):
@@ -419,7 +468,10 @@ def run_cli(fn, gin_files=(), gin_params=(), output_dir=None, show_traceback=Fal
 
 
 def main(fn):
-    """absl entry point for an experiment binary (see the module docstring)."""
+    """absl entry point for an experiment binary (see the module docstring): defines the
+    flags `--gin_file`, `--gin_param`, `--output_dir`, `--allow_config_change` (importing
+    the module defines none), parses the command line and runs `fn`."""
+    _define_flags()
 
     def _main(argv):
         if len(argv) > 1:

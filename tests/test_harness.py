@@ -148,6 +148,36 @@ def test_binary_exits_nonzero_on_bad_binding_and_zero_on_success(tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
+def test_importing_hogrod_defines_no_flags():
+    """Only a binary's `harness.main` defines --gin_file etc.: a program that imports hogrod
+    keeps those names free (it may define its own --output_dir)."""
+    script = ("import hogrod, hogrod.harness, hogrod.train, hogrod.meta, hogrod.gan, "
+              "hogrod.pinn, hogrod.curvature, hogrod.distribute, hogrod.linalg, hogrod.tree; "
+              "from absl import flags; "
+              "print(sorted({'gin_file', 'gin_param', 'output_dir', 'allow_config_change'} "
+              "& set(flags.FLAGS)))")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO_ROOT)
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_main_defines_its_flags_once_and_refuses_a_clashing_one():
+    from absl import flags
+    values = flags.FlagValues()
+    harness._define_flags(values)
+    harness._define_flags(values)  # a second binary or test in the same process
+    values(["prog", "--gin_file=a.gin", "--gin_file=b.gin", "--gin_param=x.y = 1",
+            "--output_dir=out", "--allow_config_change"])
+    assert (values.gin_file, values.gin_param, values.output_dir, values.allow_config_change
+            ) == (["a.gin", "b.gin"], ["x.y = 1"], "out", True)
+    clash = flags.FlagValues()
+    flags.DEFINE_string("gin_file", None, "the program's own", flag_values=clash)
+    with pytest.raises(flags.DuplicateFlagError, match="--gin_file.*string.*multi string"):
+        harness._define_flags(clash)
+
+
 def test_console_command_runs_from_another_directory_with_a_shipped_config(tmp_path):
     """What the `hogrod-hessian-inspect` script (the merged curvature binary's second name)
     does (pyproject's [project.scripts]), run in an empty directory: progress at INFO shows,
@@ -221,6 +251,33 @@ def test_history_of_a_resumed_run_stops_at_its_checkpoint_and_metrics_are_update
     harness.write_metrics(str(tmp_path), {"loss": 0.25})  # not a resumed run: replaced
     assert json.loads((tmp_path / "metrics.json").read_text()) == {"loss": 0.25}
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+
+
+def _eval_scalars(eval_dir):
+    """{(step, name): value} of the TensorBoard scalars in a run's eval/ folder."""
+    out = {}
+    for name in os.listdir(eval_dir):
+        for event in tf.compat.v1.train.summary_iterator(os.path.join(eval_dir, name)):
+            for v in event.summary.value:
+                out[event.step, v.tag] = float(tf.make_ndarray(v.tensor))
+    return out
+
+
+def test_eval_scalars_go_to_the_run_that_recorded_them(tmp_path, monkeypatch):
+    """Two runs naming the same relative output_dir from two working directories each get
+    their own scalars (a writer cached by path wrote the second run's into the first's)."""
+    for run, value in (("a", 1.0), ("b", 2.0)):
+        (tmp_path / run).mkdir()
+        monkeypatch.chdir(tmp_path / run)
+        history = harness.read_history("out", 0)
+        for step in (10, 20):
+            harness.record_eval("out", history, {"step": step, "loss": value * step})
+        with pytest.raises(ValueError, match="record_eval: history is that of"):
+            harness.record_eval(str(tmp_path / "elsewhere"), history, {"step": 30})
+    for run, value in (("a", 1.0), ("b", 2.0)):
+        eval_dir = tmp_path / run / "out" / "eval"
+        assert len(os.listdir(eval_dir)) == 1  # the history's one writer
+        assert _eval_scalars(eval_dir) == {(10, "loss"): 10 * value, (20, "loss"): 20 * value}
 
 
 def test_a_run_leaves_no_bindings_behind(tmp_path):

@@ -246,6 +246,19 @@ def test_inverse_burgers_moves_the_viscosity_toward_the_truth(tmp_path):
     assert any(n.startswith("unknown_viscosity/") for n in saved), saved  # resumes with it
 
 
+def test_lbfgs_minimizes_an_objective_as_make_train_step_does():
+    """The objective kind: a scalar or {term: scalar}, "monitor/..." terms not minimized;
+    closed-form minimizers of float64 quadratics."""
+    w = tf.Variable([0.0, 0.0], dtype=tf.float64)
+    target = tf.constant([1.0, 2.0], tf.float64)
+    value, _, _ = pinn.lbfgs(lambda b: {"fit": tf.reduce_sum((w - target) ** 2),
+                                        "monitor/norm": 1e3 * tf.reduce_sum(w ** 2)}, [w])
+    np.testing.assert_allclose(w.numpy(), [1.0, 2.0], atol=1e-6)
+    assert value < 1e-10  # the monitor term (5e3 here) is not part of the value
+    pinn.lbfgs(lambda b: tf.reduce_sum((w - 3.0) ** 2), [w])
+    np.testing.assert_allclose(w.numpy(), [3.0, 3.0], atol=1e-6)
+
+
 def test_annealing_weights_move_to_the_balancing_ratio():
     keras.utils.set_random_seed(0)
     net = keras.Sequential([keras.Input((2,)), keras.layers.Dense(8, activation="tanh"),

@@ -121,26 +121,21 @@ def test_unconnected_variables_get_zeros_and_one_warning_naming_them(caplog):
     np.testing.assert_array_equal(lonely.numpy(), 1.0)
 
 
-@pytest.fixture
-def float32_policy_after():
-    yield
-    keras.mixed_precision.set_global_policy("float32")
-
-
-def test_mixed_precision_matches_float32_and_small_gradients_do_not_underflow(
-        float32_policy_after):
+def test_mixed_precision_matches_float32_and_small_gradients_do_not_underflow():
     rng = np.random.default_rng(0)
     x = tf.constant(rng.normal(size=(32, 8)), tf.float32)
     y = tf.constant(rng.normal(size=(32, 1)), tf.float32)
+    global_policy = keras.config.dtype_policy().name
 
     def run(policy):
-        keras.mixed_precision.set_global_policy("float32")
         keras.utils.set_random_seed(1)
-        opt = keras.optimizers.SGD(1e4)
-        if policy == "mixed_float16":
-            opt = train.mixed_precision(opt)
-        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"),
-                                  keras.layers.Dense(1)])
+        opt = train.mixed_precision(keras.optimizers.SGD(1e4), policy)
+        assert keras.config.dtype_policy().name == global_policy  # wrapping sets no policy
+        with train.precision_policy(policy):
+            model = keras.Sequential([keras.Input((8,)),
+                                      keras.layers.Dense(16, activation="tanh"),
+                                      keras.layers.Dense(1)])
+        assert keras.config.dtype_policy().name == global_policy  # restored after the build
         before = weights(model)
         # A loss 1e-6 of the usual size: float16 gradients of it underflow without scaling.
         loss = lambda b: 1e-6 * tf.reduce_mean(  # noqa: E731
@@ -151,10 +146,28 @@ def test_mixed_precision_matches_float32_and_small_gradients_do_not_underflow(
 
     delta32, _, _ = run("float32")
     delta16, logs16, model16 = run("mixed_float16")
-    assert model16.layers[0].compute_dtype == "float16"
+    assert model16.layers[0](x).dtype == tf.float16  # computes in float16 outside the block
+    assert {v.dtype for v in model16.trainable_variables} == {"float32"}
     assert float(logs16["applied"]) == 1.0
     assert np.count_nonzero(delta16) == np.count_nonzero(delta32) > 0  # nothing underflowed
     np.testing.assert_allclose(delta16, delta32, rtol=2e-2, atol=2e-2 * np.abs(delta32).max())
+
+
+def test_precision_policy_restores_the_previous_policy_even_on_error():
+    before = keras.config.dtype_policy().name
+    with train.precision_policy("float64"):
+        with pytest.raises(RuntimeError, match="inside"):
+            with train.precision_policy("mixed_bfloat16") as policy:
+                assert keras.layers.Dense(2).compute_dtype == "bfloat16" == policy.compute_dtype
+                raise RuntimeError("inside")
+        assert keras.config.dtype_policy().name == "float64"  # the enclosing one, not float32
+    assert keras.config.dtype_policy().name == before
+    with pytest.raises(ValueError, match="precision_policy's policy"):
+        with train.precision_policy("mixed_flot16"):
+            pass
+    with pytest.raises(ValueError, match="mixed_precision's policy"):
+        train.mixed_precision(keras.optimizers.SGD(0.1), "mixed_flot16")
+    assert keras.config.dtype_policy().name == before
 
 
 def test_nan_guard_names_step_and_term_and_keeps_last_good_checkpoint(tmp_path):

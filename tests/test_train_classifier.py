@@ -15,9 +15,13 @@ TINY = ["train_classifier.steps = 6", "train_classifier.batch_size = 8",
 
 
 @pytest.fixture(autouse=True)
-def float32_policy_after():
+def global_policy_unchanged():
+    """A run, mixed precision included, leaves Keras's global dtype policy as it found it."""
+    before = keras.config.dtype_policy().name
     yield
-    keras.mixed_precision.set_global_policy("float32")
+    after = keras.config.dtype_policy().name
+    keras.config.set_dtype_policy(before)  # so one failure does not cascade
+    assert after == before, f"the run left the global dtype policy {after!r}, not {before!r}"
 
 
 @pytest.mark.parametrize("config,extra", [

@@ -59,7 +59,10 @@ def _dispatch(name):
 def _compiled(solver, n, static, with_stop):
     """One tf.function per solver and configuration, shared by every host_solver call with
     it: its numpy_functions call whatever host callables the running call registered, so
-    a second estimate with the same configuration does not trace again."""
+    a second estimate with the same configuration does not trace again. Module-level but
+    safe: the key holds the solver function and hashable values (never an id), the
+    function captures nothing of a call (operator, matvec, stop go through `_running`,
+    popped when the call ends), and at most 64 configurations are kept."""
     def product(v):
         w = tf.numpy_function(_dispatch("matvec"), [v], tf.float64, stateful=True)
         w.set_shape([n])

@@ -130,7 +130,8 @@ class HessianOperator(_CurvatureOperator):
     """H = d^2/dparams^2 of `loss_fn(batch)` (the mean over a data set of batches).
 
     Args:
-      loss_fn: `loss_fn(batch) -> scalar`, a mean over the batch's examples.
+      loss_fn: an objective over a batch (the kind `make_train_step` minimizes, not a
+        Keras loss): `loss_fn(batch) -> scalar`, a mean over the batch's examples.
       params: variables / tensors (nested structure); for a per-layer Hessian pass one
         layer's variables (`layer_params`).
       data: one batch (any structure) or a `tf.data.Dataset` of batches.
@@ -154,6 +155,13 @@ class GaussNewtonOperator(_CurvatureOperator):
     """G = J^T H_L J for outputs z = `model_fn(batch)` and loss `loss_fn(z, batch)`.
 
     Positive semi-definite for convex losses of the outputs (MSE, cross-entropy on logits).
+
+    Args:
+      model_fn: `model_fn(batch) -> z`, the outputs the loss is convex in (e.g. logits).
+      loss_fn: an output loss `loss_fn(z, batch) -> scalar`: the outputs FIRST, then the
+        whole batch (read the labels from it). Not Keras's `loss(y_true, y_pred)` order;
+        wrap a Keras loss as `lambda z, batch: loss(batch[1], z)`.
+      params, data, dtype, strategy: as for `HessianOperator`.
     """
 
     def __init__(self, model_fn, loss_fn, params, data, dtype=tf.float32, strategy=None):

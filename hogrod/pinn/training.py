@@ -20,6 +20,7 @@ from absl import logging
 
 import hogrod
 from hogrod.pinn.pdes import residual
+from hogrod.train import step as _step
 
 __all__ = ["solution_fn", "term_names", "pinn_loss", "lbfgs", "relative_l2", "predict_on_grid",
            "Clock", "seconds_to_error"]
@@ -99,7 +100,9 @@ def pinn_loss(problem, u_fn, points, condition_points, weights=None, extra_terms
 
 def lbfgs(loss_fn, variables, max_iterations=10000, tolerance=1e-12, history_size=50,
           callback_every=500, strategy=None, batch=None, callback=None, jit_compile=False):
-    """Minimize the sum of `loss_fn(batch)`'s terms over `variables` with scipy's L-BFGS-B.
+    """Minimize the objective `loss_fn(batch) -> scalar or {term: scalar}` over `variables`
+    with scipy's L-BFGS-B: the sum of its terms, as `make_train_step` minimizes it (terms
+    named "monitor/..." are not minimized).
 
     The value and gradient are one compiled function of a flat float64 vector; returns
     (final loss, iterations, seconds). With a `strategy`, `batch` is the sharded points
@@ -113,7 +116,8 @@ def lbfgs(loss_fn, variables, max_iterations=10000, tolerance=1e-12, history_siz
     sizes = [int(np.prod(s)) for s in shapes]
 
     def replica_value_and_grad(b):
-        return hogrod.value_and_grad(lambda: tf.add_n(list(loss_fn(b).values())), variables)
+        return hogrod.value_and_grad(
+            lambda: _step._weighted_total(_step._terms(loss_fn(b)), {}), variables)
 
     if jit_compile:
         replica_value_and_grad = tf.function(replica_value_and_grad, jit_compile=True)

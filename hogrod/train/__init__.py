@@ -4,7 +4,8 @@
   strategy=)`: one compiled step over named loss terms (`step.py`).
 - transforms: `chain`, `clip_by_global_norm`, `clip_by_value`, `zeros_for_unconnected`
   (`transforms.py`); per-variable-group optimizers are lists of (optimizer, variables).
-- `mixed_precision(optimizer)`: mixed_float16 + loss scaling (`precision.py`).
+- `mixed_precision(optimizer, policy)`: loss scaling for float16; `precision_policy(policy)`:
+  the dtype policy of the layers built in its `with` block, restored after (`precision.py`).
 - `Checkpointer`, `train_loop`, `NonFiniteError`: resumable runs with a NaN guard,
   TensorBoard summaries and a progress line (`loop.py`).
 - `saliency`, `integrated_gradients`: input attribution (`attribution.py`).
@@ -13,12 +14,12 @@ Strategies come from `hogrod.distribute.make_strategy`.
 
 from hogrod.train.attribution import integrated_gradients, saliency
 from hogrod.train.loop import CheckpointMismatchError, Checkpointer, NonFiniteError, train_loop
-from hogrod.train.precision import mixed_precision
+from hogrod.train.precision import mixed_precision, precision_policy
 from hogrod.train.step import build_optimizers, make_train_step
 from hogrod.train.transforms import (chain, clip_by_global_norm, clip_by_value, global_norm,
                                      zeros_for_unconnected)
 
 __all__ = ["make_train_step", "build_optimizers", "chain", "clip_by_global_norm",
            "clip_by_value", "global_norm", "zeros_for_unconnected", "mixed_precision",
-           "Checkpointer", "train_loop", "NonFiniteError", "CheckpointMismatchError",
-           "saliency", "integrated_gradients"]
+           "precision_policy", "Checkpointer", "train_loop", "NonFiniteError",
+           "CheckpointMismatchError", "saliency", "integrated_gradients"]

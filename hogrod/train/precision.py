@@ -1,26 +1,69 @@
 """Mixed precision: Keras 3's `mixed_float16` policy and a loss-scaled optimizer.
 
-    optimizer = mixed_precision(keras.optimizers.Adam(1e-3))   # sets the global policy
-    model = build_model()                                       # layers compute in float16
-    step = make_train_step(loss_fn, optimizer, model.trainable_variables)
+    optimizer = mixed_precision(keras.optimizers.Adam(1e-3))    # loss scaling
+    with precision_policy("mixed_float16"):
+        model = build_model()                                    # layers compute in float16
+    step = make_train_step(objective, optimizer, model.trainable_variables)
+
+Nothing here changes Keras's global dtype policy for good: `precision_policy` sets it only
+inside its `with` block (a layer keeps the policy it was built under), and restores the
+previous one on exit. A layer can also be given its policy directly,
+`keras.layers.Dense(8, dtype=keras.DTypePolicy("mixed_float16"))`.
 
 Variables stay float32; `make_train_step` scales the loss before the tape's gradient and
 unscales after, so small float16 gradients do not underflow; the dynamic scale halves on
 overflow (that step is skipped) and grows after a run of finite steps.
 """
 
+import contextlib
+
 import keras
 
-__all__ = ["mixed_precision"]
+__all__ = ["mixed_precision", "precision_policy"]
+
+
+def _policy(policy, argument):
+    if isinstance(policy, keras.DTypePolicy):
+        return policy
+    if not isinstance(policy, str):
+        raise TypeError(f"{argument} must be a Keras dtype policy name ('mixed_float16', "
+                        f"'mixed_bfloat16', 'float32', ...) or a keras.DTypePolicy, got "
+                        f"{type(policy).__name__}")
+    try:
+        return keras.DTypePolicy(policy)
+    except ValueError as e:
+        raise ValueError(f"{argument}: {e}") from None
 
 
 def mixed_precision(optimizer, policy="mixed_float16"):
-    """Set the global Keras dtype policy and wrap `optimizer` for loss scaling.
+    """`optimizer` as a model computing under `policy` needs it: wrapped in
+    `keras.optimizers.LossScaleOptimizer` when the policy computes in float16, else as it is
+    ("mixed_bfloat16" and "float32" need no loss scaling).
 
-    Call it before building the model. policy "mixed_bfloat16" needs no loss scaling and
-    returns the optimizer unwrapped; "float32" restores full precision.
+    It does not set any dtype policy: build the model inside `precision_policy(policy)`
+    (or give its layers `dtype=keras.DTypePolicy(policy)`).
     """
-    keras.mixed_precision.set_global_policy(policy)
-    if policy == "mixed_float16":
+    policy = _policy(policy, "mixed_precision's policy")
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(f"mixed_precision's optimizer must be a keras.optimizers.Optimizer, "
+                        f"got {type(optimizer).__name__}")
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        raise ValueError("mixed_precision's optimizer is already a LossScaleOptimizer: pass "
+                         "the inner optimizer")
+    if policy.compute_dtype == "float16":
         return keras.optimizers.LossScaleOptimizer(optimizer)
     return optimizer
+
+
+@contextlib.contextmanager
+def precision_policy(policy):
+    """Within the block, Keras's global dtype policy is `policy` (a name or a
+    keras.DTypePolicy), so the layers built there compute in its dtype; on exit, even by an
+    exception, the previous policy is back. Yields the policy."""
+    policy = _policy(policy, "precision_policy's policy")
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy)
+    try:
+        yield policy
+    finally:
+        keras.config.set_dtype_policy(previous)

@@ -264,7 +264,8 @@ def make_train_step(loss_fn, optimizer, variables=None, weights=None, transform=
     """Build a compiled train step.
 
     Args:
-      loss_fn: `loss_fn(batch)` -> scalar or {name: scalar}; means over the batch given.
+      loss_fn: the objective over a batch (not a Keras `loss(y_true, y_pred)`):
+        `loss_fn(batch)` -> scalar or {name: scalar}; means over the batch given.
         Terms named "monitor/..." are logged (and NaN-guarded) but not optimized.
       optimizer: a Keras optimizer (with `variables`), or a list of (optimizer, variables)
         groups, e.g. [(Adam(1e-5), backbone_vars), (Adam(1e-3), head_vars)]. Wrap a single
