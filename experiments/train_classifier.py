@@ -108,9 +108,9 @@ def train_classifier(output_dir, dataset="mnist", data_dir=None, conv_filters=()
             if backbone_lr != head_lr:
                 raise ValueError("precision='mixed_*' uses one optimizer: set "
                                  "train_classifier.backbone_lr == head_lr")
-            opt = train.mixed_precision(opt_cls(head_lr), precision)
             with train.precision_policy(precision):  # this model's layers only
                 model = classifier(image_shape, num_classes, conv_filters, hidden)
+                opt = train.mixed_precision(opt_cls(head_lr), precision)
             opts = {"optimizer": opt}
             step_args = dict(optimizer=opt, variables=model.trainable_variables)
 

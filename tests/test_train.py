@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -129,12 +131,11 @@ def test_mixed_precision_matches_float32_and_small_gradients_do_not_underflow():
 
     def run(policy):
         keras.utils.set_random_seed(1)
-        opt = train.mixed_precision(keras.optimizers.SGD(1e4), policy)
-        assert keras.config.dtype_policy().name == global_policy  # wrapping sets no policy
         with train.precision_policy(policy):
             model = keras.Sequential([keras.Input((8,)),
                                       keras.layers.Dense(16, activation="tanh"),
                                       keras.layers.Dense(1)])
+            opt = train.mixed_precision(keras.optimizers.SGD(1e4), policy)
         assert keras.config.dtype_policy().name == global_policy  # restored after the build
         before = weights(model)
         # A loss 1e-6 of the usual size: float16 gradients of it underflow without scaling.
@@ -168,6 +169,19 @@ def test_precision_policy_restores_the_previous_policy_even_on_error():
     with pytest.raises(ValueError, match="mixed_precision's policy"):
         train.mixed_precision(keras.optimizers.SGD(0.1), "mixed_flot16")
     assert keras.config.dtype_policy().name == before
+
+
+def test_mixed_precision_outside_its_policy_warns_that_the_model_is_not_mixed():
+    """The old usage (wrap, then build under the global policy) built a float16 model; now the
+    model would be float32, so the call says so instead of silently training in float32."""
+    assert keras.config.dtype_policy().compute_dtype == "float32"
+    with pytest.warns(UserWarning, match=r"precision_policy\('mixed_float16'\)"):
+        train.mixed_precision(keras.optimizers.SGD(0.1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with train.precision_policy("mixed_float16"):
+            train.mixed_precision(keras.optimizers.SGD(0.1))
+        train.mixed_precision(keras.optimizers.SGD(0.1), "float32")
 
 
 def test_nan_guard_names_step_and_term_and_keeps_last_good_checkpoint(tmp_path):

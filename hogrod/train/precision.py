@@ -1,8 +1,8 @@
 """Mixed precision: Keras 3's `mixed_float16` policy and a loss-scaled optimizer.
 
-    optimizer = mixed_precision(keras.optimizers.Adam(1e-3))    # loss scaling
     with precision_policy("mixed_float16"):
         model = build_model()                                    # layers compute in float16
+        optimizer = mixed_precision(keras.optimizers.Adam(1e-3)) # loss scaling
     step = make_train_step(objective, optimizer, model.trainable_variables)
 
 Nothing here changes Keras's global dtype policy for good: `precision_policy` sets it only
@@ -16,6 +16,7 @@ overflow (that step is skipped) and grows after a run of finite steps.
 """
 
 import contextlib
+import warnings
 
 import keras
 
@@ -41,7 +42,9 @@ def mixed_precision(optimizer, policy="mixed_float16"):
     ("mixed_bfloat16" and "float32" need no loss scaling).
 
     It does not set any dtype policy: build the model inside `precision_policy(policy)`
-    (or give its layers `dtype=keras.DTypePolicy(policy)`).
+    (or give its layers `dtype=keras.DTypePolicy(policy)`). Called where the global policy
+    computes in another dtype (the old usage, `mixed_precision(opt)` then building the
+    model, which set the policy itself), it warns that a model built there is not mixed.
     """
     policy = _policy(policy, "mixed_precision's policy")
     if not isinstance(optimizer, keras.optimizers.Optimizer):
@@ -50,6 +53,13 @@ def mixed_precision(optimizer, policy="mixed_float16"):
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         raise ValueError("mixed_precision's optimizer is already a LossScaleOptimizer: pass "
                          "the inner optimizer")
+    current = keras.config.dtype_policy()
+    if current.compute_dtype != policy.compute_dtype:
+        warnings.warn(
+            f"mixed_precision({policy.name!r}) does not set Keras's dtype policy, and the "
+            f"global policy is {current.name!r}: a model built now computes in "
+            f"{current.compute_dtype}. Build it inside train.precision_policy({policy.name!r}) "
+            "(and call mixed_precision there)", UserWarning, stacklevel=2)
     if policy.compute_dtype == "float16":
         return keras.optimizers.LossScaleOptimizer(optimizer)
     return optimizer
