@@ -193,3 +193,25 @@ def test_bad_input_names_the_argument():
                        (lambda: optim.rmsprop(float("nan")), "learning_rate")]:
         with pytest.raises(ValueError, match=name):
             make()
+
+
+def test_float64_hyperparameters_are_exact_against_numpy():
+    """Python floats float32 cannot represent (0.1, 0.9, 0.999, 1e-7) are applied exactly:
+    two Adam and RMSProp steps equal numpy's float64 formulas."""
+    p0, g0, g1 = arrays(4, np.float64)[0], arrays(5, np.float64)[0], arrays(6, np.float64)[0]
+    lr, b1, b2, eps, rho, mom = 0.1, 0.9, 0.999, 1e-7, 0.9, 0.3
+    p, m, v = p0.copy(), 0 * p0, 0 * p0
+    q, nu, k = p0.copy(), 0 * p0, 0 * p0
+    for t, g in enumerate([g0, g1], start=1):
+        m = m + (g - m) * (1 - b1)
+        v = v + (g * g - v) * (1 - b2)
+        p = p - m * (lr * np.sqrt(1 - b2**t) / (1 - b1**t)) / (np.sqrt(v) + eps)
+        nu = rho * nu + (1 - rho) * g * g
+        k = mom * k + lr * g / np.sqrt(nu + eps)
+        q = q - k
+    for opt, want in [(optim.adam(lr, b1, b2, eps), p), (optim.rmsprop(lr, rho, mom, eps), q)]:
+        params = [tf.constant(p0)]
+        state = opt.init(params)
+        for g in [g0, g1]:
+            params, state = opt.update([tf.constant(g)], state, params)
+        np.testing.assert_allclose(params[0].numpy(), want, rtol=1e-14, atol=1e-15)
