@@ -1,13 +1,16 @@
 """hogrod.optim against Keras 3's optimizers (same state, several steps, float32 and
-float64), hyperparameter derivatives against float64 central differences, finite
-derivatives at a zero gradient, tf.function against eager, and bad input."""
+float64) and numpy (float64 hyperparameters exact), hyperparameter derivatives against
+float64 central differences, finite derivatives at a zero gradient, tf.function against
+eager, bad input; and meta.adapt with an inner optimizer (inner sgd == plain MAML, inner
+Adam == Keras Adam steps, its meta-gradient against central differences)."""
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from hogrod import optim
+import hogrod
+from hogrod import meta, optim
 
 # Values float32 represents exactly: Keras rounds Python floats through float32 even for
 # float64 variables, hogrod does not, so only these make the float64 comparison exact.
@@ -234,7 +237,6 @@ def _mse(y, p):
 
 
 def _meta_loss_and_grad(model, support, query, **adapt_kwargs):
-    from hogrod import meta
     with tf.GradientTape() as tape:
         fast = meta.adapt(model, _mse, support, steps=3, **adapt_kwargs)
         loss = _mse(query[1], model_call(model, fast, query[0]))
@@ -242,7 +244,6 @@ def _meta_loss_and_grad(model, support, query, **adapt_kwargs):
 
 
 def model_call(model, params, x):
-    import hogrod
     return hogrod.functional_call(model, params, x)
 
 
@@ -261,7 +262,6 @@ def test_adapt_with_inner_adam_meta_gradient_matches_central_differences():
     model, support, query = _linear_task()
     opt = optim.adam(0.1, 0.8, 0.95, 1e-3)
     _, got = _meta_loss_and_grad(model, support, query, inner_lr=None, optimizer=opt)
-    from hogrod import meta
     theta = [v.numpy() for v in model.trainable_variables]
 
     def loss_at(params):
@@ -282,7 +282,6 @@ def test_adapt_with_inner_adam_meta_gradient_matches_central_differences():
 
 
 def test_adapt_optimizer_bad_input():
-    from hogrod import meta
     model, support, _ = _linear_task()
     with pytest.raises(ValueError, match="inner_lr"):
         meta.adapt(model, _mse, support, 0.1, optimizer=optim.sgd(0.1))
@@ -293,7 +292,6 @@ def test_adapt_optimizer_bad_input():
 def test_adapt_with_inner_adam_equals_keras_adam_steps():
     """The fast weights after 3 inner Adam steps equal Keras's Adam on a copy of the
     variables, trained on the same support loss (the state is threaded through the steps)."""
-    from hogrod import meta
     model, support, _ = _linear_task()
     fast = meta.adapt(model, _mse, support, None, steps=3,
                       optimizer=optim.adam(LR, B1, B2, EPS))

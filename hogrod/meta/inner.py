@@ -154,8 +154,7 @@ def adapt(model, loss_fn, support, inner_lr, steps=1, first_order=False, params=
 def _adapt_with(optimizer, model, loss_fn, x, y, inner_lr, steps, first_order, fast, training,
                 seeds):
     """`adapt`'s inner loop with a `hogrod.optim` optimizer's steps, its state threaded."""
-    from hogrod import optim  # noqa: PLC0415 (hogrod.optim is imported on first use)
-    if not isinstance(optimizer, optim.Optimizer):
+    if not isinstance(optimizer, hogrod.optim.Optimizer):
         raise TypeError("adapt: optimizer must be a hogrod.optim optimizer "
                         f"(hogrod.optim.sgd/adam/adamw/rmsprop(...)), got {optimizer!r}")
     if inner_lr is not None:
