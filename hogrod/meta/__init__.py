@@ -1,7 +1,8 @@
 """Gradient-based meta-learning on any Keras 3 model.
 
-- `adapt(model, loss_fn, support, inner_lr, steps=1, first_order=False, params=None)`: the
-  pure inner loop (`inner.py`).
+- `adapt(model, loss_fn, support, inner_lr, steps=1, first_order=False, params=None, ...,
+  optimizer=None)`: the pure inner loop (`inner.py`); `optimizer` takes a `hogrod.optim`
+  optimizer (inner Adam, ...) in place of SGD at `inner_lr`.
 - algorithms, one module each, each `(model, loss_fn, ...) -> Algorithm(meta_loss, adapt,
   variables, predict, state)`: `maml`, `fomaml` (`maml.py`), `reptile`, `anil`,
   `meta_sgd`, `maml_plus_plus`, `imaml`; gathered in `algorithms.py` (`ALGORITHMS`).

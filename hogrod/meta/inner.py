@@ -97,7 +97,7 @@ def _rates(inner_lr, step, params):
 
 
 def adapt(model, loss_fn, support, inner_lr, steps=1, first_order=False, params=None,
-          training=True, seeds=None):
+          training=True, seeds=None, optimizer=None):
     """Fast weights after `steps` gradient steps on `support`.
 
     Args:
@@ -116,12 +116,21 @@ def adapt(model, loss_fn, support, inner_lr, steps=1, first_order=False, params=
         the transductive setting of MAML).
       seeds: None (random layers use the model's seed states, the same masks every step),
         or one seed per step for the random layers, [steps, generators, 2] (`draw_seeds`).
+      optimizer: None (plain gradient steps at `inner_lr`), or a `hogrod.optim` optimizer
+        (`hogrod.optim.adam(0.01)`, ...) that takes the inner steps instead; then
+        `inner_lr` must be None (the optimizer's learning rate is the step size) and every
+        param is updated. Its state starts at `optimizer.init(params)` and is threaded
+        through the steps; the outer tape differentiates through it (and through the
+        optimizer's hyperparameters, when they are watched tensors or variables).
 
     Returns:
       the fast weights, a list of tensors in `model.trainable_variables` order.
     """
     x, y = support
     fast = initial_params(model) if params is None else list(params)
+    if optimizer is not None:
+        return _adapt_with(optimizer, model, loss_fn, x, y, inner_lr, steps, first_order,
+                           fast, training, seeds)
     for step in range(steps):
         rates = _rates(inner_lr, step, fast)
         active = [i for i, r in enumerate(rates) if r is not None]
@@ -139,4 +148,25 @@ def adapt(model, loss_fn, support, inner_lr, steps=1, first_order=False, params=
         fast = list(fast)
         for i, g in zip(active, grads):
             fast[i] = fast[i] - as_dtype(rates[i], g.dtype) * g
+    return fast
+
+
+def _adapt_with(optimizer, model, loss_fn, x, y, inner_lr, steps, first_order, fast, training,
+                seeds):
+    """`adapt`'s inner loop with a `hogrod.optim` optimizer's steps, its state threaded."""
+    if not isinstance(optimizer, hogrod.optim.Optimizer):
+        raise TypeError("adapt: optimizer must be a hogrod.optim optimizer "
+                        f"(hogrod.optim.sgd/adam/adamw/rmsprop(...)), got {optimizer!r}")
+    if inner_lr is not None:
+        raise ValueError("adapt: pass inner_lr=None with an optimizer (its learning_rate is "
+                         f"the step size); got inner_lr={inner_lr!r}")
+    state = optimizer.init(fast)
+    for step in range(steps):
+        seed = None if seeds is None else seeds[step]
+        grads = hogrod.grad(lambda fast=fast, seed=seed: loss_fn(
+            y, run(model, fast, x, training, seed)), fast)
+        if first_order:
+            grads = [tf.stop_gradient(g) for g in grads]
+        fast, state = optimizer.update(list(grads), state, fast)
+        fast = list(fast)
     return fast

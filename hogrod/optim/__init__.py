@@ -1,0 +1,17 @@
+"""Differentiable optimizers as pure functions, in the spirit of optax (issue 16, bilevel
+optimization).
+
+`opt = adam(1e-3)`; `state = opt.init(params)`; `new_params, new_state =
+opt.update(grads, state, params)`. Nothing is assigned: the update is a function of
+(grads, state, params, hyperparameters), differentiable with respect to each, so an inner
+loop written with it can be differentiated by an outer tape (MAML with an inner Adam,
+hyperparameter gradients). One step equals one step of the Keras 3 optimizer of the same
+name and settings; see `hogrod.optim.optimizers` for the formulas and the zero-gradient
+treatment.
+"""
+
+from hogrod.optim.optimizers import (AdamState, Optimizer, RMSPropState, SGDState, adam,
+                                     adamw, rmsprop, safe_sqrt, sgd)
+
+__all__ = ["Optimizer", "SGDState", "AdamState", "RMSPropState", "sgd", "adam", "adamw",
+           "rmsprop", "safe_sqrt"]

@@ -1,0 +1,305 @@
+"""SGD (momentum, Nesterov), Adam, AdamW and RMSProp as pure functions.
+
+Each constructor returns `Optimizer(init, update)`:
+
+- `state = init(params)`: zeros for the moment buffers (one per param, same structure) and
+  a step count (an int64 scalar tensor, 0);
+- `new_params, new_state = update(grads, state, params)`: one step. `params` and `grads`
+  are the same `tf.nest` structure of float tensors (a list, a dict, ...; `tf.Variable`
+  leaves are read, never assigned); the results are tensors in `params`' structure.
+
+Formulas (Keras 3's `update_step`, keras/src/optimizers/*.py; t = count + 1):
+
+- sgd:     m <- momentum * m - lr * g;  p <- p + m, or with nesterov
+           p <- p + momentum * m - lr * g (with the new m). momentum = 0 is plain SGD.
+- adam:    m <- m + (g - m)(1 - b1);  v <- v + (g^2 - v)(1 - b2);
+           p <- p - lr sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)   (eps outside).
+- adamw:   p <- p - p * weight_decay * lr (decoupled decay, applied first, with the
+           undecayed learning rate), then the adam step. Keras 3's default weight_decay is
+           0.004.
+- rmsprop: v <- rho v + (1 - rho) g^2;  step = lr g / sqrt(v + eps)   (eps inside);
+           mom <- momentum * mom + step;  p <- p - mom (centered=False).
+
+The momentum buffers are always kept (also when momentum is 0, where Keras keeps none) so
+that the state's structure does not depend on a hyperparameter's value and the update is
+differentiable with respect to momentum at 0; the forward values are the same.
+
+Hyperparameters may be Python numbers, tensors or `tf.Variable`s, read at each `update`
+(so changing a variable does not retrace a `tf.function`). A Python number is applied at
+each leaf's dtype (exact in float64; Keras rounds Python floats through float32 even for
+float64 variables, hogrod does not). A tensor must be a scalar of the leaf's dtype (a cast
+would round or widen a float32 value silently). Python numbers are range-checked when the
+optimizer is built (an error names the hyperparameter); tensors cannot be checked without
+running the graph, so they are not.
+
+Zero gradients (higher #125, TorchOpt #26): sqrt has an infinite derivative at 0, so Adam's
+sqrt(v) with v = 0 (a zero gradient from a zero state: a dead ReLU, an unused parameter)
+makes autodiff multiply 0 by inf, and the first and second derivatives of the update come
+out NaN. Adam uses `safe_sqrt`, whose value is tf.sqrt's but whose derivative at 0 is
+defined as 0 (the double-`tf.where` trick, so every order of derivative is finite). This is
+the right value for the update: near g = 0, v = (1 - b2) g^2 and m/(sqrt(v) + eps) ~
+c g / (a|g| + eps), whose exact derivative at 0 is c/eps, which the 0 gives (the term with
+d sqrt(v) is multiplied by m = 0 anyway). The second derivative of that function jumps at
+g = 0 (from +2ca/eps^2 to -2ca/eps^2); hogrod returns 0, the mean of the two sides.
+RMSProp takes sqrt(v + eps) with eps > 0 inside, which is smooth: it needs nothing.
+"""
+
+import collections
+import math
+import numbers
+
+import numpy as np
+import tensorflow as tf
+
+from hogrod import tree
+
+# Python control flow here is on Python values only (structure, dtypes, hyperparameter types).
+_no_autograph = tf.autograph.experimental.do_not_convert
+
+__all__ = ["Optimizer", "SGDState", "AdamState", "RMSPropState", "sgd", "adam", "adamw",
+           "rmsprop", "safe_sqrt"]
+
+Optimizer = collections.namedtuple("Optimizer", ["init", "update"])
+SGDState = collections.namedtuple("SGDState", ["count", "momentum"])
+AdamState = collections.namedtuple("AdamState", ["count", "mu", "nu"])
+RMSPropState = collections.namedtuple("RMSPropState", ["count", "nu", "momentum"])
+
+
+def safe_sqrt(x):
+    """tf.sqrt(x) (NaN below 0), with derivative 0 at x = 0 instead of inf, at every order.
+
+    The double `tf.where`: sqrt only ever sees positive inputs (1 where x <= 0), so neither
+    its value nor its derivative is non-finite where the outer `where` discards it."""
+    positive = x > 0
+    root = tf.sqrt(tf.where(positive, x, tf.ones_like(x)))
+    other = tf.where(tf.equal(x, 0), tf.zeros_like(x), tf.fill(tf.shape(x),
+                                                                tf.constant(np.nan, x.dtype)))
+    return tf.where(positive, root, other)
+
+
+# ---- hyperparameters ----------------------------------------------------------------------
+
+def _is_number(x):
+    return isinstance(x, (numbers.Real, np.floating, np.integer)) and not isinstance(x, bool)
+
+
+def _check_hyper(opt, name, value, low, high, low_open=False, high_open=False):
+    """Range-check a Python-number hyperparameter; tensors and variables pass unchecked."""
+    if isinstance(value, (bool, np.bool_)) or value is None or isinstance(value, str):
+        raise TypeError(f"hogrod.optim.{opt}: {name} must be a number, a scalar tensor or a "
+                        f"tf.Variable, got {value!r}")
+    if not _is_number(value):
+        return
+    v = float(value)
+    bad = (not math.isfinite(v) or v < low or v > high or (low_open and v == low)
+           or (high_open and v == high))
+    if bad:
+        lo = "(" if low_open else "["
+        hi = ")" if high_open else "]"
+        raise ValueError(f"hogrod.optim.{opt}: {name} must be in {lo}{low}, {high}{hi}, "
+                         f"got {value!r}")
+
+
+def _at(value, dtype, opt, name):
+    """The hyperparameter as a scalar tensor of `dtype` (a Python number converts exactly)."""
+    if _is_number(value):
+        return tf.constant(value, dtype)
+    t = tf.convert_to_tensor(value)
+    if t.shape.rank != 0:
+        raise ValueError(f"hogrod.optim.{opt}: {name} must be a scalar, got shape {t.shape}")
+    if t.dtype != dtype:
+        raise TypeError(f"hogrod.optim.{opt}: {name} is a {t.dtype.name} tensor but a "
+                        f"parameter is {dtype.name}; pass a Python number or a "
+                        f"{dtype.name} tensor")
+    return t
+
+
+# ---- structure ----------------------------------------------------------------------------
+
+def _float_leaves(params, opt, fn):
+    leaves = tf.nest.flatten(params)
+    if not leaves:
+        raise ValueError(f"hogrod.optim.{opt}.{fn}: params has no tensors (got {params!r})")
+    out = []
+    for i, leaf in enumerate(leaves):
+        if leaf is None:
+            raise ValueError(f"hogrod.optim.{opt}.{fn}: leaf {i} of params is None")
+        t = tf.convert_to_tensor(leaf)
+        if not t.dtype.is_floating:
+            raise TypeError(f"hogrod.optim.{opt}.{fn}: leaf {i} of params is "
+                            f"{t.dtype.name}; params must be floating point")
+        out.append(t)
+    return out
+
+
+def _zeros(params, opt):
+    return tf.nest.pack_sequence_as(params, [tf.zeros_like(p)
+                                             for p in _float_leaves(params, opt, "init")])
+
+
+def _count0():
+    return tf.zeros([], tf.int64)
+
+
+def _check_update(opt, state_type, grads, state, params, buffers):
+    """Leaves of params, grads and each state buffer, after checking they all match."""
+    p = _float_leaves(params, opt, "update")
+    try:
+        tree.check_same(grads, params, "grads", "params")
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"hogrod.optim.{opt}.update: {e}") from None
+    if not isinstance(state, state_type):
+        raise TypeError(f"hogrod.optim.{opt}.update: state must be the {state_type.__name__} "
+                        f"that {opt}(...).init returns, got {type(state).__name__}")
+    count = tf.convert_to_tensor(state.count)
+    if count.dtype != tf.int64 or count.shape.rank != 0:
+        raise TypeError(f"hogrod.optim.{opt}.update: state.count must be an int64 scalar, "
+                        f"got {count.dtype.name} of shape {count.shape}")
+    out = []
+    for name in buffers:
+        try:
+            tree.check_same(getattr(state, name), params, f"state.{name}", "params")
+        except (ValueError, TypeError) as e:
+            raise type(e)(f"hogrod.optim.{opt}.update: {e}") from None
+        out.append([tf.convert_to_tensor(b) for b in tf.nest.flatten(getattr(state, name))])
+    g = [tf.convert_to_tensor(x) for x in tf.nest.flatten(grads)]
+    return p, g, count, out
+
+
+def _pack(params, leaves):
+    return tf.nest.pack_sequence_as(params, leaves)
+
+
+# ---- optimizers ---------------------------------------------------------------------------
+
+def sgd(learning_rate, momentum=0.0, nesterov=False):
+    """Stochastic gradient descent with (Nesterov) momentum, as `keras.optimizers.SGD`.
+
+    Args:
+      learning_rate: >= 0.
+      momentum: in [0, 1].
+      nesterov: a Python bool.
+    """
+    _check_hyper("sgd", "learning_rate", learning_rate, 0.0, math.inf)
+    _check_hyper("sgd", "momentum", momentum, 0.0, 1.0)
+    if not isinstance(nesterov, (bool, np.bool_)):
+        raise TypeError(f"hogrod.optim.sgd: nesterov must be a Python bool, got {nesterov!r}")
+
+    def init(params):
+        return SGDState(_count0(), _zeros(params, "sgd"))
+
+    @_no_autograph
+    def update(grads, state, params):
+        p, g, count, (m,) = _check_update("sgd", SGDState, grads, state, params,
+                                          ["momentum"])
+        new_p, new_m = [], []
+        for pi, gi, mi in zip(p, g, m):
+            lr = _at(learning_rate, pi.dtype, "sgd", "learning_rate")
+            mu = _at(momentum, pi.dtype, "sgd", "momentum")
+            mi = mi * mu - gi * lr
+            new_m.append(mi)
+            new_p.append(pi + (mi * mu - gi * lr if nesterov else mi))
+        return _pack(params, new_p), SGDState(count + 1, _pack(params, new_m))
+
+    return Optimizer(init, update)
+
+
+def _adam_like(opt, learning_rate, b1, b2, eps, weight_decay):
+    _check_hyper(opt, "learning_rate", learning_rate, 0.0, math.inf)
+    _check_hyper(opt, "b1", b1, 0.0, 1.0, high_open=True)
+    _check_hyper(opt, "b2", b2, 0.0, 1.0, high_open=True)
+    _check_hyper(opt, "eps", eps, 0.0, math.inf, low_open=True)
+    if weight_decay is not None:
+        _check_hyper(opt, "weight_decay", weight_decay, 0.0, math.inf)
+
+    def init(params):
+        return AdamState(_count0(), _zeros(params, opt), _zeros(params, opt))
+
+    @_no_autograph
+    def update(grads, state, params):
+        p, g, count, (m, v) = _check_update(opt, AdamState, grads, state, params,
+                                            ["mu", "nu"])
+        new_p, new_m, new_v = [], [], []
+        for pi, gi, mi, vi in zip(p, g, m, v):
+            dtype = pi.dtype
+            lr = _at(learning_rate, dtype, opt, "learning_rate")
+            beta1 = _at(b1, dtype, opt, "b1")
+            beta2 = _at(b2, dtype, opt, "b2")
+            epsilon = _at(eps, dtype, opt, "eps")
+            t = tf.cast(count + 1, dtype)
+            if weight_decay is not None:
+                pi = pi - pi * _at(weight_decay, dtype, opt, "weight_decay") * lr
+            alpha = lr * tf.sqrt(1 - tf.pow(beta2, t)) / (1 - tf.pow(beta1, t))
+            mi = mi + (gi - mi) * (1 - beta1)
+            vi = vi + (tf.square(gi) - vi) * (1 - beta2)
+            new_m.append(mi)
+            new_v.append(vi)
+            new_p.append(pi - (mi * alpha) / (safe_sqrt(vi) + epsilon))
+        return _pack(params, new_p), AdamState(count + 1, _pack(params, new_m),
+                                               _pack(params, new_v))
+
+    return Optimizer(init, update)
+
+
+def adam(learning_rate, b1=0.9, b2=0.999, eps=1e-7):
+    """Adam, as `keras.optimizers.Adam` (amsgrad=False): eps outside the sqrt, bias
+    correction folded into the step size.
+
+    Args:
+      learning_rate: >= 0.
+      b1, b2: in [0, 1) (b = 1 would divide by 1 - b^t = 0).
+      eps: > 0 (0 divides 0 by 0 at a zero gradient).
+    """
+    return _adam_like("adam", learning_rate, b1, b2, eps, None)
+
+
+def adamw(learning_rate, b1=0.9, b2=0.999, eps=1e-7, weight_decay=0.004):
+    """AdamW, as `keras.optimizers.AdamW`: p <- p - p * weight_decay * learning_rate, then
+    the Adam step (decoupled weight decay, scaled by the learning rate as Keras does).
+
+    Args:
+      learning_rate, b1, b2, eps: as `adam`.
+      weight_decay: >= 0 (Keras 3's default, 0.004).
+    """
+    return _adam_like("adamw", learning_rate, b1, b2, eps, weight_decay)
+
+
+def rmsprop(learning_rate, rho=0.9, momentum=0.0, eps=1e-7):
+    """RMSProp, as `keras.optimizers.RMSprop` with centered=False: eps inside the sqrt, no
+    bias correction.
+
+    Args:
+      learning_rate: >= 0.
+      rho: in [0, 1].
+      momentum: >= 0.
+      eps: > 0 (it keeps sqrt(v + eps) away from 0, so derivatives are finite everywhere).
+    """
+    _check_hyper("rmsprop", "learning_rate", learning_rate, 0.0, math.inf)
+    _check_hyper("rmsprop", "rho", rho, 0.0, 1.0)
+    _check_hyper("rmsprop", "momentum", momentum, 0.0, math.inf)
+    _check_hyper("rmsprop", "eps", eps, 0.0, math.inf, low_open=True)
+
+    def init(params):
+        return RMSPropState(_count0(), _zeros(params, "rmsprop"), _zeros(params, "rmsprop"))
+
+    @_no_autograph
+    def update(grads, state, params):
+        p, g, count, (v, mom) = _check_update("rmsprop", RMSPropState, grads, state, params,
+                                              ["nu", "momentum"])
+        new_p, new_v, new_mom = [], [], []
+        for pi, gi, vi, ki in zip(p, g, v, mom):
+            dtype = pi.dtype
+            lr = _at(learning_rate, dtype, "rmsprop", "learning_rate")
+            r = _at(rho, dtype, "rmsprop", "rho")
+            mu = _at(momentum, dtype, "rmsprop", "momentum")
+            epsilon = _at(eps, dtype, "rmsprop", "eps")
+            vi = r * vi + (1 - r) * tf.square(gi)
+            step = (lr * gi) / tf.sqrt(vi + epsilon)
+            ki = mu * ki + step
+            new_v.append(vi)
+            new_mom.append(ki)
+            new_p.append(pi - ki)
+        return _pack(params, new_p), RMSPropState(count + 1, _pack(params, new_v),
+                                                  _pack(params, new_mom))
+
+    return Optimizer(init, update)
