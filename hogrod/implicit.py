@@ -36,7 +36,7 @@ The linear solve for w (`solve=`):
   symmetric positive definite dF/dx: 0 < step < 2 / lambda_max). Options: maxiter
   (default 1000), tol (default eps^0.5), step (default 1.0).
 - "dense": materialize dF/dx (a tape Jacobian, size(x)^2 entries: small problems) and
-  `tf.linalg.solve` its transpose.
+  `tf.linalg.solve` its transpose; singular when sigma_min / sigma_max <= n eps.
 - a callable `solve(matvec, b) -> w` with matvec(w) = (dF/dx)^T w on trees shaped
   like x (no options).
 
@@ -155,9 +155,14 @@ class _Jacobians:
         return acc.jvp(f, unconnected_gradients=tf.UnconnectedGradients.ZERO)
 
     def vjp_args(self, w):  # w^T dF/dtheta, None where F does not depend on a leaf
-        with tf.GradientTape() as tape:
+        with tf.GradientTape() as tape:  # watching accessed variables, to refuse them
             tape.watch(self.diff)
             f = self._f(self.x, self.diff)
+        hidden = [v.name for v in tape.watched_variables()]
+        if hidden:
+            raise ValueError(f"{self.where}: the optimality function reads trainable "
+                             f"variables {hidden} that are not passed as args; their implicit "
+                             "gradient would be dropped: pass them as args")
         return tape.gradient(f, self.diff, output_gradients=w)
 
     def dense(self):  # dF/dx as a [n, n] matrix over flattened x
@@ -211,12 +216,11 @@ def _solve_neumann(matvec, b, dtype, maxiter, tol, step, where):
 def _solve_dense(jac, b, where):
     a = jac.dense()
     n = a.shape[0]
-    lu, _ = tf.linalg.lu(a)
-    pivots = tf.abs(tf.linalg.diag_part(lu))
-    rcond = tf.reduce_min(pivots) / tf.reduce_max(pivots)
+    sigma = tf.linalg.svd(a, compute_uv=False)  # the LU op itself fails on exact singularity
+    rcond = sigma[-1] / sigma[0]
     checks = _check(tf.logical_and(tf.math.is_finite(rcond),
                                    rcond > n * _eps(a.dtype)),
-                    f"{where}: dF/dx is singular (or nearly: LU pivot ratio <= n eps), so "
+                    f"{where}: dF/dx is singular (or nearly: sigma_min / sigma_max <= n eps), so "
                     "x* is not an isolated root and has no implicit gradient")
     with tf.control_dependencies(checks):
         w = tf.linalg.solve(tf.transpose(a), tree.flatten(b)[:, None])[:, 0]
@@ -242,8 +246,17 @@ def _linear_solve(solve, options, jac, b, where):
     if solve == "cg":
         return _solve_cg(jac.vjp_x, b, dtype, maxiter, tol, where, "(dF/dx)^T w = v")
     # normal_cg: (dF/dx)(dF/dx)^T w = (dF/dx) b
-    return _solve_cg(lambda w: jac.jvp_x(jac.vjp_x(w)), jac.jvp_x(b), dtype, maxiter, tol,
-                     where, "the normal equations (dF/dx)(dF/dx)^T w = (dF/dx) v")
+    w = _solve_cg(lambda w: jac.jvp_x(jac.vjp_x(w)), jac.jvp_x(b), dtype, maxiter, tol,
+                  where, "the normal equations (dF/dx)(dF/dx)^T w = (dF/dx) v")
+    # A singular dF/dx leaves the normal equations consistent while (dF/dx)^T w = v has no
+    # solution: check the residual of the system itself (to sqrt(tol): the normal equations
+    # square the condition number).
+    residual = tree.norm(tree.sub(jac.vjp_x(w), b))
+    checks = _check(residual <= tol ** 0.5 * tree.norm(b),
+                    f"{where}: (dF/dx)^T w = v has no solution to sqrt(tol)={tol ** 0.5:.1e} "
+                    "(residual after normal_cg too large): dF/dx is singular or too "
+                    "ill-conditioned for normal_cg")
+    return _finish(w, checks)
 
 
 def custom_root(optimality_fn, solve="cg", **options):
