@@ -3,7 +3,7 @@
 The primitives (nested-tape autodiff and functional model calls) live at the top
 level; each family has its own subpackage, imported on first use:
 `hogrod.train`, `hogrod.meta`, `hogrod.gan`, `hogrod.pinn`, `hogrod.curvature`. The numerical
-core they share: `hogrod.tree` (arithmetic on nested structures of tensors) and
+core they share: `hogrod.tree` (arithmetic on nested structures of tensors),
 `hogrod.linalg` (conjugate gradient, power iteration, Lanczos on a `matvec`) and
 `hogrod.implicit` (implicit differentiation of solvers: `custom_root`, `custom_fixed_point`).
 """

@@ -211,6 +211,17 @@ def test_bad_solver_output_unused_argument_and_bad_options_are_errors():
         grad_of(implicit.custom_root(f)(lambda init, s, unused: init[:1]), 1.0, 1.0)
     with pytest.raises(ValueError, match=r"does not depend on argument\(s\) \['unused'\]"):
         grad_of(implicit.custom_root(f)(lambda init, s, unused: init), 1.0, 1.0)
+    # Python numbers and integer tensors are static (no gradient, no error), used exactly:
+    # x* = scale k / s, d sum(x*)/ds = -2 scale k / s^2
+    def affine(x, s, scale, k):
+        return s * x - scale * tf.cast(k, tf.float64)
+
+    static = implicit.custom_root(affine)(lambda init, s, scale, k: init + scale * 3 / s)
+    s = tf.constant(2.0, tf.float64)
+    with tf.GradientTape() as tape:
+        tape.watch(s)
+        loss = tf.reduce_sum(static(tf.zeros(2, tf.float64), s, 0.1, tf.constant(3)))
+    np.testing.assert_allclose(float(tape.gradient(loss, s)), -2 * 0.1 * 3 / 4, rtol=1e-14)
     v = tf.Variable(2.0, dtype=tf.float64, name="hidden")
     with pytest.raises(ValueError, match="hidden.*pass them as args"):
         grad_of(implicit.custom_root(lambda x, s: v * s * x)(lambda init, s: init), 1.0)
