@@ -87,8 +87,9 @@ def _check_solve(solve, options, where):
             raise ValueError(f"{where}: maxiter must be an int >= 1, got {m!r}")
     if "tol" in options:
         t = options["tol"]
-        if not isinstance(t, (numbers.Real, np.floating)) or not 0 <= t < np.inf:
-            raise ValueError(f"{where}: tol must be a finite number >= 0, got {t!r}")
+        if not isinstance(t, (numbers.Real, np.floating)) or not 0 < t < np.inf:
+            raise ValueError(f"{where}: tol must be a finite number > 0 (the solve is "
+                             f"checked to reach it), got {t!r}")
     if "step" in options and not isinstance(options["step"], (numbers.Real, np.floating)):
         raise ValueError(f"{where}: step must be a Python number, got {options['step']!r}")
 
@@ -178,7 +179,7 @@ def _finish(w, checks):
         return tf.nest.map_structure(tf.identity, w)
 
 
-def _solve_cg(matvec, b, dtype, maxiter, tol, where, what):
+def _solve_cg(matvec, b, maxiter, tol, where, what):
     w, info = linalg.cg(matvec, b, maxiter=maxiter, tol=tol, on_negative_curvature="stop")
     b_norm = tree.norm(b)
     checks = _check(tf.logical_not(info.negative_curvature),
@@ -193,7 +194,7 @@ def _solve_cg(matvec, b, dtype, maxiter, tol, where, what):
     return _finish(w, checks)
 
 
-def _solve_neumann(matvec, b, dtype, maxiter, tol, step, where):
+def _solve_neumann(matvec, b, maxiter, tol, step, where):
     b_norm = tree.norm(b)
     stop = tol * b_norm
 
@@ -238,16 +239,16 @@ def _linear_solve(solve, options, jac, b, where):
         return _solve_dense(jac, b, where)
     n = tree.size(b)
     if solve == "neumann":
-        return _solve_neumann(jac.vjp_x, b, dtype, options.get("maxiter", 1000),
+        return _solve_neumann(jac.vjp_x, b, options.get("maxiter", 1000),
                               float(options.get("tol", _eps(dtype) ** 0.5)),
                               float(options.get("step", 1.0)), where)
     maxiter = options.get("maxiter", 10 * n)
     tol = float(options.get("tol", _eps(dtype) ** 0.75))
     if solve == "cg":
-        return _solve_cg(jac.vjp_x, b, dtype, maxiter, tol, where, "(dF/dx)^T w = v")
+        return _solve_cg(jac.vjp_x, b, maxiter, tol, where, "(dF/dx)^T w = v")
     # normal_cg: (dF/dx)(dF/dx)^T w = (dF/dx) b
-    w = _solve_cg(lambda w: jac.jvp_x(jac.vjp_x(w)), jac.jvp_x(b), dtype, maxiter, tol,
-                  where, "the normal equations (dF/dx)(dF/dx)^T w = (dF/dx) v")
+    w = _solve_cg(lambda w: jac.jvp_x(jac.vjp_x(w)), jac.jvp_x(b), maxiter, tol, where,
+                  "the normal equations (dF/dx)(dF/dx)^T w = (dF/dx) v")
     # A singular dF/dx leaves the normal equations consistent while (dF/dx)^T w = v has no
     # solution: check the residual of the system itself (to sqrt(tol): the normal equations
     # square the condition number).
