@@ -4,8 +4,9 @@ The primitives (nested-tape autodiff and functional model calls) live at the top
 level; each family has its own subpackage, imported on first use:
 `hogrod.train`, `hogrod.meta`, `hogrod.gan`, `hogrod.pinn`, `hogrod.curvature`. The numerical
 core they share: `hogrod.tree` (arithmetic on nested structures of tensors) and
-`hogrod.linalg` (conjugate gradient, power iteration, Lanczos on a `matvec`);
-`hogrod.optim` holds differentiable optimizers as pure functions (bilevel optimization).
+`hogrod.linalg` (conjugate gradient, power iteration, Lanczos on a `matvec`). For bilevel
+optimization: `hogrod.optim` (differentiable optimizers as pure functions) and
+`hogrod.implicit` (implicit differentiation of solvers: `custom_root`, `custom_fixed_point`).
 """
 
 import importlib
@@ -17,7 +18,7 @@ from hogrod.functional import functional_call, model_state, trainable_values
 __version__ = "0.1.0"
 
 _SUBPACKAGES = ("train", "meta", "gan", "pinn", "curvature", "harness", "distribute", "tree",
-                "linalg", "optim")
+                "linalg", "optim", "implicit")
 
 
 def __getattr__(name):  # lazy subpackages: `import hogrod; hogrod.meta.adapt(...)` works

@@ -1,0 +1,239 @@
+"""hogrod.implicit against closed forms: ridge regression x*(lam, b) = (A^T A + lam I)^{-1}
+A^T b (d loss/d lam and d loss/d b in float64) for every solve; a linear fixed point
+x = M x + c with a non-symmetric contraction M; eagerly, in tf.function, per task in
+tf.vectorized_map, per replica under MirroredStrategy; the solver never differentiated;
+bad input."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hogrod import distribute, implicit, tree
+
+RNG = np.random.default_rng(0)
+A = RNG.normal(size=(8, 5))
+B = RNG.normal(size=8)
+T = RNG.normal(size=5)
+LAM = 0.7
+
+
+def ridge_f(x, lam, a, b):  # the gradient of 0.5 |a x - b|^2 + 0.5 lam |x|^2
+    return tf.linalg.matvec(a, tf.linalg.matvec(a, x) - b, transpose_a=True) + lam * x
+
+
+def ridge_exact(lam, a, b):
+    return tf.linalg.solve(tf.matmul(a, a, transpose_a=True) + lam * tf.eye(5, dtype=a.dtype),
+                           tf.linalg.matvec(a, b, transpose_a=True)[:, None])[:, 0]
+
+
+def ridge_oracle(lam=LAM, a=A, b=B, t=T):
+    """Closed form: with H = A^T A + lam I, g = x - t: dL/dlam = -g^T H^{-1} x,
+    dL/db = A H^{-1} g."""
+    h = a.T @ a + lam * np.eye(a.shape[1])
+    x = np.linalg.solve(h, a.T @ b)
+    g = x - t
+    return -g @ np.linalg.solve(h, x), a @ np.linalg.solve(h, g)
+
+
+def outer(solver, lam, b, a=A):
+    lam, b = tf.convert_to_tensor(lam, tf.float64), tf.convert_to_tensor(b, tf.float64)
+    with tf.GradientTape() as tape:
+        tape.watch([lam, b])
+        x = solver(tf.zeros(5, tf.float64), lam, tf.constant(a), b)
+        loss = 0.5 * tf.reduce_sum((x - T) ** 2)
+    return tape.gradient(loss, [lam, b])
+
+
+def my_solve(matvec, b):  # a user solve: dense, from matvec on the basis
+    n = b.shape[0]
+    cols = [matvec(tf.one_hot(i, n, dtype=b.dtype)) for i in range(n)]
+    return tf.linalg.solve(tf.stack(cols, 1), b[:, None])[:, 0]
+
+
+@pytest.mark.parametrize("solve,options,rtol", [
+    ("cg", {"tol": 1e-13}, 1e-10), ("dense", {}, 1e-10), ("normal_cg", {"tol": 1e-14}, 1e-10),
+    (my_solve, {}, 1e-10), ("neumann", {"step": None, "maxiter": 3000, "tol": 1e-10}, 1e-7)])
+def test_ridge_gradient_matches_the_closed_form(solve, options, rtol):
+    options = dict(options)
+    if "step" in options:  # 1 / lambda_max: the series' spectral radius is < 1
+        options["step"] = 1.0 / np.linalg.eigvalsh(A.T @ A + LAM * np.eye(5)).max()
+    solver = implicit.custom_root(ridge_f, solve=solve, **options)(
+        lambda init, lam, a, b: ridge_exact(lam, a, b))
+    d_lam, d_b = outer(solver, LAM, B)
+    want_lam, want_b = ridge_oracle()
+    np.testing.assert_allclose(d_lam.numpy(), want_lam, rtol=rtol)
+    np.testing.assert_allclose(d_b.numpy(), want_b, rtol=rtol)
+
+
+M = 0.3 * RNG.normal(size=(5, 5))  # non-symmetric
+M *= 0.8 / np.linalg.norm(M, 2)  # a contraction
+C = RNG.normal(size=5)
+
+
+def split(x):
+    return {"u": x[:3], "v": x[3:]}
+
+
+def fixed_map(x, params):  # T(x) = M x + c on a nested x and nested params
+    flat = tf.concat([x["u"], x["v"]], 0)
+    return split(tf.linalg.matvec(params["m"], flat) + params["c"])
+
+
+def iterate(init, params):  # a Python loop: the solver's own graph is never differentiated
+    x = init
+    for _ in range(200):
+        x = fixed_map(x, params)
+    return x
+
+
+@pytest.mark.parametrize("solve", ["normal_cg", "dense", "neumann"])
+def test_linear_fixed_point_gradient_matches_the_closed_form(solve):
+    """x = (I - M)^{-1} c; with g = x - t and u = (I - M)^{-T} g: dL/dc = u, dL/dM = u x^T."""
+    solver = implicit.custom_fixed_point(fixed_map, solve=solve)(iterate)
+    params = {"m": tf.constant(M), "c": tf.constant(C)}
+    with tf.GradientTape() as tape:
+        tape.watch(params)
+        x = solver(split(tf.zeros(5, tf.float64)), params)
+        loss = 0.5 * tf.reduce_sum((tf.concat([x["u"], x["v"]], 0) - T) ** 2)
+    grads = tape.gradient(loss, params)
+    x = np.linalg.solve(np.eye(5) - M, C)
+    u = np.linalg.solve((np.eye(5) - M).T, x - T)
+    rtol = 1e-6 if solve == "neumann" else 1e-10
+    np.testing.assert_allclose(grads["c"].numpy(), u, rtol=rtol)
+    np.testing.assert_allclose(grads["m"].numpy(), np.outer(u, x), rtol=rtol)
+
+
+def wrong_gradient_solver(init, lam, a, b):
+    """x* exactly, with a deliberately wrong own gradient."""
+
+    @tf.custom_gradient
+    def exact(lam, b):
+        return ridge_exact(lam, a, b), lambda dx: (tf.constant(123.0, tf.float64),
+                                                   tf.ones_like(b))
+    return exact(lam, b)
+
+
+def test_the_solver_is_not_differentiated_eagerly_and_in_tf_function():
+    solver = implicit.custom_root(ridge_f, tol=1e-13)(wrong_gradient_solver)
+    want_lam, want_b = ridge_oracle()
+    compiled = tf.function(lambda lam, b: outer(solver, lam, b))
+    lam, b = tf.constant(LAM, tf.float64), tf.constant(B)
+    for run in (lambda: outer(solver, lam, b), lambda: compiled(lam, b),
+                lambda: compiled(lam, b)):
+        d_lam, d_b = run()
+        np.testing.assert_allclose(d_lam.numpy(), want_lam, rtol=1e-10)
+        np.testing.assert_allclose(d_b.numpy(), want_b, rtol=1e-10)
+    assert compiled.experimental_get_tracing_count() == 1
+
+
+def test_per_task_in_vectorized_map_equals_a_loop_over_tasks():
+    lams = np.array([0.1, 0.7, 3.0])
+    bs = RNG.normal(size=(3, 8))
+    solver = implicit.custom_root(ridge_f, tol=1e-13)(
+        lambda init, lam, a, b: ridge_exact(lam, a, b))
+
+    def task(args):
+        lam, b = args
+        with tf.GradientTape() as tape:
+            tape.watch([lam, b])
+            x = solver(tf.zeros(5, tf.float64), lam, tf.constant(A), b)
+            loss = 0.5 * tf.reduce_sum((x - T) ** 2)
+        return tape.gradient(loss, [lam, b])
+
+    d_lam, d_b = tf.function(lambda l, b: tf.vectorized_map(task, (l, b)))(lams, bs)
+    for i in range(3):
+        want_lam, want_b = ridge_oracle(lams[i], b=bs[i])
+        np.testing.assert_allclose(d_lam[i].numpy(), want_lam, rtol=1e-10)
+        np.testing.assert_allclose(d_b[i].numpy(), want_b, rtol=1e-10)
+
+
+def test_per_replica_under_mirrored_strategy_equals_one_device():
+    strategy = distribute.make_strategy("mirrored")
+    assert strategy.num_replicas_in_sync == 2
+    lams = tf.constant([0.2, 1.5], tf.float64)
+    solver = implicit.custom_root(ridge_f, tol=1e-13)(
+        lambda init, lam, a, b: ridge_exact(lam, a, b))
+
+    def replica():
+        ctx = tf.distribute.get_replica_context()
+        lam = tf.gather(lams, ctx.replica_id_in_sync_group)
+        return outer(solver, lam, B)[0]
+
+    per_replica = tf.function(lambda: strategy.run(replica))()
+    got = [t.numpy() for t in strategy.experimental_local_results(per_replica)]
+    np.testing.assert_allclose(got, [ridge_oracle(0.2)[0], ridge_oracle(1.5)[0]], rtol=1e-10)
+
+
+def grad_of(solver, *args):
+    args = [tf.convert_to_tensor(a, tf.float64) for a in args]
+    with tf.GradientTape() as tape:
+        tape.watch(args)
+        loss = tf.reduce_sum(solver(tf.zeros(2, tf.float64), *args) * [1.0, 3.0])
+    return tape.gradient(loss, args)
+
+
+def test_an_indefinite_or_singular_system_is_an_error_naming_the_optimality_function():
+    def saddle(x, s):  # dF/dx = diag(s, -1): indefinite
+        return x * tf.stack([s, -1.0])
+
+    solver = implicit.custom_root(saddle)(lambda init, s: init)
+    with pytest.raises(ValueError, match="saddle.*non-positive curvature"):
+        grad_of(solver, 2.0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="saddle.*non-positive curvature"):
+        tf.function(lambda s: grad_of(solver, s))(tf.constant(2.0, tf.float64))
+
+    def flat(x, s):  # dF/dx = diag(s, 0): singular
+        return x * tf.stack([s, 0.0])
+
+    for solve in ("dense", "normal_cg"):
+        solver = implicit.custom_root(flat, solve=solve)(lambda init, s: init)
+        with pytest.raises(ValueError, match="flat"):
+            grad_of(solver, 2.0)
+    solver = implicit.custom_root(flat, solve="dense")(lambda init, s: init)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="flat.*singular"):
+        tf.function(lambda s: grad_of(solver, s))(tf.constant(2.0, tf.float64))
+
+    def steep(x, s):  # dF/dx = 3 s I: I - dF/dx has spectral radius 5 at s = 2
+        return 3 * s * x
+
+    solver = implicit.custom_root(steep, solve="neumann")(lambda init, s: init)
+    with pytest.raises(ValueError, match="steep.*Neumann series did not converge"):
+        grad_of(solver, 2.0)
+
+
+def test_bad_solver_output_unused_argument_and_bad_options_are_errors():
+    def f(x, s, unused):
+        return s * x
+
+    with pytest.raises(ValueError, match="init"):
+        grad_of(implicit.custom_root(f)(lambda init, s, unused: (init, 0.0)), 1.0, 1.0)
+    with pytest.raises(ValueError, match="init"):
+        grad_of(implicit.custom_root(f)(lambda init, s, unused: init[:1]), 1.0, 1.0)
+    with pytest.raises(ValueError, match=r"does not depend on argument\(s\) \['unused'\]"):
+        grad_of(implicit.custom_root(f)(lambda init, s, unused: init), 1.0, 1.0)
+    # Python numbers and integer tensors are static (no gradient, no error), used exactly:
+    # x* = scale k / s, d sum(x*)/ds = -2 scale k / s^2
+    def affine(x, s, scale, k):
+        return s * x - scale * tf.cast(k, tf.float64)
+
+    static = implicit.custom_root(affine)(lambda init, s, scale, k: init + scale * 3 / s)
+    s = tf.constant(2.0, tf.float64)
+    with tf.GradientTape() as tape:
+        tape.watch(s)
+        loss = tf.reduce_sum(static(tf.zeros(2, tf.float64), s, 0.1, tf.constant(3)))
+    np.testing.assert_allclose(float(tape.gradient(loss, s)), -2 * 0.1 * 3 / 4, rtol=1e-14)
+    v = tf.Variable(2.0, dtype=tf.float64, name="hidden")
+    with pytest.raises(ValueError, match="hidden.*pass them as args"):
+        grad_of(implicit.custom_root(lambda x, s: v * s * x)(lambda init, s: init), 1.0)
+    with pytest.raises(ValueError, match="solve must be one of"):
+        implicit.custom_root(f, solve="lu")
+    with pytest.raises(ValueError, match="unknown options \\['step'\\]"):
+        implicit.custom_root(f, solve="cg", step=0.5)
+    with pytest.raises(ValueError, match="maxiter"):
+        implicit.custom_root(f, maxiter=0)
+    with pytest.raises(ValueError, match="tol must be a finite number > 0"):
+        implicit.custom_root(f, solve="neumann", tol=0.0)
+    with pytest.raises(ValueError, match="callable solve"):
+        implicit.custom_root(f, solve=my_solve, tol=1e-3)
+    with pytest.raises(TypeError, match="optimality_fn"):
+        implicit.custom_root("f")
