@@ -4,6 +4,7 @@ meta-gradient, and the gradient with respect to learned inner hyperparameters (l
 rate, logit b1), against float64 central differences; `Algorithm.adapt` takes the
 optimizer's steps; a compiled train step moves the learned hyperparameters; bad input."""
 
+import gin
 import keras
 import numpy as np
 import pytest
@@ -12,6 +13,12 @@ import tensorflow as tf
 from hogrod import meta, optim, train
 
 LR = 0.05  # not a float32 number
+
+
+@pytest.fixture(autouse=True)
+def no_gin_bindings():
+    # maml's arguments left out here must take their defaults, not a parsed config's
+    gin.clear_config()
 
 
 def mse(y, p):
