@@ -1,6 +1,6 @@
 """SGD (momentum, Nesterov), Adam, AdamW and RMSProp as pure functions.
 
-Each constructor returns `Optimizer(init, update)`:
+Each constructor returns `Optimizer(init, update, name, hyperparameters)`:
 
 - `state = init(params)`: zeros for the moment buffers (one per param, same structure) and
   a step count (an int64 scalar tensor, 0);
