@@ -27,6 +27,8 @@ CONFIGS = sorted("configs/" + os.path.relpath(p, harness.CONFIG_DIR).replace(os.
 def configurables():
     for name in BINARIES:  # registers every @gin.configurable a config may bind
         importlib.import_module(f"experiments.{name}")
+    yield
+    gin.clear_config()  # the last config's bindings would reach later tests' calls
 
 
 @pytest.mark.parametrize("path", CONFIGS)

@@ -234,11 +234,12 @@ def query_loss(model, loss_fn, fast, xq, yq, seed=None):
     return loss_fn(yq, run(model, fast, xq, True, seed))
 
 
-def adapt_with(model, loss_fn, rates, first_order=False):
+def adapt_with(model, loss_fn, rates, first_order=False, optimizer=None):
     """`Algorithm.adapt` for an algorithm whose evaluation is plain gradient steps at
-    `rates` (a scalar, one per param, None to freeze, or a callable of the step)."""
+    `rates` (a scalar, one per param, None to freeze, or a callable of the step), or the
+    steps of a `hogrod.optim` optimizer (then rates is None), from a fresh state."""
     def adapt_eval(support, steps):
-        return adapt(model, loss_fn, support, rates, steps, first_order)
+        return adapt(model, loss_fn, support, rates, steps, first_order, optimizer=optimizer)
     return adapt_eval
 
 

@@ -4,6 +4,7 @@ rates, learned or frozen), which ANIL and Meta-SGD reuse."""
 
 import gin
 
+from hogrod import optim
 from hogrod.meta.common import (Algorithm, adapt_with, check_steps, compiled_when_eager,
                                 mean_over_tasks, pass_seed, query_loss, resolve_task_map,
                                 task_seeds)
@@ -12,9 +13,11 @@ from hogrod.meta.inner import adapt, initial_params
 __all__ = ["maml", "fomaml", "unrolled"]
 
 
-def unrolled(model, loss_fn, rates, inner_steps, first_order, mode, variables=()):
+def unrolled(model, loss_fn, rates, inner_steps, first_order, mode, variables=(),
+             optimizer=None):
     """The `Algorithm` whose objective is the mean query loss after `inner_steps` steps at
-    `rates` (see `hogrod.meta.adapt`'s inner_lr) from the model's weights."""
+    `rates` (see `hogrod.meta.adapt`'s inner_lr), or of `optimizer` (rates None), from the
+    model's weights."""
     check_steps("inner_steps", inner_steps)
 
     def meta_loss(tasks, step=None):  # step: unused (no schedule)
@@ -24,29 +27,80 @@ def unrolled(model, loss_fn, rates, inner_steps, first_order, mode, variables=()
         def task_loss(task, seeds, start):
             xs, ys, xq, yq = task
             fast = adapt(model, loss_fn, (xs, ys), rates, inner_steps, first_order, start,
-                         seeds=pass_seed(seeds, 0, inner_steps))
+                         seeds=pass_seed(seeds, 0, inner_steps), optimizer=optimizer)
             return query_loss(model, loss_fn, fast, xq, yq, pass_seed(seeds, inner_steps))
 
         return {"loss": mean_over_tasks(task_loss, tasks, seeds, params, mode)}
 
-    return Algorithm(compiled_when_eager(meta_loss), adapt_with(model, loss_fn, rates),
-                     list(variables))
+    return Algorithm(compiled_when_eager(meta_loss),
+                     adapt_with(model, loss_fn, rates, optimizer=optimizer), list(variables))
+
+
+DEFAULT_INNER_LR = 0.01
+
+
+def _inner(where, model, inner_lr, inner_optimizer, learn):
+    """(rates, optimizer, variables) of MAML's inner loop: plain steps at inner_lr (0.01
+    when neither is given), or the optimizer's steps, its hyperparameters learned if asked."""
+    if inner_optimizer is None:
+        if learn is not False:
+            raise ValueError(f"{where}: learn_inner_hyperparameters={learn!r} needs an "
+                             f"inner_optimizer (e.g. `{where}.inner_optimizer = "
+                             "@hogrod.optim.adam()`); for learned plain-step rates use "
+                             "meta_sgd")
+        return (DEFAULT_INNER_LR if inner_lr is None else inner_lr), None, []
+    if inner_lr is not None:
+        raise ValueError(f"{where}: give inner_lr or inner_optimizer, not both (the "
+                         f"optimizer's learning_rate is the step size); got inner_lr="
+                         f"{inner_lr!r}: remove the `{where}.inner_lr` binding")
+    if not isinstance(inner_optimizer, optim.Optimizer):
+        raise TypeError(f"{where}: inner_optimizer must be a hogrod.optim optimizer "
+                        "(gin: `@hogrod.optim.adam()`, with the parentheses), got "
+                        f"{inner_optimizer!r}")
+    if learn is False:
+        return None, inner_optimizer, []
+    if learn is not True and (isinstance(learn, (str, bytes)) or
+                              not isinstance(learn, (list, tuple))):
+        raise TypeError(f"{where}: learn_inner_hyperparameters must be False, True or a "
+                        f"list of hyperparameter names, got {learn!r}")
+    dtypes = {v.dtype for v in model.trainable_variables}
+    if len(dtypes) != 1:
+        raise ValueError(f"{where}: learned inner hyperparameters need one dtype for every "
+                         f"trainable variable of the model, got {sorted(dtypes)}")
+    opt, variables = optim.learnable(inner_optimizer, dtypes.pop(),
+                                     None if learn is True else learn)
+    return None, opt, variables
 
 
 @gin.configurable
-def maml(model, loss_fn, inner_lr=0.01, inner_steps=1, first_order=False, task_map=None,
-         vectorize=None, recompute=None):
+def maml(model, loss_fn, inner_lr=None, inner_steps=1, first_order=False, task_map=None,
+         vectorize=None, recompute=None, inner_optimizer=None,
+         learn_inner_hyperparameters=False):
     """MAML: the query loss after `inner_steps` steps from theta, differentiated through
     the inner loop (second order unless `first_order`). task_map: None (the
     `task_map.mode` binding), 'vectorized', 'sequential' or 'recomputed';
-    vectorize / recompute: deprecated, forwarded to task_map."""
+    vectorize / recompute: deprecated, forwarded to task_map.
+
+    inner_lr: the plain gradient step's rate (None: 0.01). inner_optimizer: instead, a
+    `hogrod.optim` optimizer taking the inner steps (MAML with an inner Adam or momentum),
+    its state fresh per task and threaded through the steps, in training and in
+    `Algorithm.adapt`; give one or the other. learn_inner_hyperparameters: False; True
+    (the optimizer's `hogrod.optim.LEARNED_BY_DEFAULT` hyperparameters, e.g. Adam's
+    learning_rate, b1, b2) or a list of names: those become `Algorithm.variables`
+    (log learning rate, logit b1, ...: see `hogrod.optim.learnable`), meta-trained with
+    the weights."""
     mode = resolve_task_map("maml", task_map, vectorize, recompute)
-    return unrolled(model, loss_fn, inner_lr, inner_steps, first_order, mode)
+    rates, opt, variables = _inner("maml", model, inner_lr, inner_optimizer,
+                                   learn_inner_hyperparameters)
+    return unrolled(model, loss_fn, rates, inner_steps, first_order, mode, variables, opt)
 
 
 @gin.configurable
-def fomaml(model, loss_fn, inner_lr=0.01, inner_steps=1, task_map=None, vectorize=None,
-           recompute=None):
-    """First-order MAML: the inner gradients are treated as constants."""
+def fomaml(model, loss_fn, inner_lr=None, inner_steps=1, task_map=None, vectorize=None,
+           recompute=None, inner_optimizer=None, learn_inner_hyperparameters=False):
+    """First-order MAML: the inner gradients are treated as constants (inner_lr,
+    inner_optimizer, learn_inner_hyperparameters: as `maml`)."""
     mode = resolve_task_map("fomaml", task_map, vectorize, recompute)
-    return unrolled(model, loss_fn, inner_lr, inner_steps, True, mode)
+    rates, opt, variables = _inner("fomaml", model, inner_lr, inner_optimizer,
+                                   learn_inner_hyperparameters)
+    return unrolled(model, loss_fn, rates, inner_steps, True, mode, variables, opt)

@@ -8,10 +8,16 @@ loop written with it can be differentiated by an outer tape (MAML with an inner 
 hyperparameter gradients). One step equals one step of the Keras 3 optimizer of the same
 name and settings; see `hogrod.optim.optimizers` for the formulas and the zero-gradient
 treatment.
+
+`learnable(optimizer, dtype)` turns its Python-number hyperparameters into trainable
+variables (log learning rate, logit b1, ...). The constructors are gin-configurable as
+`hogrod.optim.adam` etc.: `maml.inner_optimizer = @hogrod.optim.adam()` with
+`hogrod.optim.adam.learning_rate = 0.01`.
 """
 
+from hogrod.optim.learnable import LEARNED_BY_DEFAULT, learnable
 from hogrod.optim.optimizers import (AdamState, Optimizer, RMSPropState, SGDState, adam,
                                      adamw, rmsprop, safe_sqrt, sgd)
 
 __all__ = ["Optimizer", "SGDState", "AdamState", "RMSPropState", "sgd", "adam", "adamw",
-           "rmsprop", "safe_sqrt"]
+           "rmsprop", "safe_sqrt", "learnable", "LEARNED_BY_DEFAULT"]

@@ -1,6 +1,6 @@
 """SGD (momentum, Nesterov), Adam, AdamW and RMSProp as pure functions.
 
-Each constructor returns `Optimizer(init, update)`:
+Each constructor returns `Optimizer(init, update, name, hyperparameters)`:
 
 - `state = init(params)`: zeros for the moment buffers (one per param, same structure) and
   a step count (an int64 scalar tensor, 0);
@@ -48,6 +48,7 @@ import collections
 import math
 import numbers
 
+import gin
 import numpy as np
 import tensorflow as tf
 
@@ -59,7 +60,12 @@ _no_autograph = tf.autograph.experimental.do_not_convert
 __all__ = ["Optimizer", "SGDState", "AdamState", "RMSPropState", "sgd", "adam", "adamw",
            "rmsprop", "safe_sqrt"]
 
-Optimizer = collections.namedtuple("Optimizer", ["init", "update"])
+Optimizer = collections.namedtuple("Optimizer", ["init", "update", "name", "hyperparameters"],
+                                   defaults=(None, None))
+Optimizer.__doc__ = """init(params) -> state; update(grads, state, params) -> (params, state);
+name: the constructor's name ('sgd', 'adam', ...) and hyperparameters: the arguments it was
+built with (a dict), which `hogrod.optim.learnable` reads to rebuild it with learned
+hyperparameters (None for a hand-made Optimizer)."""
 SGDState = collections.namedtuple("SGDState", ["count", "momentum"])
 AdamState = collections.namedtuple("AdamState", ["count", "mu", "nu"])
 RMSPropState = collections.namedtuple("RMSPropState", ["count", "nu", "momentum"])
@@ -172,6 +178,7 @@ def _pack(params, leaves):
 
 # ---- optimizers ---------------------------------------------------------------------------
 
+@gin.configurable(module="hogrod.optim")
 def sgd(learning_rate, momentum=0.0, nesterov=False):
     """Stochastic gradient descent with (Nesterov) momentum, as `keras.optimizers.SGD`.
 
@@ -201,7 +208,8 @@ def sgd(learning_rate, momentum=0.0, nesterov=False):
             new_p.append(pi + (mi * mu - gi * lr if nesterov else mi))
         return _pack(params, new_p), SGDState(count + 1, _pack(params, new_m))
 
-    return Optimizer(init, update)
+    return Optimizer(init, update, "sgd", dict(learning_rate=learning_rate, momentum=momentum,
+                                               nesterov=nesterov))
 
 
 def _adam_like(opt, learning_rate, b1, b2, eps, weight_decay):
@@ -238,9 +246,13 @@ def _adam_like(opt, learning_rate, b1, b2, eps, weight_decay):
         return _pack(params, new_p), AdamState(count + 1, _pack(params, new_m),
                                                _pack(params, new_v))
 
-    return Optimizer(init, update)
+    hyper = dict(learning_rate=learning_rate, b1=b1, b2=b2, eps=eps)
+    if weight_decay is not None:
+        hyper["weight_decay"] = weight_decay
+    return Optimizer(init, update, opt, hyper)
 
 
+@gin.configurable(module="hogrod.optim")
 def adam(learning_rate, b1=0.9, b2=0.999, eps=1e-7):
     """Adam, as `keras.optimizers.Adam` (amsgrad=False): eps outside the sqrt, bias
     correction folded into the step size.
@@ -253,6 +265,7 @@ def adam(learning_rate, b1=0.9, b2=0.999, eps=1e-7):
     return _adam_like("adam", learning_rate, b1, b2, eps, None)
 
 
+@gin.configurable(module="hogrod.optim")
 def adamw(learning_rate, b1=0.9, b2=0.999, eps=1e-7, weight_decay=0.004):
     """AdamW, as `keras.optimizers.AdamW`: p <- p - p * weight_decay * learning_rate, then
     the Adam step (decoupled weight decay, scaled by the learning rate as Keras does).
@@ -264,6 +277,7 @@ def adamw(learning_rate, b1=0.9, b2=0.999, eps=1e-7, weight_decay=0.004):
     return _adam_like("adamw", learning_rate, b1, b2, eps, weight_decay)
 
 
+@gin.configurable(module="hogrod.optim")
 def rmsprop(learning_rate, rho=0.9, momentum=0.0, eps=1e-7):
     """RMSProp, as `keras.optimizers.RMSprop` with centered=False: eps inside the sqrt, no
     bias correction.
@@ -302,4 +316,5 @@ def rmsprop(learning_rate, rho=0.9, momentum=0.0, eps=1e-7):
         return _pack(params, new_p), RMSPropState(count + 1, _pack(params, new_v),
                                                   _pack(params, new_mom))
 
-    return Optimizer(init, update)
+    return Optimizer(init, update, "rmsprop", dict(learning_rate=learning_rate, rho=rho,
+                                                   momentum=momentum, eps=eps))

@@ -1,0 +1,109 @@
+"""Optimizer hyperparameters as trainable variables (learned inner optimizers in
+meta-learning, issue 16).
+
+`opt, variables = learnable(adam(0.01), tf.float32)` returns an optimizer whose
+hyperparameters are functions of `variables`, in a parametrization whose every real value
+is a valid hyperparameter, so a gradient step can never leave the valid range:
+
+- learning_rate, eps, weight_decay, rmsprop's momentum (> 0): value = exp(v), v = log value;
+- b1, b2, rho, sgd's momentum (in (0, 1)): value = sigmoid(v), v = logit value.
+
+The values are recomputed from the variables at every `update`, under the caller's tape, so
+an outer tape differentiates the updated params with respect to `variables` (and a changed
+variable does not retrace a tf.function). The starting values are the optimizer's own; one
+at the boundary of its range (a momentum of 0) has no finite parameter and is refused.
+"""
+
+import math
+
+import numpy as np
+import tensorflow as tf
+
+from hogrod.optim import optimizers
+
+__all__ = ["learnable", "LEARNED_BY_DEFAULT"]
+
+# what `learnable` learns when `names` is None (eps is left out: it guards a division)
+LEARNED_BY_DEFAULT = {
+    "sgd": ("learning_rate", "momentum"),
+    "adam": ("learning_rate", "b1", "b2"),
+    "adamw": ("learning_rate", "b1", "b2", "weight_decay"),
+    "rmsprop": ("learning_rate", "rho", "momentum"),
+}
+
+_UNIT_INTERVAL = {("sgd", "momentum"), ("adam", "b1"), ("adam", "b2"), ("adamw", "b1"),
+                  ("adamw", "b2"), ("rmsprop", "rho")}
+
+
+def _parametrization(opt, name):
+    """(prefix, to_variable, from_variable) for one hyperparameter."""
+    if (opt, name) in _UNIT_INTERVAL:
+        return ("logit", lambda x: math.log(x) - math.log1p(-x), tf.sigmoid)
+    return ("log", math.log, tf.exp)
+
+
+def _check_start(opt, name, value):
+    where = f"hogrod.optim.learnable: {opt}'s {name}"
+    if isinstance(value, bool) or not optimizers._is_number(value):
+        raise TypeError(f"{where} is {value!r}; only a Python number can be made learnable "
+                        "(a tensor or tf.Variable hyperparameter is already yours to train)")
+    v = float(value)
+    unit = (opt, name) in _UNIT_INTERVAL
+    if v <= 0 or (unit and v >= 1):
+        rng = "(0, 1)" if unit else "(0, inf)"
+        raise ValueError(f"{where} starts at {value!r}, on the boundary of its "
+                         f"parametrization; start it in {rng} or leave it out of `names` "
+                         f"(the default names for {opt}: {LEARNED_BY_DEFAULT[opt]})")
+    return v
+
+
+def learnable(optimizer, dtype, names=None, prefix="inner"):
+    """`(optimizer, variables)`: `optimizer` rebuilt with the hyperparameters in `names`
+    computed from new scalar `tf.Variable`s of `dtype` (the params' dtype), see the module
+    docstring for the parametrization.
+
+    Args:
+      optimizer: a `hogrod.optim` optimizer (`adam(0.01)`, `sgd(0.1, momentum=0.9)`, ...);
+        the hyperparameters to learn must be Python numbers.
+      dtype: the float dtype of the params it will update.
+      names: the hyperparameters to learn; None: `LEARNED_BY_DEFAULT[optimizer.name]`.
+      prefix: the variables are named `{prefix}_{log|logit}_{name}`.
+
+    Returns:
+      the optimizer, and the variables in `names` order.
+    """
+    if not isinstance(optimizer, optimizers.Optimizer) or optimizer.hyperparameters is None:
+        raise TypeError("hogrod.optim.learnable: optimizer must be built by hogrod.optim "
+                        f"(sgd/adam/adamw/rmsprop(...)) and not already learnable, got {optimizer!r}")
+    dtype = tf.as_dtype(dtype)
+    if not dtype.is_floating:
+        raise TypeError(f"hogrod.optim.learnable: dtype must be floating, got {dtype.name}")
+    opt, hyper = optimizer.name, dict(optimizer.hyperparameters)
+    names = LEARNED_BY_DEFAULT[opt] if names is None else tuple(names)
+    if not names:
+        raise ValueError("hogrod.optim.learnable: names is empty; nothing would be learned")
+    variables, transforms = [], {}
+    for name in names:
+        if name not in hyper or name == "nesterov":
+            learnable_names = sorted(k for k in hyper if k != "nesterov")
+            raise ValueError(f"hogrod.optim.learnable: {opt} has no learnable hyperparameter "
+                             f"{name!r}; it has {learnable_names}")
+        kind, to_var, from_var = _parametrization(opt, name)
+        start = to_var(_check_start(opt, name, hyper[name]))
+        var = tf.Variable(np.asarray(start, dtype.as_numpy_dtype), name=f"{prefix}_{kind}_{name}")
+        variables.append(var)
+        transforms[name] = (var, from_var)
+    constructor = getattr(optimizers, opt)
+
+    def build():
+        kwargs = dict(hyper)
+        kwargs.update({n: f(tf.convert_to_tensor(v)) for n, (v, f) in transforms.items()})
+        return constructor(**kwargs)
+
+    def update(grads, state, params):
+        # rebuilt per call: the hyperparameters are read from the variables under the
+        # caller's tape (building only closes over them; it traces nothing)
+        return build().update(grads, state, params)
+
+    # no hyperparameters: they are the variables now (learnable again would drop them)
+    return optimizers.Optimizer(optimizer.init, update, opt, None), variables
