@@ -21,3 +21,18 @@ hypothesis.settings.load_profile("hogrod")
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATA = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
+
+
+import gin  # noqa: E402
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _no_gin_bindings_between_tests():
+    """Every test starts and ends without gin bindings: a config parsed by one test must not
+    change the defaults another test's library calls see (the order differs per worker)."""
+    with gin.unlock_config():
+        gin.clear_config()
+    yield
+    with gin.unlock_config():
+        gin.clear_config()
