@@ -138,6 +138,16 @@ def _inner_grad(inner_loss, params, hyperparams, where):
     return g
 
 
+def _inner_leaves(inner_loss, params, hyperparams, where):
+    """Indices of the hyperparams leaves that d_w inner_loss structurally depends on."""
+    flat = [tf.convert_to_tensor(t) for t in tf.nest.flatten(hyperparams)]
+    with tf.GradientTape() as tape:
+        tape.watch(flat)
+        g = _inner_grad(inner_loss, params, tf.nest.pack_sequence_as(hyperparams, flat), where)
+        probe = tf.add_n([tf.reduce_sum(t) for t in tf.nest.flatten(g)])
+    return [i for i, d in enumerate(tape.gradient(probe, flat)) if d is not None]
+
+
 def _run(optimizer, inner_loss, params, state, hyperparams, steps, where):
     """`steps` optimizer updates on inner_loss from (params, state), as a tf.while_loop."""
     if steps == 0:
@@ -259,13 +269,28 @@ def implicit(inner_optimizer, inner_steps, solve="cg", inner_tol=1e-6, maxiter=N
 
     @_no_autograph
     def method(inner_loss, outer_loss, params, hyperparams):
-        def optimality(w, h):  # F(w, h) = d_w inner_loss(w, h)
-            return _inner_grad(inner_loss, w, h, where)
+        params = _as_tensors(params)
+        flat = tf.nest.flatten(hyperparams)
+        # custom_root differentiates only the leaves the inner gradient depends on (it refuses
+        # others); a leaf only the outer loss reads gets its gradient from the outer tape.
+        inner_idx = _inner_leaves(inner_loss, params, hyperparams, where)
+        fixed = [tf.stop_gradient(tf.convert_to_tensor(t)) for t in flat]
 
-        def solver(w0, h):
+        def full(h_inner):
+            leaves = list(fixed)
+            for i, t in zip(inner_idx, h_inner):
+                leaves[i] = t
+            return tf.nest.pack_sequence_as(hyperparams, leaves)
+
+        def optimality(w, h_inner):  # F(w, h) = d_w inner_loss(w, h)
+            return _inner_grad(inner_loss, w, full(h_inner), where)
+
+        def solver(w0, h_inner):
+            h = full(h_inner)
             w, _ = _run(inner_optimizer, inner_loss, w0, inner_optimizer.init(w0), h,
                         inner_steps, where)
-            g0, g = tree.norm(optimality(w0, h)), tree.norm(optimality(w, h))
+            g0 = tree.norm(_inner_grad(inner_loss, w0, h, where))
+            g = tree.norm(_inner_grad(inner_loss, w, h, where))
             checks = _check(g <= inner_tol * g0,
                             f"{where}: the inner solve did not reach ||grad|| <= inner_tol="
                             f"{inner_tol} * ||grad at params|| in inner_steps={inner_steps} "
@@ -274,10 +299,10 @@ def implicit(inner_optimizer, inner_steps, solve="cg", inner_tol=1e-6, maxiter=N
                 return tf.nest.map_structure(tf.identity, w)
 
         root = implicit_lib.custom_root(optimality, solve, **options)(solver)
-        params = _as_tensors(params)
         with tf.GradientTape() as tape:
             tape.watch(hyperparams)
-            w = root(params, hyperparams)
+            h_inner = [tf.convert_to_tensor(flat[i]) for i in inner_idx]
+            w = root(params, h_inner) if inner_idx else solver(params, [])
             value = _scalar(outer_loss(w, hyperparams), "outer_loss", where)
         grads = tape.gradient(value, hyperparams)
         return Hypergradient(value, _check_grads(grads, hyperparams, where), w)

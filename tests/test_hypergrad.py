@@ -135,6 +135,20 @@ def test_implicit_neumann_converges_with_its_terms(ridge):
     assert errors[0] > errors[1] > errors[2] and errors[2] < 1e-3, errors
 
 
+def test_neumann_series_is_its_closed_form(ridge):
+    """step * sum_{k=0}^{terms} (I - step H)^k v in numpy, through the implicit formula."""
+    a, b, av, bv, s = ridge
+    lr, terms = _lr(ridge), 7
+    h = a.T @ a + np.diag(np.exp(s))
+    w = np.linalg.solve(h, a.T @ b)
+    m = np.eye(D) - lr * h
+    series = lr * sum(np.linalg.matrix_power(m, k) for k in range(terms + 1))
+    expected = -np.exp(s) * w * (series @ (2 * av.T @ (av @ w - bv) / len(bv)))
+    out = _run(ridge, hypergrad.implicit(optim.sgd(lr), 300, inner_tol=1e-12,
+                                         solve=hypergrad.neumann_series(terms, step=lr)))
+    np.testing.assert_allclose(out.grads, expected, rtol=1e-10)
+
+
 def test_one_step_closed_form(ridge):
     a, b, av, bv, s = ridge
     lr = 0.5 * _lr(ridge)
@@ -161,6 +175,23 @@ def test_tf_function_equals_eager(ridge, name):
     graph = fn(tf.constant(s))
     np.testing.assert_allclose(graph.grads, eager.grads, rtol=1e-12)
     np.testing.assert_allclose(graph.value, eager.value, rtol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["unrolled", "implicit"])
+def test_hyperparameter_of_the_outer_loss_only(ridge, method):
+    """hyperparams (s, c) with outer c * L_out: d/dc = L_out, d/ds = c * the ridge one."""
+    exact, w = _exact(ridge)
+    a, b, av, bv, s = ridge
+    inner, outer = _losses(a, b, av, bv)
+    lr = _lr(ridge)
+    m = (hypergrad.unrolled(optim.sgd(lr), 300) if method == "unrolled" else
+         hypergrad.implicit(optim.sgd(lr), 300, inner_tol=1e-12, tol=1e-12))
+    out = hypergrad.hypergradient(lambda w, h: inner(w, h["s"]),
+                                  lambda w, h: h["c"] * outer(w, h["s"]),
+                                  {"w": tf.zeros(D, tf.float64)},
+                                  {"s": tf.constant(s), "c": tf.constant(3.0, tf.float64)}, m)
+    np.testing.assert_allclose(out.grads["c"], _np_outer(av, bv, w), rtol=1e-10)
+    assert _rel(out.grads["s"], 3.0 * exact) < 1e-10
 
 
 def test_variable_hyperparams(ridge):
@@ -202,6 +233,10 @@ def test_errors(ridge):
     with pytest.raises(ValueError, match="does not depend on hyperparams leaves \\[1\\]"):
         hypergrad.hypergradient(lambda w, s: inner(w, s[0]), lambda w, s: outer(w, s[0]), p,
                                 [h, tf.constant(1.0, tf.float64)], hypergrad.one_step(sgd))
+    for method in (hypergrad.unrolled(sgd, 3), hypergrad.implicit(optim.sgd(_lr(ridge)), 300)):
+        with pytest.raises(ValueError, match="does not depend on"):
+            hypergrad.hypergradient(lambda w, s: inner(w, s[0]), lambda w, s: outer(w, s[0]),
+                                    p, [h, tf.constant(1.0, tf.float64)], method)
     with pytest.raises(ValueError, match="inner_loss must return a scalar"):
         hypergrad.hypergradient(lambda w, s: w["w"], outer, p, h, hypergrad.one_step(sgd))
 
@@ -223,3 +258,15 @@ def test_bench_binary_smoke(tmp_path):
     assert written["unrolled_rel_err"].keys() == {"3", "9"}
     assert written["neumann_rel_err"].keys() == {"2", "6"}
     assert written["unrolled_rel_err"]["9"] < written["unrolled_rel_err"]["3"]
+
+
+def test_implicit_solves_the_inner_problem_without_inner_hyperparameters(ridge):
+    _, w = _exact(ridge)
+    a, b, av, bv, s = ridge
+    inner, outer = _losses(a, b, av, bv)
+    out = hypergrad.hypergradient(lambda w, c: inner(w, tf.constant(s)),
+                                  lambda w, c: c * outer(w, tf.constant(s)),
+                                  {"w": tf.zeros(D, tf.float64)}, tf.constant(2.0, tf.float64),
+                                  hypergrad.implicit(optim.sgd(_lr(ridge)), 300, inner_tol=1e-12))
+    np.testing.assert_allclose(out.params["w"], w, rtol=1e-10)
+    np.testing.assert_allclose(out.grads, _np_outer(av, bv, w), rtol=1e-10)
