@@ -6,7 +6,8 @@ level; each family has its own subpackage, imported on first use:
 core they share: `hogrod.tree` (arithmetic on nested structures of tensors) and
 `hogrod.linalg` (conjugate gradient, power iteration, Lanczos on a `matvec`). For bilevel
 optimization: `hogrod.optim` (differentiable optimizers as pure functions) and
-`hogrod.implicit` (implicit differentiation of solvers: `custom_root`, `custom_fixed_point`).
+`hogrod.implicit` (implicit differentiation of solvers: `custom_root`, `custom_fixed_point`)
+and `hogrod.hypergrad` (hypergradients: unrolled, implicit, one-step).
 """
 
 import importlib
@@ -18,7 +19,7 @@ from hogrod.functional import functional_call, model_state, trainable_values
 __version__ = "0.1.0"
 
 _SUBPACKAGES = ("train", "meta", "gan", "pinn", "curvature", "harness", "distribute", "tree",
-                "linalg", "optim", "implicit")
+                "linalg", "optim", "implicit", "hypergrad")
 
 
 def __getattr__(name):  # lazy subpackages: `import hogrod; hogrod.meta.adapt(...)` works
