@@ -120,12 +120,7 @@ def _check_grads(grads, hyperparams, where):
     return tf.nest.pack_sequence_as(hyperparams, [tf.convert_to_tensor(g) for g in flat])
 
 
-def _check(ok, message):
-    if tf.executing_eagerly():
-        if not bool(ok):
-            raise ValueError(message)
-        return []
-    return [tf.debugging.Assert(ok, [message])]
+_check = implicit_lib._check  # a ValueError eagerly, an Assert in a graph
 
 
 # ---- the inner loop ------------------------------------------------------------------------

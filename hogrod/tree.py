@@ -25,22 +25,32 @@ import tensorflow as tf
 # Python control flow here is on Python values only (structure, dtypes, static shapes).
 _no_autograph = tf.autograph.experimental.do_not_convert
 
-__all__ = ["check_same", "dot", "vdot", "norm", "add", "sub", "scale", "axpy", "zeros_like",
+__all__ = ["leaves", "check_same", "dot", "vdot", "norm", "add", "sub", "scale", "axpy", "zeros_like",
            "ones_like", "normal_like", "rademacher_like", "flatten", "unflatten", "size"]
 
 
-def _leaves(tree, fn, name):
-    """The leaves of `tree` as tensors, in `tf.nest.flatten` order."""
+def leaves(tree, name, where, floating=False):
+    """The leaves of `tree` as tensors, in `tf.nest.flatten` order; an empty tree, a None
+    leaf or (with `floating`) a non-floating leaf is an error starting with `where` and
+    naming `name`. Every module that takes a nested structure checks it here."""
     flat = tf.nest.flatten(tree)
     if not flat:
-        raise ValueError(f"tree.{fn}: {name} has no tensors (got {tree!r})")
+        raise ValueError(f"{where}: {name} has no tensors (got {tree!r})")
     out = []
     for i, leaf in enumerate(flat):
         if leaf is None:
-            raise ValueError(f"tree.{fn}: leaf {i} of {name} is None (an unconnected "
+            raise ValueError(f"{where}: leaf {i} of {name} is None (an unconnected "
                              "gradient?); give zeros instead")
-        out.append(tf.convert_to_tensor(leaf))
+        t = tf.convert_to_tensor(leaf)
+        if floating and not t.dtype.is_floating:
+            raise TypeError(f"{where}: leaf {i} of {name} is {t.dtype.name}; {name} must be "
+                            "floating point")
+        out.append(t)
     return out
+
+
+def _leaves(tree, fn, name):
+    return leaves(tree, name, f"tree.{fn}")
 
 
 def _pair(a, b, fn, a_name="a", b_name="b"):

@@ -123,19 +123,7 @@ def _at(value, dtype, opt, name):
 # ---- structure ----------------------------------------------------------------------------
 
 def _float_leaves(params, opt, fn):
-    leaves = tf.nest.flatten(params)
-    if not leaves:
-        raise ValueError(f"hogrod.optim.{opt}.{fn}: params has no tensors (got {params!r})")
-    out = []
-    for i, leaf in enumerate(leaves):
-        if leaf is None:
-            raise ValueError(f"hogrod.optim.{opt}.{fn}: leaf {i} of params is None")
-        t = tf.convert_to_tensor(leaf)
-        if not t.dtype.is_floating:
-            raise TypeError(f"hogrod.optim.{opt}.{fn}: leaf {i} of params is "
-                            f"{t.dtype.name}; params must be floating point")
-        out.append(t)
-    return out
+    return tree.leaves(params, "params", f"hogrod.optim.{opt}.{fn}", floating=True)
 
 
 def _zeros(params, opt):
