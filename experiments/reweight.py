@@ -242,6 +242,23 @@ def class_errors(logits, y):
     return tf.reduce_mean(wrong), (err_pos + err_neg) / 2, err_neg, err_pos
 
 
+def _probe(weighting, loss_fn, model, batch, validation, counts, dtype):
+    """Run the weighting once eagerly: its own checks raise here, with their message,
+    rather than wrapped in a tf.function's StagingError on the first step; and its output
+    must be one finite weight per example."""
+    batch = tuple(tf.constant(a, dtype) for a in batch)
+    params = [tf.convert_to_tensor(v.value) for v in model.trainable_variables]
+    weights = tf.convert_to_tensor(weighting(loss_fn, params, batch, validation, counts))
+    name = getattr(weighting, "__name__", repr(weighting))
+    if weights.shape != batch[1].shape:
+        raise ValueError(f"reweight_experiment.weighting ({name}) returned weights of shape "
+                         f"{weights.shape} for a batch of {batch[1].shape[0]} examples; it must "
+                         "return one weight per example")
+    if not np.all(np.isfinite(weights.numpy())):
+        raise ValueError(f"reweight_experiment.weighting ({name}) returned non-finite weights "
+                         "at the initial model")
+
+
 def _read_losses(path, upto_step):
     if not os.path.exists(path):
         return []
@@ -275,6 +292,8 @@ def train_one_seed(output_dir, seed, weighting, data, model_fn, steps, batch_siz
                 "monitor/train_loss": tf.reduce_mean(losses),
                 "monitor/positive_weight": tf.reduce_sum(weights * tf.cast(y, weights.dtype))}
 
+    _probe(weighting, loss_fn, model, (x_tr[:batch_size], y_tr[:batch_size]), validation,
+           counts, dtype)
     optimizer = keras.optimizers.SGD(learning_rate, momentum=momentum)
     step = train.make_train_step(loss_terms, optimizer, model.trainable_variables)
     stream = (tf.data.Dataset.from_tensor_slices((x_tr.astype(dtype), y_tr.astype(dtype)))
