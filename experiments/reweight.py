@@ -315,11 +315,8 @@ def train_one_seed(output_dir, seed, weighting, data, model_fn, steps, batch_siz
     train.train_loop(step, iterator, steps, ckpt, output_dir, checkpoint_every=checkpoint_every,
                      log_every=max(steps // 4, 1), callback=record, stats=stats)
 
-    @tf.function
-    def evaluate(x, y):
-        return class_errors(model(x)[:, 0], y)
-
-    err, balanced, err_neg, err_pos = (float(v) for v in evaluate(x_te, y_te))
+    # one call per seed: eager (a tf.function per seed's model would only add a trace)
+    err, balanced, err_neg, err_pos = (float(v) for v in class_errors(model(x_te)[:, 0], y_te))
     return {"test_error": err, "balanced_test_error": balanced,
             "test_error_negative": err_neg, "test_error_positive": err_pos,
             "final_train_loss": history[-1]["train_loss"] if history else None,
