@@ -23,7 +23,7 @@ coming from a weighting scheme chosen by gin reference (`reweight_experiment.wei
 Each seed (`seed`, `seed + 1`, ... `num_seeds` of them) draws its own split and
 initialization and trains in `<output_dir>/seed_<s>/` (checkpoints: a re-run with the same
 --output_dir resumes each seed; a finished seed re-evaluates its final model;
-train_loss.json, the per-step training loss). metrics.json: test error, balanced test error
+train_loss.json, the per-step training loss; the seed's metrics.json). metrics.json: test error, balanced test error
 and the error on each class, per seed and as mean and standard deviation over the seeds.
 """
 
@@ -38,7 +38,7 @@ import tensorflow as tf
 from absl import logging
 
 from experiments.models import dense_net
-from hogrod import harness, hypergrad, optim, train
+from hogrod import functional_call, harness, hypergrad, optim, train
 
 DIGIT_CLASSES = tuple(range(10))
 
@@ -133,16 +133,20 @@ def digits_imbalanced(seed, negative=4, positive=9, positive_fraction=0.02, trai
 def reweight_model(input_dim=64, hidden=(32,), activation="relu", dtype=None):
     """A classifier with one logit: an MLP with `hidden` widths (() is logistic
     regression)."""
+    _check_count(input_dim, "reweight_model.input_dim")
+    if not isinstance(hidden, (tuple, list)):
+        raise TypeError(f"reweight_model.hidden must be a tuple of widths ((32,); () for "
+                        f"logistic regression), got {hidden!r}")
+    for width in hidden:
+        _check_count(width, "every width in reweight_model.hidden")
     return dense_net((input_dim, *tuple(hidden), 1), activation, dtype=dtype)
 
 
 def per_example_loss(model):
     """`loss(params, x, y) -> [B]`: the sigmoid cross-entropy of each example of the model
     with `params` substituted for its trainable weights (hogrod.functional_call)."""
-    import hogrod
-
     def loss(params, x, y):
-        return _cross_entropy(hogrod.functional_call(model, params, x, training=True)[:, 0], y)
+        return _cross_entropy(functional_call(model, params, x, training=True)[:, 0], y)
 
     return loss
 
@@ -317,12 +321,17 @@ def train_one_seed(output_dir, seed, weighting, data, model_fn, steps, batch_siz
 
     # one call per seed: eager (a tf.function per seed's model would only add a trace)
     err, balanced, err_neg, err_pos = (float(v) for v in class_errors(model(x_te)[:, 0], y_te))
-    return {"test_error": err, "balanced_test_error": balanced,
-            "test_error_negative": err_neg, "test_error_positive": err_pos,
-            "final_train_loss": history[-1]["train_loss"] if history else None,
-            "train_steps_per_s": stats.get("train_steps_per_s"),
-            "train_examples": len(x_tr), "train_positives": int(counts[1]),
-            "test_examples": int(x_te.shape[0])}
+    result = {"test_error": err, "balanced_test_error": balanced,
+              "test_error_negative": err_neg, "test_error_positive": err_pos,
+              "steps": int(ckpt.step), "train_examples": len(x_tr),
+              "train_positives": int(counts[1]), "test_examples": int(x_te.shape[0]), **stats}
+    if history:
+        result["final_train_loss"] = history[-1]["train_loss"]
+    # the seed's own metrics.json keeps an earlier run's training stats when this one trained
+    # nothing (a finished seed re-evaluated)
+    harness.write_metrics(output_dir, result, resumed=True)
+    with open(os.path.join(output_dir, "metrics.json")) as f:
+        return json.load(f)
 
 
 @gin.configurable

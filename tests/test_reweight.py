@@ -130,6 +130,7 @@ def test_binary_runs_each_scheme(tmp_path, scheme):
     if scheme == "learned":  # a re-run resumes the finished seed: nothing is trained again
         _, again = harness.run(rw.reweight_experiment, [config], TINY, str(tmp_path))
         assert again["per_seed"][0]["test_error"] == run["test_error"]
+        assert again["per_seed"][0]["train_steps"] == run["train_steps"] == 4  # kept
         assert len(json.loads((tmp_path / "seed_0" / "train_loss.json").read_text())) == 4
         with pytest.raises(harness.ConfigError, match="reweight_experiment.steps"):
             harness.run(rw.reweight_experiment, [config],
@@ -143,6 +144,7 @@ def test_binary_runs_each_scheme(tmp_path, scheme):
     ("digits_imbalanced.positive = 10", "digits_imbalanced.positive"),
     ("digits_imbalanced.negative = 9", "digits_imbalanced.negative"),
     ("learned_weights.lookahead_lr = 0.0", "learned_weights.lookahead_lr"),
+    ("reweight_model.hidden = (0,)", "reweight_model.hidden"),
 ])
 def test_bad_input_names_the_binding(tmp_path, capsys, binding, match):
     code = harness.run_cli(rw.reweight_experiment, ["configs/reweight/learned.gin"],
