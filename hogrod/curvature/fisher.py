@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 import hogrod
-from hogrod.autodiff import _densify, _fill_unconnected, _unwrap
+from hogrod.autodiff import _check_params, _densify, _fill_unconnected, _unwrap
 from hogrod.curvature.eigen import as_matvec
 from hogrod.curvature.likelihood import likelihood_of
 from hogrod.curvature.operators import _CurvatureOperator, unflatten
@@ -43,15 +43,22 @@ def _check_seed(seed, where):
     return int(seed)
 
 
-def _model_dtype(model, where):
-    variables = model.trainable_variables
-    if not variables:
-        raise ValueError(f"{where}: the model has no trainable variables (build it first, "
-                         "e.g. with keras.Input)")
-    dtypes = {tf.as_dtype(v.dtype) for v in variables}
+def _params(model, params, where):
+    """`params` (default `model.trainable_variables`): a subset, e.g. one layer's variables
+    (`layer_params`) for a diagonal block such as a last-layer Laplace approximation."""
+    if params is None:
+        params = model.trainable_variables
+        if not params:
+            raise ValueError(f"{where}: the model has no trainable variables (build it first, "
+                             "e.g. with keras.Input)")
+    return list(_check_params(params, where))
+
+
+def _params_dtype(params, where):
+    dtypes = {tf.as_dtype(_unwrap(p).dtype) for p in params}
     if len(dtypes) != 1:
-        raise TypeError(f"{where}: the model's variables mix dtypes "
-                        f"{sorted(d.name for d in dtypes)}")
+        raise TypeError(f"{where}: the parameters mix dtypes {sorted(d.name for d in dtypes)};"
+                        " pass dtype=")
     return dtypes.pop()
 
 
@@ -134,18 +141,20 @@ class FisherOperator(_CurvatureOperator):
       dtype: the operator's dtype; default the model variables' dtype. The loss is computed
         at the model output's dtype, whatever Keras's floatx.
       strategy: a tf.distribute.Strategy to split each batch of `data` (a Dataset) over.
+      params: the variables the operator acts on (default `model.trainable_variables`); a
+        subset gives that diagonal block (e.g. `layer_params(model, name)`).
     """
 
     def __init__(self, model, loss, data, fisher="type2", mc_samples=1, seed=0, dtype=None,
-                 strategy=None):
+                 strategy=None, params=None):
         where = "FisherOperator"
         if fisher not in FISHER_TYPES:
             raise ValueError(f"{where}: fisher must be one of {FISHER_TYPES}, got {fisher!r}")
         num = _count(mc_samples, 1, "mc_samples", where) if fisher == "mc" else 1
         seed = _check_seed(seed, where)
         lik, mean = likelihood_of(loss, where)
-        dtype = tf.as_dtype(dtype) if dtype is not None else _model_dtype(model, where)
-        params = list(model.trainable_variables)
+        params = _params(model, params, where)
+        dtype = tf.as_dtype(dtype) if dtype is not None else _params_dtype(params, where)
         self.fisher, self.mc_samples, self.seed, self.likelihood = fisher, num, seed, lik
         self._mean = mean
 
@@ -203,17 +212,18 @@ def _reduce(total, count, mean):
     return total / count if mean else total
 
 
-def gauss_newton_diagonal(model, loss, data):
+def gauss_newton_diagonal(model, loss, data, params=None):
     """The exact diagonal of the type-2 Fisher / Gauss-Newton matrix J^T E[H_loss] J of
     `FisherOperator(model, loss, data, "type2")`: float64 numpy [n].
 
     Per example, H = S S^T with C columns (`likelihood.py`); diag = sum_k (J^T s_k)^2, the
     C backprops of every example done by one vectorized Jacobian of the [N, C] matrix
-    (s_k . z). Memory N * C * n per batch: for small output dimensions C.
+    (s_k . z). Memory N * C * n per batch: for small output dimensions C. `params` as for
+    `FisherOperator` (default all trainable variables).
     """
     where = "gauss_newton_diagonal"
     lik, mean = likelihood_of(loss, where)
-    params = list(model.trainable_variables)
+    params = _params(model, params, where)
 
     @tf.function(reduce_retracing=True)
     def batch_sum(x):
@@ -231,7 +241,7 @@ def gauss_newton_diagonal(model, loss, data):
     return _reduce(total, count, mean)
 
 
-def mc_fisher_diagonal(model, loss, data, mc_samples=10, seed=0):
+def mc_fisher_diagonal(model, loss, data, mc_samples=10, seed=0, params=None):
     """(estimate, standard_error), float64 numpy [n] each: the diagonal of the MC Fisher
     from squared sampled per-example gradients, sum_i g_is^2 / alpha averaged over the
     `mc_samples` (>= 2) draws; the standard error is over the draws. With the same `seed`
@@ -243,7 +253,7 @@ def mc_fisher_diagonal(model, loss, data, mc_samples=10, seed=0):
     num = _count(mc_samples, 2, "mc_samples", where)
     seed = _check_seed(seed, where)
     lik, mean = likelihood_of(loss, where)
-    params = list(model.trainable_variables)
+    params = _params(model, params, where)
 
     @tf.function(reduce_retracing=True)
     def batch_sums(x, index):
