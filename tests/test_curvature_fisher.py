@@ -201,6 +201,9 @@ def test_hutchinson_diagonal_is_within_its_standard_error_and_the_error_is_hones
     np.testing.assert_allclose(se[live], predicted[live], rtol=0.3)
     zscore = (est - np.diag(A))[live] / se[live]
     assert np.mean(np.abs(zscore) < 3) > 0.9 and np.mean(zscore ** 2) < 2.0, zscore
+    # any tf.linalg.LinearOperator (no matvec_flat): the same estimate from the same seed
+    est2, _ = curvature.hutchinson_diagonal(tf.linalg.LinearOperatorFullMatrix(A), 200, seed=0)
+    np.testing.assert_allclose(est2, est, rtol=1e-10, atol=1e-14)
     with pytest.raises(ValueError, match="hutchinson_diagonal: num_samples must be"):
         curvature.hutchinson_diagonal(op, num_samples=1)
 
@@ -249,6 +252,10 @@ def test_bad_inputs_are_named():
         curvature.FisherOperator(model, keras.losses.Huber(), (x, y))
     with pytest.raises(TypeError, match="FisherOperator: loss must be a Keras loss object"):
         curvature.FisherOperator(model, lambda t, z: z, (x, y))
+    class MyMSE(keras.losses.MeanSquaredError):
+        pass
+    with pytest.raises(ValueError, match="loss MyMSE"):  # a subclass may compute otherwise
+        curvature.FisherOperator(model, MyMSE(), (x, y))
     with pytest.raises(ValueError, match="FisherOperator: fisher must be one of"):
         curvature.FisherOperator(model, SCE, (x, y), fisher="type1")
     with pytest.raises(ValueError, match="FisherOperator: mc_samples must be an integer >= 1"):

@@ -279,12 +279,29 @@ def mc_fisher_diagonal(model, loss, data, mc_samples=10, seed=0, params=None):
     return draws.mean(0), draws.std(0, ddof=1) / np.sqrt(num)
 
 
+class _FlatProducts:
+    """A tf.linalg.LinearOperator without `matvec_flat` (e.g. a Kronecker-factored one) as
+    `as_matvec` takes it."""
+
+    def __init__(self, op):
+        self.dtype, self.name, self.shape = op.dtype, op.name, op.shape
+        self.matvec_flat = op.matvec
+
+
+def _with_matvec_flat(op):
+    if isinstance(op, tf.linalg.LinearOperator) and not hasattr(op, "matvec_flat"):
+        if op.shape.rank != 2 or op.shape[0] != op.shape[1]:
+            raise ValueError(f"hutchinson_diagonal: op must be square, got shape {op.shape}")
+        return _FlatProducts(op)
+    return op
+
+
 def hutchinson_diagonal(op, num_samples=100, seed=0):
     """diag(A) ~ mean of z * (A z) over Rademacher z (Bekas et al. 2007), for any operator
     of this package (or a dense matrix); returns (estimate, standard_error), float64 numpy
     [n] each. The variance of one sample's entry i is sum_{j != i} A_ij^2. num_samples >= 2."""
     num = _count(num_samples, 2, "num_samples", "hutchinson_diagonal")
-    matvec, n = as_matvec(op)
+    matvec, n = as_matvec(_with_matvec_flat(op))
     z = np.random.default_rng(seed).choice([-1.0, 1.0], size=(num, n))
     samples = np.stack([z[i] * matvec(z[i]) for i in range(num)])
     return samples.mean(0), samples.std(0, ddof=1) / np.sqrt(num)

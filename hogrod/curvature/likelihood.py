@@ -161,14 +161,14 @@ def likelihood_of(loss, where):
                         "SparseCategoricalCrossentropy, CategoricalCrossentropy or "
                         f"BinaryCrossentropy), got {type(loss).__name__}")
     config = loss.get_config()
-    name = type(loss).__name__
-    if isinstance(loss, keras.losses.MeanSquaredError):
+    name = type(loss).__name__  # exact types: a subclass may compute something else
+    if type(loss) is keras.losses.MeanSquaredError:
         lik = _Gaussian(True, name)
-    elif isinstance(loss, keras.losses.SparseCategoricalCrossentropy):
+    elif type(loss) is keras.losses.SparseCategoricalCrossentropy:
         lik = _Categorical(config.get("from_logits", False), name, sparse=True)
-    elif isinstance(loss, keras.losses.CategoricalCrossentropy):
+    elif type(loss) is keras.losses.CategoricalCrossentropy:
         lik = _Categorical(config.get("from_logits", False), name, sparse=False)
-    elif isinstance(loss, keras.losses.BinaryCrossentropy):
+    elif type(loss) is keras.losses.BinaryCrossentropy:
         lik = _Bernoulli(config.get("from_logits", False), name)
     else:
         raise ValueError(f"{where}: cannot sample labels from or take the Fisher of loss "
