@@ -267,6 +267,8 @@ def test_bad_inputs_are_named():
             label_smoothing=0.1), (x, y))
     with pytest.raises(ValueError, match="reduction='none'"):
         curvature.FisherOperator(model, keras.losses.MeanSquaredError(reduction="none"), (x, y))
+    with pytest.raises(TypeError, match=r"FisherOperator: params\[0\] must be a variable"):
+        curvature.FisherOperator(model, SCE, (x, y), params=[tf.ones([3], tf.float64)])
     with pytest.raises(ValueError, match="FisherOperator: data must be one"):
         curvature.FisherOperator(model, SCE, x)
     with pytest.raises(ValueError, match="FisherOperator: data is None"):

@@ -15,6 +15,7 @@ The likelihoods and their scales are in `likelihood.py`.
 
 import numbers
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -22,7 +23,7 @@ import hogrod
 from hogrod.autodiff import _check_params, _densify, _fill_unconnected, _unwrap
 from hogrod.curvature.eigen import as_matvec
 from hogrod.curvature.likelihood import likelihood_of
-from hogrod.curvature.operators import _CurvatureOperator, unflatten
+from hogrod.curvature.operators import _CurvatureOperator
 from hogrod.curvature.per_example import batch_gradients
 
 __all__ = ["FisherOperator", "FISHER_TYPES", "gauss_newton_diagonal", "mc_fisher_diagonal",
@@ -51,7 +52,12 @@ def _params(model, params, where):
         if not params:
             raise ValueError(f"{where}: the model has no trainable variables (build it first, "
                              "e.g. with keras.Input)")
-    return list(_check_params(params, where))
+    params = list(_check_params(params, where))
+    for i, p in enumerate(params):
+        if not isinstance(p, (tf.Variable, keras.Variable)):
+            raise TypeError(f"{where}: params[{i}] must be a variable of the model (a tensor "
+                            f"is not what model(x) reads), got {type(p).__name__}")
+    return params
 
 
 def _params_dtype(params, where):
