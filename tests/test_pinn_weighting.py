@@ -47,6 +47,8 @@ def test_ntk_weights_of_a_linear_model_are_the_hand_computed_trace_ratios():
     target = {"residual": (k_rr + k_bb) / k_rr, "left": (k_rr + k_bb) / k_bb}
     for name in target:  # one moving-average step from 1
         np.testing.assert_allclose(got[name], 0.9 * 1.0 + 0.1 * target[name], rtol=1e-12)
+    np.testing.assert_allclose(float(pinn.ntk_trace(net, conds[0], net.trainable_variables)),
+                               k_bb, rtol=1e-12)
     loss = pinn.pinn_loss(prob, net, line_points(), conds, scheme.weights)()
     plain = pinn.pinn_loss(prob, net, line_points(), conds)()
     np.testing.assert_allclose(float(loss["left"]), got["left"] * float(plain["left"]),

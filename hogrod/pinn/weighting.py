@@ -122,6 +122,26 @@ def grad_norm_weights(problem, u_fn, points, condition_points, variables, gpinn=
                      state={f"weight_{n}": w for n, w in weights.items()})
 
 
+def _jacobian_square_sum(values_fn, variables):
+    """x -> (sum_j ||d r_j / d theta||^2, the number of values r_j = values_fn(x))."""
+    def square_sum(x):
+        jac = hogrod.jacobian(lambda _: values_fn(x), variables)
+        rows = tf.size(jac[0]) // tf.size(variables[0])
+        return tf.add_n([tf.reduce_sum(tf.square(j)) for j in jac]), rows
+    return square_sum
+
+
+def _chunked_mean(square_sum, x, chunk):
+    x = tf.convert_to_tensor(x)
+    n = x.shape[0]
+    if n is None or n == 0:
+        raise ValueError(f"ntk_trace: x must hold a known, non-zero number of points, got "
+                         f"shape {x.shape}")
+    parts = [square_sum(x[start:start + chunk]) for start in range(0, n, chunk)]
+    return tf.add_n([s for s, _ in parts]) / tf.cast(tf.add_n([c for _, c in parts]),
+                                                     parts[0][0].dtype)
+
+
 def ntk_trace(values_fn, x, variables, chunk=256):
     """The mean diagonal of a term's NTK block, tr(K_ii) / N_i = (1/N_i) sum_j
     ||d r_j / d theta||^2 over the term's N_i values r_j = values_fn(x) (rows of x times
@@ -129,18 +149,7 @@ def ntk_trace(values_fn, x, variables, chunk=256):
 
     The per-value Jacobians come from `hogrod.jacobian`, `chunk` points at a time (its
     memory grows with the square of the points it is given; every point is counted)."""
-    x = tf.convert_to_tensor(x)
-    n = x.shape[0]
-    if n is None or n == 0:
-        raise ValueError(f"ntk_trace: x must hold a known, non-zero number of points, got "
-                         f"shape {x.shape}")
-    total, count = 0.0, 0
-    for start in range(0, n, chunk):
-        part = x[start:start + chunk]
-        jac = hogrod.jacobian(lambda _: values_fn(part), list(variables))
-        total += tf.add_n([tf.reduce_sum(tf.square(j)) for j in jac])
-        count += int(np.prod(jac[0].shape[:2]))
-    return total / count
+    return _chunked_mean(_jacobian_square_sum(values_fn, list(variables)), x, chunk)
 
 
 @gin.configurable
@@ -155,7 +164,8 @@ def ntk_weights(problem, u_fn, points, condition_points, variables, gpinn=None, 
     respect to the network's parameters. With equal point counts this is the paper's
     lambda_i = tr(K) / tr(K_ii); the mean diagonal (jaxpi's form) matches the terms, which
     are means over their points. A term's `scale` (the gPINN term's sum over coordinates)
-    multiplies its trace as it multiplies its mean. `chunk`: points per Jacobian."""
+    multiplies its trace as it multiplies its mean. `chunk`: points per Jacobian; `update()`
+    runs the compiled Jacobians chunk by chunk."""
     where = "ntk_weights"
     _check_every(every, where)
     _check_alpha(alpha, where)
@@ -169,10 +179,14 @@ def ntk_weights(problem, u_fn, points, condition_points, variables, gpinn=None, 
                for n in names}
     variables = list(variables)
 
-    @tf.function
+    # one compiled Jacobian per term, traced for the chunk's shape and the remainder's only;
+    # the loop over chunks stays outside (one graph for all of them would grow with n)
+    square_sums = {n: tf.function(_jacobian_square_sum(terms[n].values, variables))
+                   for n in names}
+
     def update():
-        traces = {n: tf.cast(terms[n].scale * ntk_trace(terms[n].values, terms[n].points,
-                                                         variables, chunk), dtype)
+        traces = {n: tf.cast(terms[n].scale * _chunked_mean(square_sums[n], terms[n].points,
+                                                             chunk), dtype)
                   for n in names}
         total = tf.add_n(list(traces.values()))
         for n in names:
