@@ -27,8 +27,8 @@ import hogrod
 from hogrod.pinn.pdes import residual
 from hogrod.train import step as _step
 
-__all__ = ["solution_fn", "term_names", "Term", "pointwise_terms", "pinn_loss", "lbfgs", "relative_l2", "predict_on_grid",
-           "Clock", "seconds_to_error"]
+__all__ = ["solution_fn", "term_names", "Term", "pointwise_terms", "pinn_loss", "lbfgs",
+           "relative_l2", "predict_on_grid", "Clock", "seconds_to_error"]
 
 
 def solution_fn(problem, net):
