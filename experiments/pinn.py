@@ -61,17 +61,17 @@ def plot(path, problem, pred, ref):
 @gin.configurable
 def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collocation=10000,
                     n_condition=400, sampling="sobol", adam_steps=2000, adam_lr=1e-3,
-                    lbfgs_iterations=10000, weights=None, weighting="fixed", annealing_every=100,
-                    gpinn=None, dtype="float32", error_every=None, jit_compile=False,
+                    lbfgs_iterations=10000, weights=None, weighting=None, gpinn=None,
+                    dtype="float32", error_every=None, jit_compile=False,
                     checkpoint_every=500, seed=0):
     """Args:
       problem: a problem factory (`@burgers_problem`, `@burgers_inverse_problem`, ...).
       width, depth: the tanh MLP (Raissi: 9 layers of 20 = depth 8 hidden + output).
-      weights: fixed loss-term weights ({term: w}, default all 1); weighting: "fixed",
-        "annealing" (learning-rate annealing of the terms other than the residual every
-        `annealing_every` Adam steps) or a scheme by reference (`@grad_norm_weights`,
-        `@ntk_weights`, `@causal_weights`, `@self_adaptive_weights`; `pinn.weighting`);
-        with weights from a scheme, `weights` must be None.
+      weights: fixed loss-term weights ({term: w}, default all 1); weighting: None (the
+        fixed weights) or a scheme by reference (`@grad_norm_weights`, `@ntk_weights`,
+        `@causal_weights`, `@self_adaptive_weights`; `pinn.weighting`; its hyperparameters
+        are its own bindings, e.g. `grad_norm_weights.every = 100`); with weights from a
+        scheme, `weights` must be None.
       gpinn: gradient-enhanced PINN, {coordinate j: w_j}: adds the term sum_j w_j
         mean((d residual / d x_j)^2) (None: none).
       jit_compile: compile the loss and gradient of the Adam steps and of L-BFGS with XLA
@@ -98,7 +98,7 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
         points, cond_points = collocation(prob, n_collocation, n_condition, sampling, seed,
                                           tf_dtype)
         scheme = make_weighting(prob, u, points, cond_points, variables, weights, weighting,
-                                annealing_every, gpinn)
+                                gpinn)
         ascent_opt = keras.optimizers.Adam(scheme.ascent_lr) if scheme.ascent else None
     loss_fn = training.pinn_loss(prob, u, points, cond_points, scheme.weights or weights,
                                  gpinn=gpinn, reducers=scheme.reducers)
@@ -153,18 +153,14 @@ def collocation(prob, n_collocation, n_condition, sampling, seed, dtype):
     return points, cond_points
 
 
-def make_weighting(prob, u, points, cond_points, variables, weights, weighting,
-                   annealing_every, gpinn):
-    """The `pinn.Weighting` of `pinn_experiment.weighting` ("fixed": none)."""
-    if weighting in ("fixed", None):
+def make_weighting(prob, u, points, cond_points, variables, weights, weighting, gpinn):
+    """The `pinn.Weighting` of `pinn_experiment.weighting` (None: the fixed weights)."""
+    if weighting is None:
         return pinn.Weighting()
-    if weighting == "annealing":
-        weighting = lambda *a, **k: pinn.grad_norm_weights(  # noqa: E731
-            *a, **k, every=annealing_every)
     if not callable(weighting):
-        raise ValueError(f"pinn_experiment.weighting must be 'fixed', 'annealing' or a "
-                         f"weighting scheme by reference (@ntk_weights, @causal_weights, ...), "
-                         f"got {weighting!r}")
+        raise ValueError(f"pinn_experiment.weighting must be None or a weighting scheme by "
+                         f"reference (@grad_norm_weights, @ntk_weights, @causal_weights, "
+                         f"@self_adaptive_weights), got {weighting!r}")
     scheme = weighting(prob, u, points, cond_points, variables, gpinn=gpinn)
     if not isinstance(scheme, pinn.Weighting):
         raise TypeError(f"pinn_experiment.weighting must return a pinn.Weighting, got "

@@ -1,6 +1,7 @@
 """PINN loss weighting schemes and gPINN terms against their formulas, computed by hand (numpy,
 float64 central differences) on problems small enough to do so."""
 
+import functools
 import math
 
 import keras
@@ -247,22 +248,23 @@ def test_self_adaptive_config_trains_and_checkpoints_its_weights(tmp_path):
     assert any(n.startswith("ascent_optimizer/") for n in saved), saved
 
 
-def test_the_binary_takes_fixed_annealing_or_a_scheme_and_names_bad_choices():
+def test_the_binary_takes_none_or_a_scheme_and_names_bad_choices():
     from experiments import pinn as exp
     prob, net = pinn.heat_problem(grid_shape=(3, 3)), mlp(2, 0)
     x = tf.constant(pinn.sample(prob.domain, 128, "sobol", 0), tf.float64)  # 4 per time chunk
     conds = [tf.constant(fn(4, i), tf.float64) for i, (_, fn, _) in enumerate(prob.conditions)]
     args = (prob, net, x, conds, net.trainable_variables)
-    assert exp.make_weighting(*args, None, "fixed", 100, None) == pinn.Weighting()
-    annealing = exp.make_weighting(*args, None, "annealing", 7, None)  # the old string
+    assert exp.make_weighting(*args, None, None, None) == pinn.Weighting()
+    annealing = exp.make_weighting(
+        *args, None, functools.partial(pinn.grad_norm_weights, every=7), None)
     assert annealing.every == 7 and set(annealing.weights) == {"initial", "boundary"}
     assert annealing.weights["initial"].dtype == tf.float64  # the terms' dtype
-    ntk = exp.make_weighting(*args, None, pinn.ntk_weights, 100, {0: 0.1})
+    ntk = exp.make_weighting(*args, None, pinn.ntk_weights, {0: 0.1})
     assert set(ntk.weights) == {"residual", "initial", "boundary", "gpinn"}
-    with pytest.raises(ValueError, match="pinn_experiment.weighting must be 'fixed', "
-                                         "'annealing' or a weighting scheme by reference"):
-        exp.make_weighting(*args, None, "ntk", 100, None)
+    with pytest.raises(ValueError, match="pinn_experiment.weighting must be None or a "
+                                         "weighting scheme by reference"):
+        exp.make_weighting(*args, None, "ntk", None)
     with pytest.raises(ValueError, match="pinn_experiment.weights must be None"):
-        exp.make_weighting(*args, {"initial": 2.0}, pinn.ntk_weights, 100, None)
-    causal = exp.make_weighting(*args, {"initial": 2.0}, pinn.causal_weights, 100, None)
+        exp.make_weighting(*args, {"initial": 2.0}, pinn.ntk_weights, None)
+    causal = exp.make_weighting(*args, {"initial": 2.0}, pinn.causal_weights, None)
     assert set(causal.reducers) == {"residual"}  # no weights of its own: fixed ones apply
