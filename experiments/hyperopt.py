@@ -23,16 +23,18 @@ minimize the inner loss at the current penalties, the validation loss, test loss
 accuracy, and for the method's hypergradient its cosine and relative error against the
 exact one.
 
-Outputs: metrics.json (final losses and accuracy, mean and last cosine), eval_history.json
-and TensorBoard events (every outer step), checkpoints (re-using --output_dir resumes; a
-finished run re-evaluates), operative_config.gin, loss.png (validation and test loss
-against outer steps), hypergradient.png (cosine and relative error to the exact
-hypergradient along the run). `plot_compare` (and `python -m experiments.hyperopt_compare`)
-draws several runs' curves in one figure.
+Outputs: metrics.json (final losses and accuracy, mean and smallest cosine to the exact
+hypergradient), eval_history.json and TensorBoard events (every outer step), checkpoints
+(re-using --output_dir resumes; a finished run re-evaluates), operative_config.gin,
+loss.png (validation and test loss against outer steps), hypergradient.png (cosine and
+relative error to the exact hypergradient along the run). `plot_compare`
+(`python -m experiments.hyperopt_compare OUT_DIR RUN_DIR...`) draws several runs' curves in
+one figure.
 """
 
 import json
 import os
+import re
 import time
 
 import gin
@@ -157,7 +159,11 @@ def _newton(log_l2, bias_l2, x, y, classes, theta0, tol, maxiter):
                                       g.ravel()).reshape(theta.shape)
         f0, t = _inner_value(theta, xa, y, pen), 1.0
         slope = float(np.sum(g * step))
-        while _inner_value(theta - t * step, xa, y, pen) > f0 - 1e-4 * t * slope and t > 1e-10:
+        # Armijo backtracking; the slack of a few ulps of f0 accepts the full step near the
+        # optimum, where the decrease is below the rounding of f.
+        slack = 64 * np.finfo(np.float64).eps * abs(f0)
+        while _inner_value(theta - t * step, xa, y, pen) > f0 - 1e-4 * t * slope + slack \
+                and t > 1e-10:
             t *= 0.5
         theta = theta - t * step
     raise ValueError(f"solve_inner: Newton's method did not reach ||grad||_inf <= {tol} in "
@@ -232,13 +238,18 @@ def make_losses(train_xy, val_xy, bias_l2):
 
 
 def _init_log_l2(value, d):
-    arr = np.asarray(value, np.float64)
-    if arr.ndim == 0:
+    """The initial log-penalties [d] from one number or d numbers; an error naming the
+    binding otherwise."""
+    try:
+        arr = np.asarray(value, np.float64)
+    except (TypeError, ValueError):
+        arr = None
+    if arr is not None and arr.ndim == 0:
         arr = np.full(d, float(arr))
-    if arr.shape != (d,) or not np.all(np.isfinite(arr)):
+    if arr is None or arr.shape != (d,) or not np.all(np.isfinite(arr)):
         raise ValueError(f"hyperopt_experiment.init_log_l2 must be a finite number or a "
                          f"sequence of {d} finite numbers (one log-penalty per input feature), "
-                         f"got shape {arr.shape}")
+                         f"got {value!r}")
     return arr
 
 
@@ -350,7 +361,7 @@ def hyperopt_experiment(output_dir, method=gin.REQUIRED, data=hyperopt_digits, o
                          f"@hogrod.hypergrad.one_step(), with the parentheses), got {method!r}")
     if isinstance(outer_steps, bool) or not isinstance(outer_steps, int) or outer_steps < 1:
         raise ValueError(f"{where}.outer_steps must be an int >= 1, got {outer_steps!r}")
-    if not (isinstance(bias_l2, (int, float)) and bias_l2 > 0):
+    if isinstance(bias_l2, bool) or not (isinstance(bias_l2, (int, float)) and bias_l2 > 0):
         raise ValueError(f"{where}.bias_l2 must be a number > 0 (the inner problem must be "
                          f"strictly convex), got {bias_l2!r}")
     splits = data(seed)
@@ -404,9 +415,10 @@ def hyperopt_experiment(output_dir, method=gin.REQUIRED, data=hyperopt_digits, o
         try:  # the method's hypergradient at the same penalties
             value, grads = outer_step()
         except tf.errors.InvalidArgumentError as e:  # a failed check inside the graph
+            found = re.search(r"assertion failed: \[(.*?)\]", e.message)
             raise ValueError(f"{where}: {method.name} failed at outer step {i}: "
-                             f"{e.message.splitlines()[0]} (gin: the method's bindings in "
-                             "configs/hyperopt/)") from None
+                             f"{found.group(1) if found else e.message[:500]} (gin: the "
+                             "method's bindings in configs/hyperopt/)") from None
         grads = grads.numpy()
         seconds += time.perf_counter() - t0
         if not np.all(np.isfinite(grads)):
