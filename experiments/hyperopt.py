@@ -27,14 +27,18 @@ Outputs: metrics.json (final losses and accuracy, mean and smallest cosine to th
 hypergradient), eval_history.json and TensorBoard events (every outer step), checkpoints
 (re-using --output_dir resumes; a finished run re-evaluates), operative_config.gin,
 loss.png (validation and test loss against outer steps), hypergradient.png (cosine and
-relative error to the exact hypergradient along the run). `plot_compare`
-(`python -m experiments.hyperopt_compare OUT_DIR RUN_DIR...`) draws several runs' curves in
-one figure.
+relative error to the exact hypergradient along the run). `plot_compare`, or
+
+    python -m experiments.hyperopt --compare OUT_DIR RUN_DIR [RUN_DIR ...]
+
+draws several runs' curves in one figure (OUT_DIR/compare_loss.png,
+compare_hypergradient.png).
 """
 
 import json
 import os
 import re
+import sys
 import time
 
 import gin
@@ -455,8 +459,25 @@ def hyperopt_experiment(output_dir, method=gin.REQUIRED, data=hyperopt_digits, o
             "hypergradient_seconds": seconds}
 
 
+def _compare(args):
+    if len(args) < 2:
+        print("usage: python -m experiments.hyperopt --compare OUT_DIR RUN_DIR [RUN_DIR ...]",
+              file=sys.stderr)
+        return 2
+    try:
+        paths = plot_compare(args[1:], args[0])
+    except (ValueError, FileNotFoundError) as e:
+        print(f"hyperopt --compare: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(paths))
+    return 0
+
+
 def main():
-    """The console command `hogrod-hyperopt` (see the module docstring)."""
+    """The console command `hogrod-hyperopt` (see the module docstring); `--compare OUT_DIR
+    RUN_DIR...` as the first argument draws finished runs in one figure instead."""
+    if sys.argv[1:2] == ["--compare"]:
+        sys.exit(_compare(sys.argv[2:]))
     harness.main(hyperopt_experiment)
 
 
