@@ -10,7 +10,7 @@ import numpy as np
 
 from hogrod import harness
 
-TARGETS = (1e-2, 1e-4)
+TARGETS = (1e-3,)  # one target: each method is traced per target
 FEATURES = 6
 
 
@@ -21,21 +21,19 @@ def test_cost_binary_reports_smallest_k_and_consistent_counts(tmp_path):
                         "bench_hypergrad_cost.train = 20", "bench_hypergrad_cost.validation = 8",
                         "bench_hypergrad_cost.condition = 10.0",
                         f"bench_hypergrad_cost.targets = {TARGETS}",
-                        "bench_hypergrad_cost.max_steps = 300",
+                        "bench_hypergrad_cost.max_steps = 200",
                         "bench_hypergrad_cost.rounds = 1",
                         "bench_hypergrad_cost.memory_steps = ()"], str(tmp_path))
     assert m["unrolled_oracle_max_rel_diff"] < 1e-8
     for t in TARGETS:
         k = m[f"unrolled_steps_at_{t:g}"]
-        assert 1 < k <= 300 and m[f"unrolled_hvps_at_{t:g}"] == k
+        assert 1 < k <= 200 and m[f"unrolled_hvps_at_{t:g}"] == k
         assert m[f"unrolled_rel_err_at_{t:g}"] <= t < m[f"unrolled_rel_err_one_step_fewer_at_{t:g}"]
         cg = m[f"implicit_cg_iterations_at_{t:g}"]
         assert 1 <= cg <= FEATURES and m[f"implicit_hvps_at_{t:g}"] == cg + 1
         assert m[f"implicit_rel_err_at_{t:g}"] <= t
         assert m[f"implicit_inner_grads_at_{t:g}"] == m[f"implicit_inner_steps_at_{t:g}"] + 2
         assert m[f"unrolled_seconds_at_{t:g}"] > 0 and m[f"implicit_step_ratio_at_{t:g}"] > 0
-    # tighter targets cost more steps
-    assert m[f"unrolled_steps_at_{TARGETS[1]:g}"] > m[f"unrolled_steps_at_{TARGETS[0]:g}"]
 
 
 def test_memory_child_reports_a_rise(capsys):
