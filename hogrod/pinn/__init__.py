@@ -3,7 +3,8 @@
 - `partials`, `laplacian`, `divergence` (`operators.py`);
 - `PDE`, `residual`, and `burgers`, `poisson`, `heat`, `wave`, `allen_cahn`, `helmholtz`,
   `advection` (`pdes.py`);
-- `Box`, `sample` (uniform, LHS, Sobol), `refine` (`geometry.py`);
+- `Box`, `Disk`, `union`, `difference`, `intersection` (CSG), `sample` (uniform, LHS, Sobol,
+  Hammersley; rejection for non-boxes), `hammersley`, `refine` (`geometry.py`);
 - `burgers_cole_hopf` and closed forms (`reference.py`);
 - `Problem` (keywords), inverse problems (`Unknown`, `Observations`, `bind_unknowns`,
   `unknowns_report`) and gin factories `burgers_problem`, `burgers_inverse_problem`,
@@ -18,7 +19,8 @@
 - `annealing_weights`: learning-rate-annealing loss weights (`weighting.py`).
 """
 
-from hogrod.pinn.geometry import Box, refine, sample
+from hogrod.pinn.geometry import (Box, Disk, difference, hammersley, intersection, refine, sample,
+                                  union)
 from hogrod.pinn.operators import divergence, laplacian, partials
 from hogrod.pinn.pdes import (PDE, advection, allen_cahn, burgers, heat, helmholtz, poisson,
                               residual, wave)
@@ -45,4 +47,4 @@ __all__ = ["partials", "laplacian", "divergence", "PDE", "residual", "burgers", 
            "Clock", "seconds_to_error", "annealing_weights"]
 __all__ += ["FourierFeatures", "PeriodicEmbedding", "FactorizedDense", "fourier_features",
             "periodic_embedding", "mlp_network", "modified_mlp", "stochastic_laplacian",
-            "laplacian_probes"]
+            "laplacian_probes", "Disk", "union", "difference", "intersection", "hammersley"]
