@@ -3,7 +3,8 @@
 - `partials`, `laplacian`, `divergence` (`operators.py`);
 - `PDE`, `residual`, and `burgers`, `poisson`, `heat`, `wave`, `allen_cahn`, `helmholtz`,
   `advection` (`pdes.py`);
-- `Box`, `sample` (uniform, LHS, Sobol), `refine` (`geometry.py`);
+- `Box`, `Disk`, `union`, `difference`, `intersection` (CSG), `sample` (uniform, LHS, Sobol,
+  Hammersley; rejection for non-boxes), `hammersley`, `refine` (`geometry.py`);
 - `burgers_cole_hopf` and closed forms (`reference.py`);
 - `Problem` (keywords), inverse problems (`Unknown`, `Observations`, `bind_unknowns`,
   `unknowns_report`) and gin factories `burgers_problem`, `burgers_inverse_problem`,
@@ -15,9 +16,13 @@
 - loss weighting schemes, chosen in gin by reference (`weighting.py`): `grad_norm_weights`
   (learning-rate annealing; `annealing_weights`), `ntk_weights`, `causal_weights`,
   `self_adaptive_weights`, all returning a `Weighting`; gPINN terms: `pinn_loss(gpinn=...)`.
+- `FourierFeatures`, `PeriodicEmbedding`, `FactorizedDense` layers and the gin factories
+  `fourier_features`, `periodic_embedding`, `mlp_network`, `modified_mlp` (`networks.py`);
+- `stochastic_laplacian`, `laplacian_probes`: randomized Laplacians (`stochastic.py`).
 """
 
-from hogrod.pinn.geometry import Box, refine, sample
+from hogrod.pinn.geometry import (Box, Disk, difference, hammersley, intersection, refine, sample,
+                                  union)
 from hogrod.pinn.operators import divergence, laplacian, partials
 from hogrod.pinn.pdes import (PDE, advection, allen_cahn, burgers, heat, helmholtz, poisson,
                               residual, wave)
@@ -30,6 +35,9 @@ from hogrod.pinn.training import (Clock, lbfgs, pinn_loss, pointwise_terms, pred
 from hogrod.pinn.weighting import (Weighting, annealing_weights, causal_chunk_weights,
                                    causal_weights, grad_norm_weights, ntk_trace, ntk_weights,
                                    self_adaptive_weights)
+from hogrod.pinn.networks import (FactorizedDense, FourierFeatures, PeriodicEmbedding,
+                                  fourier_features, mlp_network, modified_mlp, periodic_embedding)
+from hogrod.pinn.stochastic import laplacian_probes, stochastic_laplacian
 from hogrod.pinn.reference import (burgers_cole_hopf, heat_sine, helmholtz_sine, poisson_sine,
                                    wave_sine)
 
@@ -43,3 +51,6 @@ __all__ = ["partials", "laplacian", "divergence", "PDE", "residual", "burgers", 
            "Clock", "seconds_to_error", "annealing_weights",
            "pointwise_terms", "Weighting", "grad_norm_weights", "ntk_trace", "ntk_weights",
            "causal_chunk_weights", "causal_weights", "self_adaptive_weights"]
+__all__ += ["FourierFeatures", "PeriodicEmbedding", "FactorizedDense", "fourier_features",
+            "periodic_embedding", "mlp_network", "modified_mlp", "stochastic_laplacian",
+            "laplacian_probes", "Disk", "union", "difference", "intersection", "hammersley"]
