@@ -21,3 +21,6 @@ from hogrod.curvature.trace import hutchinson, hutchpp
 __all__ = ["HessianOperator", "GaussNewtonOperator", "flatten", "unflatten", "layer_params",
            "lanczos", "power_iteration", "hutchinson", "hutchpp", "spectral_density",
            "conjugate_gradient", "lissa", "influence", "per_example_gradients"]
+from hogrod.curvature.kfac import EKFACOperator, KFACOperator  # noqa: E402
+
+__all__ += ["KFACOperator", "EKFACOperator"]
