@@ -195,6 +195,14 @@ def test_solve_logdet_and_with_damping_against_numpy():
         np.testing.assert_allclose(op.logdet(), np.linalg.slogdet(dense)[1], rtol=1e-10)
         np.testing.assert_allclose(op.matvec(tf.constant(rhs[:, 0])), dense @ rhs[:, 0],
                                    rtol=1e-10, atol=1e-13)
+        # refresh: the factors at new weights, for every operator sharing them, no stale values
+        for v in model.trainable_variables:
+            v.assign(1.5 * v)
+        fresh = cls(model, CE, batch, damping=0.3)
+        op.refresh()
+        np.testing.assert_allclose(op.to_dense(), fresh.to_dense(), rtol=1e-10, atol=1e-13)
+        np.testing.assert_allclose(op.solve(tf.constant(rhs)), fresh.solve(tf.constant(rhs)),
+                                   rtol=1e-8, atol=1e-10)
 
 
 def test_empirical_and_mc_fisher_on_one_example():

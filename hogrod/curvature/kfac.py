@@ -265,6 +265,22 @@ def _cotangents(loss, fisher, likelihood, mc_samples, seed, y, z):
     return tf.transpose(roots, [2, 0, 1])
 
 
+def _backward(tape, z, sources, cot):
+    """[C, N, ...] gradients of `z` with respect to each source, for the C cotangents: one
+    backward pass per column (a few), or one vectorized pass (pfor) for many columns, whose
+    conversion costs more to trace than it saves for a few."""
+    columns = cot.shape[0]
+    if columns is not None and columns <= _LOOP_COLUMNS:
+        grads = [tape.gradient(z, sources, output_gradients=tf.reshape(cot[c], tf.shape(z)))
+                 for c in range(columns)]
+        return [tf.stack([g[i] for g in grads]) for i in range(len(sources))]
+    return tf.vectorized_map(lambda c: tape.gradient(
+        z, sources, output_gradients=tf.reshape(c, tf.shape(z))), cot)
+
+
+_LOOP_COLUMNS = 4
+
+
 # ------------------------------------------------------------------------- statistics
 
 def _check_number(value, name, where):
@@ -318,10 +334,17 @@ class _Factors:
         self._model, self._loss, self._fisher = model, loss, fisher
         self._likelihood, self._mc_samples, self._seed = likelihood, mc_samples, seed
         self._batches = [data] if not isinstance(data, tf.data.Dataset) else data
+        self._eigen_corrected = eigen_corrected
+        self._stats = self._correction_stats = None
+        self.compiled = {}  # the operators' products, shared by every damping
+        self.refresh()
+
+    def refresh(self):
+        """Recompute everything at the model's current weights (compiled code reused)."""
         self._compute_factors()
         self._eigen = None
         self.corrected = None
-        if eigen_corrected:
+        if self._eigen_corrected:
             self._correct()
 
     # one compiled pass per batch; the statistics are sums, divided once at the end
@@ -339,9 +362,7 @@ class _Factors:
                 cot_ = tf.stop_gradient(cot)
                 targets = tf.einsum("nk,cnk->cn", tf.reshape(z, [tf.shape(z)[0], -1]), cot_)
         s = [record[b.name]["s"] for b in kfac]
-        # all columns in one vectorized backward pass
-        grads = tf.vectorized_map(lambda c: tape.gradient(
-            z, s, output_gradients=tf.reshape(c, tf.shape(z))), cot) if kfac else []
+        grads = _backward(tape, z, s, cot) if kfac else []
         out = {}
         for i, b in enumerate(kfac):
             out[b.name] = _rows(b, record[b.name]["a"], grads[i])
@@ -375,7 +396,8 @@ class _Factors:
                                   n * tf.matmul(g2, g2, transpose_a=True)]
             return result, n
 
-        self._stats = tf.function(stats, reduce_retracing=True)
+        if self._stats is None:
+            self._stats = tf.function(stats, reduce_retracing=True)
         totals, count = self._accumulate(self._stats)
         self.A, self.G, self.diag = {}, {}, {}
         for b in self.blocks:
@@ -385,10 +407,10 @@ class _Factors:
             else:
                 self.A[b.name], self.G[b.name] = t[0] / t[1], t[2] / count
 
-    def _accumulate(self, fn):
+    def _accumulate(self, fn, *args):
         totals, count = None, tf.zeros([], self.dtype)
         for index, batch in enumerate(self._batches):
-            part, n = fn(batch, tf.constant(index, tf.int64))
+            part, n = fn(batch, tf.constant(index, tf.int64), *args)
             totals = part if totals is None else tf.nest.map_structure(tf.add, totals, part)
             count += n
         if totals is None:
@@ -414,10 +436,9 @@ class _Factors:
     def _correct(self):
         """EK-FAC: the exact diagonal of the curvature in the K-FAC eigenbasis, from each
         example's (and output column's) gradient sum_r a_r g_r^T."""
-        eigen = self.eigen
         kfac = [b for b in self.blocks if b.kind == "kfac"]
 
-        def stats(batch, index):
+        def stats(batch, index, eigen):
             out, n = self._forward(batch, index)
             result = {}
             for b in kfac:
@@ -435,7 +456,9 @@ class _Factors:
                 result[b.name] = n * total
             return result, n
 
-        totals, count = self._accumulate(tf.function(stats, reduce_retracing=True))
+        if self._correction_stats is None:
+            self._correction_stats = tf.function(stats, reduce_retracing=True)
+        totals, count = self._accumulate(self._correction_stats, self.eigen)
         self.corrected = {name: t / count for name, t in totals.items()}
 
 
@@ -463,7 +486,7 @@ class _Kronecker(tf.linalg.LinearOperator):
         self._f = factors
         self.damping = damping
         self._damping_t = tf.constant(damping, factors.dtype)
-        self._apply = {}
+        self._apply = factors.compiled
         super().__init__(dtype=factors.dtype, is_self_adjoint=True, is_square=True,
                          is_positive_definite=True if damping > 0 else None,
                          name=type(self).__name__)
@@ -490,26 +513,44 @@ class _Kronecker(tf.linalg.LinearOperator):
         """{layer name: [exact diagonal per variable]} for other_layers='diagonal' layers."""
         return dict(self._f.diag)
 
+    def refresh(self):
+        """Recompute the factors (and eigenbases, corrections) at the model's current weights;
+        every operator sharing them (`with_damping`) sees the new ones."""
+        self._f.refresh()
+        return self
+
     def _shape(self):
         return tf.TensorShape([self._f.n, self._f.n])
 
     def _shape_tensor(self):
         return tf.constant([self._f.n, self._f.n])
 
-    # x: [m, n] rows of flat vectors -> [m, n]
-    def _blockwise(self, rows, kfac_fn, diag_fn):
+    # The compiled products take the factors as arguments, never as captured constants,
+    # so `refresh` needs no retrace and cannot leave stale values in a graph.
+    def _state(self, kind):
+        f = self._f
+        if kind == "matmul" and not self._eigen_corrected:
+            blocks = {name: (f.A[name], f.G[name]) for name in f.A}
+        else:
+            blocks = {name: (qa, qg, self._eigenvalues(name))
+                      for name, (_, qa, _, qg) in f.eigen.items()}
+        return blocks, f.diag
+
+    def _blockwise(self, rows, state, kfac_fn, diag_fn):
+        """rows: [m, n] flat vectors -> [m, n], block by block."""
+        blocks, diags = state
         pieces = tf.split(rows, self._f.sizes, axis=1)
         m = tf.shape(rows)[0]
         out = list(pieces)
         for b in self._f.blocks:
             if b.kind == "diag":
-                for i, d in zip(b.indices, self._f.diag[b.name]):
+                for i, d in zip(b.indices, diags[b.name]):
                     out[i] = diag_fn(pieces[i], tf.reshape(d, [-1]))
                 continue
             v = tf.reshape(pieces[b.indices[0]], [m, b.d_in_kernel, b.d_out])
             if b.has_bias:
                 v = tf.concat([v, tf.reshape(pieces[b.indices[1]], [m, 1, b.d_out])], axis=1)
-            v = kfac_fn(b, v)
+            v = kfac_fn(blocks[b.name], v)
             out[b.indices[0]] = tf.reshape(v[:, :b.d_in_kernel], [m, -1])
             if b.has_bias:
                 out[b.indices[1]] = v[:, b.d_in_kernel]
@@ -524,13 +565,15 @@ class _Kronecker(tf.linalg.LinearOperator):
     def _columns(self, kind, x, adjoint_arg):
         x = tf.convert_to_tensor(x, self.dtype)
         x = tf.linalg.adjoint(x) if adjoint_arg else x
+        state = self._state(kind)
+        fn = self._compiled(kind)
         if x.shape.rank != 2:  # batch dimensions: fold them
             shape = tf.shape(x)
             flat = tf.reshape(tf.linalg.matrix_transpose(x), [-1, self._f.n])
-            out = self._compiled(kind)(flat, self._damping_t)
+            out = fn(flat, self._damping_t, state)
             t = tf.reshape(out, tf.concat([shape[:-2], shape[-1:], shape[-2:-1]], 0))
             return tf.linalg.matrix_transpose(t)
-        return tf.transpose(self._compiled(kind)(tf.transpose(x), self._damping_t))
+        return tf.transpose(fn(tf.transpose(x), self._damping_t, state))
 
     def _matmul(self, x, adjoint=False, adjoint_arg=False):
         return self._columns("matmul", x, adjoint_arg)
@@ -555,11 +598,9 @@ class _Kronecker(tf.linalg.LinearOperator):
         d = self._damping_t
         total = tf.zeros([], self.dtype)
         for b in self._f.blocks:
-            if b.kind == "diag":
-                for v in self._f.diag[b.name]:
-                    total += tf.reduce_sum(tf.math.log(v + d))
-            else:
-                total += tf.reduce_sum(tf.math.log(self._eigenvalues(b) + d))
+            values = self._f.diag[b.name] if b.kind == "diag" else [self._eigenvalues(b.name)]
+            for v in values:
+                total += tf.reduce_sum(tf.math.log(v + d))
         return total
 
     def _log_abs_determinant(self):
@@ -568,13 +609,15 @@ class _Kronecker(tf.linalg.LinearOperator):
     def _to_dense(self):
         return self._matmul(tf.eye(self._f.n, dtype=self.dtype))
 
-    def _rotate(self, b, v, fn):
-        _, qa, _, qg = self._f.eigen[b.name]
-        return qa @ fn(tf.linalg.matrix_transpose(qa) @ v @ qg) @ tf.linalg.matrix_transpose(qg)
+    @staticmethod
+    def _rotate(block, v, fn):  # Q fn(Q^T v) for Q = Q_A (x) Q_G, on row-major [d_in, d_out]
+        qa, qg, values = block
+        t = tf.linalg.matrix_transpose
+        return qa @ fn(t(qa) @ v @ qg, values) @ t(qg)
 
-    def _solve_rows(self, rows, d):
-        return self._blockwise(rows, lambda b, v: self._rotate(
-            b, v, lambda w: w / (self._eigenvalues(b) + d)), lambda v, diag: v / (diag + d))
+    def _solve_rows(self, rows, d, state):
+        return self._blockwise(rows, state, lambda blk, v: self._rotate(
+            blk, v, lambda w, values: w / (values + d)), lambda v, diag: v / (diag + d))
 
 
 class KFACOperator(_Kronecker):
@@ -591,14 +634,15 @@ class KFACOperator(_Kronecker):
       other_layers: "raise" | "diagonal" for layers with weights K-FAC does not factor.
     """
 
-    def _eigenvalues(self, b):
-        ea, _, eg, _ = self._f.eigen[b.name]
+    def _eigenvalues(self, name):
+        ea, _, eg, _ = self._f.eigen[name]
         return ea[:, None] * eg[None, :]
 
-    def _matmul_rows(self, rows, d):
-        def kron(b, v):
-            return self._f.A[b.name] @ v @ self._f.G[b.name] + d * v
-        return self._blockwise(rows, kron, lambda v, diag: (diag + d) * v)
+    def _matmul_rows(self, rows, d, state):
+        def kron(blk, v):
+            a, g = blk
+            return a @ v @ g + d * v
+        return self._blockwise(rows, state, kron, lambda v, diag: (diag + d) * v)
 
 
 class EKFACOperator(_Kronecker):
@@ -613,9 +657,9 @@ class EKFACOperator(_Kronecker):
         """{layer name: [d_in, d_out] eigenvalues for the basis vectors Q_A[:, i] (x) Q_G[:, j]}."""
         return dict(self._f.corrected)
 
-    def _eigenvalues(self, b):
-        return self._f.corrected[b.name]
+    def _eigenvalues(self, name):
+        return self._f.corrected[name]
 
-    def _matmul_rows(self, rows, d):
-        return self._blockwise(rows, lambda b, v: self._rotate(
-            b, v, lambda w: w * (self._eigenvalues(b) + d)), lambda v, diag: (diag + d) * v)
+    def _matmul_rows(self, rows, d, state):
+        return self._blockwise(rows, state, lambda blk, v: self._rotate(
+            blk, v, lambda w, values: w * (values + d)), lambda v, diag: (diag + d) * v)
