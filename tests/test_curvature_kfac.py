@@ -212,6 +212,14 @@ def test_empirical_and_mc_fisher_on_one_example():
         lambda: tf.reduce_mean(CE(y, model(x))), model.trainable_variables)])
     op = curvature.KFACOperator(model, CE, (x, y), fisher="empirical")
     np.testing.assert_allclose(op.to_dense(), np.outer(g, g), rtol=1e-10, atol=1e-14)
+    # four examples: G = (1/N) sum_n grad_n grad_n^T of the per-example losses, by hand
+    x4, y4 = data((4,), 4, (), 3)
+    logits = model(x4).numpy()
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    grads = p / p.sum(1, keepdims=True) - np.eye(3)[y4.numpy()]
+    G = curvature.KFACOperator(model, CE, (x4, y4), fisher="empirical").factors[
+        model.layers[0].name][1]
+    np.testing.assert_allclose(G, grads.T @ grads / 4, rtol=1e-10, atol=1e-14)
     # many sampled labels: the MC Fisher approaches the type-2 one
     exact = ggn(model, CE, (x, y))
     mc = curvature.KFACOperator(model, CE, (x, y), fisher="mc", mc_samples=4000).to_dense()

@@ -612,8 +612,8 @@ class _Kronecker(tf.linalg.LinearOperator):
     @staticmethod
     def _rotate(block, v, fn):  # Q fn(Q^T v) for Q = Q_A (x) Q_G, on row-major [d_in, d_out]
         qa, qg, values = block
-        t = tf.linalg.matrix_transpose
-        return qa @ fn(t(qa) @ v @ qg, values) @ t(qg)
+        w = fn(tf.matmul(tf.matmul(qa, v, transpose_a=True), qg), values)
+        return tf.matmul(tf.matmul(qa, w), qg, transpose_b=True)  # no transposed copies
 
     def _solve_rows(self, rows, d, state):
         return self._blockwise(rows, state, lambda blk, v: self._rotate(
