@@ -242,6 +242,9 @@ def _cotangents(loss, fisher, likelihood, mc_samples, seed, y, z):
             labels = tiled + tf.sqrt(k / 2.0) * tf.random.stateless_normal(
                 tf.shape(tiled), seed, dtype=z.dtype)
         else:
+            if z.shape.rank != 2:
+                raise ValueError("KFACOperator: fisher='mc' with a cross-entropy needs logits "
+                                 f"of shape [batch, classes], got {z.shape}")
             drawn = tf.reshape(tf.transpose(tf.random.stateless_categorical(
                 tf.reshape(z, [n, -1]), m, seed)), [-1])
             labels = drawn if likelihood == "sparse_categorical" else tf.one_hot(
