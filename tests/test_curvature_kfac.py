@@ -108,7 +108,12 @@ def softmax_hessians(logits):
 def test_dense_factors_match_numpy():
     model = net((4,), dense_layers([5], "tanh") + dense_layers([3]))
     x, y = data((4,), 6, (), 3)
+    before = model(x).numpy()
     op = curvature.KFACOperator(model, CE, (x, y))
+    # the capture hooks are gone and the model computes what it did
+    assert all("call" not in layer.__dict__ for layer in model.layers)
+    assert model.layers[0].activation is keras.activations.tanh
+    np.testing.assert_array_equal(model(x).numpy(), before)
     W1, b1, W2, b2 = [v.numpy() for v in model.trainable_variables]
     h = np.tanh(x.numpy() @ W1 + b1)
     H = softmax_hessians(h @ W2 + b2)
