@@ -48,6 +48,8 @@ def bench_curvature_ops(output_dir, widths=(784, 1024, 512, 256, 128, 64, 10), b
     kfac = {f: curvature.KFACOperator(model, keras_ce, data, fisher=f)
             for f in ("type2", "mc", "empirical")}
     ekfac = curvature.EKFACOperator(model, keras_ce, data)
+    fisher = {f: curvature.FisherOperator(model, keras_ce, data, fisher=f)
+              for f in ("empirical", "mc")}
     v = tf.random.stateless_normal([hessian.shape[0]], [seed, 1])
 
     def matvec(op):
@@ -57,9 +59,8 @@ def bench_curvature_ops(output_dir, widths=(784, 1024, 512, 256, 128, 64, 10), b
         "gradient": lambda: gradient()[0].numpy(),
         "hessian_matvec": matvec(hessian),
         "ggn_matvec": matvec(ggn),
-        # FisherOperator (hogrod/curvature/fisher.py) goes here once merged:
-        # "empirical_fisher_matvec": matvec(FisherOperator(..., fisher="empirical")),
-        # "mc_fisher_matvec": matvec(FisherOperator(..., fisher="mc")),
+        "empirical_fisher_matvec": matvec(fisher["empirical"]),
+        "mc_fisher_matvec": matvec(fisher["mc"]),
         "kfac_factors": lambda: kfac["type2"].refresh(),
         "kfac_factors_mc": lambda: kfac["mc"].refresh(),
         "kfac_factors_empirical": lambda: kfac["empirical"].refresh(),
