@@ -65,6 +65,28 @@ def test_ridge_gradient_matches_the_closed_form(solve, options, rtol):
     np.testing.assert_allclose(d_b.numpy(), want_b, rtol=rtol)
 
 
+@pytest.mark.parametrize("steps", [1, 2, 3])
+def test_truncated_cg_takes_exactly_maxiter_steps(steps):
+    """iMAML's fixed CG budget: w is the k-step CG iterate for H w = g (H = A^T A + lam I,
+    g = x - t), the minimizer of the H-norm error over the Krylov space
+    span(g, Hg, ..., H^{k-1} g): w_k = K (K^T H K)^{-1} K^T g. Then dL/dlam = -w_k^T x and
+    dL/db = A w_k. Short of convergence (k < 5), so the untruncated solve would raise."""
+    solver = implicit.custom_root(ridge_f, maxiter=steps, truncated=True)(
+        lambda init, lam, a, b: ridge_exact(lam, a, b))
+    d_lam, d_b = outer(solver, LAM, B)
+    h = A.T @ A + LAM * np.eye(5)
+    x = np.linalg.solve(h, A.T @ B)
+    g = x - T
+    k = np.stack([np.linalg.matrix_power(h, i) @ g for i in range(steps)], 1)
+    w = k @ np.linalg.solve(k.T @ h @ k, k.T @ g)
+    assert np.linalg.norm(h @ w - g) > 1e-3 * np.linalg.norm(g)  # truly truncated
+    np.testing.assert_allclose(d_lam.numpy(), -w @ x, rtol=1e-9)
+    np.testing.assert_allclose(d_b.numpy(), A @ w, rtol=1e-9)
+    with pytest.raises(ValueError, match="did not reach tol"):
+        outer(implicit.custom_root(ridge_f, maxiter=steps)(
+            lambda init, lam, a, b: ridge_exact(lam, a, b)), LAM, B)
+
+
 M = 0.3 * RNG.normal(size=(5, 5))  # non-symmetric
 M *= 0.8 / np.linalg.norm(M, 2)  # a contraction
 C = RNG.normal(size=5)
@@ -235,5 +257,11 @@ def test_bad_solver_output_unused_argument_and_bad_options_are_errors():
         implicit.custom_root(f, solve="neumann", tol=0.0)
     with pytest.raises(ValueError, match="callable solve"):
         implicit.custom_root(f, solve=my_solve, tol=1e-3)
+    with pytest.raises(ValueError, match="truncated=True.*give maxiter"):
+        implicit.custom_root(f, truncated=True)
+    with pytest.raises(ValueError, match="truncated must be True or False"):
+        implicit.custom_root(f, maxiter=3, truncated=1)
+    with pytest.raises(ValueError, match=r"unknown options \['truncated'\]"):
+        implicit.custom_root(f, solve="neumann", truncated=True)
     with pytest.raises(TypeError, match="optimality_fn"):
         implicit.custom_root("f")
