@@ -51,6 +51,11 @@ a diverging or unconverged series, a non-finite result) is an error naming the
 optimality function: a ValueError eagerly, a failing `tf.debugging.Assert` with the same
 message in a graph. Each works eagerly, in `tf.function`, per task in
 `tf.vectorized_map` and per replica under a `tf.distribute` strategy.
+
+Per task: take the gradient inside the mapped function (a tape there), or map with
+`tf.map_fn`. A tape outside `tf.vectorized_map` differentiates pfor's converted ops, which
+drop `tf.custom_gradient`; the gradient would then reach the solver's stopped inputs as a
+silent zero, so it is a LookupError ("Gradient explicitly disabled") naming the solver.
 """
 
 import functools
@@ -68,6 +73,9 @@ SOLVES = ("cg", "normal_cg", "neumann", "dense")
 _OPTIONS = {"cg": ("maxiter", "tol", "truncated"), "normal_cg": ("maxiter", "tol"),
             "neumann": ("maxiter", "tol", "step"), "dense": ()}
 _no_autograph = tf.autograph.experimental.do_not_convert
+_LOST = ("{where}: the implicit gradient was lost (a tape outside tf.vectorized_map, whose "
+         "converted ops drop tf.custom_gradient): take the gradient inside the mapped "
+         "function, or map with tf.map_fn")
 
 
 def _name(fn):
@@ -334,8 +342,11 @@ def custom_fixed_point(fixed_point_fn, solve="cg", **options):
 def _wrap(solver, fn, solve, options):
     where = f"implicit gradient of {_name(solver)} by optimality function {_name(fn)}"
 
-    @functools.wraps(solver)
+    # Not converted by AutoGraph (nor is the backward pass, converted with it when a
+    # caller's tf.function converts the tape's code): the Python branches on the solve
+    # and the checks are static, and conversion would only slow the trace.
     @_no_autograph
+    @functools.wraps(solver)
     def wrapped(init, *args):
         flat = tf.nest.flatten(args)
         idx = [i for i, leaf in enumerate(flat) if _differentiable(leaf)]
@@ -364,8 +375,13 @@ def _wrap(solver, fn, solve, options):
         @tf.custom_gradient
         def run(*diff):
             x = forward(list(diff))
-            x_flat = tf.nest.flatten(x)
+            # grad_fn bypasses this op. Where the override is lost (a tape outside
+            # tf.vectorized_map differentiates pfor's converted ops, which drop it), the
+            # gradient would reach the solver's stopped inputs as a silent zero: an error.
+            x_flat = [tf.raw_ops.PreventGradient(input=t, message=_LOST.format(where=where))
+                      for t in tf.nest.flatten(x)]
 
+            @_no_autograph
             def grad_fn(*dys, variables=None):
                 if variables:
                     raise ValueError(f"{where}: the solver or the optimality function reads "
