@@ -176,9 +176,11 @@ def imaml_meta_grad(algo, model, tasks):
     return tape.gradient(loss, model.trainable_variables)[0].numpy()
 
 
-def test_imaml_implicit_gradient_equals_the_exact_one_on_a_quadratic_inner_problem():
+@pytest.mark.parametrize("mode", ["vectorized", "sequential", "recomputed"])
+def test_imaml_implicit_gradient_equals_the_exact_one_on_a_quadratic_inner_problem(mode):
     model, exact, tasks, _ = imaml_quadratic([1.0, 1.0, 1.0])
-    algo = meta.imaml(model, mse, inner_lr=0.1, inner_steps=80, lam=2.0, cg_steps=3)
+    algo = meta.imaml(model, mse, inner_lr=0.1, inner_steps=80, lam=2.0, cg_steps=3,
+                      task_map=mode)
     np.testing.assert_allclose(imaml_meta_grad(algo, model, tasks), exact, rtol=1e-6, atol=1e-9)
 
 

@@ -101,10 +101,12 @@ def imaml(model, loss_fn, inner_lr=0.01, inner_steps=10, lam=1.0, cg_steps=5,
 
         # The implicit gradient is taken here, per task: a tape outside tf.vectorized_map
         # differentiates pfor's converted ops, where tf.custom_gradient's override is lost.
+        # (Unconnected is zero, not an error: task_map 'recomputed' runs this once with
+        # every tape stopped, keeping only the value, and recomputes it for the gradient.)
         anchor = [tf.stop_gradient(t) for t in theta]
         query, meta_grad = hogrod.value_and_grad(
             lambda: query_loss(model, loss_fn, inner_solution(anchor, anchor), xq, yq,
-                               pass_seed(seeds, inner_steps)), anchor, unconnected="raise")
+                               pass_seed(seeds, inner_steps)), anchor)
         surrogate = tf.add_n([tf.reduce_sum(t * tf.stop_gradient(g))
                               for t, g in zip(theta, meta_grad)])
         return {"loss": surrogate, "monitor/query": tf.stop_gradient(query)}
