@@ -184,6 +184,14 @@ def test_imaml_implicit_gradient_equals_the_exact_one_on_a_quadratic_inner_probl
     np.testing.assert_allclose(imaml_meta_grad(algo, model, tasks), exact, rtol=1e-6, atol=1e-9)
 
 
+def test_imaml_bad_cg_steps_and_lam_are_named():
+    for kwargs, match in [({"cg_steps": 0}, "imaml.cg_steps"),
+                          ({"cg_steps": 2.5}, "imaml.cg_steps"), ({"lam": 0.0}, "imaml.lam"),
+                          ({"lam": float("inf")}, "imaml.lam")]:
+        with pytest.raises(ValueError, match=match):
+            meta.imaml(small_mlp(), mse, **kwargs)
+
+
 def test_imaml_curvature_probes_keep_the_inner_solve_stable_on_a_sharp_task():
     model, exact, tasks, A = imaml_quadratic([5.0, 10.0, 14.0])
     assert 0.1 * (np.linalg.eigvalsh(A).max() + 2.0) > 2  # rate 0.1 is past the stability limit

@@ -29,8 +29,8 @@ def imaml(model, loss_fn, inner_lr=0.01, inner_steps=10, lam=1.0, cg_steps=5,
     budget, no convergence check). The implicit gradient assumes phi solves the inner
     problem: give enough `inner_steps` at a stable `inner_lr`. `meta_loss` returns the
     surrogate <theta, sg(g)> (g the implicit meta-gradient, computed per task) under
-    `loss` and the query loss at phi under `monitor/query`. `adapt` (evaluation) runs the same proximal
-    steps.
+    `loss` and the query loss at phi under `monitor/query`. `adapt` (evaluation) runs the
+    same proximal steps.
 
     curvature_probes: 0, or the number of power iterations (HVPs) that estimate, per task,
     the largest curvature L of the proximal objective at theta; the inner rate is then
@@ -79,12 +79,6 @@ def imaml(model, loss_fn, inner_lr=0.01, inner_steps=10, lam=1.0, cg_steps=5,
         g = hogrod.grad(lambda: loss_fn(ys, run(model, phi, xs, True, seed)), phi)
         return [gi + lam * (p - t) for gi, p, t in zip(g, phi, theta)]
 
-    # The implicit function theorem on the optimality condition gives the meta-gradient
-    # lam (H + lam I)^{-1} grad L_q = (I + H/lam)^{-1} grad L_q, the CG solve of the
-    # paper (CG is invariant to the system's scale). `cg_steps` truncated CG steps:
-    # the paper's fixed budget; truncation at non-positive curvature (Steihaug) because
-    # a non-convex support loss makes H + lam I indefinite somewhere.
-
     def task_loss(task, seeds, theta):
         xs, ys, xq, yq = task
         support = (xs, ys)
@@ -94,6 +88,11 @@ def imaml(model, loss_fn, inner_lr=0.01, inner_steps=10, lam=1.0, cg_steps=5,
         def task_optimality(phi, theta):  # the support data through a closure: no gradient
             return optimality(phi, theta, support, hessian_seed)
 
+        # The implicit function theorem on the optimality condition gives the meta-gradient
+        # lam (H + lam I)^{-1} grad L_q = (I + H/lam)^{-1} grad L_q, the CG solve of the
+        # paper (CG is invariant to the system's scale). `cg_steps` truncated CG steps:
+        # the paper's fixed budget; truncation at non-positive curvature (Steihaug) because
+        # a non-convex support loss makes H + lam I indefinite somewhere.
         @implicit.custom_root(task_optimality, solve="cg", maxiter=cg_steps, truncated=True)
         def inner_solution(init, theta):  # never differentiated
             return proximal(support, theta, inner_steps, pass_seed(seeds, 0, inner_steps),
