@@ -11,6 +11,8 @@ are `hogrod.linalg`'s, compiled with products on the host (`eigen.host_solver`).
 - `FisherOperator` (type-2, MC, empirical), `gauss_newton_diagonal`, `mc_fisher_diagonal`,
   `hutchinson_diagonal` (`fisher.py`, likelihoods of Keras losses in `likelihood.py`);
   `per_example_gradients`, `per_example_gradient_norms` (`per_example.py`).
+- `Laplace` (full, diag, K-FAC; all weights or last layer; evidence, linearized predictive)
+  (`laplace.py`).
 """
 
 from hogrod.curvature.density import spectral_density
@@ -32,3 +34,6 @@ __all__ += ["FisherOperator", "gauss_newton_diagonal", "mc_fisher_diagonal",
 from hogrod.curvature.kfac import EKFACOperator, KFACOperator  # noqa: E402
 
 __all__ += ["KFACOperator", "EKFACOperator"]
+from hogrod.curvature.laplace import Laplace  # noqa: E402
+
+__all__ += ["Laplace"]
