@@ -81,6 +81,11 @@ def test_full_on_linear_model_is_bayesian_linear_regression():
     np.testing.assert_allclose(var.numpy()[:, 0, 0], exact_var, rtol=1e-10)
     _, noisy = la.predictive(tf.constant(xt), observation_noise=True)
     np.testing.assert_allclose(noisy.numpy()[:, 0, 0], exact_var + sigma**2, rtol=1e-10)
+    # hessian="diag" keeps the diagonal of P: variance sum_p x~_p^2 / P_pp
+    diag = curvature.Laplace(model, "regression", "all", "diag", prior_precision=delta,
+                             sigma_noise=sigma).fit((x, y))
+    np.testing.assert_allclose(diag.predictive(tf.constant(xt))[1].numpy()[:, 0, 0],
+                               xt1**2 @ (1 / np.diag(precision)), rtol=1e-10)
 
 
 def test_evidence_at_passed_hyperparameters_and_kfac_on_linear_model():
@@ -202,6 +207,8 @@ def test_classification_predictive_probit_and_mc():
     ref = np.stack([d.mean(0) for d in draws])
     se = np.stack([d.std(0) for d in draws]) * np.sqrt(1 / 20000 + 1 / 100000)
     assert np.all(np.abs(mc - ref) < 5 * se), np.abs(mc - ref) / se
+    kappa = 1 / np.sqrt(1 + np.pi / 8 * np.einsum("ncc->nc", cov))
+    np.testing.assert_allclose(probit, scipy.special.softmax(kappa * mu, -1), rtol=1e-7)
     assert np.abs(probit - ref).max() < 0.05  # probit is an approximation, close here
     # a posterior concentrated at theta*: both give softmax(f(x))
     sharp = curvature.Laplace(model, "classification", prior_precision=1e12).fit(batch)
@@ -233,6 +240,40 @@ def test_optimize_reaches_the_exact_evidence_maximizer(optimizer):
     np.testing.assert_allclose(found["log_marginal_likelihood"], -res.fun, rtol=1e-6)
     assert (la.prior_precision, la.sigma_noise) == (found["prior_precision"],
                                                     found["sigma_noise"])
+
+
+def test_gridsearch_minimizes_the_validation_nll():
+    """Regression: the closed-form predictive N(x~ theta*, x~^T P(d)^-1 x~ + s^2) of the
+    linear model, its NLL by scipy for every grid value; classification: the public
+    probit predictive's NLL."""
+    model, x, y, design = linear_problem()
+    sigma = 0.5
+    set_map(model, design, y, 1.0, sigma)
+    xv = np.random.default_rng(9).normal(size=(10, 3))
+    yv = xv @ np.ones((3, 1)) + 0.3
+    xv1 = np.concatenate([xv, np.ones((10, 1))], 1)
+    grid = [0.01, 0.3, 1.0, 30.0]
+    la = curvature.Laplace(model, sigma_noise=sigma).fit((x, y))
+    found = la.optimize_prior_precision("gridsearch", val_data=(tf.constant(xv),
+                                                                tf.constant(yv)), grid=grid)
+    nll = []
+    for delta in grid:
+        P = design.T @ design / sigma**2 + delta * np.eye(4)
+        var = np.einsum("np,pq,nq->n", xv1, np.linalg.inv(P), xv1) + sigma**2
+        nll.append(-scipy.stats.norm(xv1 @ la.mean, np.sqrt(var)).logpdf(yv[:, 0]).mean())
+    assert found["prior_precision"] == grid[int(np.argmin(nll))] == la.prior_precision
+    np.testing.assert_allclose(found["val_nll"], min(nll), rtol=1e-10)
+    model = mlp(3)
+    xc, yc = data(classes=3)
+    la = curvature.Laplace(model, "classification").fit((xc, yc))
+    found = la.optimize_prior_precision("gridsearch", val_data=(xc[:8], yc[:8]), grid=grid)
+    nll = []
+    for delta in grid:
+        la.prior_precision = delta
+        p = la.predictive(xc[:8]).numpy()
+        nll.append(-np.log(p[np.arange(8), yc.numpy()[:8]]).mean())
+    assert found["prior_precision"] == grid[int(np.argmin(nll))]
+    np.testing.assert_allclose(found["val_nll"], min(nll), rtol=1e-10)
 
 
 def test_bad_input_is_named():
@@ -277,7 +318,11 @@ def test_bad_input_is_named():
     with pytest.raises(ValueError, match="last_layer"):
         curvature.Laplace(tail, subset="last_layer")
     with pytest.raises(ValueError, match="method"):
+        la.optimize_prior_precision(method="cross_validation")
+    with pytest.raises(ValueError, match="val_data"):
         la.optimize_prior_precision(method="gridsearch")
+    with pytest.raises(ValueError, match="grid"):
+        la.optimize_prior_precision(method="gridsearch", val_data=batch, grid=[1.0, -1.0])
     with pytest.raises(ValueError, match="optimize_sigma_noise"):
         curvature.Laplace(mlp(3), "classification").fit(data(classes=3)) \
             .optimize_prior_precision(optimize_sigma_noise=True)

@@ -161,7 +161,7 @@ class Laplace:
         if self.likelihood == "classification":
             self._check_logits_head(where)
         self._fitted = False
-        self._jacobian = tf.function(self._jacobian_fn, reduce_retracing=True)
+        self._jacobian = None
 
     # ------------------------------------------------------------------ hyperparameters
 
@@ -229,7 +229,16 @@ class Laplace:
         return z, tf.reshape(rows, tf.concat([tf.shape(z), [-1]], 0))
 
     def _outputs_and_jacobian(self, x, where):
-        z, jac = self._jacobian(self._inputs(x))
+        inputs = self._inputs(x)
+        if isinstance(inputs, np.ndarray):
+            inputs = tf.convert_to_tensor(inputs)
+        if self._jacobian is None:  # one trace for every batch size (a tensor input)
+            spec = None
+            if tf.is_tensor(inputs) and inputs.shape.rank:
+                spec = [tf.TensorSpec([None, *inputs.shape[1:]], inputs.dtype)]
+            self._jacobian = tf.function(self._jacobian_fn, input_signature=spec,
+                                         reduce_retracing=spec is None)
+        z, jac = self._jacobian(inputs)
         self._check_output(z, where)
         return z, jac
 
@@ -403,20 +412,28 @@ class Laplace:
 
     def optimize_prior_precision(self, method="marglik", n_steps=100, lr=0.1,
                                  init_prior_prec=1.0, optimize_sigma_noise=False,
-                                 init_sigma_noise=None, optimizer="adam", tol=1e-10):
-        """Maximize the log evidence over log(prior_precision) (and log(sigma_noise) with
-        `optimize_sigma_noise`, regression only); stores and returns the optimum as a dict
-        {prior_precision, sigma_noise, log_marginal_likelihood}.
+                                 init_sigma_noise=None, optimizer="adam", tol=1e-10,
+                                 val_data=None, grid=None, link_approx="probit"):
+        """Tune the prior precision; stores it and returns a dict {prior_precision,
+        sigma_noise, log_marginal_likelihood} (+ val_nll for "gridsearch").
 
-        optimizer: "adam" (laplace-torch's: `n_steps` Adam steps at `lr` on the logs, in
-        float64) or "lbfgs" (scipy's L-BFGS-B to gradient tolerance `tol`, at most `n_steps`
-        iterations).
+        method="marglik": maximize the log evidence over log(prior_precision) (and
+        log(sigma_noise) with `optimize_sigma_noise`, regression only). optimizer: "adam"
+        (laplace-torch's: `n_steps` Adam steps at `lr` on the logs, in float64) or "lbfgs"
+        (scipy's L-BFGS-B to gradient tolerance `tol`, at most `n_steps` iterations).
+        method="gridsearch": the value of `grid` (default laplace-torch's 10^linspace(-4, 4,
+        100)) minimizing the mean negative log predictive density on `val_data` (one (x, y)
+        batch or a tf.data.Dataset): the `link_approx` class probabilities, or the Gaussian
+        N(y; mean, variance + sigma_noise^2 I) for regression.
         """
         where = "Laplace.optimize_prior_precision"
         self._require_fit("optimize_prior_precision")
-        if method != "marglik":
-            raise ValueError(f"{where}: method must be 'marglik' (the evidence; laplace-torch's "
-                             f"'gridsearch' needs a validation set), got {method!r}")
+        _choice(method, ("marglik", "gridsearch"), "method", where)
+        if method == "gridsearch":
+            return self._gridsearch(val_data, grid, link_approx, where)
+        if val_data is not None:
+            raise ValueError(f"{where}: val_data is for method='gridsearch'; the evidence "
+                             "uses the fitted data")
         _choice(optimizer, OPTIMIZERS, "optimizer", where)
         n_steps = _count(n_steps, 1, "n_steps", where)
         lr = _positive(lr, "lr", where)
@@ -462,6 +479,58 @@ class Laplace:
             self.sigma_noise = float(np.exp(logs[1]))
         return {"prior_precision": self.prior_precision, "sigma_noise": self.sigma_noise,
                 "log_marginal_likelihood": float(self.log_marginal_likelihood())}
+
+    def _gridsearch(self, val_data, grid, link_approx, where):
+        if val_data is None:
+            raise ValueError(f"{where}: method='gridsearch' needs val_data (one (x, y) batch "
+                             "or a tf.data.Dataset)")
+        _choice(link_approx, LINK_APPROXES, "link_approx", where)
+        grid = 10.0 ** np.linspace(-4, 4, 100) if grid is None else np.asarray(grid, float)
+        if grid.ndim != 1 or not grid.size or not np.all(np.isfinite(grid)) or np.any(grid <= 0):
+            raise ValueError(f"{where}: grid must be a non-empty 1-D array of positive prior "
+                             f"precisions, got {grid!r}")
+        batches = []
+        for x, y in _data_batches(val_data, where):  # outputs and Jacobians once
+            z, jac = self._outputs_and_jacobian(x, where)
+            batches.append((tf.cast(z, tf.float64), jac, self._labels(y, z, where)))
+        stored, scores = self.prior_precision, []
+        try:
+            for delta in grid:
+                self.prior_precision = float(delta)
+                total, count = 0.0, 0
+                for z, jac, y in batches:
+                    total += float(tf.reduce_sum(self._nll(z, jac, y, link_approx)))
+                    count += int(z.shape[0])
+                scores.append(total / count)
+        finally:
+            self.prior_precision = stored
+        scores = np.asarray(scores)
+        if not np.any(np.isfinite(scores)):
+            raise ValueError(f"{where}: the validation NLL is not finite on the whole grid")
+        self.prior_precision = float(grid[np.nanargmin(scores)])
+        return {"prior_precision": self.prior_precision, "sigma_noise": self.sigma_noise,
+                "log_marginal_likelihood": float(self.log_marginal_likelihood()),
+                "val_nll": float(np.nanmin(scores))}
+
+    def _nll(self, mu, jac, y, link_approx):
+        """Per-example negative log predictive density (float64)."""
+        var = self.functional_variance(jac)
+        if self.likelihood == "regression":
+            cov = var + self.sigma_noise ** 2 * tf.eye(mu.shape[-1], dtype=tf.float64)
+            dist_chol = tf.linalg.cholesky(cov)
+            r = tf.linalg.triangular_solve(dist_chol, (y - mu)[..., None])[..., 0]
+            logdet = 2 * tf.reduce_sum(tf.math.log(tf.linalg.diag_part(dist_chol)), -1)
+            return 0.5 * (tf.reduce_sum(tf.square(r), -1) + logdet) \
+                + mu.shape[-1] * _HALF_LOG_2PI
+        probs = self._class_probs(mu, var, link_approx, 100, 0)
+        return -tf.math.log(tf.gather(probs, y, batch_dims=1))
+
+    def _class_probs(self, mu, var, link_approx, n_samples, seed):
+        if link_approx == "probit":
+            kappa = 1 / tf.sqrt(1 + math.pi / 8 * tf.linalg.diag_part(var))
+            return tf.nn.softmax(kappa * mu)
+        samples = self.sample_functions(mu, var, n_samples, seed)
+        return tf.reduce_mean(tf.nn.softmax(samples), 0)
 
     # ------------------------------------------------------------------------ posterior
 
@@ -533,12 +602,8 @@ class Laplace:
                 var = var + self.sigma_noise ** 2 * tf.eye(z.shape[-1], dtype=tf.float64)
             return tf.cast(mu, self.dtype), tf.cast(var, self.dtype)
         _choice(link_approx, LINK_APPROXES, "link_approx", where)
-        if link_approx == "probit":
-            kappa = 1 / tf.sqrt(1 + math.pi / 8 * tf.linalg.diag_part(var))
-            return tf.cast(tf.nn.softmax(kappa * mu), self.dtype)
         n_samples = _count(n_samples, 1, "n_samples", where)
-        samples = self.sample_functions(mu, var, n_samples, seed)
-        return tf.cast(tf.reduce_mean(tf.nn.softmax(samples), 0), self.dtype)
+        return tf.cast(self._class_probs(mu, var, link_approx, n_samples, seed), self.dtype)
 
     @staticmethod
     def sample_functions(mu, var, n_samples, seed):
