@@ -26,19 +26,21 @@ def linear_problem(n=20, d=3, seed=0):
     return model, tf.constant(x), tf.constant(y), np.concatenate([x, np.ones((n, 1))], 1)
 
 
-def set_map(model, design, y, delta, sigma):
-    """Assign the exact MAP (X^T X / s^2 + d I)^-1 X^T y / s^2; return it and P."""
+def set_map(model, design, y, delta, sigma, prior_mean=0.0):
+    """Assign the exact MAP (X^T X / s^2 + d I)^-1 (X^T y / s^2 + d mu0); return it and P."""
     precision = design.T @ design / sigma**2 + delta * np.eye(design.shape[1])
-    theta = np.linalg.solve(precision, design.T @ np.asarray(y) / sigma**2)[:, 0]
+    theta = np.linalg.solve(precision, design.T @ np.asarray(y)[:, 0] / sigma**2
+                            + delta * prior_mean)
     kernel, bias = model.trainable_variables
     kernel.assign(theta[:-1, None])
     bias.assign(theta[-1:])
     return theta, precision
 
 
-def exact_evidence(design, y, delta, sigma):
+def exact_evidence(design, y, delta, sigma, prior_mean=0.0):
     cov = sigma**2 * np.eye(len(design)) + design @ design.T / delta
-    return scipy.stats.multivariate_normal(np.zeros(len(design)), cov).logpdf(np.ravel(y))
+    mean = design @ (prior_mean * np.ones(design.shape[1]))
+    return scipy.stats.multivariate_normal(mean, cov).logpdf(np.ravel(y))
 
 
 def mlp(outputs, frozen_first=False, seed=0):
@@ -108,6 +110,29 @@ def test_evidence_at_passed_hyperparameters_and_kfac_on_linear_model():
     full = curvature.Laplace(model, prior_precision=delta, sigma_noise=sigma).fit((x, y))
     np.testing.assert_allclose(la.predictive(xt)[1].numpy(), full.predictive(xt)[1].numpy(),
                                rtol=1e-9)
+
+
+def test_prior_mean_and_float32():
+    """A non-zero prior mean mu0: y ~ N(X mu0, s^2 I + X X^T / d); a float32 model gives
+    the float64 model's evidence and predictive to float32 round-off."""
+    model, x, y, design = linear_problem()
+    mu0 = np.array([0.5, -0.2, 0.1, 1.0])
+    set_map(model, design, y, 0.8, 0.5, mu0)
+    la = curvature.Laplace(model, prior_precision=0.8, sigma_noise=0.5, prior_mean=mu0)
+    np.testing.assert_allclose(float(la.fit((x, y)).log_marginal_likelihood()),
+                               exact_evidence(design, y, 0.8, 0.5, mu0), rtol=1e-12)
+    m32 = keras.Sequential([keras.Input((3,), dtype="float32"), keras.layers.Dense(1)])
+    for a, b in zip(m32.trainable_variables, model.trainable_variables):
+        a.assign(tf.cast(b, tf.float32))
+    for hessian in ("full", "diag"):
+        kw = dict(hessian=hessian, prior_precision=0.8, sigma_noise=0.5, prior_mean=mu0)
+        l64 = curvature.Laplace(model, **kw).fit((x, y))
+        l32 = curvature.Laplace(m32, **kw).fit((tf.cast(x, tf.float32), tf.cast(y, tf.float32)))
+        np.testing.assert_allclose(float(l32.log_marginal_likelihood()),
+                                   float(l64.log_marginal_likelihood()), rtol=1e-5)
+        var32 = l32.predictive(tf.cast(x[:3], tf.float32))[1]
+        assert var32.dtype == tf.float32
+        np.testing.assert_allclose(var32.numpy(), l64.predictive(x[:3])[1].numpy(), rtol=1e-4)
 
 
 def test_evidence_is_differentiable_in_both_hyperparameters():
