@@ -108,7 +108,12 @@ def softmax_hessians(logits):
 def test_dense_factors_match_numpy():
     model = net((4,), dense_layers([5], "tanh") + dense_layers([3]))
     x, y = data((4,), 6, (), 3)
+    before = model(x).numpy()
     op = curvature.KFACOperator(model, CE, (x, y))
+    # the capture hooks are gone and the model computes what it did
+    assert all("call" not in layer.__dict__ for layer in model.layers)
+    assert model.layers[0].activation is keras.activations.tanh
+    np.testing.assert_array_equal(model(x).numpy(), before)
     W1, b1, W2, b2 = [v.numpy() for v in model.trainable_variables]
     h = np.tanh(x.numpy() @ W1 + b1)
     H = softmax_hessians(h @ W2 + b2)
@@ -212,6 +217,14 @@ def test_empirical_and_mc_fisher_on_one_example():
         lambda: tf.reduce_mean(CE(y, model(x))), model.trainable_variables)])
     op = curvature.KFACOperator(model, CE, (x, y), fisher="empirical")
     np.testing.assert_allclose(op.to_dense(), np.outer(g, g), rtol=1e-10, atol=1e-14)
+    # four examples: G = (1/N) sum_n grad_n grad_n^T of the per-example losses, by hand
+    x4, y4 = data((4,), 4, (), 3)
+    logits = model(x4).numpy()
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    grads = p / p.sum(1, keepdims=True) - np.eye(3)[y4.numpy()]
+    G = curvature.KFACOperator(model, CE, (x4, y4), fisher="empirical").factors[
+        model.layers[0].name][1]
+    np.testing.assert_allclose(G, grads.T @ grads / 4, rtol=1e-10, atol=1e-14)
     # many sampled labels: the MC Fisher approaches the type-2 one
     exact = ggn(model, CE, (x, y))
     mc = curvature.KFACOperator(model, CE, (x, y), fisher="mc", mc_samples=4000).to_dense()

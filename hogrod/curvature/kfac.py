@@ -242,6 +242,9 @@ def _cotangents(loss, fisher, likelihood, mc_samples, seed, y, z):
             labels = tiled + tf.sqrt(k / 2.0) * tf.random.stateless_normal(
                 tf.shape(tiled), seed, dtype=z.dtype)
         else:
+            if z.shape.rank != 2:
+                raise ValueError("KFACOperator: fisher='mc' with a cross-entropy needs logits "
+                                 f"of shape [batch, classes], got {z.shape}")
             drawn = tf.reshape(tf.transpose(tf.random.stateless_categorical(
                 tf.reshape(z, [n, -1]), m, seed)), [-1])
             labels = drawn if likelihood == "sparse_categorical" else tf.one_hot(
@@ -612,8 +615,8 @@ class _Kronecker(tf.linalg.LinearOperator):
     @staticmethod
     def _rotate(block, v, fn):  # Q fn(Q^T v) for Q = Q_A (x) Q_G, on row-major [d_in, d_out]
         qa, qg, values = block
-        t = tf.linalg.matrix_transpose
-        return qa @ fn(t(qa) @ v @ qg, values) @ t(qg)
+        w = fn(tf.matmul(tf.matmul(qa, v, transpose_a=True), qg), values)
+        return tf.matmul(tf.matmul(qa, w), qg, transpose_b=True)  # no transposed copies
 
     def _solve_rows(self, rows, d, state):
         return self._blockwise(rows, state, lambda blk, v: self._rotate(
