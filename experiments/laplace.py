@@ -6,8 +6,9 @@
    1000 steps); then all-weights and last-layer Laplace with the full Hessian, the prior
    precision and the noise tuned by the evidence (Adam on their logs from log = 1, lr 0.1,
    1000 steps, as the example), for each data seed of `seeds`. laplace-torch reports
-   sigma ~ 0.28 and a prior precision ~ 0.10 (all weights, its one draw). predictive.png: the data and the linearized predictive mean with
-   +-2 standard deviations (functional variance + sigma^2) on [-5, 13].
+   sigma ~ 0.28 and a prior precision ~ 0.10 (all weights, its one draw). predictive.png:
+   the data and the linearized predictive mean with +-2 standard deviations (functional
+   variance + sigma^2) on [-5, 13], first seed.
 2. Calibration on scikit-learn's digits (8x8, 10 classes): an MLP 64-`hidden`-10 trained
    with Adam; accuracy, NLL and ECE (15 bins) on a held-out test split for the MAP softmax
    and for last-layer Laplace (K-FAC and full; the prior precision tuned by the evidence
