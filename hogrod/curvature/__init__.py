@@ -13,6 +13,8 @@ are `hogrod.linalg`'s, compiled with products on the host (`eigen.host_solver`).
   `per_example_gradients`, `per_example_gradient_norms` (`per_example.py`).
 - `KFACOperator`, `EKFACOperator` (Dense and Conv2D, expand/reduce; `solve`, `logdet`,
   `with_damping`, `eigendecompositions`) (`kfac.py`).
+- `Laplace` (full, diag, K-FAC; all weights or last layer; evidence, linearized predictive)
+  (`laplace.py`).
 """
 
 from hogrod.curvature.density import spectral_density
@@ -23,6 +25,7 @@ from hogrod.curvature.eigen import lanczos, power_iteration
 from hogrod.curvature.influence import influence, per_example_gradients
 from hogrod.curvature.inverse import conjugate_gradient, lissa
 from hogrod.curvature.kfac import EKFACOperator, KFACOperator
+from hogrod.curvature.laplace import Laplace
 from hogrod.curvature.operators import (GaussNewtonOperator, HessianOperator, flatten,
                                         layer_params, unflatten)
 from hogrod.curvature.trace import hutchinson, hutchpp
@@ -32,4 +35,4 @@ __all__ = ["HessianOperator", "GaussNewtonOperator", "flatten", "unflatten", "la
            "conjugate_gradient", "lissa", "influence", "per_example_gradients"]
 __all__ += ["FisherOperator", "gauss_newton_diagonal", "mc_fisher_diagonal",
             "hutchinson_diagonal", "per_example_gradient_norms"]
-__all__ += ["KFACOperator", "EKFACOperator"]
+__all__ += ["KFACOperator", "EKFACOperator", "Laplace"]
