@@ -29,3 +29,6 @@ __all__ = ["HessianOperator", "GaussNewtonOperator", "flatten", "unflatten", "la
            "conjugate_gradient", "lissa", "influence", "per_example_gradients"]
 __all__ += ["FisherOperator", "gauss_newton_diagonal", "mc_fisher_diagonal",
             "hutchinson_diagonal", "per_example_gradient_norms"]
+from hogrod.curvature.kfac import EKFACOperator, KFACOperator  # noqa: E402
+
+__all__ += ["KFACOperator", "EKFACOperator"]
