@@ -11,6 +11,8 @@ are `hogrod.linalg`'s, compiled with products on the host (`eigen.host_solver`).
 - `FisherOperator` (type-2, MC, empirical), `gauss_newton_diagonal`, `mc_fisher_diagonal`,
   `hutchinson_diagonal` (`fisher.py`, likelihoods of Keras losses in `likelihood.py`);
   `per_example_gradients`, `per_example_gradient_norms` (`per_example.py`).
+- `ekfac_influence`, `tracin`, `self_influence`, `linear_datamodeling_score`,
+  `subset_retraining`, `mislabel_detection_rate` (`influence_scale.py`).
 """
 
 from hogrod.curvature.density import spectral_density
@@ -32,3 +34,9 @@ __all__ += ["FisherOperator", "gauss_newton_diagonal", "mc_fisher_diagonal",
 from hogrod.curvature.kfac import EKFACOperator, KFACOperator  # noqa: E402
 
 __all__ += ["KFACOperator", "EKFACOperator"]
+from hogrod.curvature.influence_scale import (ekfac_influence, linear_datamodeling_score,  # noqa
+                                              mislabel_detection_rate, self_influence,
+                                              subset_retraining, tracin)
+
+__all__ += ["ekfac_influence", "tracin", "self_influence", "linear_datamodeling_score",
+            "subset_retraining", "mislabel_detection_rate"]
