@@ -303,6 +303,7 @@ def _digits_study(output_dir, methods, n_train, n_test, hidden, l2, epochs, batc
             ax.set_title(f"{nm}, test {loo[j]}: r={metrics[f'loo_pearson_{nm}'][j]:.3f}",
                          fontsize=9)
             ax.set_xlabel("actual change (retrained)", fontsize=8)
+            ax.set_ylabel("predicted (-score / n)", fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(output_dir, "influence_digits_loo.png"), dpi=80)
     plt.close(fig)

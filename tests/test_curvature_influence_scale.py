@@ -213,3 +213,22 @@ def test_mislabel_detection_rate_on_a_planted_ranking():
         curvature.mislabel_detection_rate(scores, np.zeros(20, bool))
     with pytest.raises(ValueError, match=r"each fraction must be in \(0, 1\]"):
         curvature.mislabel_detection_rate(scores, flipped, fractions=(0.0,))
+
+
+def test_digits_config_selects_the_methods_by_reference():
+    import gin
+    from experiments import influence
+    from hogrod import harness
+    harness.parse_config(["configs/curvature/influence_digits.gin"], [])
+    try:
+        methods = gin.query_parameter("digits_influence_study.methods")
+        assert [r.configurable.name for r in methods] == [
+            "exact_influence_method", "ekfac_influence_method", "tracin_method"]
+        assert (gin.query_parameter("influence_experiment.study").scoped_configurable_fn
+                is influence.digits_influence_study)
+    finally:
+        gin.clear_config()
+    with pytest.raises(ValueError, match="influence_experiment.study must be a study"):
+        influence.influence_experiment("/nonexistent", study="digits")
+    with pytest.raises(ValueError, match="digits_influence_study.methods must be a tuple"):
+        influence.digits_influence_study("/nonexistent", methods=("exact",))

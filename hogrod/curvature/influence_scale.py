@@ -100,8 +100,8 @@ def ekfac_influence(model, loss, train, test, damping, data=None, fisher="type2"
         regularizer inside it enters the gradients but not the Gauss-Newton factors (it does
         not depend on the outputs): add its curvature (l2 for 0.5 * l2 * |w|^2) to `damping`.
       train, test: `(x, y)` arrays or tensors.
-      damping: > 0, added to EK-FAC before inverting (kronfluence's default heuristic is
-        0.1 x the mean corrected eigenvalue).
+      damping: > 0, added to EK-FAC before inverting (kronfluence's heuristic, when its
+        damping_factor is None, is 0.1 x the mean corrected eigenvalue of each layer).
       data: the batch or tf.data set the factors are fitted on (default `train`).
       fisher, approx: as for `EKFACOperator`.
       operator: a fitted `EKFACOperator` (or `KFACOperator`) of this model to reuse; its
