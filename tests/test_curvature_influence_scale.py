@@ -72,6 +72,8 @@ def test_tracin_refuses_mismatched_checkpoints_and_learning_rates(tmp_path):
         curvature.tracin(model, CE, (x, y), (x, y), [str(tmp_path / "c.h5")], [0.1])
     with pytest.raises(ValueError, match="checkpoints is empty"):
         curvature.tracin(model, CE, (x, y), (x, y), [], [])
+    with pytest.raises(TypeError, match=r"self_influence\(tracin\): missing .*learning_rates"):
+        curvature.self_influence(curvature.tracin, model, CE, (x, y), checkpoints=[w])
     with pytest.raises(TypeError, match="method must be one of"):
         curvature.self_influence(curvature.hutchinson, model, CE, (x, y))
 

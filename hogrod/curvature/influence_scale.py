@@ -274,7 +274,9 @@ def self_influence(method, model, loss, train, **kwargs):
         return np.asarray(fn(model, loss, train, **kwargs), np.float64)
     except TypeError as e:
         if "unexpected keyword" in str(e) or "missing" in str(e):
-            raise TypeError(f"self_influence({method.__name__}): {e}") from None
+            detail = str(e).split("() ", 1)[-1]  # drop the private helper's name
+            raise TypeError(f"self_influence({method.__name__}): {detail} (pass it as a "
+                            f"keyword argument, as {method.__name__} takes it)") from None
         raise
 
 
