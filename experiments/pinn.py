@@ -63,10 +63,13 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
                     n_condition=400, sampling="sobol", adam_steps=2000, adam_lr=1e-3,
                     lbfgs_iterations=10000, weights=None, weighting="fixed", annealing_every=100,
                     dtype="float32", error_every=None, jit_compile=False, checkpoint_every=500,
-                    seed=0):
+                    seed=0, network=None):
     """Args:
       problem: a problem factory (`@burgers_problem`, `@burgers_inverse_problem`, ...).
       width, depth: the tanh MLP (Raissi: 9 layers of 20 = depth 8 hidden + output).
+      network: None (that tanh MLP) or a network factory called as network(input_dim,
+        width, depth, dtype=dtype) (`@modified_mlp`, `@mlp_network` with an embedding or
+        factorization: `hogrod.pinn.networks`).
       weights: fixed loss-term weights ({term: w}, default all 1); weighting: "fixed" or
         "annealing" (learning-rate annealing of the terms other than the residual every
         `annealing_every` Adam steps; then `weights` must be None).
@@ -87,7 +90,8 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
     tf_dtype = tf.as_dtype(dtype)
     with strategy.scope():
         prob, unknowns = learnable(problem(), tf_dtype)
-        net = tanh_mlp(prob.domain.dim, width, depth, dtype)
+        net = (tanh_mlp(prob.domain.dim, width, depth, dtype) if network is None
+               else network(prob.domain.dim, width, depth, dtype=dtype))
         opt = keras.optimizers.Adam(adam_lr)
     u = training.solution_fn(prob, net)
     variables = list(net.trainable_variables) + list(unknowns.values())

@@ -122,7 +122,7 @@ def test_cole_hopf_reference_satisfies_burgers_initial_and_boundary_conditions()
     assert pinn.burgers_cole_hopf(np.array([-0.01]), np.array([1.0]))[0] > 0.5
 
 
-@pytest.mark.parametrize("method", ["uniform", "lhs", "sobol"])
+@pytest.mark.parametrize("method", ["uniform", "lhs", "sobol", "hammersley"])
 def test_samplers_cover_the_domain_and_respect_bounds(method):
     box = pinn.Box((-1.0, 0.0), (1.0, 2.0))
     p = pinn.sample(box, 512, method, 3)

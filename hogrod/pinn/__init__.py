@@ -3,7 +3,8 @@
 - `partials`, `laplacian`, `divergence` (`operators.py`);
 - `PDE`, `residual`, and `burgers`, `poisson`, `heat`, `wave`, `allen_cahn`, `helmholtz`,
   `advection` (`pdes.py`);
-- `Box`, `sample` (uniform, LHS, Sobol), `refine` (`geometry.py`);
+- `Box`, `Disk`, `union`, `difference`, `intersection` (CSG), `sample` (uniform, LHS, Sobol,
+  Hammersley; rejection for non-boxes), `hammersley`, `refine` (`geometry.py`);
 - `burgers_cole_hopf` and closed forms (`reference.py`);
 - `Problem` (keywords), inverse problems (`Unknown`, `Observations`, `bind_unknowns`,
   `unknowns_report`) and gin factories `burgers_problem`, `burgers_inverse_problem`,
@@ -12,10 +13,14 @@
 - `pinn_loss`, `term_names`, `solution_fn`, `lbfgs` (scipy L-BFGS-B), `relative_l2`,
   `predict_on_grid`, `Clock` (training seconds without evaluations), `seconds_to_error`
   (`training.py`);
+- `FourierFeatures`, `PeriodicEmbedding`, `FactorizedDense` layers and the gin factories
+  `fourier_features`, `periodic_embedding`, `mlp_network`, `modified_mlp` (`networks.py`);
+- `stochastic_laplacian`, `laplacian_probes`: randomized Laplacians (`stochastic.py`);
 - `annealing_weights`: learning-rate-annealing loss weights (`weighting.py`).
 """
 
-from hogrod.pinn.geometry import Box, refine, sample
+from hogrod.pinn.geometry import (Box, Disk, difference, hammersley, intersection, refine, sample,
+                                  union)
 from hogrod.pinn.operators import divergence, laplacian, partials
 from hogrod.pinn.pdes import (PDE, advection, allen_cahn, burgers, heat, helmholtz, poisson,
                               residual, wave)
@@ -26,6 +31,9 @@ from hogrod.pinn.problems import (Observations, Problem, Unknown, advection_prob
 from hogrod.pinn.training import (Clock, lbfgs, pinn_loss, predict_on_grid, relative_l2,
                                   seconds_to_error, solution_fn, term_names)
 from hogrod.pinn.weighting import annealing_weights
+from hogrod.pinn.networks import (FactorizedDense, FourierFeatures, PeriodicEmbedding,
+                                  fourier_features, mlp_network, modified_mlp, periodic_embedding)
+from hogrod.pinn.stochastic import laplacian_probes, stochastic_laplacian
 from hogrod.pinn.reference import (burgers_cole_hopf, heat_sine, helmholtz_sine, poisson_sine,
                                    wave_sine)
 
@@ -37,3 +45,6 @@ __all__ = ["partials", "laplacian", "divergence", "PDE", "residual", "burgers", 
            "wave_problem", "helmholtz_problem", "allen_cahn_problem", "advection_problem",
            "pinn_loss", "term_names", "solution_fn", "lbfgs", "relative_l2", "predict_on_grid",
            "Clock", "seconds_to_error", "annealing_weights"]
+__all__ += ["FourierFeatures", "PeriodicEmbedding", "FactorizedDense", "fourier_features",
+            "periodic_embedding", "mlp_network", "modified_mlp", "stochastic_laplacian",
+            "laplacian_probes", "Disk", "union", "difference", "intersection", "hammersley"]
