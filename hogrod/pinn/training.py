@@ -20,6 +20,7 @@ from absl import logging
 
 import hogrod
 from hogrod.pinn.pdes import residual
+from hogrod.pinn.problems import condition_misfit
 from hogrod.train import step as _step
 
 __all__ = ["solution_fn", "term_names", "pinn_loss", "lbfgs", "relative_l2", "predict_on_grid",
@@ -88,8 +89,8 @@ def pinn_loss(problem, u_fn, points, condition_points, weights=None, extra_terms
         pts, cond_pts = (points, condition_points) if batch is None else batch
         _check_one_set_per_condition(problem, names, cond_pts, "the batch's condition points")
         terms = {"residual": tf.reduce_mean(tf.square(residual(problem.pde, u_fn, pts)))}
-        for (name, _, target), x in zip(problem.conditions, cond_pts):
-            terms[name] = tf.reduce_mean(tf.square(u_fn(x) - target(x)))
+        for condition, x in zip(problem.conditions, cond_pts):
+            terms[condition[0]] = tf.reduce_mean(tf.square(condition_misfit(condition, u_fn, x)))
         if data is not None:
             terms["data"] = tf.reduce_mean(tf.square(u_fn(data[0]) - data[1]))
         for name, fn in (extra_terms or {}).items():
