@@ -304,3 +304,25 @@ def test_a_fixed_point_condition_needs_its_own_count(tmp_path):
     assert point[0] == "pressure_point" and point[1](1, 0).tolist() == [[0.0, 0.0]]
     with pytest.raises(ValueError, match="'pressure_point': 1"):
         point[1](2048, 0)
+
+
+def test_pinn_loss_fits_an_operator_condition_through_its_operator():
+    wave = P.pinnacle_wave1d()
+    conds = [_f64(c[1](32, i)) for i, c in enumerate(wave.conditions)]
+    x = _points(wave, 16)
+    exact = pinn.pinn_loss(wave, wave_exact, x, conds)()
+    assert max(float(v) for v in exact.values()) < 1e-10
+    moving = lambda z: wave_exact(z) + 0.01 * z[:, 1:2]  # noqa: E731  u_t(x, 0) = 0.01
+    terms = pinn.pinn_loss(wave, moving, x, conds)()
+    assert float(terms["initial_velocity"]) == pytest.approx(1e-4, rel=1e-9)
+    assert float(terms["initial"]) < 1e-20
+
+
+def test_burgers1d_initial_and_boundary_targets_are_the_cole_hopf_solutions(tmp_path):
+    """Burgers 1d-C is Raissi's problem: its conditions agree with the Cole-Hopf solution."""
+    burgers = P.pinnacle_burgers1d(path=_burgers_file(tmp_path))
+    for name, points_fn, target in burgers.conditions:
+        x = points_fn(64, 0).astype(np.float64)
+        exact = pinn.burgers_cole_hopf(x[:, 0], x[:, 1])[:, None]
+        np.testing.assert_allclose(target(_f64(x)), exact, atol=1e-6, err_msg=name)
+    np.testing.assert_allclose(burgers.conditions[1][1](64, 0)[:, 0] ** 2, 1.0)
