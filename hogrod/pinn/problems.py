@@ -33,9 +33,10 @@ import tensorflow as tf
 from hogrod.pinn import pdes, reference
 from hogrod.pinn.geometry import Box, sample
 
-__all__ = ["Problem", "Unknown", "Observations", "Condition", "condition_misfit", "bind_unknowns", "unknowns_report",
+__all__ = ["Problem", "Unknown", "Observations", "bind_unknowns", "unknowns_report",
            "burgers_problem", "burgers_inverse_problem", "poisson_problem", "heat_problem",
            "wave_problem", "helmholtz_problem", "allen_cahn_problem", "advection_problem"]
+__all__ += ["Condition", "condition_misfit"]
 
 
 class Unknown(NamedTuple):
