@@ -63,18 +63,22 @@ def plot(path, problem, pred, ref):
 @gin.configurable
 def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collocation=10000,
                     n_condition=400, sampling="sobol", adam_steps=2000, adam_lr=1e-3,
-                    lbfgs_iterations=10000, weights=None, weighting="fixed", annealing_every=100,
-                    dtype="float32", error_every=None, jit_compile=False, checkpoint_every=500,
-                    seed=0, network=None):
+                    lbfgs_iterations=10000, weights=None, weighting=None, gpinn=None,
+                    dtype="float32", error_every=None, jit_compile=False,
+                    checkpoint_every=500, seed=0, network=None):
     """Args:
       problem: a problem factory (`@burgers_problem`, `@burgers_inverse_problem`, ...).
       width, depth: the tanh MLP (Raissi: 9 layers of 20 = depth 8 hidden + output).
       network: None (that tanh MLP) or a network factory called as network(input_dim,
         width, depth, dtype=dtype) (`@modified_mlp`, `@mlp_network` with an embedding or
         factorization: `hogrod.pinn.networks`).
-      weights: fixed loss-term weights ({term: w}, default all 1); weighting: "fixed" or
-        "annealing" (learning-rate annealing of the terms other than the residual every
-        `annealing_every` Adam steps; then `weights` must be None).
+      weights: fixed loss-term weights ({term: w}, default all 1); weighting: None (the
+        fixed weights) or a scheme by reference (`@grad_norm_weights`, `@ntk_weights`,
+        `@causal_weights`, `@self_adaptive_weights`; `pinn.weighting`; its hyperparameters
+        are its own bindings, e.g. `grad_norm_weights.every = 100`); with weights from a
+        scheme, `weights` must be None.
+      gpinn: gradient-enhanced PINN, {coordinate j: w_j}: adds the term sum_j w_j
+        mean((d residual / d x_j)^2) (None: none).
       jit_compile: compile the loss and gradient of the Adam steps and of L-BFGS with XLA
         (fuses the residual's many small ops).
       error_every: record the relative L2 error every this many Adam steps and L-BFGS
@@ -95,16 +99,20 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
         net = (tanh_mlp(prob.domain.dim, width, depth, dtype) if network is None
                else network(prob.domain.dim, width, depth, dtype=dtype))
         opt = keras.optimizers.Adam(adam_lr)
-    u = training.solution_fn(prob, net)
-    variables = list(net.trainable_variables) + list(unknowns.values())
-    points, cond_points = collocation(prob, n_collocation, n_condition, sampling, seed, tf_dtype)
-    weights, anneal = loss_weights(prob, u, points, cond_points, variables, weights, weighting)
-    loss_fn = training.pinn_loss(prob, u, points, cond_points, weights)
+        u = training.solution_fn(prob, net)
+        variables = list(net.trainable_variables) + list(unknowns.values())
+        points, cond_points = collocation(prob, n_collocation, n_condition, sampling, seed,
+                                          tf_dtype)
+        scheme = make_weighting(prob, u, points, cond_points, variables, weights, weighting,
+                                gpinn)
+        ascent_opt = keras.optimizers.Adam(scheme.ascent_lr) if scheme.ascent else None
+    loss_fn = training.pinn_loss(prob, u, points, cond_points, scheme.weights or weights,
+                                 gpinn=gpinn, reducers=scheme.reducers)
     batch = distribute.shard(strategy, (points, cond_points))  # the same every step
     progress = Progress()
-    annealed = {f"weight_{n}": w for n, w in weights.items()} if anneal is not None else {}
     ckpt = train.Checkpointer(output_dir, model=net, optimizer=opt, **progress.variables,
-                              **annealed, **{f"unknown_{n}": v for n, v in unknowns.items()})
+                              **scheme.state, **{f"unknown_{n}": v for n, v in unknowns.items()},
+                              **({"ascent_optimizer": ascent_opt} if ascent_opt else {}))
     restored = ckpt.restore()  # before the clock and the error curve, which resume with it
     finished = progress.finished(output_dir, restored, adam_steps, lbfgs_iterations)
     clock = training.Clock(offset=progress.seconds())
@@ -112,9 +120,11 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
                        upto_step=math.inf if finished else restored)
     metrics = {}  # what this run measured; a finished run re-run keeps the first's timings
     if not finished:
-        step = train.make_train_step(loss_fn, opt, variables, strategy=strategy,
-                                     jit_compile=jit_compile)
-        on_step = adam_callback(curve, progress, anneal, annealing_every)
+        # the self-adaptive weights ascend with their own optimizer (a second group)
+        groups = ([(opt, variables), (ascent_opt, list(scheme.ascent))] if ascent_opt else opt)
+        step = train.make_train_step(loss_fn, groups, None if ascent_opt else variables,
+                                     strategy=strategy, jit_compile=jit_compile)
+        on_step = adam_callback(curve, progress, scheme)
         metrics.update(run_adam(step, batch, adam_steps, ckpt, output_dir, checkpoint_every,
                                 on_step, curve))
         metrics.update(run_lbfgs(loss_fn, variables, lbfgs_iterations, strategy, batch, curve,
@@ -155,18 +165,22 @@ def collocation(prob, n_collocation, n_condition, sampling, seed, dtype):
     return points, cond_points
 
 
-def loss_weights(prob, u, points, cond_points, variables, weights, weighting):
-    """(weights for pinn_loss, the annealing update or None)."""
-    if weighting == "fixed":
-        return weights, None
-    if weighting != "annealing":
-        raise ValueError(f"pinn_experiment.weighting must be 'fixed' or 'annealing', got "
-                         f"{weighting!r}")
-    if weights:
-        raise ValueError("pinn_experiment.weights must be None with weighting = 'annealing' "
-                         f"(the annealing sets them), got {weights!r}")
-    unweighted = training.pinn_loss(prob, u, points, cond_points)
-    return pinn.annealing_weights(unweighted, variables, training.term_names(prob)[1:])
+def make_weighting(prob, u, points, cond_points, variables, weights, weighting, gpinn):
+    """The `pinn.Weighting` of `pinn_experiment.weighting` (None: the fixed weights)."""
+    if weighting is None:
+        return pinn.Weighting()
+    if not callable(weighting):
+        raise ValueError(f"pinn_experiment.weighting must be None or a weighting scheme by "
+                         f"reference (@grad_norm_weights, @ntk_weights, @causal_weights, "
+                         f"@self_adaptive_weights), got {weighting!r}")
+    scheme = weighting(prob, u, points, cond_points, variables, gpinn=gpinn)
+    if not isinstance(scheme, pinn.Weighting):
+        raise TypeError(f"pinn_experiment.weighting must return a pinn.Weighting, got "
+                        f"{type(scheme).__name__}")
+    if weights and scheme.weights:
+        raise ValueError(f"pinn_experiment.weights must be None with weighting = {weighting!r} "
+                         f"(the scheme sets them), got {weights!r}")
+    return scheme
 
 
 class Progress:
@@ -241,10 +255,10 @@ class ErrorCurve:
             for h in self.history]}
 
 
-def adam_callback(curve, progress, anneal, annealing_every):
+def adam_callback(curve, progress, scheme):
     def on_step(i, logs):
-        if anneal is not None and i % annealing_every == 0:
-            anneal()
+        if scheme.update is not None and i % scheme.every == 0:
+            scheme.update()
         if curve.every and i % curve.every == 0:
             curve.record("adam", i)
         progress.tick(curve.clock)  # saved with the checkpoint that may follow this step

@@ -264,11 +264,13 @@ def jacobian(fn, x):
 
     `x` may be a nested structure; the result is then structured like `x`.
     """
-    _check_params(x, "jacobian", "x")
+    # the tf.Variable inside a Keras 3 variable is what a tape can watch and track
+    sources = tf.nest.pack_sequence_as(x, [_unwrap(p) for p in _check_params(x, "jacobian",
+                                                                              "x")])
     with tf.GradientTape() as tape:
-        tape.watch(x)
+        tape.watch(sources)
         y = fn(x)
-    return tape.jacobian(y, x, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    return tape.jacobian(y, sources, unconnected_gradients=tf.UnconnectedGradients.ZERO)
 
 
 def batch_jacobian(fn, x):

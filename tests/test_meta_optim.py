@@ -157,3 +157,51 @@ def test_bad_input_names_the_argument():
         optim.learnable(learned, tf.float64)
     with pytest.raises(TypeError, match="only a Python number"):
         optim.learnable(optim.adam(tf.constant(0.1, tf.float64)), tf.float64)
+
+
+def _three_adam_steps_objective(dtype, logit_b2, eps, compile=False):
+    """sum(c * params after 3 steps) of Adam with a learned b2 (logit given), and its
+    derivative with respect to that logit; fixed gradients, so only b2 moves the result."""
+    opt, (v,) = optim.learnable(optim.adam(0.1, 0.9, 0.5, eps), dtype, names=["b2"])
+    v.assign(logit_b2)
+    rng = np.random.default_rng(3)
+    start = [tf.constant(rng.normal(size=5), dtype)]
+    c = tf.constant(rng.normal(size=5), dtype)
+    grads = [[tf.constant(np.random.default_rng(s).normal(size=5), dtype)] for s in range(3)]
+
+    def run():
+        with tf.GradientTape() as tape:
+            params, state = start, opt.init(start)
+            for g in grads:
+                params, state = opt.update(g, state, params)
+            f = tf.reduce_sum(c * params[0])
+        return f, tape.gradient(f, v)
+
+    f, grad = (tf.function(run) if compile else run)()
+    return f.numpy(), grad.numpy()
+
+
+def test_learned_b2_near_one_has_finite_float32_derivative_matching_float64():
+    # A learned b2's logit drifts up in MAML on sinusoids (6.9 to ~17 in 17,658 steps, where
+    # the meta-gradient came out NaN): in float32 sigmoid(20) is exactly 1, so 1 - sigmoid(v)
+    # is 0 and sqrt(1 - b2^t) has an infinite derivative. eps is small against
+    # sqrt(1 - b2) |g| ~ 5e-5, so b2 changes the steps.
+    logit, eps = 20.0, 1e-5
+    assert tf.sigmoid(tf.constant(logit, tf.float32)).numpy() == 1.0
+    value32, grad32 = _three_adam_steps_objective(tf.float32, logit, eps)
+    value64, grad64 = _three_adam_steps_objective(tf.float64, logit, eps)
+    d = 1e-3
+    fd = (_three_adam_steps_objective(tf.float64, logit + d, eps)[0]
+          - _three_adam_steps_objective(tf.float64, logit - d, eps)[0]) / (2 * d)
+    np.testing.assert_allclose(grad64, fd, rtol=1e-6)
+    assert abs(fd) > 1e-2  # b2 matters here: the comparison is not 0 == 0
+    np.testing.assert_allclose(value32, value64, rtol=1e-5)
+    assert np.isfinite(grad32)
+    np.testing.assert_allclose(grad32, fd, rtol=1e-3)
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_learned_b2_past_float_range_is_an_error_naming_it(compile):
+    # sigmoid(-120) underflows to 0 in float32: the exact 1 - b2 is not representable
+    with pytest.raises(tf.errors.InvalidArgumentError, match="learned b2.*learnable"):
+        _three_adam_steps_objective(tf.float32, 120.0, 1e-7, compile)

@@ -8,12 +8,21 @@ are `hogrod.linalg`'s, compiled with products on the host (`eigen.host_solver`).
 - `hutchinson`, `hutchpp` (`trace.py`); `spectral_density` (SLQ, `density.py`);
 - `conjugate_gradient` (damped), `lissa` (`inverse.py`); `influence`,
   `per_example_gradients` (`influence.py`).
+- `FisherOperator` (type-2, MC, empirical), `gauss_newton_diagonal`, `mc_fisher_diagonal`,
+  `hutchinson_diagonal` (`fisher.py`, likelihoods of Keras losses in `likelihood.py`);
+  `per_example_gradients`, `per_example_gradient_norms` (`per_example.py`).
+- `KFACOperator`, `EKFACOperator` (Dense and Conv2D, expand/reduce; `solve`, `logdet`,
+  `with_damping`, `eigendecompositions`) (`kfac.py`).
 """
 
 from hogrod.curvature.density import spectral_density
+from hogrod.curvature.fisher import (FisherOperator, gauss_newton_diagonal, hutchinson_diagonal,
+                                     mc_fisher_diagonal)
+from hogrod.curvature.per_example import per_example_gradient_norms
 from hogrod.curvature.eigen import lanczos, power_iteration
 from hogrod.curvature.influence import influence, per_example_gradients
 from hogrod.curvature.inverse import conjugate_gradient, lissa
+from hogrod.curvature.kfac import EKFACOperator, KFACOperator
 from hogrod.curvature.operators import (GaussNewtonOperator, HessianOperator, flatten,
                                         layer_params, unflatten)
 from hogrod.curvature.trace import hutchinson, hutchpp
@@ -21,3 +30,6 @@ from hogrod.curvature.trace import hutchinson, hutchpp
 __all__ = ["HessianOperator", "GaussNewtonOperator", "flatten", "unflatten", "layer_params",
            "lanczos", "power_iteration", "hutchinson", "hutchpp", "spectral_density",
            "conjugate_gradient", "lissa", "influence", "per_example_gradients"]
+__all__ += ["FisherOperator", "gauss_newton_diagonal", "mc_fisher_diagonal",
+            "hutchinson_diagonal", "per_example_gradient_norms"]
+__all__ += ["KFACOperator", "EKFACOperator"]

@@ -10,24 +10,9 @@ import tensorflow as tf
 
 from hogrod.curvature.inverse import conjugate_gradient
 from hogrod.curvature.operators import HessianOperator
+from hogrod.curvature.per_example import per_example_gradients
 
 __all__ = ["per_example_gradients", "influence"]
-
-
-def per_example_gradients(model, loss_fn, x, y, params=None, batch_size=256):
-    """[n, num_params] float64: the gradient of each example's loss (one jacobian per batch).
-
-    `loss_fn(y_true, y_pred)` returns per-example losses (shape [batch]).
-    """
-    params = list(params or model.trainable_variables)
-    rows = []
-    for start in range(0, int(x.shape[0]), batch_size):
-        xb, yb = x[start:start + batch_size], y[start:start + batch_size]
-        with tf.GradientTape() as tape:
-            losses = loss_fn(yb, model(xb))
-        jac = tape.jacobian(losses, params, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        rows.append(np.concatenate([np.reshape(j, (j.shape[0], -1)) for j in jac], axis=1))
-    return np.concatenate(rows).astype(np.float64)
 
 
 def influence(model, loss_fn, train, test, damping=0.0, params=None, tol=1e-10):

@@ -16,8 +16,8 @@ variables (log learning rate, logit b1, ...). The constructors are gin-configura
 """
 
 from hogrod.optim.learnable import LEARNED_BY_DEFAULT, learnable
-from hogrod.optim.optimizers import (AdamState, Optimizer, RMSPropState, SGDState, adam,
-                                     adamw, rmsprop, safe_sqrt, sgd)
+from hogrod.optim.optimizers import (AdamState, Logit, Optimizer, RMSPropState, SGDState,
+                                     adam, adamw, rmsprop, safe_sqrt, sgd)
 
-__all__ = ["Optimizer", "SGDState", "AdamState", "RMSPropState", "sgd", "adam", "adamw",
+__all__ = ["Optimizer", "Logit", "SGDState", "AdamState", "RMSPropState", "sgd", "adam", "adamw",
            "rmsprop", "safe_sqrt", "learnable", "LEARNED_BY_DEFAULT"]

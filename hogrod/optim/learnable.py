@@ -6,7 +6,11 @@ hyperparameters are functions of `variables`, in a parametrization whose every r
 is a valid hyperparameter, so a gradient step can never leave the valid range:
 
 - learning_rate, eps, weight_decay, rmsprop's momentum (> 0): value = exp(v), v = log value;
-- b1, b2, rho, sgd's momentum (in (0, 1)): value = sigmoid(v), v = logit value.
+- b1, b2, rho, sgd's momentum (in (0, 1)): value = sigmoid(v), v = logit value, passed
+  to the optimizer as `optimizers.Logit(v)` so that 1 - value is sigmoid(-v), exact in
+  float32 where 1 - sigmoid(v) rounds to 0 (a learned b2 drifting to 1 made MAML's
+  meta-gradient NaN; see `optimizers.Logit`). A logit so large that even sigmoid(-v)
+  underflows is an error naming the hyperparameter, not a NaN.
 
 The values are recomputed from the variables at every `update`, under the caller's tape, so
 an outer tape differentiates the updated params with respect to `variables` (and a changed
@@ -38,7 +42,8 @@ _UNIT_INTERVAL = {("sgd", "momentum"), ("adam", "b1"), ("adam", "b2"), ("adamw",
 def _parametrization(opt, name):
     """(prefix, to_variable, from_variable) for one hyperparameter."""
     if (opt, name) in _UNIT_INTERVAL:
-        return ("logit", lambda x: math.log(x) - math.log1p(-x), tf.sigmoid)
+        # the optimizer takes the logit itself, so 1 - b is sigmoid(-v), never 1 - sigmoid(v)
+        return ("logit", lambda x: math.log(x) - math.log1p(-x), optimizers.Logit)
     return ("log", math.log, tf.exp)
 
 

@@ -57,7 +57,7 @@ from hogrod import tree
 # Python control flow here is on Python values only (structure, dtypes, hyperparameter types).
 _no_autograph = tf.autograph.experimental.do_not_convert
 
-__all__ = ["Optimizer", "SGDState", "AdamState", "RMSPropState", "sgd", "adam", "adamw",
+__all__ = ["Optimizer", "Logit", "SGDState", "AdamState", "RMSPropState", "sgd", "adam", "adamw",
            "rmsprop", "safe_sqrt"]
 
 Optimizer = collections.namedtuple("Optimizer", ["init", "update", "name", "hyperparameters"],
@@ -69,6 +69,19 @@ hyperparameters (None for a hand-made Optimizer)."""
 SGDState = collections.namedtuple("SGDState", ["count", "momentum"])
 AdamState = collections.namedtuple("AdamState", ["count", "mu", "nu"])
 RMSPropState = collections.namedtuple("RMSPropState", ["count", "nu", "momentum"])
+
+
+class Logit(collections.namedtuple("Logit", ["logit"])):
+    """A hyperparameter in (0, 1) given by its logit v (`hogrod.optim.learnable`'s b1, b2,
+    rho and sgd momentum): the value is sigmoid(v).
+
+    The optimizers take 1 - value as sigmoid(-v) and 1 - value^t as -expm1(t log_sigmoid(v)),
+    never as 1 - sigmoid(v): in float32 sigmoid(v) rounds to exactly 1 from v ~ 16.6, and
+    1 - b2 = 0 makes Adam's sqrt(1 - b2^t) have an infinite derivative (a NaN meta-gradient
+    once a learned b2 drifts towards 1), long before that 1 - sigmoid(v) loses most of its
+    digits. Where even sigmoid(-v) underflows to 0 (v > ~88 in float32, ~710 in float64)
+    the update raises an InvalidArgumentError naming the hyperparameter instead."""
+    __slots__ = ()
 
 
 def safe_sqrt(x):
@@ -110,6 +123,8 @@ def _at(value, dtype, opt, name):
     """The hyperparameter as a scalar tensor of `dtype` (a Python number converts exactly)."""
     if _is_number(value):
         return tf.constant(value, dtype)
+    if isinstance(value, Logit):
+        return tf.sigmoid(_at(value.logit, dtype, opt, f"{name}'s logit"))
     t = tf.convert_to_tensor(value)
     if t.shape.rank != 0:
         raise ValueError(f"hogrod.optim.{opt}: {name} must be a scalar, got shape {t.shape}")
@@ -118,6 +133,23 @@ def _at(value, dtype, opt, name):
                         f"parameter is {dtype.name}; pass a Python number or a "
                         f"{dtype.name} tensor")
     return t
+
+
+def _complements(value, dtype, t, opt, name):
+    """(1 - b, 1 - b^t) for a hyperparameter b in (0, 1) and a step number t (a tensor of
+    `dtype`); exact for a `Logit` (see there), as written otherwise (Keras's arithmetic)."""
+    if not isinstance(value, Logit):
+        b = _at(value, dtype, opt, name)
+        return 1 - b, 1 - tf.pow(b, t)
+    v = _at(value.logit, dtype, opt, f"{name}'s logit")
+    one_minus = tf.sigmoid(-v)
+    check = tf.debugging.assert_positive(
+        one_minus, message=f"hogrod.optim.{opt}: the learned {name} = sigmoid(logit) is 1 "
+        f"to {dtype.name} precision (1 - {name} underflows to 0: the update's derivative "
+        f"would be NaN); its logit has drifted too far: lower the outer learning rate or "
+        f"leave {name} out of hogrod.optim.learnable's names")
+    with tf.control_dependencies([check]):
+        return tf.identity(one_minus), -tf.math.expm1(t * tf.math.log_sigmoid(v))
 
 
 # ---- structure ----------------------------------------------------------------------------
@@ -219,15 +251,15 @@ def _adam_like(opt, learning_rate, b1, b2, eps, weight_decay):
         for pi, gi, mi, vi in zip(p, g, m, v):
             dtype = pi.dtype
             lr = _at(learning_rate, dtype, opt, "learning_rate")
-            beta1 = _at(b1, dtype, opt, "b1")
-            beta2 = _at(b2, dtype, opt, "b2")
             epsilon = _at(eps, dtype, opt, "eps")
             t = tf.cast(count + 1, dtype)
+            one_minus_b1, one_minus_b1_t = _complements(b1, dtype, t, opt, "b1")
+            one_minus_b2, one_minus_b2_t = _complements(b2, dtype, t, opt, "b2")
             if weight_decay is not None:
                 pi = pi - pi * _at(weight_decay, dtype, opt, "weight_decay") * lr
-            alpha = lr * tf.sqrt(1 - tf.pow(beta2, t)) / (1 - tf.pow(beta1, t))
-            mi = mi + (gi - mi) * (1 - beta1)
-            vi = vi + (tf.square(gi) - vi) * (1 - beta2)
+            alpha = lr * tf.sqrt(one_minus_b2_t) / one_minus_b1_t
+            mi = mi + (gi - mi) * one_minus_b1
+            vi = vi + (tf.square(gi) - vi) * one_minus_b2
             new_m.append(mi)
             new_v.append(vi)
             new_p.append(pi - (mi * alpha) / (safe_sqrt(vi) + epsilon))
@@ -293,9 +325,10 @@ def rmsprop(learning_rate, rho=0.9, momentum=0.0, eps=1e-7):
             dtype = pi.dtype
             lr = _at(learning_rate, dtype, "rmsprop", "learning_rate")
             r = _at(rho, dtype, "rmsprop", "rho")
+            one_minus_r, _ = _complements(rho, dtype, tf.ones([], dtype), "rmsprop", "rho")
             mu = _at(momentum, dtype, "rmsprop", "momentum")
             epsilon = _at(eps, dtype, "rmsprop", "eps")
-            vi = r * vi + (1 - r) * tf.square(gi)
+            vi = r * vi + one_minus_r * tf.square(gi)
             step = (lr * gi) / tf.sqrt(vi + epsilon)
             ki = mu * ki + step
             new_v.append(vi)

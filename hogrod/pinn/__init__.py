@@ -13,10 +13,12 @@
 - `pinn_loss`, `term_names`, `solution_fn`, `lbfgs` (scipy L-BFGS-B), `relative_l2`,
   `predict_on_grid`, `Clock` (training seconds without evaluations), `seconds_to_error`
   (`training.py`);
+- loss weighting schemes, chosen in gin by reference (`weighting.py`): `grad_norm_weights`
+  (learning-rate annealing; `annealing_weights`), `ntk_weights`, `causal_weights`,
+  `self_adaptive_weights`, all returning a `Weighting`; gPINN terms: `pinn_loss(gpinn=...)`.
 - `FourierFeatures`, `PeriodicEmbedding`, `FactorizedDense` layers and the gin factories
   `fourier_features`, `periodic_embedding`, `mlp_network`, `modified_mlp` (`networks.py`);
 - `stochastic_laplacian`, `laplacian_probes`: randomized Laplacians (`stochastic.py`);
-- `annealing_weights`: learning-rate-annealing loss weights (`weighting.py`);
 - `Condition`, `condition_misfit`: conditions on an operator of u (a component, a normal
   derivative) (`problems.py`);
 - the PINNacle benchmark's ten cases `pinnacle_*`, `read_reference`, `l2re` (`pinnacle.py`).
@@ -31,9 +33,11 @@ from hogrod.pinn.problems import (Observations, Problem, Unknown, advection_prob
                                   allen_cahn_problem, bind_unknowns, burgers_inverse_problem,
                                   burgers_problem, heat_problem, helmholtz_problem,
                                   poisson_problem, unknowns_report, wave_problem)
-from hogrod.pinn.training import (Clock, lbfgs, pinn_loss, predict_on_grid, relative_l2,
-                                  seconds_to_error, solution_fn, term_names)
-from hogrod.pinn.weighting import annealing_weights
+from hogrod.pinn.training import (Clock, lbfgs, pinn_loss, pointwise_terms, predict_on_grid,
+                                  relative_l2, seconds_to_error, solution_fn, term_names)
+from hogrod.pinn.weighting import (Weighting, annealing_weights, causal_chunk_weights,
+                                   causal_weights, grad_norm_weights, ntk_trace, ntk_weights,
+                                   self_adaptive_weights)
 from hogrod.pinn.networks import (FactorizedDense, FourierFeatures, PeriodicEmbedding,
                                   fourier_features, mlp_network, modified_mlp, periodic_embedding)
 from hogrod.pinn.stochastic import laplacian_probes, stochastic_laplacian
@@ -50,7 +54,9 @@ __all__ = ["partials", "laplacian", "divergence", "PDE", "residual", "burgers", 
            "burgers_problem", "burgers_inverse_problem", "poisson_problem", "heat_problem",
            "wave_problem", "helmholtz_problem", "allen_cahn_problem", "advection_problem",
            "pinn_loss", "term_names", "solution_fn", "lbfgs", "relative_l2", "predict_on_grid",
-           "Clock", "seconds_to_error", "annealing_weights"]
+           "Clock", "seconds_to_error", "annealing_weights",
+           "pointwise_terms", "Weighting", "grad_norm_weights", "ntk_trace", "ntk_weights",
+           "causal_chunk_weights", "causal_weights", "self_adaptive_weights"]
 __all__ += ["FourierFeatures", "PeriodicEmbedding", "FactorizedDense", "fourier_features",
             "periodic_embedding", "mlp_network", "modified_mlp", "stochastic_laplacian",
             "laplacian_probes", "Disk", "union", "difference", "intersection", "hammersley"]

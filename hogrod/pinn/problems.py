@@ -9,7 +9,8 @@ A `Problem` (built with keywords) bundles what a PINN run needs:
   `condition_misfit` computes either;
 - `transform`: optional hard constraint, `transform(x, net_out) -> u`, built so that u
   satisfies the initial/boundary conditions exactly (then `conditions` can be empty);
-- `reference`: numpy `reference(x) -> u` or None; `grid`, `grid_shape`: evaluation points.
+- `reference`: numpy `reference(x) -> u` or None; `grid`, `grid_shape`: evaluation points;
+- `time_dependent`: the last coordinate is time (what causal weighting needs).
 
 An inverse problem is a `Problem` too: its `unknowns` are the PDE coefficients learned with
 the solution (`Unknown`: initial value, parametrization, the true value for reporting), its
@@ -123,6 +124,7 @@ class Problem:
     unknowns: tuple = ()
     pde_with: Optional[Callable[..., pdes.PDE]] = None
     data: Optional[Observations] = None
+    time_dependent: bool = False  # the last coordinate is time
 
     def __post_init__(self):
         where = f"Problem {self.name!r}"
@@ -135,6 +137,9 @@ class Problem:
             if not (isinstance(c, tuple) and len(c) == 3 and isinstance(c[0], str)):
                 raise ValueError(f"{where}: each condition must be (name, points_fn, "
                                  f"target_fn), got {c!r}")
+        if not isinstance(self.time_dependent, bool):
+            raise TypeError(f"{where}: time_dependent must be True or False, got "
+                            f"{self.time_dependent!r}")
         names = [u.name for u in self.unknowns]
         if not all(isinstance(u, Unknown) for u in self.unknowns) or len(set(names)) < len(names):
             raise ValueError(f"{where}: unknowns must be pinn.Unknown's with distinct names, "
@@ -235,7 +240,7 @@ def burgers_problem(nu=0.01 / math.pi, hard_constraints=True, grid_shape=(256, 1
     def hard(x, out):
         xs, t = x[:, :1], x[:, 1:]
         return -tf.sin(math.pi * xs) + t * (1.0 - xs ** 2) * out
-    return Problem(name="burgers", pde=pdes.burgers(nu), domain=domain,
+    return Problem(name="burgers", pde=pdes.burgers(nu), domain=domain, time_dependent=True,
                    conditions=() if hard_constraints else (ic, bc),
                    transform=hard if hard_constraints else None,
                    reference=lambda x: reference.burgers_cole_hopf(x[:, 0], x[:, 1], nu)[:, None],
@@ -277,6 +282,7 @@ def heat_problem(alpha=0.1, grid_shape=(101, 101)):
     ic = ("initial", _on_face(domain, 1, 0.0), lambda x: tf.sin(math.pi * x[:, :1]))
     bc = ("boundary", _on_faces(domain, 0), _zeros)
     return Problem(name="heat", pde=pdes.heat(1, alpha), domain=domain, conditions=[ic, bc],
+                   time_dependent=True,
                    reference=lambda x: reference.heat_sine(x, alpha),
                    grid=_grid(domain, grid_shape), grid_shape=tuple(grid_shape))
 
@@ -291,6 +297,7 @@ def wave_problem(c=1.0, grid_shape=(101, 101)):
         xs, t = x[:, :1], x[:, 1:]
         return tf.sin(math.pi * xs) + t ** 2 * xs * (1.0 - xs) * out
     return Problem(name="wave", pde=pdes.wave(c), domain=domain, transform=transform,
+                   time_dependent=True,
                    reference=lambda x: reference.wave_sine(x, c),
                    grid=_grid(domain, grid_shape), grid_shape=tuple(grid_shape))
 
@@ -319,6 +326,7 @@ def allen_cahn_problem(diffusion=1e-4, reaction=5.0, grid_shape=(201, 101)):
         xs, t = x[:, :1], x[:, 1:]
         return xs ** 2 * tf.cos(math.pi * xs) + t * (1.0 - xs ** 2) * out
     return Problem(name="allen_cahn", pde=pdes.allen_cahn(diffusion, reaction), domain=domain,
+                   time_dependent=True,
                    transform=transform, grid=_grid(domain, grid_shape),
                    grid_shape=tuple(grid_shape))
 
@@ -333,6 +341,7 @@ def advection_problem(c=1.0, grid_shape=(101, 51)):
     domain = Box((0.0, 0.0), (2.0, 1.0))
     inflow = ("inflow", _on_face(domain, 0, 0.0), lambda x: -tf.sin(math.pi * c * x[:, 1:]))
     return Problem(name="advection", pde=pdes.advection(c), domain=domain, conditions=[inflow],
+                   time_dependent=True,
                    transform=lambda x, out: tf.sin(math.pi * x[:, :1]) + x[:, 1:] * out,
                    reference=lambda x: np.sin(np.pi * (x[:, :1] - c * x[:, 1:])),
                    grid=_grid(domain, grid_shape), grid_shape=tuple(grid_shape))

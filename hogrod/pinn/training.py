@@ -1,8 +1,10 @@
 """PINN losses and the standard recipe: Adam (hogrod.train), then L-BFGS (scipy) to convergence.
 
 `pinn_loss(problem, u_fn, points, condition_points, weights)` returns the loss function of
-named terms (`term_names`: "residual", one per condition, and "data" for an inverse problem)
-that `hogrod.train.make_train_step` takes.
+named terms (`term_names`: "residual", one per condition, "data" for an inverse problem and
+"gpinn" for gradient-enhanced PINNs) that `hogrod.train.make_train_step` takes;
+`pointwise_terms` gives each term's pointwise values before the mean (what the weighting
+schemes of `weighting.py` look at).
 `lbfgs(loss, variables)` runs scipy's L-BFGS-B on a compiled float64 value-and-gradient of
 the same terms; `relative_l2` measures a solution against the problem's reference
 (a float, or None without one); `predict_on_grid` evaluates it on the problem's grid.
@@ -11,7 +13,10 @@ to an error off an error curve.
 """
 
 import contextlib
+import math
+import numbers
 import time
+from typing import Callable, NamedTuple
 
 import numpy as np
 import scipy.optimize
@@ -23,8 +28,8 @@ from hogrod.pinn.pdes import residual
 from hogrod.pinn.problems import condition_misfit
 from hogrod.train import step as _step
 
-__all__ = ["solution_fn", "term_names", "pinn_loss", "lbfgs", "relative_l2", "predict_on_grid",
-           "Clock", "seconds_to_error"]
+__all__ = ["solution_fn", "term_names", "Term", "pointwise_terms", "pinn_loss", "lbfgs",
+           "relative_l2", "predict_on_grid", "Clock", "seconds_to_error"]
 
 
 def solution_fn(problem, net):
@@ -34,10 +39,33 @@ def solution_fn(problem, net):
     return lambda x: problem.transform(x, net(x))
 
 
-def term_names(problem):
-    """The names of `pinn_loss`'s terms for `problem`, in order."""
+def _check_gpinn(problem, gpinn):
+    """{coordinate: weight} as {int: float}, checked against the problem's dimension."""
+    if gpinn is None:
+        return {}
+    if not isinstance(gpinn, dict) or not gpinn:
+        raise TypeError(f"gpinn must be a non-empty dict {{coordinate index: weight}} (e.g. "
+                        f"pinn_experiment.gpinn = {{0: 0.01}}), got {gpinn!r}")
+    dim = problem.domain.dim
+    out = {}
+    for j, w in gpinn.items():
+        if not isinstance(j, numbers.Integral) or isinstance(j, bool) or not 0 <= j < dim:
+            raise ValueError(f"gpinn: coordinate {j!r} is not an index of the {dim}-D domain of "
+                             f"problem {problem.name!r} (0..{dim - 1})")
+        if not (isinstance(w, numbers.Real) and not isinstance(w, bool) and math.isfinite(w)
+                and w > 0):
+            raise ValueError(f"gpinn: the weight of coordinate {j} must be a finite number > 0, "
+                             f"got {w!r}")
+        out[int(j)] = float(w)
+    return dict(sorted(out.items()))
+
+
+def term_names(problem, gpinn=None):
+    """The names of `pinn_loss`'s terms for `problem`, in order ("gpinn" last, with gPINN
+    terms)."""
     return (["residual"] + [name for name, _, _ in problem.conditions]
-            + (["data"] if problem.data is not None else []))
+            + (["data"] if problem.data is not None else [])
+            + (["gpinn"] if _check_gpinn(problem, gpinn) else []))
 
 
 def _check_one_set_per_condition(problem, names, condition_points,
@@ -52,11 +80,57 @@ def _check_one_set_per_condition(problem, names, condition_points,
                          f"{len(condition_points)}: {detail}")
 
 
-def pinn_loss(problem, u_fn, points, condition_points, weights=None, extra_terms=None):
+class Term(NamedTuple):
+    """One loss term before reduction: `scale * mean(values(points) ** 2)`.
+
+    points: [n, dim]; values: `values(x) -> [n, m]`, the pointwise quantity the term
+    squares (the PDE residual, a condition's misfit, ...); scale: a Python number."""
+    points: tf.Tensor
+    values: Callable
+    scale: float = 1.0
+
+
+def _gpinn_values(pde, u_fn, coords):
+    """x -> [n, m * k]: sqrt(w_j) d residual / d x_j for the k coordinates j, grouped by j.
+
+    The network is applied pointwise, so the residual at a point depends on that point
+    only and the per-point Jacobian (`hogrod.batch_jacobian`) is the whole derivative."""
+    roots = [math.sqrt(w) for w in coords.values()]
+
+    def values(x):
+        jac = hogrod.batch_jacobian(lambda z: residual(pde, u_fn, z), x)  # [n, m, dim]
+        return tf.concat([r * jac[:, :, j] for r, j in zip(roots, coords)], axis=1)
+    return values
+
+
+def pointwise_terms(problem, u_fn, points, condition_points, gpinn=None):
+    """{name: Term} for `term_names(problem, gpinn)`: the residual at the collocation
+    points, each condition's misfit u - target at its points, the observations' misfit
+    ("data", inverse problems) and, with `gpinn` ({coordinate j: weight w_j}), the gPINN
+    term "gpinn" = sum_j w_j mean((d residual / d x_j)^2) at the collocation points (Yu,
+    Lu, Meng and Karniadakis 2022)."""
+    coords = _check_gpinn(problem, gpinn)
+    pde = problem.pde
+    terms = {"residual": Term(points, lambda x: residual(pde, u_fn, x))}
+    for condition, x in zip(problem.conditions, condition_points):
+        terms[condition[0]] = Term(x, lambda x, c=condition: condition_misfit(c, u_fn, x))
+    if problem.data is not None:
+        x, y = (tf.constant(a, points.dtype) for a in problem.data)
+        terms["data"] = Term(x, lambda x, y=y: u_fn(x) - y)
+    if coords:
+        terms["gpinn"] = Term(points, _gpinn_values(pde, u_fn, coords), float(len(coords)))
+    return terms
+
+
+def pinn_loss(problem, u_fn, points, condition_points, weights=None, extra_terms=None,
+              gpinn=None, reducers=None):
     """A `loss_fn(batch=None) -> {term: scalar}`: mean squared residual at the collocation
     points, mean squared misfit of each condition at its points and, for an inverse problem
     (`problem.data`), of the observations ("data"). `weights` scale terms ({name: w});
-    `extra_terms` adds terms ({name: fn() -> scalar}).
+    `extra_terms` adds terms ({name: fn() -> scalar}); `gpinn` ({coordinate j: w_j}) adds
+    the gradient-enhanced term "gpinn" = sum_j w_j mean((d residual / d x_j)^2);
+    `reducers` ({name: reduce(points, squares [n, m]) -> scalar}, from a weighting scheme:
+    causal or self-adaptive weights) replace a term's mean over its points.
 
     `batch`, when given, is `(points, condition_points)`: this replica's shard of them under
     a tf.distribute strategy (`hogrod.distribute.shard(strategy, (points, condition_points))`);
@@ -77,22 +151,30 @@ def pinn_loss(problem, u_fn, points, condition_points, weights=None, extra_terms
         if x.shape.rank != 2 or x.shape[-1] != dim:
             raise ValueError(f"{what} must have shape [n, {dim}] for the {dim}-D domain of "
                              f"problem {problem.name!r}, got {x.shape}")
-    data = None if problem.data is None else tuple(
-        tf.constant(a, points.dtype) for a in problem.data)
+    all_names = term_names(problem, gpinn)
     weights = dict(weights or {})
-    unknown = set(weights) - set(term_names(problem)) - set(extra_terms or {})
+    unknown = set(weights) - set(all_names) - set(extra_terms or {})
     if unknown:
         raise ValueError(f"weights for unknown PINN loss terms {sorted(unknown)}; the terms "
-                         f"of problem {problem.name!r} are {term_names(problem)}")
+                         f"of problem {problem.name!r} are {all_names}")
+    reducers = dict(reducers or {})
+    if set(reducers) - set(all_names):
+        raise ValueError(f"reducers for unknown PINN loss terms "
+                         f"{sorted(set(reducers) - set(all_names))}; the terms of problem "
+                         f"{problem.name!r} are {all_names}")
+    pointwise = pointwise_terms(problem, u_fn, points, condition_points, gpinn)
 
     def loss_fn(batch=None):
         pts, cond_pts = (points, condition_points) if batch is None else batch
         _check_one_set_per_condition(problem, names, cond_pts, "the batch's condition points")
-        terms = {"residual": tf.reduce_mean(tf.square(residual(problem.pde, u_fn, pts)))}
-        for condition, x in zip(problem.conditions, cond_pts):
-            terms[condition[0]] = tf.reduce_mean(tf.square(condition_misfit(condition, u_fn, x)))
-        if data is not None:
-            terms["data"] = tf.reduce_mean(tf.square(u_fn(data[0]) - data[1]))
+        at = dict(zip(names, cond_pts), residual=pts, gpinn=pts)
+        terms = {}
+        for name, term in pointwise.items():
+            x = at.get(name, term.points)  # the observations are the same on every replica
+            squares = tf.square(term.values(x))
+            reduce = reducers.get(name)
+            value = tf.reduce_mean(squares) if reduce is None else reduce(x, squares)
+            terms[name] = term.scale * value if term.scale != 1.0 else value
         for name, fn in (extra_terms or {}).items():
             terms[name] = fn()
         return {k: weights.get(k, 1.0) * v for k, v in terms.items()}

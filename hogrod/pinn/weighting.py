@@ -1,26 +1,90 @@
-"""Loss weighting: fixed weights (a dict given to `pinn_loss`) or learning-rate annealing.
+"""Loss weighting schemes: one interface, chosen in gin by reference.
 
-Learning-rate annealing (Wang, Teng and Perdikaris 2021): every few steps, each condition
-term's weight moves toward max |grad of the residual term| / mean |grad of that term|, so
-terms whose gradients are small next to the residual's get weighed up. The weights are
-`tf.Variable`s that `pinn_loss` multiplies its terms by.
+A scheme is a function
+
+    scheme(problem, u_fn, points, condition_points, variables, gpinn=None) -> Weighting
+
+(its hyperparameters are further keywords, bound in gin), selected with e.g.
+`pinn_experiment.weighting = @ntk_weights`. The `Weighting` it returns says how it enters
+training: scalar `weights` multiplying `pinn_loss`'s terms (tf.Variables moved by `update()`
+every `every` steps), `reducers` replacing a term's plain mean over its points (causal and
+per-point weights), `ascent` variables the train step maximizes the loss over with their
+own optimizer (`ascent_lr`), and the `state` to checkpoint with the run.
+
+- `grad_norm_weights`: learning-rate annealing by gradient norms (Wang, Teng and
+  Perdikaris 2021); `annealing_weights` is its low-level form.
+- `ntk_weights`: neural-tangent-kernel trace ratios (Wang, Yu and Perdikaris 2022).
+- `causal_weights`: temporal causality (Wang, Sankaran and Perdikaris 2024).
+- `self_adaptive_weights`: trainable per-point weights (McClenny and Braga-Neto 2023).
 """
 
+import dataclasses
+import math
+from typing import Callable, Optional
+
+import gin
+import numpy as np
 import tensorflow as tf
 
 import hogrod
+from hogrod.pinn import training
 
-__all__ = ["annealing_weights"]
+__all__ = ["Weighting", "annealing_weights", "grad_norm_weights", "ntk_trace", "ntk_weights",
+           "causal_chunk_weights", "causal_weights", "self_adaptive_weights"]
 
 
-def annealing_weights(term_fn, variables, names, alpha=0.9):
+@dataclasses.dataclass(frozen=True)
+class Weighting:
+    """How a weighting scheme enters training (see the module docstring). The default,
+    `Weighting()`, is no weighting."""
+    weights: dict = dataclasses.field(default_factory=dict)
+    reducers: dict = dataclasses.field(default_factory=dict)
+    update: Optional[Callable] = None
+    every: int = 0
+    state: dict = dataclasses.field(default_factory=dict)
+    ascent: tuple = ()
+    ascent_lr: float = 0.0
+
+
+def _check_every(every, where):
+    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+        raise ValueError(f"{where}.every must be an integer >= 1 (steps between updates), got "
+                         f"{every!r}")
+
+
+def _check_alpha(alpha, where):
+    if not 0.0 <= alpha < 1.0:
+        raise ValueError(f"{where}.alpha (the moving average's weight on the old value) must "
+                         f"be in [0, 1), got {alpha!r}")
+
+
+def _terms_to_balance(problem, gpinn, where):
+    names = training.term_names(problem, gpinn)
+    if len(names) < 2:
+        raise ValueError(
+            f"{where}: problem {problem.name!r} has the residual as its only loss term (its "
+            "conditions are hard constraints), so there are no terms to balance; give it soft "
+            "conditions (e.g. burgers_problem.hard_constraints = False) or choose another "
+            "pinn_experiment.weighting")
+    return names
+
+
+def _points_dtype(points):
+    return tf.convert_to_tensor(points).dtype
+
+
+def annealing_weights(term_fn, variables, names, alpha=0.9, dtype=tf.float32):
     """(weights, update): `weights` {name: tf.Variable(1.0)} for `pinn_loss`, and a compiled
     `update()` that moves each toward its balancing value by a moving average (`alpha` on
-    the old value).
+    the old value):
+
+        lambda_i <- alpha lambda_i + (1 - alpha) max |grad_theta L_r| / mean |grad_theta L_i|
 
     term_fn: `term_fn() -> {name: scalar}` of the UNWEIGHTED terms, "residual" among them.
+    dtype: the weights' dtype (the loss terms').
     """
-    weights = {n: tf.Variable(1.0, trainable=False, name=f"weight_{n}") for n in names}
+    weights = {n: tf.Variable(tf.ones([], dtype), trainable=False, name=f"weight_{n}")
+               for n in names}
 
     @tf.function
     def update():
@@ -31,7 +95,223 @@ def annealing_weights(term_fn, variables, names, alpha=0.9):
         for n in names:
             g = hogrod.grad(lambda n=n: term_fn()[n], variables)
             mean = tf.reduce_mean(tf.concat([tf.reshape(tf.abs(x), [-1]) for x in g], 0))
-            target = top / tf.maximum(mean, 1e-12)
+            target = tf.cast(top / tf.maximum(mean, 1e-12), dtype)
             weights[n].assign(alpha * weights[n] + (1 - alpha) * target)
         return {n: w.read_value() for n, w in weights.items()}
     return weights, update
+
+
+@gin.configurable
+def grad_norm_weights(problem, u_fn, points, condition_points, variables, gpinn=None,
+                      alpha=0.9, every=100):
+    """Learning-rate annealing (Wang, Teng and Perdikaris 2021): every `every` steps each
+    term i other than the residual gets
+
+        lambda_i <- alpha lambda_i + (1 - alpha) max_theta |dL_r/dtheta| / mean_theta |dL_i/dtheta|
+
+    (the residual's weight stays 1), so terms whose gradients are small next to the
+    residual's are weighed up."""
+    where = "grad_norm_weights"
+    _check_every(every, where)
+    _check_alpha(alpha, where)
+    names = _terms_to_balance(problem, gpinn, where)[1:]
+    unweighted = training.pinn_loss(problem, u_fn, points, condition_points, gpinn=gpinn)
+    weights, update = annealing_weights(unweighted, variables, names, alpha,
+                                        _points_dtype(points))
+    return Weighting(weights=weights, update=update, every=every,
+                     state={f"weight_{n}": w for n, w in weights.items()})
+
+
+def _jacobian_square_sum(values_fn, variables):
+    """x -> (sum_j ||d r_j / d theta||^2, the number of values r_j = values_fn(x))."""
+    def square_sum(x):
+        jac = hogrod.jacobian(lambda _: values_fn(x), variables)
+        rows = tf.size(jac[0]) // tf.size(variables[0])
+        return tf.add_n([tf.reduce_sum(tf.square(j)) for j in jac]), rows
+    return square_sum
+
+
+def _chunked_mean(square_sum, x, chunk):
+    x = tf.convert_to_tensor(x)
+    n = x.shape[0]
+    if n is None or n == 0:
+        raise ValueError(f"ntk_trace: x must hold a known, non-zero number of points, got "
+                         f"shape {x.shape}")
+    parts = [square_sum(x[start:start + chunk]) for start in range(0, n, chunk)]
+    return tf.add_n([s for s, _ in parts]) / tf.cast(tf.add_n([c for _, c in parts]),
+                                                     parts[0][0].dtype)
+
+
+def ntk_trace(values_fn, x, variables, chunk=256):
+    """The mean diagonal of a term's NTK block, tr(K_ii) / N_i = (1/N_i) sum_j
+    ||d r_j / d theta||^2 over the term's N_i values r_j = values_fn(x) (rows of x times
+    columns), a scalar.
+
+    The per-value Jacobians come from `hogrod.jacobian`, `chunk` points at a time (its
+    memory grows with the square of the points it is given; every point is counted)."""
+    return _chunked_mean(_jacobian_square_sum(values_fn, list(variables)), x, chunk)
+
+
+@gin.configurable
+def ntk_weights(problem, u_fn, points, condition_points, variables, gpinn=None, alpha=0.9,
+                every=100, chunk=256):
+    """NTK weighting (Wang, Yu and Perdikaris 2022): every `every` steps each term i gets
+
+        lambda_i <- alpha lambda_i + (1 - alpha) sum_k tr(K_kk)/N_k / (tr(K_ii)/N_i)
+
+    where K_ii = J_i J_i^T is the term's block of the neural tangent kernel, J_i the
+    Jacobian of its N_i pointwise values (residuals, condition misfits; `ntk_trace`) with
+    respect to the network's parameters. With equal point counts this is the paper's
+    lambda_i = tr(K) / tr(K_ii); the mean diagonal (jaxpi's form) matches the terms, which
+    are means over their points. A term's `scale` (the gPINN term's sum over coordinates)
+    multiplies its trace as it multiplies its mean. `chunk`: points per Jacobian; `update()`
+    runs the compiled Jacobians chunk by chunk."""
+    where = "ntk_weights"
+    _check_every(every, where)
+    _check_alpha(alpha, where)
+    if not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"ntk_weights.chunk must be an integer >= 1, got {chunk!r}")
+    names = _terms_to_balance(problem, gpinn, where)
+    terms = training.pointwise_terms(problem, u_fn, tf.convert_to_tensor(points),
+                                     [tf.convert_to_tensor(x) for x in condition_points], gpinn)
+    dtype = _points_dtype(points)
+    weights = {n: tf.Variable(tf.ones([], dtype), trainable=False, name=f"weight_{n}")
+               for n in names}
+    variables = list(variables)
+
+    # one compiled Jacobian per term, traced for the chunk's shape and the remainder's only;
+    # the loop over chunks stays outside (one graph for all of them would grow with n)
+    square_sums = {n: tf.function(_jacobian_square_sum(terms[n].values, variables))
+                   for n in names}
+
+    def update():
+        traces = {n: tf.cast(terms[n].scale * _chunked_mean(square_sums[n], terms[n].points,
+                                                             chunk), dtype)
+                  for n in names}
+        total = tf.add_n(list(traces.values()))
+        for n in names:
+            target = total / tf.maximum(traces[n], tf.constant(1e-30, dtype))
+            weights[n].assign(alpha * weights[n] + (1 - alpha) * target)
+        return {n: w.read_value() for n, w in weights.items()}
+    return Weighting(weights=weights, update=update, every=every,
+                     state={f"weight_{n}": w for n, w in weights.items()})
+
+
+def causal_chunk_weights(chunk_losses, eps):
+    """w_i = exp(-eps sum_{k<i} L_r(t_k)) for the residual losses L_r(t_k) of the time
+    chunks in order, with the gradient stopped (the weights are not trained): 1 for the
+    first chunk, non-increasing in time."""
+    cumulative = tf.math.cumsum(chunk_losses, exclusive=True)
+    return tf.stop_gradient(tf.exp(-eps * cumulative))
+
+
+@gin.configurable
+def causal_weights(problem, u_fn, points, condition_points, variables, gpinn=None, eps=1.0,
+                   chunks=32):
+    """Causal training (Wang, Sankaran and Perdikaris 2024): the collocation points are split
+    by time (the last coordinate) into `chunks` equal intervals t_1 < ... < t_M of the
+    domain, and the residual term becomes
+
+        L_r = (1/M) sum_i w_i L_r(t_i),   w_i = exp(-eps sum_{k<i} L_r(t_k))   (no gradient)
+
+    with L_r(t_i) the mean squared residual in chunk i: a later time is weighed in only once
+    the earlier ones are fitted. `eps` sets how strictly (the paper raises it over training;
+    here it is one binding). Computed at every evaluation (`every` = 0: no update)."""
+    where = "causal_weights"
+    if not problem.time_dependent:
+        raise ValueError(
+            f"{where}: problem {problem.name!r} has no time coordinate (Problem.time_dependent "
+            "is False), and causal weighting splits the collocation points by time (the last "
+            "coordinate); choose another pinn_experiment.weighting, or give the problem time "
+            "as its last coordinate and time_dependent=True")
+    if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
+        raise ValueError(f"{where}.chunks must be an integer >= 1, got {chunks!r}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"{where}.eps must be a finite number >= 0, got {eps!r}")
+    t0, t1 = float(problem.domain.low[-1]), float(problem.domain.high[-1])
+
+    def chunk_of(t):
+        return tf.clip_by_value(tf.cast(tf.floor((t - t0) / (t1 - t0) * chunks), tf.int32),
+                                0, chunks - 1)
+
+    points = tf.convert_to_tensor(points)
+    counts = np.bincount(chunk_of(points[:, -1]).numpy(), minlength=chunks)
+    if counts.min() == 0:
+        raise ValueError(f"{where}: {int((counts == 0).sum())} of the {chunks} time chunks hold "
+                         f"no collocation point (of {points.shape[0]}); lower "
+                         f"causal_weights.chunks or raise pinn_experiment.n_collocation")
+
+    def reduce(x, squares):
+        index = chunk_of(x[:, -1])
+        per_point = tf.reduce_mean(squares, axis=1)
+        sums = tf.math.unsorted_segment_sum(per_point, index, chunks)
+        count = tf.math.unsorted_segment_sum(tf.ones_like(per_point), index, chunks)
+        losses = sums / tf.maximum(count, 1)  # a shard may leave a chunk empty: it adds 0
+        return tf.reduce_mean(causal_chunk_weights(losses, eps) * losses)
+    return Weighting(reducers={"residual": reduce})
+
+
+@tf.custom_gradient
+def _ascend(v):
+    """The identity, whose gradient is negated: minimizing a loss through it maximizes the
+    loss over `v` (gradient ascent in the same train step)."""
+    return tf.identity(v), lambda g: -g
+
+
+_MASKS = {"polynomial": None, "softplus": tf.nn.softplus}
+
+
+@gin.configurable
+def self_adaptive_weights(problem, u_fn, points, condition_points, variables, gpinn=None,
+                          terms=None, mask="polynomial", power=2.0, initial=1.0,
+                          learning_rate=5e-3):
+    """Self-adaptive PINNs (McClenny and Braga-Neto 2023): every point j of each term in
+    `terms` (default: the residual and every condition) has a trainable weight lambda_j,
+    and the term becomes
+
+        L_i = mean_j m(lambda_j) r_j^2,   min over theta, MAX over lambda
+
+    so points with large residuals get larger weights. The train step descends in the
+    network's parameters and ascends in lambda (its own Adam, `learning_rate`), in one pass.
+    m is the mask: "polynomial" lambda^power, or "softplus". lambda starts at `initial`.
+    The weights belong to the training points: the batch must be the points given here
+    (no sharding); L-BFGS keeps them fixed."""
+    where = "self_adaptive_weights"
+    if mask not in _MASKS:
+        raise ValueError(f"{where}.mask must be one of {sorted(_MASKS)}, got {mask!r}")
+    if not learning_rate > 0:
+        raise ValueError(f"{where}.learning_rate must be > 0, got {learning_rate!r}")
+    available = training.term_names(problem, gpinn)
+    if terms is None:
+        terms = ["residual"] + [name for name, _, _ in problem.conditions]
+    terms = list(terms)
+    unknown = [n for n in terms if n not in available]
+    if unknown or not terms:
+        raise ValueError(f"{where}.terms must name terms of problem {problem.name!r} "
+                         f"({available}), got {terms}")
+    pointwise = training.pointwise_terms(
+        problem, u_fn, tf.convert_to_tensor(points),
+        [tf.convert_to_tensor(x) for x in condition_points], gpinn)
+    dtype = _points_dtype(points)
+    lambdas = {n: tf.Variable(tf.fill([pointwise[n].points.shape[0], 1],
+                                      tf.constant(initial, dtype)), name=f"sa_{n}")
+               for n in terms}
+
+    def masked(v):
+        if mask == "polynomial":
+            return tf.pow(v, power)
+        return _MASKS[mask](v)
+
+    def reducer(name):
+        lam = lambdas[name]
+
+        def reduce(x, squares):
+            if squares.shape[0] != lam.shape[0]:
+                raise ValueError(f"{where}: term {name!r} has {lam.shape[0]} per-point weights "
+                                 f"but was evaluated at {squares.shape[0]} points; the "
+                                 "weights belong to the training points (no sharding)")
+            return tf.reduce_mean(masked(_ascend(lam)) * squares)
+        return reduce
+    return Weighting(reducers={n: reducer(n) for n in terms},
+                     state={f"sa_{n}": v for n, v in lambdas.items()},
+                     ascent=tuple(lambdas.values()), ascent_lr=learning_rate)

@@ -1,0 +1,313 @@
+"""Fisher information of a Keras model under a Keras loss, and curvature diagonals.
+
+- `FisherOperator`: the type-2 (exact), Monte Carlo or empirical Fisher as a
+  `tf.linalg.LinearOperator` on the flat vector of `model.trainable_variables` (the order of
+  `hogrod.hessian` and the other operators), over one `(x, y)` batch or a tf.data set of them.
+- `gauss_newton_diagonal`: the exact diagonal of the Gauss-Newton matrix (C backprops of the
+  loss Hessian's square-root columns per example, one vectorized Jacobian per batch).
+- `mc_fisher_diagonal`: squared sampled gradients, with a standard error.
+- `hutchinson_diagonal`: diag(A) ~ mean of z * (A z) for any operator, with a standard error.
+
+Normalization follows the loss: a loss that averages over the batch ("sum_over_batch_size",
+Keras's default) gives the mean over every example of `data`; reduction "sum" gives the sum.
+The likelihoods and their scales are in `likelihood.py`.
+"""
+
+import numbers
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import hogrod
+from hogrod.autodiff import _check_params, _densify, _fill_unconnected, _unwrap
+from hogrod.curvature.eigen import as_matvec
+from hogrod.curvature.likelihood import likelihood_of
+from hogrod.curvature.operators import _CurvatureOperator
+from hogrod.curvature.per_example import batch_gradients
+
+__all__ = ["FisherOperator", "FISHER_TYPES", "gauss_newton_diagonal", "mc_fisher_diagonal",
+           "hutchinson_diagonal"]
+
+FISHER_TYPES = ("type2", "mc", "empirical")
+
+
+def _count(value, least, arg, where):
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least:
+        raise ValueError(f"{where}: {arg} must be an integer >= {least}, got {value!r}")
+    return int(value)
+
+
+def _check_seed(seed, where):
+    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
+        raise TypeError(f"{where}: seed must be an int, got {seed!r}")
+    return int(seed)
+
+
+def _params(model, params, where):
+    """`params` (default `model.trainable_variables`): a subset, e.g. one layer's variables
+    (`layer_params`) for a diagonal block such as a last-layer Laplace approximation."""
+    if params is None:
+        params = model.trainable_variables
+        if not params:
+            raise ValueError(f"{where}: the model has no trainable variables (build it first, "
+                             "e.g. with keras.Input)")
+    params = list(_check_params(params, where))
+    for i, p in enumerate(params):
+        if not isinstance(p, (tf.Variable, keras.Variable)):
+            raise TypeError(f"{where}: params[{i}] must be a variable of the model (a tensor "
+                            f"is not what model(x) reads), got {type(p).__name__}")
+    return params
+
+
+def _params_dtype(params, where):
+    dtypes = {tf.as_dtype(_unwrap(p).dtype) for p in params}
+    if len(dtypes) != 1:
+        raise TypeError(f"{where}: the parameters mix dtypes {sorted(d.name for d in dtypes)};"
+                        " pass dtype=")
+    return dtypes.pop()
+
+
+def _check_pair(data, where):
+    spec = data.element_spec if isinstance(data, tf.data.Dataset) else data
+    if not isinstance(spec, (tuple, list)) or len(spec) != 2:
+        raise ValueError(f"{where}: data must be one (x, y) batch or a tf.data.Dataset of "
+                         f"(x, y) batches, got {type(spec).__name__}"
+                         + (f" of length {len(spec)}" if isinstance(spec, (tuple, list)) else ""))
+
+
+def _indexed(data, where):
+    """Each batch paired with its index in `data` (one entry per example, so a strategy can
+    split it with the batch): the MC labels of a batch are drawn from a key folded with it."""
+    if data is None:
+        raise ValueError(f"{where}: data is None; pass one (x, y) batch or a tf.data.Dataset "
+                         "of them")
+    _check_pair(data, where)
+    if isinstance(data, tf.data.Dataset):
+        return data.enumerate().map(
+            lambda i, b: (b, tf.fill(tf.shape(tf.nest.flatten(b[0])[0])[:1], i)))
+    x, y = data
+    if x is None or y is None:
+        raise ValueError(f"{where}: data holds None; every part of a batch must be a tensor")
+    n = tf.shape(tf.nest.flatten(x)[0])[:1]
+    return ((x, y), tf.zeros(n, tf.int64))
+
+
+def _batch_key(seed, index):
+    """A stateless key of (seed, batch index, replica): fixed, so the operator is one matrix."""
+    key = tf.random.experimental.stateless_fold_in(tf.constant([seed, 0], tf.int64),
+                                                   tf.reduce_max(tf.concat([index, [0]], 0)))
+    replica = tf.distribute.get_replica_context()
+    rid = 0 if replica is None else replica.replica_id_in_sync_group
+    return tf.random.experimental.stateless_fold_in(key, rid)
+
+
+def _outputs(model, lik, x, where):
+    z = tf.convert_to_tensor(model(x, training=False))
+    lik.check_output(z, where)
+    return z
+
+
+def _labels(lik, fisher, z, y, num, key):
+    """[S, N, ...] labels: sampled from the predictive distribution, or the true ones."""
+    if fisher == "empirical":
+        return tf.convert_to_tensor(y)[None]
+    return tf.stop_gradient(lik.sample(tf.stop_gradient(z), num, key))
+
+
+class FisherOperator(_CurvatureOperator):
+    """The Fisher information of `model` under the Keras loss `loss`, on the flat vector of
+    `model.trainable_variables`.
+
+    fisher:
+      "type2": F = J^T E_{y~p(y|z)}[H_loss(y, z)] J, the exact Fisher; for MSE and
+        cross-entropy from logits it equals the Gauss-Newton matrix (`GaussNewtonOperator`),
+        computed by the same Gauss-Newton-vector product (`hogrod.gnvp`) on the loss at the
+        labels' mean (the loss Hessian's expectation: cross-entropy is linear in the label).
+      "mc": J^T (1/S sum_s g_s g_s^T / alpha) J with g_s the loss gradient in z at a label
+        sampled from the model (Gaussian with variance C/2 for MSE, categorical / Bernoulli
+        for cross-entropy), S = `mc_samples` per example; E[mc] = type2. Labels are drawn by
+        a stateless key of (`seed`, batch index), so every product uses the same samples
+        (one fixed matrix). Under a `strategy` the replica id is folded in too: a different,
+        equally distributed draw than on one device.
+      "empirical": sum_i g_i g_i^T with g_i the gradient of example i's loss at its true label
+        (for any supported loss; no alpha).
+    Each is divided by the number of examples in `data` when the loss is a batch mean
+    (Keras's default reduction), and not when its reduction is "sum".
+
+    Args:
+      model: a built Keras 3 model, called as `model(x, training=False)`; its output is
+        [batch, C] (logits or probabilities as the loss's `from_logits` says).
+      loss: a Keras loss object: MeanSquaredError, SparseCategoricalCrossentropy,
+        CategoricalCrossentropy, BinaryCrossentropy (`from_logits` either way).
+      data: one `(x, y)` batch or a tf.data.Dataset of them.
+      fisher: one of FISHER_TYPES.
+      mc_samples: labels sampled per example for "mc" (>= 1).
+      seed: int, the sampling key.
+      dtype: the operator's dtype; default the model variables' dtype. The loss is computed
+        at the model output's dtype, whatever Keras's floatx.
+      strategy: a tf.distribute.Strategy to split each batch of `data` (a Dataset) over.
+      params: the variables the operator acts on (default `model.trainable_variables`); a
+        subset gives that diagonal block (e.g. `layer_params(model, name)`).
+    """
+
+    def __init__(self, model, loss, data, fisher="type2", mc_samples=1, seed=0, dtype=None,
+                 strategy=None, params=None):
+        where = "FisherOperator"
+        if fisher not in FISHER_TYPES:
+            raise ValueError(f"{where}: fisher must be one of {FISHER_TYPES}, got {fisher!r}")
+        num = _count(mc_samples, 1, "mc_samples", where) if fisher == "mc" else 1
+        seed = _check_seed(seed, where)
+        lik, mean = likelihood_of(loss, where)
+        params = _params(model, params, where)
+        dtype = tf.as_dtype(dtype) if dtype is not None else _params_dtype(params, where)
+        self.fisher, self.mc_samples, self.seed, self.likelihood = fisher, num, seed, lik
+        self._mean = mean
+
+        def product(batch, v):  # the batch mean of the per-example Fisher times v
+            (x, y), index = batch
+            size = tf.maximum(tf.cast(tf.shape(index)[0], v[0].dtype), 1)
+            if fisher == "type2":
+                return hogrod.gnvp(lambda: _outputs(model, lik, x, where),
+                                   lambda z: tf.reduce_sum(lik.soft_loss(z)) / size, params, v)
+            return _outer_product(model, lik, fisher, x, y, params, v, num,
+                                  _batch_key(seed, index), where, size)
+
+        super().__init__(product, params, _indexed(data, where), dtype, where, strategy,
+                         is_non_singular=None, is_positive_definite=None)
+
+    def matvec_flat(self, vector):
+        """The product with one flat vector of length n (a tensor of this operator's dtype)."""
+        self.num_matvecs += 1
+        vector = tf.convert_to_tensor(vector, self.dtype)
+        if self._single:
+            total, count = self._batch_product(vector, self._data)
+        else:
+            total, count = tf.zeros([self._n], self.dtype), tf.zeros([], self.dtype)
+            for batch in self._data:
+                part, size = self._batch_product(vector, batch)
+                total, count = total + part, count + size
+        return total / count if self._mean else total
+
+
+def _outer_product(model, lik, fisher, x, y, params, v, num, key, where, size):
+    """sum_{i,s} g_is (g_is . v) / (S alpha size): one forward-mode pass for the [S, N]
+    directional derivatives, one reverse pass weighted by them."""
+    flat_v = tf.nest.flatten(v)
+    with tf.GradientTape() as tape:
+        with tf.autodiff.ForwardAccumulator([_unwrap(p) for p in params], flat_v) as acc:
+            z = _outputs(model, lik, x, where)
+            losses = lik.per_example(_labels(lik, fisher, z, y, num, key), z[None])
+        directional = acc.jvp(losses, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    out = tape.gradient(losses, params, output_gradients=tf.stop_gradient(directional))
+    out = _fill_unconnected([_densify(g) for g in out], params, "zero")
+    scale = size * num * (1 if fisher == "empirical" else lik.alpha(z.shape[-1], z.dtype))
+    return [g / scale for g in out]
+
+
+def _data_batches(data, where):
+    if data is None:
+        raise ValueError(f"{where}: data is None; pass one (x, y) batch or a tf.data.Dataset "
+                         "of them")
+    _check_pair(data, where)
+    return data if isinstance(data, tf.data.Dataset) else [tuple(data)]
+
+
+def _reduce(total, count, mean):
+    total = np.asarray(total, np.float64)
+    return total / count if mean else total
+
+
+def gauss_newton_diagonal(model, loss, data, params=None):
+    """The exact diagonal of the type-2 Fisher / Gauss-Newton matrix J^T E[H_loss] J of
+    `FisherOperator(model, loss, data, "type2")`: float64 numpy [n].
+
+    Per example, H = S S^T with C columns (`likelihood.py`); diag = sum_k (J^T s_k)^2, the
+    C backprops of every example done by one vectorized Jacobian of the [N, C] matrix
+    (s_k . z). Memory N * C * n per batch: for small output dimensions C. `params` as for
+    `FisherOperator` (default all trainable variables).
+    """
+    where = "gauss_newton_diagonal"
+    lik, mean = likelihood_of(loss, where)
+    params = _params(model, params, where)
+
+    @tf.function(reduce_retracing=True)
+    def batch_sum(x):
+        with tf.GradientTape() as tape:
+            z = _outputs(model, lik, x, where)
+            roots = tf.einsum("nc,nck->nk", z, tf.stop_gradient(lik.sqrt_hessian(z)))
+            flat = tf.reshape(roots, [-1])
+        rows = batch_gradients(flat, params, tape)
+        return tf.reduce_sum(tf.square(rows), 0), tf.shape(z)[0]
+
+    total, count = 0.0, 0
+    for x, _ in _data_batches(data, where):
+        part, size = batch_sum(x)
+        total, count = total + part.numpy().astype(np.float64), count + int(size)
+    return _reduce(total, count, mean)
+
+
+def mc_fisher_diagonal(model, loss, data, mc_samples=10, seed=0, params=None):
+    """(estimate, standard_error), float64 numpy [n] each: the diagonal of the MC Fisher
+    from squared sampled per-example gradients, sum_i g_is^2 / alpha averaged over the
+    `mc_samples` (>= 2) draws; the standard error is over the draws. With the same `seed`
+    and data the draws are those of `FisherOperator(..., "mc", mc_samples, seed)`, so the
+    estimate is exactly that operator's diagonal. The sampled gradients are the per-example
+    output Jacobian (C backprops per example) times the loss gradients in z: memory
+    S * N * n per batch."""
+    where = "mc_fisher_diagonal"
+    num = _count(mc_samples, 2, "mc_samples", where)
+    seed = _check_seed(seed, where)
+    lik, mean = likelihood_of(loss, where)
+    params = _params(model, params, where)
+
+    @tf.function(reduce_retracing=True)
+    def batch_sums(x, index):
+        with tf.GradientTape() as tape:
+            z = _outputs(model, lik, x, where)
+            flat_z = tf.reshape(z, [-1])
+        jac = tf.reshape(batch_gradients(flat_z, params, tape), tf.concat(
+            [tf.shape(z), [-1]], 0))  # [N, C, n]: C backprops per example, not S
+        labels = _labels(lik, "mc", z, None, num, _batch_key(seed, index))
+        zs = tf.broadcast_to(tf.stop_gradient(z)[None], tf.concat([[num], tf.shape(z)], 0))
+        with tf.GradientTape() as out_tape:
+            out_tape.watch(zs)
+            losses = lik.per_example(labels, zs)  # [S, N], each from its own slice of zs
+        grads = tf.einsum("snc,ncp->snp", out_tape.gradient(losses, zs), jac)
+        return (tf.reduce_sum(tf.square(grads), 1) / lik.alpha(z.shape[-1], z.dtype),
+                tf.shape(z)[0])
+
+    total, count = 0.0, 0
+    for i, (x, _) in enumerate(_data_batches(data, where)):
+        part, size = batch_sums(x, tf.fill([1], tf.constant(i, tf.int64)))
+        total, count = total + part.numpy().astype(np.float64), count + int(size)
+    draws = _reduce(total, count, mean)  # [S, n]: one unbiased diagonal per draw
+    return draws.mean(0), draws.std(0, ddof=1) / np.sqrt(num)
+
+
+class _FlatProducts:
+    """A tf.linalg.LinearOperator without `matvec_flat` (e.g. a Kronecker-factored one) as
+    `as_matvec` takes it."""
+
+    def __init__(self, op):
+        self.dtype, self.name, self.shape = op.dtype, op.name, op.shape
+        self.matvec_flat = op.matvec
+
+
+def _with_matvec_flat(op):
+    if isinstance(op, tf.linalg.LinearOperator) and not hasattr(op, "matvec_flat"):
+        if op.shape.rank != 2 or op.shape[0] != op.shape[1]:
+            raise ValueError(f"hutchinson_diagonal: op must be square, got shape {op.shape}")
+        return _FlatProducts(op)
+    return op
+
+
+def hutchinson_diagonal(op, num_samples=100, seed=0):
+    """diag(A) ~ mean of z * (A z) over Rademacher z (Bekas et al. 2007), for any operator
+    of this package (or a dense matrix); returns (estimate, standard_error), float64 numpy
+    [n] each. The variance of one sample's entry i is sum_{j != i} A_ij^2. num_samples >= 2."""
+    num = _count(num_samples, 2, "num_samples", "hutchinson_diagonal")
+    matvec, n = as_matvec(_with_matvec_flat(op))
+    z = np.random.default_rng(seed).choice([-1.0, 1.0], size=(num, n))
+    samples = np.stack([z[i] * matvec(z[i]) for i in range(num)])
+    return samples.mean(0), samples.std(0, ddof=1) / np.sqrt(num)
