@@ -321,6 +321,8 @@ def test_pinn_loss_fits_an_operator_condition_through_its_operator():
 def test_burgers1d_initial_and_boundary_targets_are_the_cole_hopf_solutions(tmp_path):
     """Burgers 1d-C is Raissi's problem: its conditions agree with the Cole-Hopf solution."""
     burgers = P.pinnacle_burgers1d(path=_burgers_file(tmp_path))
+    assert burgers.time_dependent and P.pinnacle_heat_nd().time_dependent
+    assert not P.pinnacle_poisson_nd().time_dependent
     for name, points_fn, target in burgers.conditions:
         x = points_fn(64, 0).astype(np.float64)
         exact = pinn.burgers_cole_hopf(x[:, 0], x[:, 1])[:, None]

@@ -275,7 +275,7 @@ def pinnacle_burgers1d(path=None, nu=0.01 / math.pi):
     domain = Box((-1.0, 0.0), (1.0, 1.0))
     return _file_problem(
         "pinnacle_burgers1d", path, "burgers1d.dat", ("x",), ("u",),
-        times=np.linspace(0.0, 1.0, 11), mesh=True, domain=domain,
+        times=np.linspace(0.0, 1.0, 11), mesh=True, domain=domain, time_dependent=True,
         pde=pdes.burgers(nu), conditions=[
             ("initial", _initial(space, 0.0), lambda x: -tf.sin(math.pi * x[:, :1])),
             ("boundary", _lateral(space, 0.0, 1.0), _constant(0.0))])
@@ -342,6 +342,7 @@ def pinnacle_heat2d_longtime(path=None, k=1.0, m1=4, m2=2):
     return _file_problem(
         "pinnacle_heat2d_longtime", path, "heat_longtime.dat", ("x", "y"), ("u",),
         times=np.linspace(0.0, 100.0, 501), domain=Box((0.0, 0.0, 0.0), (1.0, 1.0, 100.0)),
+        time_dependent=True,
         pde=pdes.PDE([(), (2,), (0, 0), (1, 1)], residual), conditions=[
             ("initial", _initial(space, 0.0),
              lambda x: tf.sin(4 * math.pi * x[:, 0:1]) * tf.sin(3 * math.pi * x[:, 1:2])),
@@ -435,7 +436,7 @@ def pinnacle_heat2d_multiscale(pde_coef=(1 / (500 * math.pi) ** 2, 1 / math.pi *
     domain = Box((0.0, 0.0, 0.0), (1.0, 1.0, 5.0))
     grid, shape = _analytic_grid(domain, test_points)
     return Problem(
-        name="pinnacle_heat2d_multiscale", domain=domain,
+        name="pinnacle_heat2d_multiscale", domain=domain, time_dependent=True,
         pde=pdes.PDE([(2,), (0, 0), (1, 1)],
                      lambda x, d: d[(2,)] - c1 * d[(0, 0)] - c2 * d[(1, 1)]),
         conditions=[("initial", _initial(space, 0.0),
@@ -469,7 +470,7 @@ def pinnacle_wave1d(c=2.0, a=4, test_points=2500):
         return (tf.sin(math.pi * x[:, 0:1]) * tf.cos(2 * math.pi * x[:, 1:2])
                 + 0.5 * tf.sin(a * math.pi * x[:, 0:1]) * tf.cos(2 * a * math.pi * x[:, 1:2]))
     return Problem(
-        name="pinnacle_wave1d", domain=domain, pde=pdes.wave(c),
+        name="pinnacle_wave1d", domain=domain, pde=pdes.wave(c), time_dependent=True,
         conditions=[Condition("initial_velocity", _initial(space, 0.0), _constant(0.0),
                               _time_derivative),
                     ("initial", _initial(space, 0.0), solution),
@@ -530,7 +531,7 @@ def pinnacle_heat_nd(dim=5, t_end=1.0, test_points=20000):
         f = -r2 * tf.exp(r2 / 2 + x[:, -1:]) / dim
         return laplacian(d, range(dim)) / dim + f - d[(dim,)]
     return Problem(
-        name="pinnacle_heat_nd", domain=domain,
+        name="pinnacle_heat_nd", domain=domain, time_dependent=True,
         pde=pdes.PDE([(dim,)] + [(i, i) for i in range(dim)], residual),
         conditions=[Condition("boundary", _lateral(ball, 0.0, t_end), exact,
                               _normal_derivative_ball),
