@@ -7,6 +7,7 @@ import json
 import math
 import os
 
+import gin
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -218,7 +219,6 @@ def test_the_default_data_dir_is_shared_data_beside_the_repository_and_a_binding
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     assert P.pinnacle_data_dir() == os.path.normpath(
         os.path.join(repo, "..", "shared", "data", "pinnacle"))
-    import gin
     _steady_file(tmp_path, 3, name="lid_driven_a4.dat")
     gin.bind_parameter("pinnacle_data_dir.directory", str(tmp_path))
     assert P.pinnacle_ns2d_liddriven().grid.shape == (5, 2)
