@@ -18,7 +18,10 @@
   `self_adaptive_weights`, all returning a `Weighting`; gPINN terms: `pinn_loss(gpinn=...)`.
 - `FourierFeatures`, `PeriodicEmbedding`, `FactorizedDense` layers and the gin factories
   `fourier_features`, `periodic_embedding`, `mlp_network`, `modified_mlp` (`networks.py`);
-- `stochastic_laplacian`, `laplacian_probes`: randomized Laplacians (`stochastic.py`).
+- `stochastic_laplacian`, `laplacian_probes`: randomized Laplacians (`stochastic.py`);
+- `Condition`, `condition_misfit`: conditions on an operator of u (a component, a normal
+  derivative) (`problems.py`);
+- the PINNacle benchmark's ten cases `pinnacle_*`, `read_reference`, `l2re` (`pinnacle.py`).
 """
 
 from hogrod.pinn.geometry import (Box, Disk, difference, hammersley, intersection, refine, sample,
@@ -38,6 +41,9 @@ from hogrod.pinn.weighting import (Weighting, annealing_weights, causal_chunk_we
 from hogrod.pinn.networks import (FactorizedDense, FourierFeatures, PeriodicEmbedding,
                                   fourier_features, mlp_network, modified_mlp, periodic_embedding)
 from hogrod.pinn.stochastic import laplacian_probes, stochastic_laplacian
+from hogrod.pinn.problems import Condition, condition_misfit
+from hogrod.pinn import pinnacle
+from hogrod.pinn.pinnacle import l2re, read_reference
 from hogrod.pinn.reference import (burgers_cole_hopf, heat_sine, helmholtz_sine, poisson_sine,
                                    wave_sine)
 
@@ -54,3 +60,4 @@ __all__ = ["partials", "laplacian", "divergence", "PDE", "residual", "burgers", 
 __all__ += ["FourierFeatures", "PeriodicEmbedding", "FactorizedDense", "fourier_features",
             "periodic_embedding", "mlp_network", "modified_mlp", "stochastic_laplacian",
             "laplacian_probes", "Disk", "union", "difference", "intersection", "hammersley"]
+__all__ += ["Condition", "condition_misfit", "pinnacle", "l2re", "read_reference"]
