@@ -9,6 +9,7 @@ import numbers
 
 import gin
 import keras
+import numpy as np
 import tensorflow as tf
 
 
@@ -93,3 +94,28 @@ def binary_cross_entropy(y, logits):
                          f"{logits.shape}")
     return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
         tf.cast(y, logits.dtype), logits[:, 0]))
+
+
+def ridge_hyperproblem(features, train, validation, condition, seed):
+    """The hypergradient benchmarks' ridge problem, float64 numpy: inner
+    0.5 ||A w - b||^2 + 0.5 sum_i exp(s_i) w_i^2, outer the validation MSE ||Av w - bv||^2 / n.
+    A's singular values are log-spaced so that the inner Hessian's condition number is about
+    `condition`. Returns (A, b, Av, bv, s), s below the smallest curvature."""
+    rng = np.random.default_rng(seed)
+    u, _ = np.linalg.qr(rng.normal(size=(train, features)))
+    v, _ = np.linalg.qr(rng.normal(size=(features, features)))
+    sv = np.sqrt(np.logspace(0, -np.log10(condition), features))
+    a = u @ np.diag(sv) @ v.T
+    b = rng.normal(size=train)
+    av = rng.normal(size=(validation, features)) / np.sqrt(validation)
+    bv = rng.normal(size=validation)
+    s = np.full(features, np.log(0.5 / condition))
+    return a, b, av, bv, s
+
+
+def ridge_exact_hypergradient(a, b, av, bv, s):
+    """(d outer / ds at the inner minimizer, the inner Hessian H): -e^s * w* * H^-1 grad_w
+    outer, by the implicit function theorem in closed form (numpy, float64)."""
+    h = a.T @ a + np.diag(np.exp(s))
+    w = np.linalg.solve(h, a.T @ b)
+    return -np.exp(s) * w * np.linalg.solve(h, 2 * av.T @ (av @ w - bv) / len(bv)), h

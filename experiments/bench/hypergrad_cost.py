@@ -49,30 +49,12 @@ import numpy as np
 import tensorflow as tf
 
 from experiments.bench import timing
+from experiments.models import ridge_exact_hypergradient, ridge_hyperproblem
 from hogrod import harness, hypergrad, linalg, optim
-
-
-def _problem(features, train, validation, condition, seed):
-    rng = np.random.default_rng(seed)
-    u, _ = np.linalg.qr(rng.normal(size=(train, features)))
-    v, _ = np.linalg.qr(rng.normal(size=(features, features)))
-    sv = np.sqrt(np.logspace(0, -np.log10(condition), features))
-    a = u @ np.diag(sv) @ v.T
-    b = rng.normal(size=train)
-    av = rng.normal(size=(validation, features)) / np.sqrt(validation)
-    bv = rng.normal(size=validation)
-    s = np.full(features, np.log(0.5 / condition))  # penalty below the smallest curvature
-    return a, b, av, bv, s
 
 
 def _outer_grad(av, bv, w):
     return 2 * av.T @ (av @ w - bv) / len(bv)
-
-
-def _exact(a, b, av, bv, s):
-    h = a.T @ a + np.diag(np.exp(s))
-    w = np.linalg.solve(h, a.T @ b)
-    return -np.exp(s) * w * np.linalg.solve(h, _outer_grad(av, bv, w)), h
 
 
 def _error_curves(a, b, av, bv, s, h, lr, exact, max_steps):
@@ -132,7 +114,7 @@ def _methods(lr, features, k, inner_steps, cg_tol, iterations):
 
 
 def _cost_table(a, b, av, bv, s, targets, max_steps, rounds):
-    exact, h = _exact(a, b, av, bv, s)
+    exact, h = ridge_exact_hypergradient(a, b, av, bv, s)
     features = len(s)
     lr = 1.0 / np.linalg.eigvalsh(h)[-1]
     inner, outer = _losses(a, b, av, bv)
@@ -210,9 +192,9 @@ def memory_child(spec):
     `spec['method']` ('unrolled' or 'implicit', K = spec['steps']) on the memory problem,
     after tracing it and after a warm-up call of K plain GD steps (the same kernels and
     thread pools, nothing differentiated). Prints it as JSON."""
-    a, b, av, bv, s = _problem(spec["features"], spec["train"], spec["validation"],
+    a, b, av, bv, s = ridge_hyperproblem(spec["features"], spec["train"], spec["validation"],
                                spec["condition"], spec["seed"])
-    _, h = _exact(a, b, av, bv, s)
+    _, h = ridge_exact_hypergradient(a, b, av, bv, s)
     lr = 1.0 / np.linalg.eigvalsh(h)[-1]
     inner, outer = _losses(a, b, av, bv)
     w0, s_ = tf.zeros(len(s), tf.float64), tf.constant(s)
@@ -259,7 +241,8 @@ def bench_hypergrad_cost(output_dir, features=20, train=100, validation=50, cond
                          memory_train=8000, seed=0):
     del output_dir  # metrics.json is written by the harness
     rows, oracle_diff, step_seconds, cond = _cost_table(
-        *_problem(features, train, validation, condition, seed), targets, max_steps, rounds)
+        *ridge_hyperproblem(features, train, validation, condition, seed), targets, max_steps,
+        rounds)
     memory = _memory_table(tuple(memory_steps), features=memory_features, train=memory_train,
                            validation=validation, condition=condition,
                            seed=seed) if memory_steps else {}  # () skips it

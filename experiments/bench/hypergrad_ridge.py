@@ -18,27 +18,8 @@ import gin
 import numpy as np
 import tensorflow as tf
 
+from experiments.models import ridge_exact_hypergradient, ridge_hyperproblem
 from hogrod import harness, hypergrad, linalg, optim
-
-
-def _problem(features, train, validation, condition, seed):
-    rng = np.random.default_rng(seed)
-    u, _ = np.linalg.qr(rng.normal(size=(train, features)))
-    v, _ = np.linalg.qr(rng.normal(size=(features, features)))
-    sv = np.sqrt(np.logspace(0, -np.log10(condition), features))
-    a = u @ np.diag(sv) @ v.T
-    b = rng.normal(size=train)
-    av = rng.normal(size=(validation, features)) / np.sqrt(validation)
-    bv = rng.normal(size=validation)
-    s = np.full(features, np.log(0.5 / condition))  # penalty below the smallest curvature
-    return a, b, av, bv, s
-
-
-def _exact(a, b, av, bv, s):
-    h = a.T @ a + np.diag(np.exp(s))
-    w = np.linalg.solve(h, a.T @ b)
-    v = np.linalg.solve(h, 2 * av.T @ (av @ w - bv) / len(bv))
-    return -np.exp(s) * w * v, h
 
 
 def _timed(fn, *args):
@@ -53,8 +34,8 @@ def bench_hypergrad_ridge(output_dir, features=20, train=100, validation=50, con
                           unrolled_steps=(10, 30, 100, 300, 1000),
                           neumann_terms=(10, 30, 100, 300), cg_tol=1e-12, seed=0):
     del output_dir  # metrics.json is written by the harness
-    a, b, av, bv, s = _problem(features, train, validation, condition, seed)
-    exact, h = _exact(a, b, av, bv, s)
+    a, b, av, bv, s = ridge_hyperproblem(features, train, validation, condition, seed)
+    exact, h = ridge_exact_hypergradient(a, b, av, bv, s)
     lr = 1.0 / np.linalg.eigvalsh(h)[-1]
     a_, b_, av_, bv_ = (tf.constant(x) for x in (a, b, av, bv))
 
