@@ -223,17 +223,20 @@ def _check(input_dim, width, depth, what):
     _positive_int(depth, f"{what} depth")
 
 
+def _embedded_input(input_dim, embedding, dtype):
+    """(the keras.Input, the input after the embedding if there is one)."""
+    x = keras.Input((input_dim,), dtype=dtype)
+    emb = _embedding(embedding, dtype)
+    return x, (x if emb is None else emb(x))
+
+
 @gin.configurable
 def mlp_network(input_dim, width=20, depth=8, outputs=1, activation="tanh", embedding=None,
                 factorization=None, dtype=None, name=None):
     """embedding (optional), `depth` hidden Dense layers of `width` with `activation`, a
     linear output Dense of `outputs`; factorization (mu, sigma): FactorizedDense layers."""
     _check(input_dim, width, depth, "mlp_network")
-    x = keras.Input((input_dim,), dtype=dtype)
-    h = x
-    emb = _embedding(embedding, dtype)
-    if emb is not None:
-        h = emb(h)
+    x, h = _embedded_input(input_dim, embedding, dtype)
     for _ in range(depth):
         h = _dense(width, activation, factorization, dtype)(h)
     out = _dense(_positive_int(outputs, "outputs"), None, factorization, dtype)(h)
@@ -251,11 +254,7 @@ def modified_mlp(input_dim, width=20, depth=8, outputs=1, activation="tanh", emb
 
     Layers are named "encoder_u", "encoder_v", "gate_1".."gate_depth" and "head"."""
     _check(input_dim, width, depth, "modified_mlp")
-    x = keras.Input((input_dim,), dtype=dtype)
-    h = x
-    emb = _embedding(embedding, dtype)
-    if emb is not None:
-        h = emb(h)
+    x, h = _embedded_input(input_dim, embedding, dtype)
     u = _dense(width, activation, factorization, dtype, "encoder_u")(h)
     v = _dense(width, activation, factorization, dtype, "encoder_v")(h)
     for k in range(1, depth + 1):
