@@ -18,7 +18,9 @@
   `self_adaptive_weights`, all returning a `Weighting`; gPINN terms: `pinn_loss(gpinn=...)`.
 - `FourierFeatures`, `PeriodicEmbedding`, `FactorizedDense` layers and the gin factories
   `fourier_features`, `periodic_embedding`, `mlp_network`, `modified_mlp` (`networks.py`);
-- `stochastic_laplacian`, `laplacian_probes`: randomized Laplacians (`stochastic.py`).
+- `stochastic_laplacian`, `laplacian_probes`: randomized Laplacians (`stochastic.py`);
+  `exact_laplacian`, `randomized_laplacian` (gin factories of a `LaplacianOperator`, a
+  PDE's Laplacian chosen by reference) and `poisson_nd_problem` (high-dimensional Poisson).
 """
 
 from hogrod.pinn.geometry import (Box, Disk, difference, hammersley, intersection, refine, sample,
@@ -38,6 +40,8 @@ from hogrod.pinn.weighting import (Weighting, annealing_weights, causal_chunk_we
 from hogrod.pinn.networks import (FactorizedDense, FourierFeatures, PeriodicEmbedding,
                                   fourier_features, mlp_network, modified_mlp, periodic_embedding)
 from hogrod.pinn.stochastic import laplacian_probes, stochastic_laplacian
+from hogrod.pinn.pdes import LaplacianOperator, exact_laplacian, randomized_laplacian
+from hogrod.pinn.problems import poisson_nd_problem, two_body_laplacian, two_body_solution
 from hogrod.pinn.reference import (burgers_cole_hopf, heat_sine, helmholtz_sine, poisson_sine,
                                    wave_sine)
 
@@ -54,3 +58,5 @@ __all__ = ["partials", "laplacian", "divergence", "PDE", "residual", "burgers", 
 __all__ += ["FourierFeatures", "PeriodicEmbedding", "FactorizedDense", "fourier_features",
             "periodic_embedding", "mlp_network", "modified_mlp", "stochastic_laplacian",
             "laplacian_probes", "Disk", "union", "difference", "intersection", "hammersley"]
+__all__ += ["LaplacianOperator", "exact_laplacian", "randomized_laplacian",
+            "poisson_nd_problem", "two_body_solution", "two_body_laplacian"]

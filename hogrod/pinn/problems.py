@@ -30,11 +30,12 @@ import numpy as np
 import tensorflow as tf
 
 from hogrod.pinn import pdes, reference
-from hogrod.pinn.geometry import Box, sample
+from hogrod.pinn.geometry import Box, Disk, sample
 
 __all__ = ["Problem", "Unknown", "Observations", "bind_unknowns", "unknowns_report",
            "burgers_problem", "burgers_inverse_problem", "poisson_problem", "heat_problem",
-           "wave_problem", "helmholtz_problem", "allen_cahn_problem", "advection_problem"]
+           "wave_problem", "helmholtz_problem", "allen_cahn_problem", "advection_problem", "poisson_nd_problem", "two_body_solution",
+           "two_body_laplacian"]
 
 
 class Unknown(NamedTuple):
@@ -304,3 +305,65 @@ def advection_problem(c=1.0, grid_shape=(101, 51)):
                    transform=lambda x, out: tf.sin(math.pi * x[:, :1]) + x[:, 1:] * out,
                    reference=lambda x: np.sin(np.pi * (x[:, :1] - c * x[:, 1:])),
                    grid=_grid(domain, grid_shape), grid_shape=tuple(grid_shape))
+
+
+def _two_body_parts(x, c):
+    """phi_i = x_i + cos x_{i+1} + x_{i+1} cos x_i for i < d - 1 and its derivatives."""
+    xi, xj = x[:, :-1], x[:, 1:]
+    phi = xi + tf.cos(xj) + xj * tf.cos(xi)
+    a, b = 1.0 - xj * tf.sin(xi), tf.cos(xi) - tf.sin(xj)  # d phi / d x_i, d phi / d x_{i+1}
+    a2, b2 = -xj * tf.cos(xi), -tf.cos(xj)  # the second derivatives
+    return tf.constant(c, x.dtype), phi, a, b, a2, b2
+
+
+def two_body_solution(x, c):
+    """u(x) = (1 - |x|^2) sum_{i<d} c_i sin(x_i + cos x_{i+1} + x_{i+1} cos x_i), [n, 1]
+    for x [n, d] (a tensor; c: d - 1 numbers)."""
+    c, phi, *_ = _two_body_parts(x, c)
+    s = tf.reduce_sum(c * tf.sin(phi), axis=1, keepdims=True)
+    return (1.0 - tf.reduce_sum(x * x, axis=1, keepdims=True)) * s
+
+
+def two_body_laplacian(x, c):
+    """The Laplacian of `two_body_solution` in closed form, [n, 1]: with u = (1 - |x|^2) s,
+    Lap u = -2 d s - 4 x . grad s + (1 - |x|^2) Lap s, and for each term sin(phi_i),
+    Lap sin(phi) = cos(phi) Lap phi - sin(phi) |grad phi|^2."""
+    c, phi, a, b, a2, b2 = _two_body_parts(x, c)
+    dim = x.shape[-1]
+    xi, xj = x[:, :-1], x[:, 1:]
+    s = tf.reduce_sum(c * tf.sin(phi), axis=1, keepdims=True)
+    x_grad_s = tf.reduce_sum(c * tf.cos(phi) * (xi * a + xj * b), axis=1, keepdims=True)
+    lap_s = tf.reduce_sum(c * (tf.cos(phi) * (a2 + b2) - tf.sin(phi) * (a * a + b * b)),
+                          axis=1, keepdims=True)
+    r2 = tf.reduce_sum(x * x, axis=1, keepdims=True)
+    return -2.0 * dim * s - 4.0 * x_grad_s + (1.0 - r2) * lap_s
+
+
+@gin.configurable
+def poisson_nd_problem(dim=100, laplacian=pdes.exact_laplacian, n_test=2000, seed=0):
+    """-Laplacian u = f in the unit ball of R^dim, u = 0 on the sphere, with the solution
+
+        u(x) = (1 - |x|^2) sum_{i=1}^{d-1} c_i sin(x_i + cos x_{i+1} + x_{i+1} cos x_i),
+
+    c_i ~ N(0, 1) (numpy, `seed`): the inseparable "two-body" Poisson test of Hu, Shukla,
+    Karniadakis and Kawaguchi, "Tackling the curse of dimensionality with physics-informed
+    neural networks" (Neural Networks 2024), also STDE's (Shi et al., NeurIPS 2024)
+    high-dimensional Poisson case. f = -Lap u in closed form (`two_body_laplacian`); the
+    boundary condition is hard: u = (1 - |x|^2) N(x).
+
+    laplacian: the operator the residual applies, by reference: @exact_laplacian (d
+    backward passes) or @randomized_laplacian (its bindings: num_probes, method; a new seed
+    at every evaluation). The relative L2 error is measured on `n_test` held-out uniform
+    points of the ball (the grid; seed + 1000, apart from training's Sobol points)."""
+    if not isinstance(dim, int) or isinstance(dim, bool) or dim < 2:
+        raise ValueError(f"poisson_nd_problem.dim must be an integer >= 2, got {dim!r}")
+    op = pdes.check_laplacian(laplacian, "poisson_nd_problem.laplacian")
+    c = np.random.default_rng(seed).standard_normal(dim - 1)
+    pde = pdes.PDE([], lambda x, d, u_fn: op.apply(u_fn, x) - two_body_laplacian(x, c),
+                   uses_network=True)
+    ball = Disk(np.zeros(dim), 1.0)
+    test = sample(ball, n_test, "uniform", seed + 1000, dtype=np.float64)
+    return Problem(name=f"poisson{dim}d_ball_{op.name}", pde=pde, domain=ball,
+                   transform=lambda x, out: (1.0 - tf.reduce_sum(x * x, axis=1, keepdims=True)) * out,
+                   reference=lambda x: two_body_solution(tf.constant(x, tf.float64), c).numpy(),
+                   grid=test)
