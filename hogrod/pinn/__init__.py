@@ -58,5 +58,9 @@ __all__ = ["partials", "laplacian", "divergence", "PDE", "residual", "burgers", 
 __all__ += ["FourierFeatures", "PeriodicEmbedding", "FactorizedDense", "fourier_features",
             "periodic_embedding", "mlp_network", "modified_mlp", "stochastic_laplacian",
             "laplacian_probes", "Disk", "union", "difference", "intersection", "hammersley"]
+from hogrod.pinn.networks import EmbeddingChain, embedding_chain
+from hogrod.pinn.weighting import combined_weights
+from hogrod.pinn.reference import allen_cahn_spectral
+__all__ += ["EmbeddingChain", "embedding_chain", "combined_weights", "allen_cahn_spectral"]
 __all__ += ["LaplacianOperator", "exact_laplacian", "randomized_laplacian",
             "poisson_nd_problem", "two_body_solution", "two_body_laplacian"]
