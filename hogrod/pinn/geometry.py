@@ -339,7 +339,7 @@ def sample(geometry, n, method="sobol", seed=0, dtype=np.float32):
     "lhs", "sobol" or "hammersley" (deterministic: the seed is not used, only the
     rejection's choice among the points inside, for other geometries than a Box).
 
-    A Disk (ball) of dimension > 3: mapped directly from dim + 1 unit coordinates. Other
+    A Disk (ball) of dimension > 5: mapped directly from dim + 1 unit coordinates. Other
     geometries than a Box: rejection from the bounding box. A set drawn at once (LHS,
     Hammersley) is drawn larger until at least n points fall inside, and n of them are taken
     at random; Sobol and uniform points are taken in order."""
@@ -354,7 +354,7 @@ def sample(geometry, n, method="sobol", seed=0, dtype=np.float32):
     if isinstance(geometry, Box):
         unit = _unit(method, n, box.dim, rng)
         return (box.low + unit * (box.high - box.low)).astype(dtype)
-    if isinstance(geometry, Disk) and geometry.dim > 3:
+    if isinstance(geometry, Disk) and geometry.dim > 5:  # below, rejection (as before) works
         return _in_ball(geometry, method, n, rng).astype(dtype)
     draw = 2 * n
     while True:
