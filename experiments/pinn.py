@@ -9,7 +9,9 @@ coefficients and observations) is a gin reference (`@burgers_problem`,
 (relative L2 error against the reference, final loss terms, times; each unknown's learned
 value, true value and relative error), the error curve (`eval_history.json`, through
 `harness.record_eval`, and `error_history` in metrics.json), TensorBoard events and
-checkpoints, solution.png (prediction, reference, absolute error, and slices at a few times).
+checkpoints, solution.png (prediction, reference, absolute error, and slices at a few times),
+prediction.npz (`points`, `prediction`: u on the problem's grid) and, with a reference,
+`l2re` (PINNacle's relative L2 error). The PINNacle benchmark: configs/pinn/pinnacle/.
 """
 
 import itertools
@@ -150,10 +152,16 @@ def tanh_mlp(dim, width, depth, dtype):
 
 
 def collocation(prob, n_collocation, n_condition, sampling, seed, dtype):
-    """The collocation points and one set of points per condition (seeds seed + 1, ...)."""
+    """The collocation points and one set of points per condition (seeds seed + 1, ...);
+    n_condition: one count for every condition, or {condition name: count}."""
+    names = [name for name, _, _ in prob.conditions]
+    if isinstance(n_condition, dict) and set(n_condition) != set(names):
+        raise ValueError(f"pinn_experiment.n_condition must give a count for each condition "
+                         f"of problem {prob.name!r}, {names}, got {sorted(n_condition)}")
+    counts = n_condition if isinstance(n_condition, dict) else dict.fromkeys(names, n_condition)
     points = tf.constant(pinn.sample(prob.domain, n_collocation, sampling, seed), dtype)
-    cond_points = [tf.constant(fn(n_condition, seed + 1 + i), dtype)
-                   for i, (_, fn, _) in enumerate(prob.conditions)]
+    cond_points = [tf.constant(fn(counts[name], seed + 1 + i), dtype)
+                   for i, (name, fn, _) in enumerate(prob.conditions)]
     return points, cond_points
 
 
@@ -289,11 +297,18 @@ def run_lbfgs(loss_fn, variables, iterations, strategy, batch, curve, jit_compil
 
 
 def evaluate(output_dir, prob, u, loss_fn, dtype):
-    """The final error and loss terms; solution.png."""
+    """The final error and loss terms; solution.png; prediction.npz (`points`: the grid,
+    `prediction`: u there) and `l2re` (PINNacle's relative L2 error, NaN rows of the
+    reference left out) where the problem has a grid."""
     ref = None if prob.reference is None else prob.reference(prob.grid)
-    plot(os.path.join(output_dir, "solution.png"), prob,
-         training.predict_on_grid(prob, u, dtype), ref)
-    return dict(problem=prob.name, relative_l2=training.relative_l2(prob, u, dtype),
+    pred = None if prob.grid is None else training.predict_on_grid(prob, u, dtype)
+    plot(os.path.join(output_dir, "solution.png"), prob, pred, ref)
+    out = {}
+    if pred is not None:
+        np.savez(os.path.join(output_dir, "prediction.npz"), points=prob.grid, prediction=pred)
+        if ref is not None:
+            out["l2re"] = pinn.l2re(ref, pred)
+    return dict(problem=prob.name, relative_l2=training.relative_l2(prob, u, dtype), **out,
                 **{f"term_{k}": float(v) for k, v in loss_fn().items()})
 
 

@@ -28,7 +28,13 @@ The linear solve for w (`solve=`):
 
 - "cg": conjugate gradient (`hogrod.linalg.cg`), for a symmetric positive definite
   dF/dx (F the gradient of a strictly convex inner loss). Options: maxiter (default
-  10 * size(x)), tol (relative residual, default eps^0.75 of the dtype).
+  10 * size(x)), tol (relative residual, default eps^0.75 of the dtype), truncated
+  (default False). truncated=True asks for a deliberately approximate solve, as iMAML's
+  few CG steps (Rajeswaran et al. 2019): exactly `maxiter` steps (required), or fewer if
+  the residual reaches `tol` (default 0), with no check that it did; a direction of
+  non-positive curvature ends the solve at the iterate before it (truncated CG of
+  Steihaug) instead of raising, since a non-convex inner loss makes dF/dx indefinite
+  somewhere. A non-finite result is still an error.
 - "normal_cg": CG on the normal equations (dF/dx)(dF/dx)^T w = (dF/dx) v, for any
   invertible dF/dx (squares the condition number). Options: maxiter, tol.
 - "neumann": w = step * sum_k (I - step (dF/dx)^T)^k v, truncated when a term's norm is
@@ -45,6 +51,11 @@ a diverging or unconverged series, a non-finite result) is an error naming the
 optimality function: a ValueError eagerly, a failing `tf.debugging.Assert` with the same
 message in a graph. Each works eagerly, in `tf.function`, per task in
 `tf.vectorized_map` and per replica under a `tf.distribute` strategy.
+
+Per task: take the gradient inside the mapped function (a tape there), or map with
+`tf.map_fn`. A tape outside `tf.vectorized_map` differentiates pfor's converted ops, which
+drop `tf.custom_gradient`; the gradient would then reach the solver's stopped inputs as a
+silent zero, so it is a LookupError ("Gradient explicitly disabled") naming the solver.
 """
 
 import functools
@@ -59,9 +70,12 @@ from hogrod import linalg, tree
 __all__ = ["custom_root", "custom_fixed_point"]
 
 SOLVES = ("cg", "normal_cg", "neumann", "dense")
-_OPTIONS = {"cg": ("maxiter", "tol"), "normal_cg": ("maxiter", "tol"),
+_OPTIONS = {"cg": ("maxiter", "tol", "truncated"), "normal_cg": ("maxiter", "tol"),
             "neumann": ("maxiter", "tol", "step"), "dense": ()}
 _no_autograph = tf.autograph.experimental.do_not_convert
+_LOST = ("{where}: the implicit gradient was lost (a tape outside tf.vectorized_map, whose "
+         "converted ops drop tf.custom_gradient): take the gradient inside the mapped "
+         "function, or map with tf.map_fn")
 
 
 def _name(fn):
@@ -90,6 +104,13 @@ def _check_solve(solve, options, where):
         if not isinstance(t, (numbers.Real, np.floating)) or not 0 < t < np.inf:
             raise ValueError(f"{where}: tol must be a finite number > 0 (the solve is "
                              f"checked to reach it), got {t!r}")
+    if "truncated" in options:
+        if not isinstance(options["truncated"], bool):
+            raise ValueError(f"{where}: truncated must be True or False, got "
+                             f"{options['truncated']!r}")
+        if options["truncated"] and "maxiter" not in options:
+            raise ValueError(f"{where}: truncated=True runs a fixed number of CG steps: "
+                             "give maxiter")
     if "step" in options and not isinstance(options["step"], (numbers.Real, np.floating)):
         raise ValueError(f"{where}: step must be a Python number, got {options['step']!r}")
 
@@ -179,6 +200,14 @@ def _finish(w, checks):
         return tf.nest.map_structure(tf.identity, w)
 
 
+def _solve_cg_truncated(matvec, b, maxiter, tol, where):
+    w, _ = linalg.cg(matvec, b, maxiter=maxiter, tol=tol, on_negative_curvature="stop")
+    checks = _check(tf.math.is_finite(tree.norm(w)),
+                    f"{where}: the truncated CG solution of (dF/dx)^T w = v is not finite "
+                    "(NaN/inf in F or in the output gradient?)")
+    return _finish(w, checks)
+
+
 def _solve_cg(matvec, b, maxiter, tol, where, what):
     w, info = linalg.cg(matvec, b, maxiter=maxiter, tol=tol, on_negative_curvature="stop")
     b_norm = tree.norm(b)
@@ -243,6 +272,9 @@ def _linear_solve(solve, options, jac, b, where):
                               float(options.get("tol", _eps(dtype) ** 0.5)),
                               float(options.get("step", 1.0)), where)
     maxiter = options.get("maxiter", 10 * n)
+    if options.get("truncated", False):
+        return _solve_cg_truncated(jac.vjp_x, b, maxiter, float(options.get("tol", 0.0)),
+                                   where)
     tol = float(options.get("tol", _eps(dtype) ** 0.75))
     if solve == "cg":
         return _solve_cg(jac.vjp_x, b, maxiter, tol, where, "(dF/dx)^T w = v")
@@ -267,7 +299,8 @@ def custom_root(optimality_fn, solve="cg", **options):
     Args:
       optimality_fn: F(x, *args) -> a tree structured like x, zero at the solver's output.
       solve: "cg", "normal_cg", "neumann", "dense", or a callable solve(matvec, b) -> w.
-      **options: maxiter, tol (and step for "neumann"), as Python numbers.
+      **options: maxiter, tol (and step for "neumann"), as Python numbers; truncated
+        (a bool) for "cg".
     Returns:
       A decorator; the decorated solver has the signature of the original.
     """
@@ -309,8 +342,11 @@ def custom_fixed_point(fixed_point_fn, solve="cg", **options):
 def _wrap(solver, fn, solve, options):
     where = f"implicit gradient of {_name(solver)} by optimality function {_name(fn)}"
 
-    @functools.wraps(solver)
+    # Not converted by AutoGraph (nor is the backward pass, converted with it when a
+    # caller's tf.function converts the tape's code): the Python branches on the solve
+    # and the checks are static, and conversion would only slow the trace.
     @_no_autograph
+    @functools.wraps(solver)
     def wrapped(init, *args):
         flat = tf.nest.flatten(args)
         idx = [i for i, leaf in enumerate(flat) if _differentiable(leaf)]
@@ -339,8 +375,13 @@ def _wrap(solver, fn, solve, options):
         @tf.custom_gradient
         def run(*diff):
             x = forward(list(diff))
-            x_flat = tf.nest.flatten(x)
+            # grad_fn bypasses this op. Where the override is lost (a tape outside
+            # tf.vectorized_map differentiates pfor's converted ops, which drop it), the
+            # gradient would reach the solver's stopped inputs as a silent zero: an error.
+            x_flat = [tf.raw_ops.PreventGradient(input=t, message=_LOST.format(where=where))
+                      for t in tf.nest.flatten(x)]
 
+            @_no_autograph
             def grad_fn(*dys, variables=None):
                 if variables:
                     raise ValueError(f"{where}: the solver or the optimality function reads "

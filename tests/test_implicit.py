@@ -4,11 +4,12 @@ x = M x + c with a non-symmetric contraction M; eagerly, in tf.function, per tas
 tf.vectorized_map, per replica under MirroredStrategy; the solver never differentiated;
 bad input."""
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from hogrod import distribute, implicit, tree
+from hogrod import distribute, implicit, train, tree
 
 RNG = np.random.default_rng(0)
 A = RNG.normal(size=(8, 5))
@@ -63,6 +64,28 @@ def test_ridge_gradient_matches_the_closed_form(solve, options, rtol):
     want_lam, want_b = ridge_oracle()
     np.testing.assert_allclose(d_lam.numpy(), want_lam, rtol=rtol)
     np.testing.assert_allclose(d_b.numpy(), want_b, rtol=rtol)
+
+
+@pytest.mark.parametrize("steps", [1, 2, 3])
+def test_truncated_cg_takes_exactly_maxiter_steps(steps):
+    """iMAML's fixed CG budget: w is the k-step CG iterate for H w = g (H = A^T A + lam I,
+    g = x - t), the minimizer of the H-norm error over the Krylov space
+    span(g, Hg, ..., H^{k-1} g): w_k = K (K^T H K)^{-1} K^T g. Then dL/dlam = -w_k^T x and
+    dL/db = A w_k. Short of convergence (k < 5), so the untruncated solve would raise."""
+    solver = implicit.custom_root(ridge_f, maxiter=steps, truncated=True)(
+        lambda init, lam, a, b: ridge_exact(lam, a, b))
+    d_lam, d_b = outer(solver, LAM, B)
+    h = A.T @ A + LAM * np.eye(5)
+    x = np.linalg.solve(h, A.T @ B)
+    g = x - T
+    k = np.stack([np.linalg.matrix_power(h, i) @ g for i in range(steps)], 1)
+    w = k @ np.linalg.solve(k.T @ h @ k, k.T @ g)
+    assert np.linalg.norm(h @ w - g) > 1e-3 * np.linalg.norm(g)  # truly truncated
+    np.testing.assert_allclose(d_lam.numpy(), -w @ x, rtol=1e-9)
+    np.testing.assert_allclose(d_b.numpy(), A @ w, rtol=1e-9)
+    with pytest.raises(ValueError, match="did not reach tol"):
+        outer(implicit.custom_root(ridge_f, maxiter=steps)(
+            lambda init, lam, a, b: ridge_exact(lam, a, b)), LAM, B)
 
 
 M = 0.3 * RNG.normal(size=(5, 5))  # non-symmetric
@@ -147,6 +170,30 @@ def test_per_task_in_vectorized_map_equals_a_loop_over_tasks():
         np.testing.assert_allclose(d_b[i].numpy(), want_b, rtol=1e-10)
 
 
+def test_a_tape_outside_the_task_map_gets_the_gradient_or_an_error_never_a_zero():
+    """tf.map_fn keeps custom_root's gradient (the closed form); tf.vectorized_map's
+    converted ops drop it, which would leave a silent zero: an error naming the fix."""
+    lams = tf.constant([0.1, 0.7, 3.0], tf.float64)
+    solver = implicit.custom_root(ridge_f, tol=1e-13)(
+        lambda init, lam, a, b: ridge_exact(lam, a, b))
+
+    def task(lam):
+        x = solver(tf.zeros(5, tf.float64), lam, tf.constant(A), tf.constant(B))
+        return 0.5 * tf.reduce_sum((x - T) ** 2)
+
+    def grad(task_map):
+        with tf.GradientTape() as tape:
+            tape.watch(lams)
+            loss = tf.reduce_sum(task_map(task, lams))
+        return tape.gradient(loss, lams)
+
+    np.testing.assert_allclose(grad(tf.map_fn).numpy(),
+                               [ridge_oracle(lam)[0] for lam in (0.1, 0.7, 3.0)], rtol=1e-10)
+    with pytest.raises(LookupError, match="ridge_f: the implicit gradient was lost.*inside "
+                                          "the mapped function"):
+        grad(tf.vectorized_map)
+
+
 def test_per_replica_under_mirrored_strategy_equals_one_device():
     strategy = distribute.make_strategy("mirrored")
     assert strategy.num_replicas_in_sync == 2
@@ -162,6 +209,64 @@ def test_per_replica_under_mirrored_strategy_equals_one_device():
     per_replica = tf.function(lambda: strategy.run(replica))()
     got = [t.numpy() for t in strategy.experimental_local_results(per_replica)]
     np.testing.assert_allclose(got, [ridge_oracle(0.2)[0], ridge_oracle(1.5)[0]], rtol=1e-10)
+
+
+def ridge_rows_f(x, lam, a, b):  # ridge_f for every row of x and b
+    return tf.matmul(tf.matmul(x, a, transpose_b=True) - b, a) + lam * x
+
+
+def ridge_rows_exact(lam, a, b):  # X = B A (A^T A + lam I)^{-1}, the inverse symmetric
+    h = tf.matmul(a, a, transpose_a=True) + lam * tf.eye(5, dtype=a.dtype)
+    return tf.transpose(tf.linalg.solve(h, tf.matmul(a, b, transpose_a=True, transpose_b=True)))
+
+
+def fixed_rows(y, m, c, d):  # y = y M^T + c + d, per row: a non-symmetric contraction
+    return tf.matmul(y, m, transpose_b=True) + c + d
+
+
+def solve_rows(init, m, c, d):  # y = (c + d) (I - M^T)^{-1}
+    return tf.transpose(tf.linalg.solve(tf.eye(5, dtype=m.dtype) - m, tf.transpose(c + d)))
+
+
+def implicit_step(strategy):
+    """One SGD step (rate 1) on the hyperparameters of a ridge solve (custom_root: lam and
+    the design matrix) and of a linear fixed point (custom_fixed_point: M and c), every
+    one a variable passed as an arg; the rows (right-hand sides, offsets, targets) are
+    sharded over the replicas. Returns the change of the variables, flat."""
+    rng = np.random.default_rng(1)
+    rows = tuple(rng.normal(size=(4, n)) for n in (8, 5, 5))
+    with strategy.scope():
+        variables = [tf.Variable(LAM, dtype=tf.float64), tf.Variable(A), tf.Variable(M),
+                     tf.Variable(C)]
+        opt = keras.optimizers.SGD(1.0)
+    lam, a, m, c = variables
+    ridge = implicit.custom_root(ridge_rows_f, tol=1e-13)(
+        lambda init, lam, a, b: ridge_rows_exact(lam, a, b))
+    fixed = implicit.custom_fixed_point(fixed_rows, solve="normal_cg", tol=1e-14)(solve_rows)
+
+    def loss_fn(batch):
+        b, d, t = batch
+        x = ridge(tf.zeros_like(t), lam, a, b)
+        y = fixed(tf.zeros_like(t), m, c, d)
+        return tf.reduce_mean(tf.reduce_sum((x - t) ** 2 + (y - t) ** 2, 1))
+
+    step = train.make_train_step(loss_fn, opt, variables, strategy=strategy)
+    data = tf.data.Dataset.from_tensor_slices(rows).batch(4)
+    before = np.concatenate([np.ravel(v.numpy()) for v in variables])
+    logs = step(next(iter(strategy.experimental_distribute_dataset(data))))
+    assert float(logs["applied"]) == 1.0
+    return np.concatenate([np.ravel(v.numpy()) for v in variables]) - before
+
+
+def test_custom_root_and_fixed_point_steps_under_mirrored_strategy_equal_one_device():
+    """The oracle is the single-device step (whose custom_root and custom_fixed_point
+    gradients the closed-form tests above check); each replica solves its own rows, and
+    the step all-reduces their gradients of the hyperparameters."""
+    strategy = distribute.make_strategy("mirrored")
+    assert strategy.num_replicas_in_sync == 2
+    one = implicit_step(tf.distribute.get_strategy())
+    assert np.linalg.norm(one) > 1e-2
+    np.testing.assert_allclose(implicit_step(strategy), one, rtol=1e-9, atol=1e-12)
 
 
 def grad_of(solver, *args):
@@ -235,5 +340,11 @@ def test_bad_solver_output_unused_argument_and_bad_options_are_errors():
         implicit.custom_root(f, solve="neumann", tol=0.0)
     with pytest.raises(ValueError, match="callable solve"):
         implicit.custom_root(f, solve=my_solve, tol=1e-3)
+    with pytest.raises(ValueError, match="truncated=True.*give maxiter"):
+        implicit.custom_root(f, truncated=True)
+    with pytest.raises(ValueError, match="truncated must be True or False"):
+        implicit.custom_root(f, maxiter=3, truncated=1)
+    with pytest.raises(ValueError, match=r"unknown options \['truncated'\]"):
+        implicit.custom_root(f, solve="neumann", truncated=True)
     with pytest.raises(TypeError, match="optimality_fn"):
         implicit.custom_root("f")

@@ -176,10 +176,20 @@ def imaml_meta_grad(algo, model, tasks):
     return tape.gradient(loss, model.trainable_variables)[0].numpy()
 
 
-def test_imaml_implicit_gradient_equals_the_exact_one_on_a_quadratic_inner_problem():
+@pytest.mark.parametrize("mode", ["vectorized", "sequential", "recomputed"])
+def test_imaml_implicit_gradient_equals_the_exact_one_on_a_quadratic_inner_problem(mode):
     model, exact, tasks, _ = imaml_quadratic([1.0, 1.0, 1.0])
-    algo = meta.imaml(model, mse, inner_lr=0.1, inner_steps=80, lam=2.0, cg_steps=3)
+    algo = meta.imaml(model, mse, inner_lr=0.1, inner_steps=80, lam=2.0, cg_steps=3,
+                      task_map=mode)
     np.testing.assert_allclose(imaml_meta_grad(algo, model, tasks), exact, rtol=1e-6, atol=1e-9)
+
+
+def test_imaml_bad_cg_steps_and_lam_are_named():
+    for kwargs, match in [({"cg_steps": 0}, "imaml.cg_steps"),
+                          ({"cg_steps": 2.5}, "imaml.cg_steps"), ({"lam": 0.0}, "imaml.lam"),
+                          ({"lam": float("inf")}, "imaml.lam")]:
+        with pytest.raises(ValueError, match=match):
+            meta.imaml(small_mlp(), mse, **kwargs)
 
 
 def test_imaml_curvature_probes_keep_the_inner_solve_stable_on_a_sharp_task():

@@ -11,6 +11,12 @@ are `hogrod.linalg`'s, compiled with products on the host (`eigen.host_solver`).
 - `FisherOperator` (type-2, MC, empirical), `gauss_newton_diagonal`, `mc_fisher_diagonal`,
   `hutchinson_diagonal` (`fisher.py`, likelihoods of Keras losses in `likelihood.py`);
   `per_example_gradients`, `per_example_gradient_norms` (`per_example.py`).
+- `KFACOperator`, `EKFACOperator` (Dense and Conv2D, expand/reduce; `solve`, `logdet`,
+  `with_damping`, `eigendecompositions`) (`kfac.py`).
+- `Laplace` (full, diag, K-FAC; all weights or last layer; evidence, linearized predictive)
+  (`laplace.py`).
+- `ekfac_influence`, `tracin`, `self_influence`, `linear_datamodeling_score`,
+  `subset_retraining`, `mislabel_detection_rate` (`influence_scale.py`).
 """
 
 from hogrod.curvature.density import spectral_density
@@ -19,7 +25,12 @@ from hogrod.curvature.fisher import (FisherOperator, gauss_newton_diagonal, hutc
 from hogrod.curvature.per_example import per_example_gradient_norms
 from hogrod.curvature.eigen import lanczos, power_iteration
 from hogrod.curvature.influence import influence, per_example_gradients
+from hogrod.curvature.influence_scale import (ekfac_influence, linear_datamodeling_score,
+                                              mislabel_detection_rate, self_influence,
+                                              subset_retraining, tracin)
 from hogrod.curvature.inverse import conjugate_gradient, lissa
+from hogrod.curvature.kfac import EKFACOperator, KFACOperator
+from hogrod.curvature.laplace import Laplace
 from hogrod.curvature.operators import (GaussNewtonOperator, HessianOperator, flatten,
                                         layer_params, unflatten)
 from hogrod.curvature.trace import hutchinson, hutchpp
@@ -29,3 +40,6 @@ __all__ = ["HessianOperator", "GaussNewtonOperator", "flatten", "unflatten", "la
            "conjugate_gradient", "lissa", "influence", "per_example_gradients"]
 __all__ += ["FisherOperator", "gauss_newton_diagonal", "mc_fisher_diagonal",
             "hutchinson_diagonal", "per_example_gradient_norms"]
+__all__ += ["KFACOperator", "EKFACOperator", "Laplace", "ekfac_influence", "tracin",
+            "self_influence", "linear_datamodeling_score", "subset_retraining",
+            "mislabel_detection_rate"]

@@ -1,10 +1,13 @@
 """iMAML (Rajeswaran et al. 2019): the implicit meta-gradient of a proximal inner problem."""
 
+import math
+import numbers
+
 import gin
 import tensorflow as tf
 
 import hogrod
-from hogrod import linalg, tree
+from hogrod import implicit, linalg, tree
 from hogrod.meta.common import (Algorithm, check_steps, compiled_when_eager, mean_over_tasks,
                                 pass_seed, query_loss, resolve_task_map, task_seeds)
 from hogrod.meta.inner import as_dtype, initial_params, run
@@ -18,13 +21,16 @@ def imaml(model, loss_fn, inner_lr=0.01, inner_steps=10, lam=1.0, cg_steps=5,
     """iMAML: the implicit meta-gradient.
 
     The inner problem is min_phi L_s(phi) + lam/2 ||phi - theta||^2, solved approximately by
-    `inner_steps` gradient steps (not differentiated). Its meta-gradient is
-    (I + H_s(phi)/lam)^{-1} grad L_q(phi), found by `cg_steps` of conjugate gradient on
-    Hessian-vector products (`hogrod.hvp`) of the support loss at phi. The implicit gradient
-    assumes phi solves the inner problem: give enough `inner_steps` at a stable `inner_lr`.
-    `meta_loss` returns the surrogate <theta, sg(g)> (gradient g, the implicit
-    meta-gradient) under `loss` and the query loss at phi under `monitor/query`.
-    `adapt` (evaluation) runs the same proximal steps.
+    `inner_steps` gradient steps (the solver of a `hogrod.implicit.custom_root`, never
+    differentiated). Its optimality condition F(phi, theta) = grad L_s(phi) + lam (phi -
+    theta) = 0 gives, by the implicit function theorem, the meta-gradient
+    (I + H_s(phi)/lam)^{-1} grad L_q(phi), found by `cg_steps` steps of conjugate gradient
+    on Hessian-vector products of the support loss at phi (truncated: the paper's fixed
+    budget, no convergence check). The implicit gradient assumes phi solves the inner
+    problem: give enough `inner_steps` at a stable `inner_lr`. `meta_loss` returns the
+    surrogate <theta, sg(g)> (g the implicit meta-gradient, computed per task) under
+    `loss` and the query loss at phi under `monitor/query`. `adapt` (evaluation) runs the
+    same proximal steps.
 
     curvature_probes: 0, or the number of power iterations (HVPs) that estimate, per task,
     the largest curvature L of the proximal objective at theta; the inner rate is then
@@ -35,6 +41,10 @@ def imaml(model, loss_fn, inner_lr=0.01, inner_steps=10, lam=1.0, cg_steps=5,
     solver, so a curvature-safe rate keeps the algorithm the same."""
     mode = resolve_task_map("imaml", task_map, vectorize, recompute)
     check_steps("imaml.inner_steps", inner_steps, minimum=0)
+    check_steps("imaml.cg_steps", cg_steps, minimum=1)
+    if isinstance(lam, bool) or (isinstance(lam, numbers.Real) and not 0 < lam < math.inf):
+        raise ValueError(f"imaml.lam must be a finite number > 0 (the proximal weight), "
+                         f"got {lam!r}")
 
     def rate(support, anchor, seed=None):
         if not curvature_probes:
@@ -63,24 +73,41 @@ def imaml(model, loss_fn, inner_lr=0.01, inner_steps=10, lam=1.0, cg_steps=5,
             phi = [p - lr * gi for p, gi in zip(phi, g)]
         return phi
 
+    def optimality(phi, theta, support, seed):
+        """The gradient of the proximal objective: zero at the inner solution."""
+        xs, ys = support
+        g = hogrod.grad(lambda: loss_fn(ys, run(model, phi, xs, True, seed)), phi)
+        return [gi + lam * (p - t) for gi, p, t in zip(g, phi, theta)]
+
     def task_loss(task, seeds, theta):
         xs, ys, xq, yq = task
+        support = (xs, ys)
         # passes: the proximal steps, the query, the support Hessian, the curvature probes
-        phi = proximal((xs, ys), [tf.stop_gradient(t) for t in theta], inner_steps,
-                       pass_seed(seeds, 0, inner_steps), pass_seed(seeds, inner_steps + 2))
-        phi = [tf.stop_gradient(p) for p in phi]
-        query, gq = hogrod.value_and_grad(
-            lambda: query_loss(model, loss_fn, phi, xq, yq, pass_seed(seeds, inner_steps)),
-            phi)
         hessian_seed = pass_seed(seeds, inner_steps + 1)
-        support = lambda: loss_fn(ys, run(model, phi, xs, True, hessian_seed))  # noqa: E731
-        matvec = lambda v: [vi + hi / lam for vi, hi in zip(v, hogrod.hvp(support, phi, v))]  # noqa
-        # truncated at a direction of non-positive curvature (Steihaug): for a non-convex
-        # support loss I + H/lam can be indefinite, and plain CG then runs away
-        meta_grad, _ = linalg.cg(matvec, gq, maxiter=cg_steps, tol=0.0,
-                                 on_negative_curvature="stop")
-        surrogate = tf.add_n([tf.reduce_sum(t * tf.stop_gradient(m))
-                              for t, m in zip(theta, meta_grad)])
+
+        def task_optimality(phi, theta):  # the support data through a closure: no gradient
+            return optimality(phi, theta, support, hessian_seed)
+
+        # The implicit function theorem on the optimality condition gives the meta-gradient
+        # lam (H + lam I)^{-1} grad L_q = (I + H/lam)^{-1} grad L_q, the CG solve of the
+        # paper (CG is invariant to the system's scale). `cg_steps` truncated CG steps:
+        # the paper's fixed budget; truncation at non-positive curvature (Steihaug) because
+        # a non-convex support loss makes H + lam I indefinite somewhere.
+        @implicit.custom_root(task_optimality, solve="cg", maxiter=cg_steps, truncated=True)
+        def inner_solution(init, theta):  # never differentiated
+            return proximal(support, theta, inner_steps, pass_seed(seeds, 0, inner_steps),
+                            pass_seed(seeds, inner_steps + 2))
+
+        # The implicit gradient is taken here, per task: a tape outside tf.vectorized_map
+        # differentiates pfor's converted ops, where tf.custom_gradient's override is lost.
+        # (Unconnected is zero, not an error: task_map 'recomputed' runs this once with
+        # every tape stopped, keeping only the value, and recomputes it for the gradient.)
+        anchor = [tf.stop_gradient(t) for t in theta]
+        query, meta_grad = hogrod.value_and_grad(
+            lambda: query_loss(model, loss_fn, inner_solution(anchor, anchor), xq, yq,
+                               pass_seed(seeds, inner_steps)), anchor)
+        surrogate = tf.add_n([tf.reduce_sum(t * tf.stop_gradient(g))
+                              for t, g in zip(theta, meta_grad)])
         return {"loss": surrogate, "monitor/query": tf.stop_gradient(query)}
 
     def meta_loss(tasks, step=None):  # step: unused

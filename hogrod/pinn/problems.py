@@ -4,7 +4,9 @@ A `Problem` (built with keywords) bundles what a PINN run needs:
 - `pde`: a `PDE` (residual and the derivatives it needs);
 - `domain`: a `Box` (space first, time last);
 - `conditions`: (name, points_fn(n, seed) -> x, target_fn(x) -> u) triples, each a soft
-  penalty term mean((u(x) - target(x))^2);
+  penalty term mean((u(x) - target(x))^2), or `Condition`s, whose misfit is
+  operator(u_fn, x) - target(x) (one output component, a normal derivative);
+  `condition_misfit` computes either;
 - `transform`: optional hard constraint, `transform(x, net_out) -> u`, built so that u
   satisfies the initial/boundary conditions exactly (then `conditions` can be empty);
 - `reference`: numpy `reference(x) -> u` or None; `grid`, `grid_shape`: evaluation points;
@@ -37,6 +39,7 @@ __all__ = ["Problem", "Unknown", "Observations", "bind_unknowns", "unknowns_repo
            "burgers_problem", "burgers_inverse_problem", "poisson_problem", "heat_problem",
            "wave_problem", "helmholtz_problem", "allen_cahn_problem", "advection_problem"]
 __all__ += ["poisson_nd_problem", "two_body_solution", "two_body_laplacian"]
+__all__ += ["Condition", "condition_misfit"]
 
 
 class Unknown(NamedTuple):
@@ -70,6 +73,44 @@ class Observations(NamedTuple):
     """Measured solution values: `points` [n, dim], `values` [n, m] (numpy)."""
     points: np.ndarray
     values: np.ndarray
+
+
+class Condition(tuple):
+    """A condition on operator(u_fn, x) rather than on u(x): its misfit is
+    `operator(u_fn, x) - target(x)`, both [n, k] (`condition_misfit`).
+
+    It unpacks as the plain (name, points_fn, target_fn) triple, but its third element
+    raises when called: code that would compute u(x) - target(x) for it (and so ignore the
+    operator) fails instead of fitting the wrong quantity. `target` is the real target."""
+
+    def __new__(cls, name, points_fn, target_fn, operator):
+        if not isinstance(name, str) or not callable(points_fn) or not callable(target_fn) \
+                or not callable(operator):
+            raise TypeError(f"Condition(name: str, points_fn, target_fn, operator) with "
+                            f"callables, got {name!r}, {points_fn!r}, {target_fn!r}, "
+                            f"{operator!r}")
+
+        def guarded(x):
+            raise ValueError(f"condition {name!r} constrains operator(u_fn, x), not u(x): "
+                             "compute its misfit with pinn.condition_misfit(condition, u_fn, x)")
+        self = super().__new__(cls, (name, points_fn, guarded))
+        self.target, self.operator = target_fn, operator
+        return self
+
+    def __reduce__(self):  # copies (dataclasses.replace, deepcopy) keep the operator
+        return (Condition, (self[0], self[1], self.target, self.operator))
+
+
+def condition_misfit(condition, u_fn, x):
+    """[n, k]: u_fn(x) - target(x) for a (name, points_fn, target_fn) triple,
+    operator(u_fn, x) - target(x) for a `Condition`."""
+    if not isinstance(condition, Condition):
+        return u_fn(x) - condition[2](x)
+    value, target = condition.operator(u_fn, x), condition.target(x)
+    if value.shape.rank != 2 or not value.shape.is_compatible_with(target.shape):
+        raise ValueError(f"condition {condition[0]!r}: its operator gives shape {value.shape} "
+                         f"but its target {target.shape}; both must be [n, k]")
+    return value - target
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

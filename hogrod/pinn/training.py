@@ -25,6 +25,7 @@ from absl import logging
 
 import hogrod
 from hogrod.pinn.pdes import residual
+from hogrod.pinn.problems import condition_misfit
 from hogrod.train import step as _step
 
 __all__ = ["solution_fn", "term_names", "Term", "pointwise_terms", "pinn_loss", "lbfgs",
@@ -111,8 +112,8 @@ def pointwise_terms(problem, u_fn, points, condition_points, gpinn=None):
     coords = _check_gpinn(problem, gpinn)
     pde = problem.pde
     terms = {"residual": Term(points, lambda x: residual(pde, u_fn, x))}
-    for (name, _, target), x in zip(problem.conditions, condition_points):
-        terms[name] = Term(x, lambda x, target=target: u_fn(x) - target(x))
+    for condition, x in zip(problem.conditions, condition_points):
+        terms[condition[0]] = Term(x, lambda x, c=condition: condition_misfit(c, u_fn, x))
     if problem.data is not None:
         x, y = (tf.constant(a, points.dtype) for a in problem.data)
         terms["data"] = Term(x, lambda x, y=y: u_fn(x) - y)

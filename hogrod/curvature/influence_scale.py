@@ -1,0 +1,422 @@
+"""Training-data attribution beyond the exact Hessian, and its evaluation.
+
+- `ekfac_influence`: influence functions with the EK-FAC approximation of the Gauss-Newton
+  matrix (kronfluence's approach, Grosse et al. 2023): the test gradients are preconditioned
+  with `(EK-FAC + damping I)^{-1}` (one batched solve through the eigenbases) and dotted with
+  the per-example training gradients. Same sign as `influence` (I_up,loss).
+- `tracin`: TracIn (Pruthi et al. 2020), `sum_k lr_k <grad L(test; theta_k),
+  grad L(train_i; theta_k)>` over saved checkpoints; positive = proponent (training on the
+  example lowered the test loss), the OPPOSITE sign of I_up,loss.
+- `self_influence`: each training example with itself, for `influence`, `ekfac_influence`
+  or `tracin`: `g^T (H + damping I)^{-1} g` or `sum_k lr_k |g_k|^2`, large = unusual
+  (mislabeled examples rank high); `mislabel_detection_rate` scores such a ranking.
+- `linear_datamodeling_score` (LDS, Park et al. 2023) with `subset_retraining`: the
+  Spearman correlation between the group effect an attribution predicts for random training
+  subsets and the test loss measured after retraining on them.
+
+Per-example gradients are `per_example.py`'s (one vectorized Jacobian per batch), over the
+flat vector of `model.trainable_variables` (the operators' order).
+"""
+
+import math
+import numbers
+
+import keras
+import numpy as np
+import scipy.stats
+import tensorflow as tf
+
+from hogrod.curvature.influence import influence
+from hogrod.curvature.kfac import EKFACOperator, KFACOperator
+from hogrod.curvature.operators import HessianOperator
+from hogrod.curvature.per_example import _batches, _compiled, _per_example_loss
+
+__all__ = ["ekfac_influence", "tracin", "self_influence", "linear_datamodeling_score",
+           "subset_retraining", "mislabel_detection_rate"]
+
+
+def _pair(data, arg, where):
+    if not isinstance(data, (tuple, list)) or len(data) != 2:
+        raise ValueError(f"{where}: {arg} must be an (x, y) pair of arrays or tensors, got "
+                         f"{type(data).__name__}")
+    x, y = data
+    if x is None or y is None:
+        raise ValueError(f"{where}: {arg} holds None; pass (x, y) arrays")
+    return x, y
+
+
+def _positive(value, arg, where):
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, np.floating)):
+        raise TypeError(f"{where}: {arg} must be a Python number, got {type(value).__name__}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{where}: {arg} must be finite and > 0 (the damped inverse), got "
+                         f"{value}")
+    return float(value)
+
+
+def _gradients(grads, data, batch_size, where):
+    """[n, num_params] float64 numpy from a compiled per-example-gradient function."""
+    x, y = data
+    return np.concatenate([grads(xb, yb).numpy()
+                           for xb, yb in _batches(x, y, batch_size, where)]).astype(np.float64)
+
+
+# ------------------------------------------------------------------------------ EK-FAC
+
+def _ekfac(model, loss, data, damping, operator, fisher, approx, where):
+    if operator is not None:
+        if not isinstance(operator, (EKFACOperator, KFACOperator)):
+            raise TypeError(f"{where}: operator must be an EKFACOperator or KFACOperator of "
+                            f"this model, got {type(operator).__name__}")
+        return operator.with_damping(damping)
+    return EKFACOperator(model, loss, data, fisher=fisher, approx=approx, damping=damping)
+
+
+def _check_operator_size(op, n, where):
+    if int(op.shape[-1]) != n:
+        raise ValueError(f"{where}: the operator acts on {int(op.shape[-1])} parameters but "
+                         f"the gradients have {n}: build it on this model's trainable "
+                         "variables")
+
+
+def _precondition(op, g, batch_size):
+    """(op + damping)^{-1} applied to the rows of g, a batch of rows at a time."""
+    out = [tf.transpose(op.solve(tf.transpose(tf.constant(g[s:s + batch_size], op.dtype))))
+           .numpy() for s in range(0, len(g), batch_size)]
+    return np.concatenate(out).astype(np.float64) if out else np.zeros_like(g)
+
+
+def ekfac_influence(model, loss, train, test, damping, data=None, fisher="type2",
+                    approx="expand", operator=None, batch_size=256):
+    """The [n_test, n_train] matrix -grad L(test)^T (EK-FAC + damping I)^{-1} grad L(train_i).
+
+    The I_up,loss of `influence` with the Hessian replaced by EK-FAC (George et al. 2018)
+    of the Gauss-Newton matrix / Fisher of the mean training loss (kronfluence's scores).
+
+    Args:
+      model: a trained Keras 3 model of Dense / Conv2D layers (others per `EKFACOperator`:
+        pass an `operator` built with other_layers="diagonal" for them).
+      loss: a Keras loss object or per-example `loss(y_true, y_pred) -> [batch]`. A
+        regularizer inside it enters the gradients but not the Gauss-Newton factors (it does
+        not depend on the outputs): add its curvature (l2 for 0.5 * l2 * |w|^2) to `damping`.
+      train, test: `(x, y)` arrays or tensors.
+      damping: > 0, added to EK-FAC before inverting (kronfluence's heuristic, when its
+        damping_factor is None, is 0.1 x the mean corrected eigenvalue of each layer).
+      data: the batch or tf.data set the factors are fitted on (default `train`).
+      fisher, approx: as for `EKFACOperator`.
+      operator: a fitted `EKFACOperator` (or `KFACOperator`) of this model to reuse; its
+        factors are used with this `damping`.
+      batch_size: examples per vectorized gradient pass and per batched solve.
+    Returns:
+      numpy float64 [n_test, n_train], positive = up-weighting the example raises the test
+      loss.
+    """
+    where = "ekfac_influence"
+    train, test = _pair(train, "train", where), _pair(test, "test", where)
+    damping = _positive(damping, "damping", where)
+    grads = _compiled(model, loss, None, where)
+    g_train = _gradients(grads, train, batch_size, where)
+    g_test = _gradients(grads, test, batch_size, where)
+    op = _ekfac(model, loss, train if data is None else data, damping, operator, fisher, approx,
+                where)
+    _check_operator_size(op, g_train.shape[1], where)
+    return -_precondition(op, g_test, batch_size) @ g_train.T
+
+
+# ------------------------------------------------------------------------------ TracIn
+
+def _checkpoint_weights(model, checkpoint, k, where):
+    """The list of arrays `model.set_weights` takes, from one checkpoint."""
+    if isinstance(checkpoint, keras.Model):
+        return checkpoint.get_weights()
+    if isinstance(checkpoint, str):
+        if not checkpoint.endswith(".weights.h5"):
+            raise ValueError(f"{where}: checkpoints[{k}] is the path {checkpoint!r}; a saved "
+                             "checkpoint must be a Keras weights file (*.weights.h5, from "
+                             "model.save_weights)")
+        current = model.get_weights()
+        try:
+            model.load_weights(checkpoint)
+            return model.get_weights()
+        finally:
+            model.set_weights(current)
+    if not isinstance(checkpoint, (list, tuple)):
+        raise TypeError(f"{where}: checkpoints[{k}] must be a list of weight arrays "
+                        "(model.get_weights()), a *.weights.h5 path or a Keras model, got "
+                        f"{type(checkpoint).__name__}")
+    expected = [tuple(w.shape) for w in model.weights]
+    got = [tuple(np.shape(w)) for w in checkpoint]
+    if got != expected:
+        raise ValueError(f"{where}: checkpoints[{k}] holds weights of shapes {got} but the "
+                         f"model's weights have shapes {expected} (model.get_weights() order)")
+    return list(checkpoint)
+
+
+def _check_schedule(checkpoints, learning_rates, where):
+    if isinstance(checkpoints, (str, keras.Model)) or not isinstance(checkpoints,
+                                                                     (list, tuple)):
+        raise TypeError(f"{where}: checkpoints must be a list (one entry per checkpoint), got "
+                        f"{type(checkpoints).__name__}")
+    if not isinstance(learning_rates, (list, tuple, np.ndarray)):
+        raise TypeError(f"{where}: learning_rates must be a list with one learning rate per "
+                        f"checkpoint, got {type(learning_rates).__name__}")
+    if len(checkpoints) == 0:
+        raise ValueError(f"{where}: checkpoints is empty; pass at least one")
+    if len(checkpoints) != len(learning_rates):
+        raise ValueError(f"{where}: {len(checkpoints)} checkpoints but {len(learning_rates)} "
+                         "learning_rates; pass one learning rate per checkpoint")
+    return [_positive(lr, f"learning_rates[{k}]", where) for k, lr in enumerate(learning_rates)]
+
+
+def _over_checkpoints(model, checkpoints, learning_rates, fn, where):
+    """sum_k lr_k fn() with the model holding checkpoint k; the model's weights restored."""
+    lrs = _check_schedule(checkpoints, learning_rates, where)
+    weights = [_checkpoint_weights(model, c, k, where) for k, c in enumerate(checkpoints)]
+    current = model.get_weights()
+    total = 0.0
+    try:
+        for lr, w in zip(lrs, weights):
+            model.set_weights(w)
+            total = total + lr * fn()
+    finally:
+        model.set_weights(current)
+    return total
+
+
+def tracin(model, loss, train, test, checkpoints, learning_rates, batch_size=256):
+    """TracIn-CP (Pruthi et al. 2020): [n_test, n_train] of
+    sum_k lr_k <grad L(test_t; theta_k), grad L(train_i; theta_k)>.
+
+    Args:
+      model: the Keras 3 model the checkpoints are of (its weights are restored after).
+      loss: a Keras loss object or per-example `loss(y_true, y_pred) -> [batch]`.
+      train, test: `(x, y)` arrays or tensors.
+      checkpoints: a list, each entry the weights of one checkpoint as `model.get_weights()`
+        gives them, a `*.weights.h5` file (`model.save_weights`) or a Keras model of the same
+        architecture.
+      learning_rates: one positive learning rate per checkpoint (the step size in effect
+        between checkpoints).
+      batch_size: examples per vectorized gradient pass.
+    Returns:
+      numpy float64 [n_test, n_train]; positive = proponent (training on the example lowered
+      the test loss): the opposite sign of `influence`'s I_up,loss.
+    """
+    where = "tracin"
+    train, test = _pair(train, "train", where), _pair(test, "test", where)
+    grads = _compiled(model, loss, None, where)  # reads the variables: one trace for all
+    return _over_checkpoints(model, checkpoints, learning_rates, lambda: (
+        _gradients(grads, test, batch_size, where)
+        @ _gradients(grads, train, batch_size, where).T), where)
+
+
+# ---------------------------------------------------------------------- self-influence
+
+def _exact_self(model, loss, train, damping=0.0, params=None, batch_size=256):
+    """g_i^T (H + damping I)^{-1} g_i from the dense Hessian of the mean training loss."""
+    where = "self_influence(influence)"
+    if isinstance(damping, bool) or not isinstance(damping, (numbers.Real, np.floating)) or \
+            not damping >= 0:
+        raise ValueError(f"{where}: damping must be a number >= 0, got {damping!r}")
+    params = list(params or model.trainable_variables)
+    per_example = _per_example_loss(loss, where)
+    x, y = (tf.convert_to_tensor(t) for t in train)
+    op = HessianOperator(lambda b: tf.reduce_mean(per_example(b[1], model(b[0]))), params,
+                         (x, y), dtype=tf.float64)
+    h = op.to_dense().numpy()
+    h = 0.5 * (h + h.T) + float(damping) * np.eye(len(h))
+    try:
+        chol = np.linalg.cholesky(h)
+    except np.linalg.LinAlgError:
+        raise ValueError(f"{where}: the Hessian + damping is singular or indefinite (smallest "
+                         f"eigenvalue {np.linalg.eigvalsh(h)[0]:.3g}); add damping") from None
+    g = _gradients(_compiled(model, loss, params, where), train, batch_size, where)
+    root = np.linalg.solve(chol, g.T)  # |L^{-1} g|^2 = g^T H^{-1} g
+    return np.sum(root ** 2, axis=0)
+
+
+def _ekfac_self(model, loss, train, damping, data=None, fisher="type2", approx="expand",
+                operator=None, batch_size=256):
+    where = "self_influence(ekfac_influence)"
+    damping = _positive(damping, "damping", where)
+    g = _gradients(_compiled(model, loss, None, where), train, batch_size, where)
+    op = _ekfac(model, loss, train if data is None else data, damping, operator, fisher, approx,
+                where)
+    _check_operator_size(op, g.shape[1], where)
+    return np.sum(_precondition(op, g, batch_size) * g, axis=1)
+
+
+def _tracin_self(model, loss, train, checkpoints, learning_rates, batch_size=256):
+    where = "self_influence(tracin)"
+    grads = _compiled(model, loss, None, where)
+    return _over_checkpoints(model, checkpoints, learning_rates, lambda: np.sum(
+        _gradients(grads, train, batch_size, where) ** 2, axis=1), where)
+
+
+_SELF = {influence: _exact_self, ekfac_influence: _ekfac_self, tracin: _tracin_self}
+
+
+def self_influence(method, model, loss, train, **kwargs):
+    """[n_train] float64: each training example scored with itself by `method`.
+
+    `method` is the function `influence` (g^T (H + damping I)^{-1} g, from the dense Hessian:
+    small models), `ekfac_influence` (g^T (EK-FAC + damping I)^{-1} g) or `tracin`
+    (sum_k lr_k |g_k|^2); `kwargs` are its keyword arguments (damping=, checkpoints=,
+    learning_rates=, ...). All are >= 0 for a positive-definite curvature; large = the model
+    finds the example hard to fit (mislabeled examples rank high).
+    """
+    try:
+        fn = _SELF[method]
+    except (KeyError, TypeError):
+        raise TypeError("self_influence: method must be one of the functions influence, "
+                        f"ekfac_influence, tracin (hogrod.curvature), got {method!r}") from None
+    train = _pair(train, "train", "self_influence")
+    try:
+        return np.asarray(fn(model, loss, train, **kwargs), np.float64)
+    except TypeError as e:
+        if "unexpected keyword" in str(e) or "missing" in str(e):
+            detail = str(e).split("() ", 1)[-1]  # drop the private helper's name
+            raise TypeError(f"self_influence({method.__name__}): {detail} (pass it as a "
+                            f"keyword argument, as {method.__name__} takes it)") from None
+        raise
+
+
+# ----------------------------------------------------------------------- evaluation
+
+def _subset_masks(subsets, n_train, where):
+    """[m, n_train] bool from a boolean mask array or a list of index arrays."""
+    arr = np.asarray(subsets) if not isinstance(subsets, (list, tuple)) else None
+    if arr is not None and arr.dtype == bool:
+        if arr.ndim != 2 or arr.shape[1] != n_train:
+            raise ValueError(f"{where}: subsets as a boolean mask must have shape [num_subsets, "
+                             f"n_train={n_train}], got {arr.shape}")
+        return arr
+    masks = np.zeros((len(subsets), n_train), bool)
+    for j, s in enumerate(subsets):
+        idx = np.asarray(s)
+        if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
+            raise ValueError(f"{where}: subsets[{j}] must be a 1-D array of training indices "
+                             f"(or pass a [num_subsets, n_train] boolean mask), got {idx!r}")
+        if idx.size and (idx.min() < 0 or idx.max() >= n_train):
+            raise ValueError(f"{where}: subsets[{j}] has indices outside [0, {n_train})")
+        if len(np.unique(idx)) != len(idx):
+            raise ValueError(f"{where}: subsets[{j}] repeats an index")
+        masks[j, idx] = True
+    return masks
+
+
+def linear_datamodeling_score(scores, subsets, subset_test_losses, per_test=False):
+    """LDS (Park et al. 2023): for each test point t, the Spearman rank correlation over
+    subsets S_j between the predicted group effect sum_{i in S_j} scores[t, i] and the test
+    loss measured after retraining on S_j; the mean over test points.
+
+    Args:
+      scores: [n_test, n_train] attribution with positive = the example RAISES the test loss
+        (`influence`'s and `ekfac_influence`'s I_up,loss; pass `-tracin(...)` for TracIn).
+      subsets: [num_subsets, n_train] boolean mask, or a list of index arrays (>= 3 subsets).
+      subset_test_losses: [num_subsets, n_test] test losses after retraining on each subset.
+      per_test: also return the [n_test] correlations.
+    Returns:
+      the mean correlation (float), or (mean, per-test array) with per_test=True.
+    """
+    where = "linear_datamodeling_score"
+    scores = np.asarray(scores, np.float64)
+    if scores.ndim != 2:
+        raise ValueError(f"{where}: scores must be [n_test, n_train], got shape {scores.shape}")
+    masks = _subset_masks(subsets, scores.shape[1], where)
+    losses = np.asarray(subset_test_losses, np.float64)
+    if losses.shape != (len(masks), scores.shape[0]):
+        raise ValueError(f"{where}: subset_test_losses must have shape [num_subsets="
+                         f"{len(masks)}, n_test={scores.shape[0]}], got {losses.shape}")
+    if len(masks) < 3:
+        raise ValueError(f"{where}: a rank correlation needs at least 3 subsets, got "
+                         f"{len(masks)}")
+    if not (np.all(np.isfinite(scores)) and np.all(np.isfinite(losses))):
+        raise ValueError(f"{where}: scores and subset_test_losses must be finite")
+    predicted = masks.astype(np.float64) @ scores.T  # [m, n_test]
+    rhos = np.empty(scores.shape[0])
+    for t in range(scores.shape[0]):
+        if np.ptp(predicted[:, t]) == 0 or np.ptp(losses[:, t]) == 0:
+            raise ValueError(f"{where}: test point {t} has a constant "
+                             f"{'prediction' if np.ptp(predicted[:, t]) == 0 else 'loss'} "
+                             "over the subsets; its rank correlation is undefined")
+        rhos[t] = scipy.stats.spearmanr(predicted[:, t], losses[:, t]).statistic
+    return (float(rhos.mean()), rhos) if per_test else float(rhos.mean())
+
+
+def subset_retraining(retrain, n_train, num_subsets, fraction=0.5, seed=0):
+    """Random training subsets and the test losses after retraining on each, for LDS.
+
+    Args:
+      retrain: `retrain(indices) -> [n_test]` test losses of a model retrained on the
+        training examples `indices` (sorted int array).
+      n_train: the number of training examples.
+      num_subsets: how many subsets (>= 3), each of round(fraction * n_train) examples drawn
+        without replacement.
+    Returns:
+      (subsets [num_subsets, n_train] bool, losses [num_subsets, n_test] float64).
+    """
+    where = "subset_retraining"
+    if not callable(retrain):
+        raise TypeError(f"{where}: retrain must be callable, got {type(retrain).__name__}")
+    for arg, value, least in (("n_train", n_train, 2), ("num_subsets", num_subsets, 3)):
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least:
+            raise ValueError(f"{where}: {arg} must be an int >= {least}, got {value!r}")
+    if not 0 < fraction < 1:
+        raise ValueError(f"{where}: fraction must be in (0, 1), got {fraction!r}")
+    size = int(round(fraction * n_train))
+    if not 1 <= size < n_train:
+        raise ValueError(f"{where}: fraction={fraction} of n_train={n_train} gives subsets of "
+                         f"{size} examples; it must leave at least one in and one out")
+    rng = np.random.default_rng(seed)
+    masks = np.zeros((num_subsets, n_train), bool)
+    losses = []
+    for j in range(num_subsets):
+        idx = np.sort(rng.choice(n_train, size, replace=False))
+        masks[j, idx] = True
+        out = np.asarray(retrain(idx), np.float64)
+        if out.ndim != 1 or (losses and out.shape != losses[0].shape):
+            raise ValueError(f"{where}: retrain must return one [n_test] vector of test losses "
+                             f"(the same length each time), got shape {out.shape}")
+        losses.append(out)
+    return masks, np.stack(losses)
+
+
+def mislabel_detection_rate(self_scores, flipped, fractions=(0.1, 0.2)):
+    """{fraction: the fraction of the flipped examples among the top `fraction` of the
+    training set by self-influence (largest first)}.
+
+    Args:
+      self_scores: [n_train] scores (e.g. `self_influence`), large = suspicious.
+      flipped: [n_train] boolean mask or an array of indices of the mislabeled examples.
+      fractions: fractions of the training set inspected, each in (0, 1].
+    """
+    where = "mislabel_detection_rate"
+    s = np.asarray(self_scores, np.float64)
+    if s.ndim != 1 or not np.all(np.isfinite(s)):
+        raise ValueError(f"{where}: self_scores must be a finite [n_train] vector, got shape "
+                         f"{s.shape}")
+    n = len(s)
+    f = np.asarray(flipped)
+    if f.dtype == bool:
+        if f.shape != (n,):
+            raise ValueError(f"{where}: flipped as a mask must have shape [{n}], got {f.shape}")
+        mask = f
+    else:
+        if f.ndim != 1 or (f.size and not np.issubdtype(f.dtype, np.integer)) or (
+                f.size and (f.min() < 0 or f.max() >= n)) or len(np.unique(f)) != len(f):
+            raise ValueError(f"{where}: flipped must be a [{n}] boolean mask or distinct "
+                             f"indices in [0, {n}), got {flipped!r}")
+        mask = np.zeros(n, bool)
+        mask[f] = True
+    if not mask.any():
+        raise ValueError(f"{where}: flipped marks no example")
+    order = np.argsort(-s, kind="stable")
+    rates = {}
+    for frac in fractions:
+        if not 0 < frac <= 1:
+            raise ValueError(f"{where}: each fraction must be in (0, 1], got {frac!r}")
+        k = int(round(frac * n))
+        if k < 1:
+            raise ValueError(f"{where}: fraction {frac} of {n} examples inspects none")
+        rates[frac] = float(mask[order[:k]].sum() / mask.sum())
+    return rates

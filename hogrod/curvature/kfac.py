@@ -1,0 +1,668 @@
+"""Kronecker-factored curvature: K-FAC and EK-FAC as `tf.linalg.LinearOperator`s.
+
+Both act on the flat vector of `model.trainable_variables` (the order of `hogrod.hessian`
+and of the other operators here) and approximate the Gauss-Newton matrix / Fisher of the
+objective `L = mean(loss(y, model(x)))` (a Keras loss `loss(y_true, y_pred)`), averaged
+over a data set like the other operators (each batch weighted by its size).
+
+Blocks, one per layer (the approximation is block-diagonal over layers):
+
+- `keras.layers.Dense` and `keras.layers.Conv2D` (exactly these classes; a subclass may
+  change `call`, so it is treated like any other layer): the kernel AND the bias are
+  factored JOINTLY, `A (x) G` over the layer's variables `[kernel, bias]` with a ones
+  column appended to the layer inputs (so the block also holds the kernel-bias cross
+  terms). `A = E[a a^T]` over the layer inputs (Conv2D: the patches of
+  `tf.image.extract_patches`, ordered like the kernel `(kh, kw, c_in)`), `G` the sum of
+  `g g^T` over the backpropagated output gradients `g` (pre-activation):
+    * fisher="type2": the columns of a square root of each example's loss Hessian with
+      respect to the model output (computed numerically, `L` must be separable over
+      examples and convex in the outputs): the Gauss-Newton matrix's K-FAC, equal to the
+      type-2 Fisher for MSE and softmax cross-entropy;
+    * fisher="mc": gradients at labels sampled from the model's likelihood (`mc_samples`
+      of them; MSE -> Gaussian, (Sparse)CategoricalCrossentropy(from_logits=True) ->
+      categorical);
+    * fisher="empirical": gradients at the true labels.
+  Weight sharing (Conv2D locations, a Dense applied to `[N, R, d]`) follows Eschenhagen
+  et al. 2023: approx="expand" treats each of the R locations as an extra example
+  (`A = mean over N*R of a a^T`, `G = sum over N, R`), approx="reduce" averages the
+  inputs and sums the output gradients over the locations first. Without weight sharing
+  (a Dense on `[N, d]`) both are the same.
+- any other layer with trainable weights (BatchNormalization, LayerNormalization,
+  Embedding, ...): `other_layers="raise"` (the default) refuses it, naming the layer;
+  `other_layers="diagonal"` gives its variables the EXACT diagonal of the same
+  Gauss-Newton/Fisher (per-example gradients, one vectorized Jacobian per batch).
+
+The model runs in inference mode (`training=False`: BatchNorm uses its moving statistics,
+Dropout is off). Layer inputs and pre-activations are captured by swapping the layer's
+`call` and `activation` for recording wrappers during the forward pass (restored after it,
+the weights are never touched); a layer called twice in one forward pass is an error.
+
+`matvec`/`matmul` give `(approximation + damping * I) v`; `solve` the damped inverse (from
+the factors' eigendecompositions, `damping > 0` required); `logdet()` its log-determinant;
+`eigendecompositions` per layer `(evals_A, Q_A, evals_G, Q_G)`; `with_damping(d)` the same
+factors with another damping (nothing recomputed). EK-FAC (George et al. 2018) keeps the
+K-FAC eigenbasis `Q_A (x) Q_G` and replaces the eigenvalues `evals_A (x) evals_G` by the
+exact diagonal of `(Q_A (x) Q_G)^T F (Q_A (x) Q_G)` for the same F (`corrected_eigenvalues`).
+Eigenvalues of the factors below zero (round-off) are clipped to zero.
+"""
+
+import contextlib
+import math
+import numbers
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+__all__ = ["KFACOperator", "EKFACOperator"]
+
+FISHERS = ("type2", "mc", "empirical")
+APPROXES = ("expand", "reduce")
+OTHER_LAYERS = ("raise", "diagonal")
+
+
+# ----------------------------------------------------------------------------- blocks
+
+def _leaf_layers(layer):
+    """Leaf layers in order (nested models are walked)."""
+    out = []
+    for sub in getattr(layer, "layers", []):
+        out.extend(_leaf_layers(sub) if getattr(sub, "layers", None) is not None else [sub])
+    return out
+
+
+def _factorable(layer):
+    """Why K-FAC cannot factor `layer` (a string), or None if it can."""
+    if type(layer) not in (keras.layers.Dense, keras.layers.Conv2D):
+        return "only keras.layers.Dense and keras.layers.Conv2D are factored"
+    if getattr(layer, "lora_enabled", False) or getattr(layer, "quantization_mode", None):
+        return "LoRA / quantized layers are not factored"
+    if isinstance(layer, keras.layers.Conv2D):
+        if layer.groups != 1:
+            return "grouped convolutions (groups != 1) are not factored"
+        if layer.data_format != "channels_last":
+            return "only data_format='channels_last' is factored"
+    wanted = [layer.kernel] + ([layer.bias] if layer.bias is not None else [])
+    if [id(v) for v in layer.trainable_variables] != [id(v) for v in wanted]:
+        return "its trainable variables are not exactly [kernel, bias]"
+    return None
+
+
+class _Block:
+    def __init__(self, kind, layer, indices, shapes):
+        self.kind, self.layer, self.name = kind, layer, layer.name
+        self.indices, self.shapes = indices, shapes
+        if kind == "kfac":
+            kernel = shapes[0]
+            self.d_out = int(kernel[-1])
+            self.d_in_kernel = int(np.prod(kernel[:-1]))
+            self.has_bias = len(indices) == 2
+            self.d_in = self.d_in_kernel + int(self.has_bias)
+
+
+def _blocks(model, other_layers, where):
+    variables = list(model.trainable_variables)
+    index = {id(v): i for i, v in enumerate(variables)}
+    blocks, seen = [], set()
+    for layer in _leaf_layers(model):
+        vs = layer.trainable_variables
+        if not vs:
+            continue
+        missing = [v.path for v in vs if id(v) not in index]
+        if missing:
+            raise ValueError(f"{where}: variables {missing} of layer '{layer.name}' are not in "
+                             "model.trainable_variables")
+        why = _factorable(layer)
+        if why is not None and other_layers == "raise":
+            raise ValueError(
+                f"{where}: layer '{layer.name}' ({type(layer).__name__}) has trainable weights "
+                f"K-FAC cannot factor ({why}); pass other_layers='diagonal' to give its "
+                "variables the exact diagonal of the curvature, or freeze the layer")
+        idx = [index[id(v)] for v in vs]
+        if seen.intersection(idx):
+            raise ValueError(f"{where}: layer '{layer.name}' shares variables with an earlier "
+                             "layer; shared weights are not supported")
+        seen.update(idx)
+        blocks.append(_Block("kfac" if why is None else "diag", layer, idx,
+                             [tuple(v.shape) for v in vs]))
+    rest = [variables[i].path for i in range(len(variables)) if i not in seen]
+    if rest:
+        raise ValueError(f"{where}: trainable variables {rest} belong to no leaf layer "
+                         "(weights added to the model itself); K-FAC has no block for them")
+    return blocks
+
+
+# ---------------------------------------------------------------------------- capture
+
+@contextlib.contextmanager
+def _capture(layers, record):
+    """Record each layer's call input ('a') and pre-activation ('s') in `record`."""
+    patched = []
+
+    def wrap(layer):
+        call, activation = layer.call, layer.activation
+
+        def call_(inputs, *args, **kwargs):
+            if layer.name in record:
+                raise ValueError(f"KFACOperator: layer '{layer.name}' is called more than once "
+                                 "in one forward pass; K-FAC factors one call per layer")
+            record[layer.name] = {"a": inputs}
+            return call(inputs, *args, **kwargs)
+
+        def activation_(x):
+            x = tf.identity(x)  # a tensor of its own, to differentiate the output with respect to
+            record[layer.name]["s"] = x
+            return activation(x)
+        # object.__setattr__: Keras's attribute tracking has nothing to track here
+        object.__setattr__(layer, "call", call_)
+        object.__setattr__(layer, "activation", activation_)
+        patched.append((layer, activation))
+
+    try:
+        for layer in layers:
+            wrap(layer)
+        yield record
+    finally:
+        for layer, activation in patched:
+            del layer.__dict__["call"]
+            object.__setattr__(layer, "activation", activation)
+
+
+def _rows(block, a, g):
+    """Layer inputs `a` -> [N, R, d_in] (ones appended for the bias) and output gradients
+    `g` ([C, N, ...] over the cotangent columns C) -> [C, N, R, d_out]."""
+    layer = block.layer
+    if isinstance(layer, keras.layers.Conv2D):
+        kh, kw = layer.kernel_size
+        sh, sw = layer.strides
+        dh, dw = layer.dilation_rate
+        a = tf.image.extract_patches(a, [1, kh, kw, 1], [1, sh, sw, 1], [1, dh, dw, 1],
+                                     layer.padding.upper())
+    n = tf.shape(a)[0]
+    a = tf.reshape(a, [n, -1, block.d_in_kernel])
+    if block.has_bias:
+        a = tf.concat([a, tf.ones_like(a[..., :1])], axis=-1)
+    g = tf.reshape(g, [tf.shape(g)[0], n, -1, block.d_out])
+    return a, g
+
+
+# --------------------------------------------------------------------- output gradients
+
+def _likelihood(loss, where):
+    """'gaussian' or 'categorical' / 'sparse_categorical' for fisher='mc'."""
+    if loss is keras.losses.mean_squared_error:
+        return "gaussian"
+    if isinstance(loss, keras.losses.Loss):
+        config = loss.get_config()
+        if config.get("reduction") not in ("sum_over_batch_size", None):
+            raise ValueError(f"{where}: fisher='mc'/'empirical' need a mean-reduced loss "
+                             f"(reduction='sum_over_batch_size'), got {config.get('reduction')!r}")
+        if isinstance(loss, keras.losses.MeanSquaredError):
+            return "gaussian"
+        kinds = {keras.losses.SparseCategoricalCrossentropy: "sparse_categorical",
+                 keras.losses.CategoricalCrossentropy: "categorical"}
+        for cls, kind in kinds.items():
+            if isinstance(loss, cls) and config.get("from_logits"):
+                return kind
+    raise ValueError(f"{where}: fisher='mc' samples labels from the loss's likelihood and knows "
+                     "keras.losses.MeanSquaredError() (Gaussian) and "
+                     "(Sparse)CategoricalCrossentropy(from_logits=True) (categorical); got "
+                     f"{loss!r}. Use fisher='type2' (the exact Fisher) for other losses")
+
+
+def _objective(loss, y, z):
+    return tf.reduce_mean(loss(y, z))
+
+
+def _cotangents(loss, fisher, likelihood, mc_samples, seed, y, z):
+    """[C, N, K] output cotangents (K = size of one example's output) whose outer products
+    summed over C give each example's curvature of L (the 1/N of the mean included)."""
+    n = tf.shape(z)[0]
+    z = tf.stop_gradient(z)
+    flat = tf.reshape(z, [n, -1])
+    root_n = tf.sqrt(tf.cast(n, z.dtype))
+
+    def grads_at(labels, outputs, copies):  # [copies, N, K]: one example gradient per row
+        rows = tf.reshape(outputs, [copies * n, -1])
+        with tf.GradientTape() as tape:
+            tape.watch(rows)
+            value = _objective(loss, labels, tf.reshape(rows, tf.shape(outputs)))
+        # value is the mean over copies * N examples: sqrt(copies * N) * dvalue/drow is the
+        # example's gradient over sqrt(copies * N), whose outer products sum to the mean
+        scale = tf.sqrt(tf.cast(copies * n, z.dtype))
+        return tf.reshape(scale * tape.gradient(value, rows), [copies, n, -1])
+
+    if fisher == "empirical":
+        return grads_at(y, z, 1)
+    if fisher == "mc":
+        m = mc_samples
+        tiled = tf.tile(z, tf.concat([[m], tf.ones_like(tf.shape(z)[1:])], 0))  # [m * N, ...]
+        if likelihood == "gaussian":  # mean-of-squares loss: per-example Hessian (2/K) I
+            k = tf.cast(tf.shape(flat)[1], z.dtype)
+            labels = tiled + tf.sqrt(k / 2.0) * tf.random.stateless_normal(
+                tf.shape(tiled), seed, dtype=z.dtype)
+        else:
+            if z.shape.rank != 2:
+                raise ValueError("KFACOperator: fisher='mc' with a cross-entropy needs logits "
+                                 f"of shape [batch, classes], got {z.shape}")
+            drawn = tf.reshape(tf.transpose(tf.random.stateless_categorical(
+                tf.reshape(z, [n, -1]), m, seed)), [-1])
+            labels = drawn if likelihood == "sparse_categorical" else tf.one_hot(
+                drawn, tf.shape(flat)[1], dtype=z.dtype)
+        return grads_at(labels, tiled, m)
+    with tf.GradientTape() as outer:  # type2: a square root of each example's loss Hessian
+        outer.watch(flat)
+        with tf.GradientTape() as inner:
+            inner.watch(flat)
+            value = _objective(loss, y, tf.reshape(flat, tf.shape(z)))
+        gz = inner.gradient(value, flat)
+    hessians = outer.batch_jacobian(gz, flat)  # [N, K, K]: L is separable over examples
+    hessians = 0.5 * (hessians + tf.linalg.matrix_transpose(hessians))
+    evals, evecs = tf.linalg.eigh(hessians)
+    scale = tf.reduce_max(tf.abs(evals)) + tf.constant(1e-30, z.dtype)
+    tf.debugging.assert_greater_equal(
+        tf.reduce_min(evals) / scale, tf.constant(-1e-4, z.dtype),
+        message="KFACOperator: fisher='type2' needs a loss convex in the model outputs (its "
+                "Hessian has a clearly negative eigenvalue); use MSE or cross-entropy on logits")
+    roots = evecs * tf.sqrt(tf.maximum(evals, 0.0))[:, None, :]  # H_n = roots roots^T
+    return tf.transpose(roots, [2, 0, 1])
+
+
+def _backward(tape, z, sources, cot):
+    """[C, N, ...] gradients of `z` with respect to each source, for the C cotangents: one
+    backward pass per column (a few), or one vectorized pass (pfor) for many columns, whose
+    conversion costs more to trace than it saves for a few."""
+    columns = cot.shape[0]
+    if columns is not None and columns <= _LOOP_COLUMNS:
+        grads = [tape.gradient(z, sources, output_gradients=tf.reshape(cot[c], tf.shape(z)))
+                 for c in range(columns)]
+        return [tf.stack([g[i] for g in grads]) for i in range(len(sources))]
+    return tf.vectorized_map(lambda c: tape.gradient(
+        z, sources, output_gradients=tf.reshape(c, tf.shape(z))), cot)
+
+
+_LOOP_COLUMNS = 4
+
+
+# ------------------------------------------------------------------------- statistics
+
+def _check_number(value, name, where):
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, np.floating)):
+        raise TypeError(f"{where}: {name} must be a Python number, got {type(value).__name__}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{where}: {name} must be finite and >= 0, got {value}")
+    return float(value)
+
+
+class _Factors:
+    """Everything shared between operators that differ only in damping."""
+
+    def __init__(self, model, loss, data, fisher, approx, mc_samples, seed, other_layers,
+                 eigen_corrected, where):
+        if not isinstance(model, keras.Model) or not model.built:
+            raise ValueError(f"{where}: model must be a built keras.Model, got {model!r}")
+        if not callable(loss):
+            raise TypeError(f"{where}: loss must be callable as loss(y_true, y_pred), got "
+                            f"{type(loss).__name__}")
+        for value, name, allowed in ((fisher, "fisher", FISHERS), (approx, "approx", APPROXES),
+                                     (other_layers, "other_layers", OTHER_LAYERS)):
+            if value not in allowed:
+                raise ValueError(f"{where}: {name} must be one of {allowed}, got {value!r}")
+        if isinstance(mc_samples, bool) or not isinstance(mc_samples, int) or mc_samples < 1:
+            raise ValueError(f"{where}: mc_samples must be an int >= 1, got {mc_samples!r}")
+        if data is None:
+            raise ValueError(f"{where}: data is None; pass one (x, y) batch or a "
+                             "tf.data.Dataset of them")
+        variables = model.trainable_variables
+        if not variables:
+            raise ValueError(f"{where}: model '{model.name}' has no trainable variables")
+        dtypes = {tf.as_dtype(v.dtype) for v in variables}
+        if len(dtypes) != 1 or not next(iter(dtypes)).is_floating:
+            raise TypeError(f"{where}: the model's trainable variables must share one floating "
+                            f"dtype, got {sorted(d.name for d in dtypes)}")
+        self.dtype = next(iter(dtypes))
+        loss_dtype = getattr(loss, "dtype", None)  # a keras.losses.Loss computes in its dtype
+        if isinstance(loss, keras.losses.Loss) and tf.as_dtype(loss_dtype) != self.dtype:
+            raise TypeError(f"{where}: the loss computes in {tf.as_dtype(loss_dtype).name} but the "
+                            f"model's weights are {self.dtype.name}; build the loss with "
+                            f"dtype='{self.dtype.name}' (e.g. keras.losses.MeanSquaredError("
+                            f"dtype='{self.dtype.name}'))")
+        likelihood = _likelihood(loss, where) if fisher == "mc" else None
+        if fisher == "empirical" and isinstance(loss, keras.losses.Loss):
+            _likelihood_reduction_only(loss, where)
+        self.blocks = _blocks(model, other_layers, where)
+        self.sizes = [int(np.prod(v.shape)) for v in variables]
+        self.n = sum(self.sizes)
+        self.approx, self.where = approx, where
+        self._model, self._loss, self._fisher = model, loss, fisher
+        self._likelihood, self._mc_samples, self._seed = likelihood, mc_samples, seed
+        self._batches = [data] if not isinstance(data, tf.data.Dataset) else data
+        self._eigen_corrected = eigen_corrected
+        self._stats = self._correction_stats = None
+        self.compiled = {}  # the operators' products, shared by every damping
+        self.refresh()
+
+    def refresh(self):
+        """Recompute everything at the model's current weights (compiled code reused)."""
+        self._compute_factors()
+        self._eigen = None
+        self.corrected = None
+        if self._eigen_corrected:
+            self._correct()
+
+    # one compiled pass per batch; the statistics are sums, divided once at the end
+    def _forward(self, batch, index):
+        x, y = batch
+        kfac = [b for b in self.blocks if b.kind == "kfac"]
+        diag = [b for b in self.blocks if b.kind == "diag"]
+        with tf.GradientTape(persistent=True) as tape:
+            with _capture([b.layer for b in kfac], {}) as record:
+                z = self._model(x, training=False)
+            seed = tf.stack([tf.cast(self._seed, tf.int64), tf.cast(index, tf.int64)])
+            cot = _cotangents(self._loss, self._fisher, self._likelihood, self._mc_samples,
+                              seed, y, z)
+            if diag:  # per-example, per-column output projections for the exact diagonal
+                cot_ = tf.stop_gradient(cot)
+                targets = tf.einsum("nk,cnk->cn", tf.reshape(z, [tf.shape(z)[0], -1]), cot_)
+        s = [record[b.name]["s"] for b in kfac]
+        grads = _backward(tape, z, s, cot) if kfac else []
+        out = {}
+        for i, b in enumerate(kfac):
+            out[b.name] = _rows(b, record[b.name]["a"], grads[i])
+        for b in diag:
+            variables = b.layer.trainable_variables
+            jac = tape.jacobian(targets, variables, experimental_use_pfor=True)
+            out[b.name] = [tf.reduce_sum(tf.square(j), axis=[0, 1]) for j in jac]
+        del tape
+        return out, tf.cast(tf.shape(z)[0], self.dtype)
+
+    def _compute_factors(self):
+        expand = self.approx == "expand"
+
+        def stats(batch, index):
+            out, n = self._forward(batch, index)
+            result = {}
+            for b in self.blocks:
+                if b.kind == "diag":
+                    result[b.name] = [n * d for d in out[b.name]]
+                    continue
+                a, g = out[b.name]
+                if expand:
+                    a2 = tf.reshape(a, [-1, b.d_in])
+                    g2 = tf.reshape(g, [-1, b.d_out])
+                    rows = tf.cast(tf.shape(a2)[0], self.dtype)
+                else:
+                    a2 = tf.reduce_mean(a, axis=1)
+                    g2 = tf.reshape(tf.reduce_sum(g, axis=2), [-1, b.d_out])
+                    rows = n
+                result[b.name] = [tf.matmul(a2, a2, transpose_a=True), rows,
+                                  n * tf.matmul(g2, g2, transpose_a=True)]
+            return result, n
+
+        if self._stats is None:
+            self._stats = tf.function(stats, reduce_retracing=True)
+        totals, count = self._accumulate(self._stats)
+        self.A, self.G, self.diag = {}, {}, {}
+        for b in self.blocks:
+            t = totals[b.name]
+            if b.kind == "diag":
+                self.diag[b.name] = [d / count for d in t]
+            else:
+                self.A[b.name], self.G[b.name] = t[0] / t[1], t[2] / count
+
+    def _accumulate(self, fn, *args):
+        totals, count = None, tf.zeros([], self.dtype)
+        for index, batch in enumerate(self._batches):
+            part, n = fn(batch, tf.constant(index, tf.int64), *args)
+            totals = part if totals is None else tf.nest.map_structure(tf.add, totals, part)
+            count += n
+        if totals is None:
+            raise ValueError(f"{self.where}: data is an empty tf.data.Dataset")
+        return totals, count
+
+    @property
+    def eigen(self):
+        if self._eigen is None:
+            with tf.init_scope():  # eager even when first asked for inside a tf.function
+                self._eigen = self._eigendecompose()
+        return self._eigen
+
+    def _eigendecompose(self):
+        eigen = {}
+        for b in self.blocks:
+            if b.kind == "kfac":
+                ea, qa = tf.linalg.eigh(self.A[b.name])
+                eg, qg = tf.linalg.eigh(self.G[b.name])
+                eigen[b.name] = (tf.maximum(ea, 0.0), qa, tf.maximum(eg, 0.0), qg)
+        return eigen
+
+    def _correct(self):
+        """EK-FAC: the exact diagonal of the curvature in the K-FAC eigenbasis, from each
+        example's (and output column's) gradient sum_r a_r g_r^T."""
+        kfac = [b for b in self.blocks if b.kind == "kfac"]
+
+        def stats(batch, index, eigen):
+            out, n = self._forward(batch, index)
+            result = {}
+            for b in kfac:
+                a, g = out[b.name]
+                _, qa, _, qg = eigen[b.name]
+                a = tf.einsum("nri,ij->nrj", a, qa)
+                g = tf.einsum("cnro,op->cnrp", g, qg)
+                if a.shape[1] == 1:  # no weight sharing: (a g^T)^2 = a^2 (g^2)^T
+                    total = tf.matmul(tf.square(a[:, 0]),
+                                      tf.reduce_sum(tf.square(g[:, :, 0]), axis=0),
+                                      transpose_a=True)
+                else:
+                    total = tf.reduce_sum(tf.square(tf.einsum("nri,cnro->cnio", a, g)),
+                                          axis=[0, 1])
+                result[b.name] = n * total
+            return result, n
+
+        if self._correction_stats is None:
+            self._correction_stats = tf.function(stats, reduce_retracing=True)
+        totals, count = self._accumulate(self._correction_stats, self.eigen)
+        self.corrected = {name: t / count for name, t in totals.items()}
+
+
+def _likelihood_reduction_only(loss, where):
+    reduction = loss.get_config().get("reduction")
+    if reduction not in ("sum_over_batch_size", None):
+        raise ValueError(f"{where}: fisher='empirical' needs a mean-reduced loss "
+                         f"(reduction='sum_over_batch_size'), got {reduction!r}")
+
+
+# --------------------------------------------------------------------------- operators
+
+class _Kronecker(tf.linalg.LinearOperator):
+    _eigen_corrected = False
+
+    def __init__(self, model, loss, data, fisher="type2", approx="expand", damping=0.0, *,
+                 mc_samples=1, seed=0, other_layers="raise"):
+        where = type(self).__name__
+        damping = _check_number(damping, "damping", where)
+        factors = _Factors(model, loss, data, fisher, approx, mc_samples, seed, other_layers,
+                           self._eigen_corrected, where)
+        self._setup(factors, damping)
+
+    def _setup(self, factors, damping):
+        self._f = factors
+        self.damping = damping
+        self._damping_t = tf.constant(damping, factors.dtype)
+        self._apply = factors.compiled
+        super().__init__(dtype=factors.dtype, is_self_adjoint=True, is_square=True,
+                         is_positive_definite=True if damping > 0 else None,
+                         name=type(self).__name__)
+
+    def with_damping(self, damping):
+        """The same factors (nothing recomputed) with another damping."""
+        op = object.__new__(type(self))
+        op._setup(self._f, _check_number(damping, "damping", type(self).__name__))
+        return op
+
+    @property
+    def eigendecompositions(self):
+        """{layer name: (evals_A, Q_A, evals_G, Q_G)} for the factored layers; A = Q_A
+        diag(evals_A) Q_A^T over [kernel rows..., bias] inputs, G over output units."""
+        return dict(self._f.eigen)
+
+    @property
+    def factors(self):
+        """{layer name: (A, G)} for the factored layers."""
+        return {name: (self._f.A[name], self._f.G[name]) for name in self._f.A}
+
+    @property
+    def diagonals(self):
+        """{layer name: [exact diagonal per variable]} for other_layers='diagonal' layers."""
+        return dict(self._f.diag)
+
+    def refresh(self):
+        """Recompute the factors (and eigenbases, corrections) at the model's current weights;
+        every operator sharing them (`with_damping`) sees the new ones."""
+        self._f.refresh()
+        return self
+
+    def _shape(self):
+        return tf.TensorShape([self._f.n, self._f.n])
+
+    def _shape_tensor(self):
+        return tf.constant([self._f.n, self._f.n])
+
+    # The compiled products take the factors as arguments, never as captured constants,
+    # so `refresh` needs no retrace and cannot leave stale values in a graph.
+    def _state(self, kind):
+        f = self._f
+        if kind == "matmul" and not self._eigen_corrected:
+            blocks = {name: (f.A[name], f.G[name]) for name in f.A}
+        else:
+            blocks = {name: (qa, qg, self._eigenvalues(name))
+                      for name, (_, qa, _, qg) in f.eigen.items()}
+        return blocks, f.diag
+
+    def _blockwise(self, rows, state, kfac_fn, diag_fn):
+        """rows: [m, n] flat vectors -> [m, n], block by block."""
+        blocks, diags = state
+        pieces = tf.split(rows, self._f.sizes, axis=1)
+        m = tf.shape(rows)[0]
+        out = list(pieces)
+        for b in self._f.blocks:
+            if b.kind == "diag":
+                for i, d in zip(b.indices, diags[b.name]):
+                    out[i] = diag_fn(pieces[i], tf.reshape(d, [-1]))
+                continue
+            v = tf.reshape(pieces[b.indices[0]], [m, b.d_in_kernel, b.d_out])
+            if b.has_bias:
+                v = tf.concat([v, tf.reshape(pieces[b.indices[1]], [m, 1, b.d_out])], axis=1)
+            v = kfac_fn(blocks[b.name], v)
+            out[b.indices[0]] = tf.reshape(v[:, :b.d_in_kernel], [m, -1])
+            if b.has_bias:
+                out[b.indices[1]] = v[:, b.d_in_kernel]
+        return tf.concat(out, axis=1)
+
+    def _compiled(self, kind):
+        if kind not in self._apply:
+            fn = {"matmul": self._matmul_rows, "solve": self._solve_rows}[kind]
+            self._apply[kind] = tf.function(fn, reduce_retracing=True)
+        return self._apply[kind]
+
+    def _columns(self, kind, x, adjoint_arg):
+        x = tf.convert_to_tensor(x, self.dtype)
+        x = tf.linalg.adjoint(x) if adjoint_arg else x
+        state = self._state(kind)
+        fn = self._compiled(kind)
+        if x.shape.rank != 2:  # batch dimensions: fold them
+            shape = tf.shape(x)
+            flat = tf.reshape(tf.linalg.matrix_transpose(x), [-1, self._f.n])
+            out = fn(flat, self._damping_t, state)
+            t = tf.reshape(out, tf.concat([shape[:-2], shape[-1:], shape[-2:-1]], 0))
+            return tf.linalg.matrix_transpose(t)
+        return tf.transpose(fn(tf.transpose(x), self._damping_t, state))
+
+    def _matmul(self, x, adjoint=False, adjoint_arg=False):
+        return self._columns("matmul", x, adjoint_arg)
+
+    def _solve(self, rhs, adjoint=False, adjoint_arg=False):
+        self._require_damping("solve")
+        return self._columns("solve", rhs, adjoint_arg)
+
+    def _require_damping(self, what):
+        if not self.damping > 0:
+            raise ValueError(f"{type(self).__name__}.{what}: needs damping > 0 (the factors are "
+                             f"singular in general); got damping={self.damping}. Use "
+                             "with_damping(d) for an operator with the same factors")
+
+    def matvec_flat(self, vector):
+        """The product with one flat vector of length n."""
+        return self.matvec(tf.convert_to_tensor(vector, self.dtype))
+
+    def logdet(self):
+        """log det(approximation + damping I) (damping > 0)."""
+        self._require_damping("logdet")
+        d = self._damping_t
+        total = tf.zeros([], self.dtype)
+        for b in self._f.blocks:
+            values = self._f.diag[b.name] if b.kind == "diag" else [self._eigenvalues(b.name)]
+            for v in values:
+                total += tf.reduce_sum(tf.math.log(v + d))
+        return total
+
+    def _log_abs_determinant(self):
+        return self.logdet()
+
+    def _to_dense(self):
+        return self._matmul(tf.eye(self._f.n, dtype=self.dtype))
+
+    @staticmethod
+    def _rotate(block, v, fn):  # Q fn(Q^T v) for Q = Q_A (x) Q_G, on row-major [d_in, d_out]
+        qa, qg, values = block
+        w = fn(tf.matmul(tf.matmul(qa, v, transpose_a=True), qg), values)
+        return tf.matmul(tf.matmul(qa, w), qg, transpose_b=True)  # no transposed copies
+
+    def _solve_rows(self, rows, d, state):
+        return self._blockwise(rows, state, lambda blk, v: self._rotate(
+            blk, v, lambda w, values: w / (values + d)), lambda v, diag: v / (diag + d))
+
+
+class KFACOperator(_Kronecker):
+    """K-FAC: `A (x) G` per Dense / Conv2D layer (+ damping * I); see the module docstring.
+
+    Args:
+      model: a built Keras 3 model.
+      loss: a Keras loss `loss(y_true, y_pred)`; the objective is `mean(loss(y, model(x)))`.
+      data: one `(x, y)` batch or a `tf.data.Dataset` of them.
+      fisher: "type2" | "mc" | "empirical".
+      approx: "expand" | "reduce" (weight-sharing layers, Eschenhagen et al. 2023).
+      damping: added to the diagonal (>= 0; `solve`/`logdet` need > 0).
+      mc_samples, seed: the sampled labels of fisher="mc".
+      other_layers: "raise" | "diagonal" for layers with weights K-FAC does not factor.
+    """
+
+    def _eigenvalues(self, name):
+        ea, _, eg, _ = self._f.eigen[name]
+        return ea[:, None] * eg[None, :]
+
+    def _matmul_rows(self, rows, d, state):
+        def kron(blk, v):
+            a, g = blk
+            return a @ v @ g + d * v
+        return self._blockwise(rows, state, kron, lambda v, diag: (diag + d) * v)
+
+
+class EKFACOperator(_Kronecker):
+    """EK-FAC (George et al. 2018): K-FAC's eigenbasis with the eigenvalues replaced by the
+    exact diagonal of the curvature in that basis (`corrected_eigenvalues`). Same arguments
+    as `KFACOperator`."""
+
+    _eigen_corrected = True
+
+    @property
+    def corrected_eigenvalues(self):
+        """{layer name: [d_in, d_out] eigenvalues for the basis vectors Q_A[:, i] (x) Q_G[:, j]}."""
+        return dict(self._f.corrected)
+
+    def _eigenvalues(self, name):
+        return self._f.corrected[name]
+
+    def _matmul_rows(self, rows, d, state):
+        return self._blockwise(rows, state, lambda blk, v: self._rotate(
+            blk, v, lambda w, values: w * (values + d)), lambda v, diag: (diag + d) * v)
