@@ -28,6 +28,9 @@ from absl import logging
 from hogrod import distribute, harness, pinn, train
 from hogrod.pinn import training
 
+# a learning-rate schedule for pinn_experiment.adam_lr (= @ExponentialDecay())
+gin.external_configurable(keras.optimizers.schedules.ExponentialDecay, module="keras")
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 

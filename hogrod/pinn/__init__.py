@@ -19,6 +19,10 @@
 - `FourierFeatures`, `PeriodicEmbedding`, `FactorizedDense` layers and the gin factories
   `fourier_features`, `periodic_embedding`, `mlp_network`, `modified_mlp` (`networks.py`);
 - `stochastic_laplacian`, `laplacian_probes`: randomized Laplacians (`stochastic.py`);
+  `exact_laplacian`, `randomized_laplacian` (gin factories of a `LaplacianOperator`, a
+  PDE's Laplacian chosen by reference) and `poisson_nd_problem` (high-dimensional Poisson);
+- `EmbeddingChain`/`embedding_chain`, `combined_weights`, `allen_cahn_spectral` (jaxpi's
+  Allen-Cahn);
 - `Condition`, `condition_misfit`: conditions on an operator of u (a component, a normal
   derivative) (`problems.py`);
 - the PINNacle benchmark's ten cases `pinnacle_*`, `read_reference`, `l2re` (`pinnacle.py`).
@@ -41,9 +45,14 @@ from hogrod.pinn.weighting import (Weighting, annealing_weights, causal_chunk_we
 from hogrod.pinn.networks import (FactorizedDense, FourierFeatures, PeriodicEmbedding,
                                   fourier_features, mlp_network, modified_mlp, periodic_embedding)
 from hogrod.pinn.stochastic import laplacian_probes, stochastic_laplacian
+from hogrod.pinn.pdes import LaplacianOperator, exact_laplacian, randomized_laplacian
+from hogrod.pinn.problems import poisson_nd_problem, two_body_laplacian, two_body_solution
 from hogrod.pinn.problems import Condition, condition_misfit
 from hogrod.pinn import pinnacle
 from hogrod.pinn.pinnacle import l2re, read_reference
+from hogrod.pinn.networks import EmbeddingChain, embedding_chain
+from hogrod.pinn.weighting import combined_weights
+from hogrod.pinn.reference import allen_cahn_spectral
 from hogrod.pinn.reference import (burgers_cole_hopf, heat_sine, helmholtz_sine, poisson_sine,
                                    wave_sine)
 
@@ -60,4 +69,7 @@ __all__ = ["partials", "laplacian", "divergence", "PDE", "residual", "burgers", 
 __all__ += ["FourierFeatures", "PeriodicEmbedding", "FactorizedDense", "fourier_features",
             "periodic_embedding", "mlp_network", "modified_mlp", "stochastic_laplacian",
             "laplacian_probes", "Disk", "union", "difference", "intersection", "hammersley"]
+__all__ += ["EmbeddingChain", "embedding_chain", "combined_weights", "allen_cahn_spectral"]
+__all__ += ["LaplacianOperator", "exact_laplacian", "randomized_laplacian",
+            "poisson_nd_problem", "two_body_solution", "two_body_laplacian"]
 __all__ += ["Condition", "condition_misfit", "pinnacle", "l2re", "read_reference"]

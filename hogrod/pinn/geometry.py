@@ -29,6 +29,7 @@ import warnings
 
 import numpy as np
 import scipy.special
+import scipy.stats
 import scipy.stats.qmc
 
 __all__ = ["Geometry", "Box", "Disk", "union", "difference", "intersection", "sample",
@@ -338,7 +339,8 @@ def sample(geometry, n, method="sobol", seed=0, dtype=np.float32):
     "lhs", "sobol" or "hammersley" (deterministic: the seed is not used, only the
     rejection's choice among the points inside, for other geometries than a Box).
 
-    Other geometries than a Box: rejection from the bounding box. A set drawn at once (LHS,
+    A Disk (ball) of dimension > 5: mapped directly from dim + 1 unit coordinates. Other
+    geometries than a Box: rejection from the bounding box. A set drawn at once (LHS,
     Hammersley) is drawn larger until at least n points fall inside, and n of them are taken
     at random; Sobol and uniform points are taken in order."""
     if method not in METHODS:
@@ -352,6 +354,8 @@ def sample(geometry, n, method="sobol", seed=0, dtype=np.float32):
     if isinstance(geometry, Box):
         unit = _unit(method, n, box.dim, rng)
         return (box.low + unit * (box.high - box.low)).astype(dtype)
+    if isinstance(geometry, Disk) and geometry.dim > 5:  # below, rejection (as before) works
+        return _in_ball(geometry, method, n, rng).astype(dtype)
     draw = 2 * n
     while True:
         x = box.low + _unit(method, draw, box.dim, rng) * (box.high - box.low)
@@ -366,6 +370,16 @@ def sample(geometry, n, method="sobol", seed=0, dtype=np.float32):
                 f"in {geometry!r}: it fills too little of its box (or is empty) for rejection "
                 "sampling")
         draw = int(1.25 * n * draw / max(len(inside), 1)) + 16
+
+
+def _in_ball(ball, method, n, rng):
+    """n points uniform in a ball, mapped from dim + 1 unit coordinates: a normal vector's
+    direction (inverse normal CDF) and the radius R u^(1/dim). Rejection from the bounding box
+    cannot: a ball fills 2.5e-3 of its box at dim 10, 2e-70 at dim 100."""
+    unit = np.clip(_unit(method, n, ball.dim + 1, rng), 1e-12, 1 - 1e-12)
+    g = scipy.stats.norm.ppf(unit[:, :-1])
+    radius = ball.radius * unit[:, -1:] ** (1.0 / ball.dim)
+    return ball.center + radius * g / np.linalg.norm(g, axis=1, keepdims=True)
 
 
 def refine(points, residual_fn, box, candidates=10000, add=1000, seed=0):

@@ -29,7 +29,8 @@ import numpy as np
 import tensorflow as tf
 
 __all__ = ["FourierFeatures", "PeriodicEmbedding", "FactorizedDense", "fourier_features",
-           "periodic_embedding", "mlp_network", "modified_mlp"]
+           "periodic_embedding", "mlp_network", "modified_mlp", "EmbeddingChain",
+           "embedding_chain"]
 
 
 def _positive_int(value, name):
@@ -185,6 +186,47 @@ def periodic_embedding(periods=gin.REQUIRED, harmonics=1, dtype=None):
     """A `PeriodicEmbedding` layer: the gin factory for a network's `embedding`
     (`mlp_network.embedding = @periodic_embedding`, `periodic_embedding.periods = {0: 2.0}`)."""
     return PeriodicEmbedding(periods, harmonics, dtype=dtype)
+
+
+class EmbeddingChain(keras.layers.Layer):
+    """Embeddings applied in order (jaxpi: a periodic embedding of x, then Fourier
+    features of its output and t)."""
+
+    def __init__(self, parts, **kwargs):
+        super().__init__(**kwargs)
+        if not parts or not all(isinstance(p, keras.layers.Layer) for p in parts):
+            raise TypeError(f"EmbeddingChain needs a non-empty list of Keras layers, got "
+                            f"{parts!r}")
+        self.parts = list(parts)
+
+    def build(self, input_shape):
+        # each part built eagerly in order: Keras's default build runs `call` in a stateless
+        # scope, which drops FourierFeatures' assignment of its frequencies (all zero)
+        for part in self.parts:
+            part.build(input_shape)
+            input_shape = part.compute_output_shape(input_shape)
+
+    def call(self, x):
+        for part in self.parts:
+            x = part(x)
+        return x
+
+    def compute_output_shape(self, input_shape):
+        for part in self.parts:
+            input_shape = part.compute_output_shape(input_shape)
+        return input_shape
+
+
+@gin.configurable
+def embedding_chain(embeddings=gin.REQUIRED, dtype=None):
+    """An `EmbeddingChain` of layer factories applied in order, the gin factory for a
+    network's `embedding`: `modified_mlp.embedding = @embedding_chain`,
+    `embedding_chain.embeddings = [@periodic_embedding, @fourier_features]`."""
+    if not isinstance(embeddings, (list, tuple)) or not embeddings:
+        raise ValueError(f"embedding_chain.embeddings must be a non-empty list of embedding "
+                         f"factories (e.g. [@periodic_embedding, @fourier_features]), got "
+                         f"{embeddings!r}")
+    return EmbeddingChain([_embedding(e, dtype) for e in embeddings], dtype=dtype)
 
 
 def _dense(units, activation, factorization, dtype, name=None):

@@ -19,14 +19,17 @@ import tensorflow as tf
 from hogrod.pinn.operators import laplacian, partials
 
 __all__ = ["PDE", "residual", "burgers", "poisson", "heat", "wave", "allen_cahn", "helmholtz",
-           "advection"]
+           "advection", "LaplacianOperator", "exact_laplacian", "randomized_laplacian"]
 
-PDE = collections.namedtuple("PDE", ["wanted", "residual"])
+# uses_network: the residual is called as residual(x, d, u_fn), so it can apply operators
+# to the network itself (a randomized Laplacian) besides the `partials` dict d.
+PDE = collections.namedtuple("PDE", ["wanted", "residual", "uses_network"], defaults=(False,))
 
 
 def residual(pde, u_fn, x):
     """The residual of `pde` for network `u_fn` at points x, [batch, m]."""
-    out = pde.residual(x, partials(u_fn, x, pde.wanted))
+    d = partials(u_fn, x, pde.wanted) if pde.wanted else {}
+    out = pde.residual(x, d, u_fn) if pde.uses_network else pde.residual(x, d)
     if out.shape.rank != 2 or out.shape[0] != x.shape[0]:
         raise ValueError(f"the residual must have shape [batch, m] = [{x.shape[0]}, m], got "
                          f"{out.shape}")
@@ -86,3 +89,54 @@ def helmholtz(k=1.0, dim=2, source=None):
 def advection(c=1.0):
     """u_t + c u_x = 0 on (x, t)."""
     return PDE([(0,), (1,)], lambda x, d: d[(1,)] + c * d[(0,)])
+
+
+class LaplacianOperator(collections.namedtuple("LaplacianOperator",
+                                               ["name", "apply", "stochastic"])):
+    """A Laplacian of a scalar network: `apply(u_fn, x) -> [batch, 1]`; `stochastic`: an
+    unbiased random estimate (with a new seed at every call), whose loss L-BFGS cannot
+    line-search."""
+
+
+@gin.configurable
+def exact_laplacian():
+    """The exact Laplacian sum_i d2u/dx_i^2 by `partials` (one backward pass per
+    coordinate: the graph, its tracing time and the cost per point grow with d^2)."""
+    def apply(u_fn, x):
+        dim = x.shape[-1]
+        return laplacian(partials(u_fn, x, [(i, i) for i in range(dim)]), range(dim))
+    return LaplacianOperator("exact", apply, False)
+
+
+@gin.configurable
+def randomized_laplacian(num_probes=16, method="hutchinson", seed=0):
+    """`stochastic_laplacian` (Hutchinson or STDE, `num_probes` per point) with a new seed
+    at every call: an int64 counter variable starting at `seed`, moved by the call itself,
+    so a compiled train step draws new probes each step without retracing."""
+    from hogrod.pinn.stochastic import METHODS, stochastic_laplacian  # stochastic imports autodiff
+    if method not in METHODS:
+        raise ValueError(f"randomized_laplacian.method must be one of {METHODS}, got "
+                         f"{method!r}")
+    if not isinstance(num_probes, int) or isinstance(num_probes, bool) or num_probes < 1:
+        raise ValueError(f"randomized_laplacian.num_probes must be a positive integer, got "
+                         f"{num_probes!r}")
+    counter = tf.Variable(int(seed), dtype=tf.int64, trainable=False, name="laplacian_seed",
+                          aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+    def apply(u_fn, x):
+        return stochastic_laplacian(u_fn, x, num_probes, seed=counter.assign_add(1),
+                                    method=method)
+    return LaplacianOperator(f"randomized_{method}_{num_probes}", apply, True)
+
+
+def check_laplacian(laplacian_factory, where):
+    """The `LaplacianOperator` that the binding `where` (a factory by reference) builds."""
+    if not callable(laplacian_factory):
+        raise TypeError(f"{where} must be a Laplacian factory by reference (@exact_laplacian or "
+                        f"@randomized_laplacian), got {laplacian_factory!r}")
+    op = laplacian_factory()
+    if not isinstance(op, LaplacianOperator):
+        raise TypeError(f"{where} must build a pinn.LaplacianOperator (@exact_laplacian or "
+                        f"@randomized_laplacian), got {type(op).__name__} from "
+                        f"{laplacian_factory!r}")
+    return op

@@ -30,7 +30,8 @@ import hogrod
 from hogrod.pinn import training
 
 __all__ = ["Weighting", "annealing_weights", "grad_norm_weights", "ntk_trace", "ntk_weights",
-           "causal_chunk_weights", "causal_weights", "self_adaptive_weights"]
+           "causal_chunk_weights", "causal_weights", "self_adaptive_weights",
+           "combined_weights"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,3 +316,35 @@ def self_adaptive_weights(problem, u_fn, points, condition_points, variables, gp
     return Weighting(reducers={n: reducer(n) for n in terms},
                      state={f"sa_{n}": v for n, v in lambdas.items()},
                      ascent=tuple(lambdas.values()), ascent_lr=learning_rate)
+
+
+@gin.configurable
+def combined_weights(problem, u_fn, points, condition_points, variables, gpinn=None,
+                     schemes=gin.REQUIRED):
+    """Several schemes at once (jaxpi: gradient-norm weights on the terms and causal
+    weights inside the residual): `schemes` by reference, e.g. [@grad_norm_weights,
+    @causal_weights]. Their term weights, reducers and state must not overlap; at most one
+    may update (every its own `every` steps) and at most one may ascend."""
+    if not isinstance(schemes, (list, tuple)) or not schemes:
+        raise ValueError(f"combined_weights.schemes must be a non-empty list of weighting "
+                         f"schemes by reference, got {schemes!r}")
+    parts = [s(problem, u_fn, points, condition_points, variables, gpinn=gpinn)
+             for s in schemes]
+    merged = {}
+    for field in ("weights", "reducers", "state"):
+        merged[field] = {}
+        for scheme, part in zip(schemes, parts):
+            clash = set(merged[field]) & set(getattr(part, field))
+            if clash:
+                raise ValueError(f"combined_weights: {scheme!r} sets the {field} of "
+                                 f"{sorted(clash)} that an earlier scheme sets too")
+            merged[field].update(getattr(part, field))
+    updating = [p for p in parts if p.update is not None]
+    ascending = [p for p in parts if p.ascent]
+    if len(updating) > 1 or len(ascending) > 1:
+        raise ValueError("combined_weights: at most one scheme may update its weights and at "
+                         f"most one may ascend, got schemes {schemes!r}")
+    update = updating[0] if updating else Weighting()
+    ascent = ascending[0] if ascending else Weighting()
+    return Weighting(update=update.update, every=update.every, ascent=ascent.ascent,
+                     ascent_lr=ascent.ascent_lr, **merged)

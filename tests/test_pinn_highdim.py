@@ -1,0 +1,73 @@
+"""The high-dimensional Poisson problem: its closed-form source against autodiff, its
+randomized residual against the exact one, its ball sampling against the uniform law."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hogrod import pinn
+
+DIM = 4
+
+
+def points(n, dim=DIM, seed=1):
+    return tf.constant(pinn.sample(pinn.Disk(np.zeros(dim), 1.0), n, "sobol", seed,
+                                   dtype=np.float64))
+
+
+def coefficients(dim=DIM, seed=0):
+    return np.random.default_rng(seed).standard_normal(dim - 1)  # the problem's c_i
+
+
+def test_residual_vanishes_on_the_analytic_solution():
+    """The hand-derived Laplacian against reverse-over-reverse autodiff, float64."""
+    prob = pinn.poisson_nd_problem(dim=DIM, laplacian=pinn.exact_laplacian, n_test=10)
+    x, c = points(30), coefficients()
+    solution = lambda z: pinn.two_body_solution(z, c)  # noqa: E731
+    np.testing.assert_allclose(pinn.residual(prob.pde, solution, x), 0.0, atol=1e-12)
+    wrong = lambda z: pinn.two_body_solution(z, c + 0.1)  # noqa: E731
+    assert np.abs(pinn.residual(prob.pde, wrong, x)).max() > 1e-2
+    np.testing.assert_allclose(prob.reference(x.numpy()), solution(x).numpy(), rtol=1e-15)
+    assert prob.transform(x, tf.ones([30, 1], tf.float64)).shape == (30, 1)
+
+
+def test_randomized_residual_is_unbiased_with_a_new_seed_each_step():
+    """The mean of the compiled randomized residual over calls matches the exact one within
+    5 standard errors (its spread over the calls); one trace for every call."""
+    exact = pinn.poisson_nd_problem(dim=DIM, laplacian=pinn.exact_laplacian, n_test=10)
+    random = pinn.poisson_nd_problem(
+        dim=DIM, n_test=10, laplacian=lambda: pinn.randomized_laplacian(num_probes=4))
+    x, c = points(12), coefficients()
+    wrong = lambda z: pinn.two_body_solution(z, c + 1.0)  # noqa: E731
+    step = tf.function(lambda: pinn.residual(random.pde, wrong, x))
+    draws = np.stack([step().numpy() for _ in range(100)])
+    assert step.experimental_get_tracing_count() == 1
+    assert np.all(draws.std(axis=0) > 0)  # new probes at every call
+    se = draws.std(axis=0, ddof=1) / np.sqrt(len(draws))
+    target = pinn.residual(exact.pde, wrong, x).numpy()
+    assert np.all(np.abs(draws.mean(axis=0) - target) < 5 * se)
+    assert np.abs(target).max() > 10 * se.max()  # a test that can fail
+
+
+def test_points_are_uniform_in_a_high_dimensional_ball():
+    """|x| <= 1, and r^d ~ Uniform(0, 1) for uniform points in the d-ball (mean 1/2, sd
+    1/sqrt(12 n)); the directions are centred."""
+    x = points(4000, dim=50, seed=3).numpy()
+    r = np.linalg.norm(x, axis=1)
+    assert r.max() <= 1.0 + 1e-12
+    assert abs(np.mean(r ** 50) - 0.5) < 4 / np.sqrt(12 * 4000)
+    assert np.abs(x.mean(axis=0)).max() < 5 / np.sqrt(50 * 4000)
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"laplacian": "hutchinson"}, TypeError, "poisson_nd_problem.laplacian"),
+    ({"laplacian": lambda: 3}, TypeError, "poisson_nd_problem.laplacian"),
+    ({"laplacian": lambda: pinn.randomized_laplacian(method="sdgd")}, ValueError,
+     "randomized_laplacian.method"),
+    ({"laplacian": lambda: pinn.randomized_laplacian(num_probes=0)}, ValueError,
+     "randomized_laplacian.num_probes"),
+    ({"dim": 1}, ValueError, "poisson_nd_problem.dim"),
+])
+def test_bad_bindings_are_clear_errors(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        pinn.poisson_nd_problem(**{"n_test": 10, **kwargs})
