@@ -71,3 +71,14 @@ def test_points_are_uniform_in_a_high_dimensional_ball():
 def test_bad_bindings_are_clear_errors(kwargs, error, match):
     with pytest.raises(error, match=match):
         pinn.poisson_nd_problem(**{"n_test": 10, **kwargs})
+
+
+def test_the_highdim_benchmark_times_both_laplacians_and_their_ratio(tmp_path):
+    from experiments.bench import pinn_highdim
+    from hogrod import harness
+    _, m = harness.run(pinn_highdim.bench_pinn_highdim, ["configs/bench/pinn_highdim.gin"], [
+        "bench_pinn_highdim.dims = (3,)", "bench_pinn_highdim.exact_dims = (3,)",
+        "bench_pinn_highdim.points = 16", "bench_pinn_highdim.steps = 1",
+        "bench_pinn_highdim.probes = 2"], str(tmp_path))
+    assert m["d3_exact_over_randomized"] == m["d3_exact_step_s"] / m["d3_hutchinson_2_step_s"]
+    assert m["d3_exact_first_call_s"] > 0

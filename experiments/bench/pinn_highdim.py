@@ -1,22 +1,23 @@
 """Seconds per Adam step of the high-dimensional Poisson PINN (`poisson_nd_problem`): the
 randomized Laplacian against the exact one, per dimension.
 
-    python -m experiments.bench.pinn_highdim --dims 10 100 1000 --exact_dims 10 100
+    python -m experiments.bench.pinn_highdim --gin_file=configs/bench/pinn_highdim.gin
 
 The step is `pinn_experiment`'s (tanh MLP, the residual's loss and gradient, Adam), compiled
 once; tracing seconds (the first call) are reported apart. The exact Laplacian traces one
-backward pass per coordinate, so its graph and tracing time grow with d.
+backward pass per coordinate, so its graph and tracing time grow with d. Reported per d:
+seconds per step and first call for each Laplacian, and the exact over the randomized step
+(the ratio, measured in the same run).
 """
 
-import argparse
-import json
 import time
 
+import gin
 import keras
 import numpy as np
 import tensorflow as tf
 
-from hogrod import pinn, train
+from hogrod import harness, pinn, train
 from hogrod.pinn import training
 
 
@@ -42,24 +43,30 @@ def step_seconds(dim, laplacian, points=1000, width=128, depth=3, steps=10, seed
     return first, float(np.median(times))
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--dims", type=int, nargs="+", default=[10, 100, 1000])
-    parser.add_argument("--exact_dims", type=int, nargs="*", default=[10, 100])
-    parser.add_argument("--probes", type=int, default=16)
-    parser.add_argument("--points", type=int, default=1000)
-    parser.add_argument("--steps", type=int, default=10)
-    args = parser.parse_args(argv)
-    rows = []
-    for dim in args.dims:
-        ops = {f"hutchinson_{args.probes}": lambda: pinn.randomized_laplacian(args.probes)}
-        if dim in args.exact_dims:
+@gin.configurable
+def bench_pinn_highdim(output_dir, dims=(10, 100, 1000), exact_dims=(10, 100), probes=16,
+                       points=1000, steps=10):
+    del output_dir  # metrics.json is written by the harness
+    results = {}
+    for dim in dims:
+        ops = {f"hutchinson_{probes}": lambda: pinn.randomized_laplacian(probes)}
+        if dim in exact_dims:
             ops["exact"] = pinn.exact_laplacian
         for name, op in ops.items():
-            first, per_step = step_seconds(dim, op, args.points, steps=args.steps)
-            rows.append({"dim": dim, "laplacian": name, "first_call_s": first,
-                         "step_s": per_step})
-            print(json.dumps(rows[-1]), flush=True)
+            first, per_step = step_seconds(dim, op, points, steps=steps)
+            results[f"d{dim}_{name}_step_s"] = per_step
+            results[f"d{dim}_{name}_first_call_s"] = first
+            print(f"d = {dim}, {name}: {per_step:.3g} s per step, first call {first:.3g} s",
+                  flush=True)
+        if dim in exact_dims:
+            results[f"d{dim}_exact_over_randomized"] = (
+                results[f"d{dim}_exact_step_s"] / results[f"d{dim}_hutchinson_{probes}_step_s"])
+    return results
+
+
+def main():
+    """The console command `hogrod-bench-pinn-highdim` (see the module docstring)."""
+    harness.main(bench_pinn_highdim)
 
 
 if __name__ == "__main__":
