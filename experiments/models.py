@@ -119,3 +119,18 @@ def ridge_exact_hypergradient(a, b, av, bv, s):
     h = a.T @ a + np.diag(np.exp(s))
     w = np.linalg.solve(h, a.T @ b)
     return -np.exp(s) * w * np.linalg.solve(h, 2 * av.T @ (av @ w - bv) / len(bv)), h
+
+
+def ridge_losses(a, b, av, bv):
+    """The ridge hyperproblem's (inner(w, s), outer(w, s)) as TF functions of float64 tensors."""
+    a_, b_, av_, bv_ = (tf.constant(x) for x in (a, b, av, bv))
+
+    def inner(w, s):
+        r = tf.linalg.matvec(a_, w) - b_
+        return 0.5 * tf.reduce_sum(r * r) + 0.5 * tf.reduce_sum(tf.exp(s) * w * w)
+
+    def outer(w, s):
+        r = tf.linalg.matvec(av_, w) - bv_
+        return tf.reduce_mean(r * r)
+
+    return inner, outer

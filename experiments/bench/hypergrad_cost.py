@@ -49,7 +49,7 @@ import numpy as np
 import tensorflow as tf
 
 from experiments.bench import timing
-from experiments.models import ridge_exact_hypergradient, ridge_hyperproblem
+from experiments.models import ridge_exact_hypergradient, ridge_hyperproblem, ridge_losses
 from hogrod import harness, hypergrad, linalg, optim
 
 
@@ -80,20 +80,6 @@ def _first_below(errors, target):
     return int(k) if k < len(errors) else None
 
 
-def _losses(a, b, av, bv):
-    a_, b_, av_, bv_ = (tf.constant(x) for x in (a, b, av, bv))
-
-    def inner(w, s):
-        r = tf.linalg.matvec(a_, w) - b_
-        return 0.5 * tf.reduce_sum(r * r) + 0.5 * tf.reduce_sum(tf.exp(s) * w * w)
-
-    def outer(w, s):
-        r = tf.linalg.matvec(av_, w) - bv_
-        return tf.reduce_mean(r * r)
-
-    return inner, outer
-
-
 def _counting_cg(tol, maxiter, iterations):
     """`linalg.cg` that writes its iteration count into the variable `iterations` (an
     assignment, so it is recorded inside a tf.function too)."""
@@ -117,7 +103,7 @@ def _cost_table(a, b, av, bv, s, targets, max_steps, rounds):
     exact, h = ridge_exact_hypergradient(a, b, av, bv, s)
     features = len(s)
     lr = 1.0 / np.linalg.eigvalsh(h)[-1]
-    inner, outer = _losses(a, b, av, bv)
+    inner, outer = ridge_losses(a, b, av, bv)
     w0, s_ = tf.zeros(features, tf.float64), tf.constant(s)
     unrolled_err, implicit_err = _error_curves(a, b, av, bv, s, h, lr, exact, max_steps)
     norm = np.linalg.norm(exact)
@@ -196,7 +182,7 @@ def memory_child(spec):
                                spec["condition"], spec["seed"])
     _, h = ridge_exact_hypergradient(a, b, av, bv, s)
     lr = 1.0 / np.linalg.eigvalsh(h)[-1]
-    inner, outer = _losses(a, b, av, bv)
+    inner, outer = ridge_losses(a, b, av, bv)
     w0, s_ = tf.zeros(len(s), tf.float64), tf.constant(s)
     unrolled, implicit = _methods(lr, len(s), spec["steps"], spec["steps"], 1e-10,
                                   tf.Variable(-1, dtype=tf.int64))

@@ -18,7 +18,7 @@ import gin
 import numpy as np
 import tensorflow as tf
 
-from experiments.models import ridge_exact_hypergradient, ridge_hyperproblem
+from experiments.models import ridge_exact_hypergradient, ridge_hyperproblem, ridge_losses
 from hogrod import harness, hypergrad, linalg, optim
 
 
@@ -37,16 +37,7 @@ def bench_hypergrad_ridge(output_dir, features=20, train=100, validation=50, con
     a, b, av, bv, s = ridge_hyperproblem(features, train, validation, condition, seed)
     exact, h = ridge_exact_hypergradient(a, b, av, bv, s)
     lr = 1.0 / np.linalg.eigvalsh(h)[-1]
-    a_, b_, av_, bv_ = (tf.constant(x) for x in (a, b, av, bv))
-
-    def inner(w, s):
-        r = tf.linalg.matvec(a_, w) - b_
-        return 0.5 * tf.reduce_sum(r * r) + 0.5 * tf.reduce_sum(tf.exp(s) * w * w)
-
-    def outer(w, s):
-        r = tf.linalg.matvec(av_, w) - bv_
-        return tf.reduce_mean(r * r)
-
+    inner, outer = ridge_losses(a, b, av, bv)
     w0, s_ = tf.zeros(features, tf.float64), tf.constant(s)
 
     def measure(method):
