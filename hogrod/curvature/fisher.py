@@ -23,7 +23,7 @@ import hogrod
 from hogrod.autodiff import _check_params, _densify, _fill_unconnected, _unwrap
 from hogrod.curvature.eigen import as_matvec
 from hogrod.curvature.likelihood import likelihood_of
-from hogrod.curvature.operators import _CurvatureOperator
+from hogrod.curvature.operators import _CurvatureOperator, fold_replica
 from hogrod.curvature.per_example import batch_gradients
 
 __all__ = ["FisherOperator", "FISHER_TYPES", "gauss_newton_diagonal", "mc_fisher_diagonal",
@@ -97,9 +97,7 @@ def _batch_key(seed, index):
     """A stateless key of (seed, batch index, replica): fixed, so the operator is one matrix."""
     key = tf.random.experimental.stateless_fold_in(tf.constant([seed, 0], tf.int64),
                                                    tf.reduce_max(tf.concat([index, [0]], 0)))
-    replica = tf.distribute.get_replica_context()
-    rid = 0 if replica is None else replica.replica_id_in_sync_group
-    return tf.random.experimental.stateless_fold_in(key, rid)
+    return fold_replica(key)
 
 
 def _outputs(model, lik, x, where):

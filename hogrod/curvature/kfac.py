@@ -54,6 +54,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from hogrod.curvature.operators import (_check_strategy, distribute_batches, fold_replica,
+                                        replica_sums)
+
 __all__ = ["KFACOperator", "EKFACOperator"]
 
 FISHERS = ("type2", "mc", "empirical")
@@ -168,6 +171,16 @@ def _capture(layers, record):
             object.__setattr__(layer, "activation", activation)
 
 
+def _trailing(t, start):
+    """The product of t's dimensions from `start` on, static where known (later code reads
+    static shapes): reshapes spell it out, since -1 cannot be inferred for an empty batch (a
+    replica's empty shard)."""
+    dims = t.shape[start:]
+    if dims.is_fully_defined():
+        return int(np.prod(dims))
+    return tf.reduce_prod(tf.shape(t)[start:])
+
+
 def _rows(block, a, g):
     """Layer inputs `a` -> [N, R, d_in] (ones appended for the bias) and output gradients
     `g` ([C, N, ...] over the cotangent columns C) -> [C, N, R, d_out]."""
@@ -179,10 +192,10 @@ def _rows(block, a, g):
         a = tf.image.extract_patches(a, [1, kh, kw, 1], [1, sh, sw, 1], [1, dh, dw, 1],
                                      layer.padding.upper())
     n = tf.shape(a)[0]
-    a = tf.reshape(a, [n, -1, block.d_in_kernel])
+    a = tf.reshape(a, [n, _trailing(a, 1) // block.d_in_kernel, block.d_in_kernel])
     if block.has_bias:
         a = tf.concat([a, tf.ones_like(a[..., :1])], axis=-1)
-    g = tf.reshape(g, [tf.shape(g)[0], n, -1, block.d_out])
+    g = tf.reshape(g, [tf.shape(g)[0], n, _trailing(g, 2) // block.d_out, block.d_out])
     return a, g
 
 
@@ -210,8 +223,18 @@ def _likelihood(loss, where):
                      f"{loss!r}. Use fisher='type2' (the exact Fisher) for other losses")
 
 
+_KERAS_MEANS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
+
+
 def _objective(loss, y, z):
-    return tf.reduce_mean(loss(y, z))
+    """mean(loss(y, z)) over the examples of z. Keras (TF backend) divides a batch-mean loss
+    by the number of replicas wherever a strategy with several is current (its training step
+    sums the replicas' losses); multiplied back, so a replica's shard is not down-weighted."""
+    value = tf.reduce_mean(loss(y, z))
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    if replicas > 1 and isinstance(loss, keras.losses.Loss) and loss.reduction in _KERAS_MEANS:
+        value = value * replicas
+    return value
 
 
 def _cotangents(loss, fisher, likelihood, mc_samples, seed, y, z):
@@ -219,18 +242,19 @@ def _cotangents(loss, fisher, likelihood, mc_samples, seed, y, z):
     summed over C give each example's curvature of L (the 1/N of the mean included)."""
     n = tf.shape(z)[0]
     z = tf.stop_gradient(z)
-    flat = tf.reshape(z, [n, -1])
+    k = _trailing(z, 1)
+    flat = tf.reshape(z, [n, k])
     root_n = tf.sqrt(tf.cast(n, z.dtype))
 
     def grads_at(labels, outputs, copies):  # [copies, N, K]: one example gradient per row
-        rows = tf.reshape(outputs, [copies * n, -1])
+        rows = tf.reshape(outputs, [copies * n, k])
         with tf.GradientTape() as tape:
             tape.watch(rows)
             value = _objective(loss, labels, tf.reshape(rows, tf.shape(outputs)))
         # value is the mean over copies * N examples: sqrt(copies * N) * dvalue/drow is the
         # example's gradient over sqrt(copies * N), whose outer products sum to the mean
         scale = tf.sqrt(tf.cast(copies * n, z.dtype))
-        return tf.reshape(scale * tape.gradient(value, rows), [copies, n, -1])
+        return tf.reshape(scale * tape.gradient(value, rows), [copies, n, k])
 
     if fisher == "empirical":
         return grads_at(y, z, 1)
@@ -238,30 +262,37 @@ def _cotangents(loss, fisher, likelihood, mc_samples, seed, y, z):
         m = mc_samples
         tiled = tf.tile(z, tf.concat([[m], tf.ones_like(tf.shape(z)[1:])], 0))  # [m * N, ...]
         if likelihood == "gaussian":  # mean-of-squares loss: per-example Hessian (2/K) I
-            k = tf.cast(tf.shape(flat)[1], z.dtype)
-            labels = tiled + tf.sqrt(k / 2.0) * tf.random.stateless_normal(
+            width = tf.cast(tf.shape(flat)[1], z.dtype)
+            labels = tiled + tf.sqrt(width / 2.0) * tf.random.stateless_normal(
                 tf.shape(tiled), seed, dtype=z.dtype)
         else:
             if z.shape.rank != 2:
                 raise ValueError("KFACOperator: fisher='mc' with a cross-entropy needs logits "
                                  f"of shape [batch, classes], got {z.shape}")
             drawn = tf.reshape(tf.transpose(tf.random.stateless_categorical(
-                tf.reshape(z, [n, -1]), m, seed)), [-1])
+                flat, m, seed)), [-1])
             labels = drawn if likelihood == "sparse_categorical" else tf.one_hot(
                 drawn, tf.shape(flat)[1], dtype=z.dtype)
         return grads_at(labels, tiled, m)
-    with tf.GradientTape() as outer:  # type2: a square root of each example's loss Hessian
+    with tf.GradientTape(persistent=True) as outer:  # type2: each example's loss Hessian's root
         outer.watch(flat)
         with tf.GradientTape() as inner:
             inner.watch(flat)
             value = _objective(loss, y, tf.reshape(flat, tf.shape(z)))
         gz = inner.gradient(value, flat)
-    hessians = outer.batch_jacobian(gz, flat)  # [N, K, K]: L is separable over examples
+    # [N, K, K], L separable over examples: row j of every example's Hessian is the gradient
+    # of column j of gz (batch_jacobian's computation without its reshape to [N, -1], which
+    # fails on an empty batch)
+    hessians = tf.transpose(tf.vectorized_map(
+        lambda e: outer.gradient(gz, flat, output_gradients=tf.broadcast_to(e, tf.shape(gz))),
+        tf.eye(k, dtype=z.dtype)), [1, 0, 2])
+    del outer
     hessians = 0.5 * (hessians + tf.linalg.matrix_transpose(hessians))
     evals, evecs = tf.linalg.eigh(hessians)
-    scale = tf.reduce_max(tf.abs(evals)) + tf.constant(1e-30, z.dtype)
+    flat_evals = tf.concat([tf.reshape(evals, [-1]), tf.zeros([1], z.dtype)], 0)  # 0: no rows
+    scale = tf.reduce_max(tf.abs(flat_evals)) + tf.constant(1e-30, z.dtype)
     tf.debugging.assert_greater_equal(
-        tf.reduce_min(evals) / scale, tf.constant(-1e-4, z.dtype),
+        tf.reduce_min(flat_evals) / scale, tf.constant(-1e-4, z.dtype),
         message="KFACOperator: fisher='type2' needs a loss convex in the model outputs (its "
                 "Hessian has a clearly negative eigenvalue); use MSE or cross-entropy on logits")
     roots = evecs * tf.sqrt(tf.maximum(evals, 0.0))[:, None, :]  # H_n = roots roots^T
@@ -298,7 +329,7 @@ class _Factors:
     """Everything shared between operators that differ only in damping."""
 
     def __init__(self, model, loss, data, fisher, approx, mc_samples, seed, other_layers,
-                 eigen_corrected, where):
+                 eigen_corrected, where, strategy=None):
         if not isinstance(model, keras.Model) or not model.built:
             raise ValueError(f"{where}: model must be a built keras.Model, got {model!r}")
         if not callable(loss):
@@ -313,6 +344,7 @@ class _Factors:
         if data is None:
             raise ValueError(f"{where}: data is None; pass one (x, y) batch or a "
                              "tf.data.Dataset of them")
+        _check_strategy(strategy, data, where)  # before any work on the model
         variables = model.trainable_variables
         if not variables:
             raise ValueError(f"{where}: model '{model.name}' has no trainable variables")
@@ -336,7 +368,9 @@ class _Factors:
         self.approx, self.where = approx, where
         self._model, self._loss, self._fisher = model, loss, fisher
         self._likelihood, self._mc_samples, self._seed = likelihood, mc_samples, seed
-        self._batches = [data] if not isinstance(data, tf.data.Dataset) else data
+        self._strategy = strategy
+        self._batches = ([data] if strategy is None and not isinstance(data, tf.data.Dataset)
+                         else distribute_batches(data, strategy, where))
         self._eigen_corrected = eigen_corrected
         self._stats = self._correction_stats = None
         self.compiled = {}  # the operators' products, shared by every damping
@@ -358,12 +392,14 @@ class _Factors:
         with tf.GradientTape(persistent=True) as tape:
             with _capture([b.layer for b in kfac], {}) as record:
                 z = self._model(x, training=False)
-            seed = tf.stack([tf.cast(self._seed, tf.int64), tf.cast(index, tf.int64)])
+            seed = fold_replica(tf.stack([tf.cast(self._seed, tf.int64),
+                                          tf.cast(index, tf.int64)]))
             cot = _cotangents(self._loss, self._fisher, self._likelihood, self._mc_samples,
                               seed, y, z)
             if diag:  # per-example, per-column output projections for the exact diagonal
                 cot_ = tf.stop_gradient(cot)
-                targets = tf.einsum("nk,cnk->cn", tf.reshape(z, [tf.shape(z)[0], -1]), cot_)
+                targets = tf.einsum("nk,cnk->cn", tf.reshape(z, [tf.shape(z)[0], _trailing(z, 1)]),
+                                    cot_)
         s = [record[b.name]["s"] for b in kfac]
         grads = _backward(tape, z, s, cot) if kfac else []
         out = {}
@@ -400,7 +436,7 @@ class _Factors:
             return result, n
 
         if self._stats is None:
-            self._stats = tf.function(stats, reduce_retracing=True)
+            self._stats = replica_sums(stats, self._strategy)
         totals, count = self._accumulate(self._stats)
         self.A, self.G, self.diag = {}, {}, {}
         for b in self.blocks:
@@ -460,7 +496,7 @@ class _Factors:
             return result, n
 
         if self._correction_stats is None:
-            self._correction_stats = tf.function(stats, reduce_retracing=True)
+            self._correction_stats = replica_sums(stats, self._strategy)
         totals, count = self._accumulate(self._correction_stats, self.eigen)
         self.corrected = {name: t / count for name, t in totals.items()}
 
@@ -478,11 +514,11 @@ class _Kronecker(tf.linalg.LinearOperator):
     _eigen_corrected = False
 
     def __init__(self, model, loss, data, fisher="type2", approx="expand", damping=0.0, *,
-                 mc_samples=1, seed=0, other_layers="raise"):
+                 mc_samples=1, seed=0, other_layers="raise", strategy=None):
         where = type(self).__name__
         damping = _check_number(damping, "damping", where)
         factors = _Factors(model, loss, data, fisher, approx, mc_samples, seed, other_layers,
-                           self._eigen_corrected, where)
+                           self._eigen_corrected, where, strategy)
         self._setup(factors, damping)
 
     def _setup(self, factors, damping):

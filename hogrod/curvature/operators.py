@@ -63,6 +63,54 @@ def _check_callable(fn, arg, name):
         raise TypeError(f"{name}: {arg} must be callable, got {type(fn).__name__}")
 
 
+def _check_strategy(strategy, data, name):
+    """`strategy` is None or a tf.distribute.Strategy, and with one, `data` is a Dataset: the
+    one check of every curvature that splits batches over replicas."""
+    if strategy is None:
+        return
+    if not isinstance(strategy, tf.distribute.Strategy):
+        raise TypeError(f"{name}: strategy must be a tf.distribute.Strategy (e.g. "
+                        "hogrod.distribute.make_strategy('mirrored')) or None, got "
+                        f"{type(strategy).__name__}")
+    if not isinstance(data, tf.data.Dataset):
+        raise ValueError(f"{name}: with a strategy, data must be a tf.data.Dataset of "
+                         "batches (each batch is split over the replicas)")
+
+
+def distribute_batches(data, strategy, name):
+    """`data` as the batches to iterate: itself without a strategy, else each batch split
+    over the replicas (`experimental_distribute_dataset`; a batch that does not split evenly
+    gives shards of different sizes, possibly an empty one)."""
+    _check_strategy(strategy, data, name)
+    return data if strategy is None else strategy.experimental_distribute_dataset(data)
+
+
+def replica_sums(fn, strategy):
+    """`fn(batch, *args) -> structure of tensors`, each a SUM over the batch's examples (its
+    size among them), compiled. With a strategy, `fn` runs on every replica's shard of a
+    batch from `distribute_batches` and each part is summed over the replicas (all-reduce),
+    so the result equals one device's on the whole batch: normalize by the summed size, never
+    per replica. `args` are the same on every replica."""
+    if strategy is None:
+        return tf.function(fn, reduce_retracing=True)
+
+    @tf.function(reduce_retracing=True)
+    def summed(batch, *args):
+        parts = strategy.run(fn, args=(batch, *args))
+        return tf.nest.map_structure(
+            lambda t: strategy.reduce(tf.distribute.ReduceOp.SUM, t, axis=None), parts)
+    return summed
+
+
+def fold_replica(key):
+    """A stateless key [2] with the replica id folded in (0 without a strategy): under a
+    strategy every replica draws its own random numbers, a different (equally distributed)
+    draw than one device's."""
+    replica = tf.distribute.get_replica_context()
+    rid = 0 if replica is None else replica.replica_id_in_sync_group
+    return tf.random.experimental.stateless_fold_in(key, rid)
+
+
 class _CurvatureOperator(tf.linalg.LinearOperator):
     """Shared machinery: flat vectors in and out, batches reduced by size-weighted mean."""
 
@@ -74,28 +122,17 @@ class _CurvatureOperator(tf.linalg.LinearOperator):
         self._params = list(tf.nest.flatten(params))
         self._n = sum(int(np.prod(p.shape)) for p in self._params)
         self._single = not isinstance(data, tf.data.Dataset)
-        if strategy is not None and self._single:
-            raise ValueError(f"{name}: with a strategy, data must be a tf.data.Dataset of "
-                             "batches (each batch is split over the replicas)")
-        self._data = data if strategy is None else strategy.experimental_distribute_dataset(data)
+        self._data = distribute_batches(data, strategy, name)
         self.num_matvecs = 0
         params_ = self._params
 
-        def weighted_product(vector, batch):  # (size * product, size) of one (shard of a) batch
+        def weighted_product(batch, vector):  # (size * product, size) of one (shard of a) batch
             v = unflatten(tf.cast(vector, params_[0].dtype), params_)
             size = tf.cast(_batch_size(batch), dtype)
             return size * flatten(product(batch, v), dtype), size
 
-        if strategy is None:
-            batch_product = tf.function(weighted_product, reduce_retracing=True)
-        else:
-            @tf.function
-            def batch_product(vector, batch):
-                total, size = strategy.run(weighted_product, args=(vector, batch))
-                return (strategy.reduce(tf.distribute.ReduceOp.SUM, total, axis=None),
-                        strategy.reduce(tf.distribute.ReduceOp.SUM, size, axis=None))
-
-        self._batch_product = batch_product
+        product_sums = replica_sums(weighted_product, strategy)
+        self._batch_product = lambda vector, batch: product_sums(batch, vector)
         super().__init__(dtype=dtype, is_self_adjoint=True, is_square=True, name=name, **hints)
 
     def _shape(self):

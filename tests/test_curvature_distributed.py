@@ -1,0 +1,111 @@
+"""K-FAC, EK-FAC and Laplace under MirroredStrategy on two logical CPU devices (conftest.py)
+against the same computation on one device: each batch is split over the replicas, the
+per-replica sums all-reduced and normalized by the global number of examples. The data
+set's batches (15 and 1 of 16 examples) split unevenly (8/7) and leave one replica an empty
+shard (1/0)."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hogrod import curvature, distribute
+
+CE = keras.losses.SparseCategoricalCrossentropy(from_logits=True, dtype="float64")
+MSE = keras.losses.MeanSquaredError(dtype="float64")
+TOL = dict(rtol=1e-6, atol=1e-12)
+# batches of 15 and 1: shards 8/7 and 1/0. More examples than the reduce factor's 10 inputs:
+# a degenerate (null) eigenspace of A would make EK-FAC's basis, and its correction, arbitrary
+N, BATCH = 16, 15
+
+
+@pytest.fixture(scope="module")
+def mirrored():
+    strategy = distribute.make_strategy("mirrored")
+    assert strategy.num_replicas_in_sync == 2
+    return strategy
+
+
+def conv_classifier(strategy, seed=0):
+    """Conv2D (4 locations: expand != reduce) -> Flatten -> Dense, its weights made under
+    `strategy` (mirrored variables) from the same seed."""
+    with strategy.scope():
+        keras.utils.set_random_seed(seed)
+        return keras.Sequential([
+            keras.Input((4, 4, 1), dtype="float64"),
+            keras.layers.Conv2D(2, 3, strides=2, padding="same", activation="tanh",
+                                dtype="float64", name="conv"),
+            keras.layers.Flatten(dtype="float64"),
+            keras.layers.Dense(3, dtype="float64", name="dense")])
+
+
+def images(seed=1):
+    rng = np.random.default_rng(seed)
+    x = tf.constant(rng.normal(size=(N, 4, 4, 1)))
+    y = tf.constant(rng.integers(0, 3, size=N), tf.int32)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+
+
+def one_device():
+    return tf.distribute.get_strategy()
+
+
+def kronecker(cls, strategy, **kw):
+    strategy = one_device() if strategy is None else strategy
+    model = conv_classifier(strategy)
+    dist = None if strategy is one_device() else strategy
+    return cls(model, CE, images(), strategy=dist, **kw)
+
+
+@pytest.mark.parametrize("approx", ["expand", "reduce"])
+@pytest.mark.parametrize("fisher", ["type2", "empirical"])
+def test_kfac_factors_equal_one_device(mirrored, approx, fisher):
+    one = kronecker(curvature.KFACOperator, None, approx=approx, fisher=fisher)
+    two = kronecker(curvature.KFACOperator, mirrored, approx=approx, fisher=fisher)
+    assert set(two.factors) == set(one.factors) and len(one.factors) == 2
+    for name, (a, g) in one.factors.items():
+        np.testing.assert_allclose(two.factors[name][0], a, **TOL)
+        np.testing.assert_allclose(two.factors[name][1], g, **TOL)
+    v = tf.constant(np.random.default_rng(2).normal(size=one.shape[0]))
+    np.testing.assert_allclose(two.with_damping(0.1).solve(v[:, None]),
+                               one.with_damping(0.1).solve(v[:, None]), **TOL)
+
+
+@pytest.mark.parametrize("approx", ["expand", "reduce"])
+def test_ekfac_corrected_eigenvalues_equal_one_device(mirrored, approx):
+    one = kronecker(curvature.EKFACOperator, None, approx=approx)
+    two = kronecker(curvature.EKFACOperator, mirrored, approx=approx)
+    for name, (a, g) in one.factors.items():
+        np.testing.assert_allclose(two.factors[name][0], a, **TOL)
+        np.testing.assert_allclose(two.factors[name][1], g, **TOL)
+    for name, values in one.corrected_eigenvalues.items():
+        np.testing.assert_allclose(two.corrected_eigenvalues[name], values, **TOL)
+    v = tf.constant(np.random.default_rng(2).normal(size=one.shape[0]))
+    np.testing.assert_allclose(two.matvec(v), one.matvec(v), **TOL)
+
+
+def test_refresh_recomputes_under_the_strategy(mirrored):
+    """refresh (factors and correction pass) at new weights equals a fresh one-device
+    operator at those weights."""
+    two = kronecker(curvature.EKFACOperator, mirrored)
+    model = two._f._model
+    for w in model.trainable_variables:
+        w.assign(1.5 * w)
+    two.refresh()
+    one = kronecker(curvature.EKFACOperator, None)
+    for w in one._f._model.trainable_variables:
+        w.assign(1.5 * w)
+    one.refresh()
+    for name, values in one.corrected_eigenvalues.items():
+        np.testing.assert_allclose(two.corrected_eigenvalues[name], values, **TOL)
+
+
+def test_mc_fisher_under_a_strategy_is_close_to_type2(mirrored):
+    """Sampled labels differ from one device's (the replica id is folded into the key), so
+    only the expectation is compared: many samples approach the exact (type-2) factors."""
+    mc = kronecker(curvature.KFACOperator, mirrored, fisher="mc", mc_samples=2000)
+    exact = kronecker(curvature.KFACOperator, one_device())
+    for name, (a, g) in exact.factors.items():
+        assert np.all(np.isfinite(mc.factors[name][1]))
+        np.testing.assert_allclose(mc.factors[name][0], a, **TOL)  # A needs no labels
+        assert np.abs(mc.factors[name][1] - g).max() < 0.1 * np.abs(g).max()
