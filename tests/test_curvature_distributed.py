@@ -109,3 +109,68 @@ def test_mc_fisher_under_a_strategy_is_close_to_type2(mirrored):
         assert np.all(np.isfinite(mc.factors[name][1]))
         np.testing.assert_allclose(mc.factors[name][0], a, **TOL)  # A needs no labels
         assert np.abs(mc.factors[name][1] - g).max() < 0.1 * np.abs(g).max()
+
+
+def mlp(strategy, outputs, seed=0):
+    with strategy.scope():
+        keras.utils.set_random_seed(seed)
+        return keras.Sequential([keras.Input((3,), dtype="float64"),
+                                 keras.layers.Dense(4, activation="tanh", dtype="float64"),
+                                 keras.layers.Dense(outputs, dtype="float64")])
+
+
+def table(likelihood, seed=1):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(N, 3))
+    y = (rng.integers(0, 3, size=N).astype(np.int32) if likelihood == "classification"
+         else rng.normal(size=(N, 2)))
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+
+
+@pytest.mark.parametrize("hessian,subset,likelihood", [
+    ("kfac", "all", "classification"), ("kfac", "last_layer", "regression"),
+    ("diag", "all", "regression"), ("diag", "last_layer", "classification")])
+def test_laplace_equals_one_device(mirrored, hessian, subset, likelihood):
+    xt = tf.constant(np.random.default_rng(5).normal(size=(4, 3)))
+    outputs = 3 if likelihood == "classification" else 2
+    kw = dict(likelihood=likelihood, subset=subset, hessian=hessian, prior_precision=0.7)
+    if likelihood == "regression":
+        kw["sigma_noise"] = 0.4
+    one = curvature.Laplace(mlp(one_device(), outputs), **kw).fit(table(likelihood))
+    two = curvature.Laplace(mlp(mirrored, outputs), strategy=mirrored, **kw).fit(
+        table(likelihood))
+    assert two.n_data == one.n_data == N
+    np.testing.assert_allclose(float(two.log_marginal_likelihood()),
+                               float(one.log_marginal_likelihood()), **TOL)
+    np.testing.assert_allclose(two._evals, one._evals, **TOL)
+    if likelihood == "regression":
+        for a, b in zip(two.predictive(xt), one.predictive(xt)):  # mean and variance
+            np.testing.assert_allclose(a, b, **TOL)
+    else:
+        np.testing.assert_allclose(two.predictive(xt), one.predictive(xt), **TOL)
+        # the functional variance itself (probit's input), not only the probabilities
+        _, jac = one._outputs_and_jacobian(xt, "test")
+        np.testing.assert_allclose(two.functional_variance(jac), one.functional_variance(jac),
+                                   **TOL)
+
+
+def test_bad_strategy_and_data_are_named(mirrored):
+    model = conv_classifier(one_device())
+    batch = next(iter(images()))
+    for make in (lambda **kw: curvature.KFACOperator(model, CE, images(), **kw),
+                 lambda **kw: curvature.EKFACOperator(model, CE, images(), **kw),
+                 lambda **kw: curvature.Laplace(model, "classification", **kw),
+                 lambda **kw: curvature.FisherOperator(model, CE, images(), **kw)):
+        with pytest.raises(TypeError, match=r"strategy must be a tf.distribute.Strategy .* "
+                                            "got str"):
+            make(strategy="mirrored")
+    # one batch, not a Dataset: FisherOperator's error, with each one's name
+    expected = "with a strategy, data must be a tf.data.Dataset of batches"
+    with pytest.raises(ValueError, match="FisherOperator: " + expected):
+        curvature.FisherOperator(model, CE, batch, strategy=mirrored)
+    with pytest.raises(ValueError, match="KFACOperator: " + expected):
+        curvature.KFACOperator(model, CE, batch, strategy=mirrored)
+    with pytest.raises(ValueError, match="EKFACOperator: " + expected):
+        curvature.EKFACOperator(model, CE, batch, strategy=mirrored)
+    with pytest.raises(ValueError, match=r"Laplace.fit: " + expected):
+        curvature.Laplace(model, "classification", strategy=mirrored).fit(batch)

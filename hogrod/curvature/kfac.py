@@ -44,6 +44,14 @@ factors with another damping (nothing recomputed). EK-FAC (George et al. 2018) k
 K-FAC eigenbasis `Q_A (x) Q_G` and replaces the eigenvalues `evals_A (x) evals_G` by the
 exact diagonal of `(Q_A (x) Q_G)^T F (Q_A (x) Q_G)` for the same F (`corrected_eigenvalues`).
 Eigenvalues of the factors below zero (round-off) are clipped to zero.
+
+With `strategy=` (a `tf.distribute.Strategy`; `data` must then be a Dataset) each batch is
+split over the replicas (`operators.distribute_batches`): every replica computes the sums of
+its shard (the factors' and diagonals' sums, the row and example counts, EK-FAC's correction
+in the basis of the already reduced factors), the sums are all-reduced (`replica_sums`) and
+divided by the global counts, so the factors equal one device's; a shard may be uneven or
+empty. fisher="mc" folds the replica id into the sampling key (as `FisherOperator`): the
+sampled labels, hence the factors, differ from one device's draw, with the same expectation.
 """
 
 import contextlib
@@ -54,7 +62,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hogrod.curvature.operators import (_check_strategy, distribute_batches, fold_replica,
+from hogrod.curvature.operators import (_check_distributable, distribute_batches, fold_replica,
                                         replica_sums)
 
 __all__ = ["KFACOperator", "EKFACOperator"]
@@ -344,7 +352,7 @@ class _Factors:
         if data is None:
             raise ValueError(f"{where}: data is None; pass one (x, y) batch or a "
                              "tf.data.Dataset of them")
-        _check_strategy(strategy, data, where)  # before any work on the model
+        _check_distributable(data, strategy, where)  # before any work on the model
         variables = model.trainable_variables
         if not variables:
             raise ValueError(f"{where}: model '{model.name}' has no trainable variables")
@@ -671,6 +679,8 @@ class KFACOperator(_Kronecker):
       damping: added to the diagonal (>= 0; `solve`/`logdet` need > 0).
       mc_samples, seed: the sampled labels of fisher="mc".
       other_layers: "raise" | "diagonal" for layers with weights K-FAC does not factor.
+      strategy: a tf.distribute.Strategy to split each batch of `data` (a Dataset) over;
+        `refresh` recomputes under it too.
     """
 
     def _eigenvalues(self, name):

@@ -34,6 +34,12 @@ Regression returns (mean [N, C], variance [N, C, C]) of f, WITHOUT the observati
 class probabilities [N, C]: the probit approximation softmax(mu / sqrt(1 + pi/8 var)) or
 the Monte Carlo mean of softmax over samples of f.
 
+`Laplace(..., strategy=)` (a tf.distribute.Strategy) splits each batch of `fit`'s data (a
+Dataset) over the replicas: the summed loss, example count and H (or its diagonal) are
+per-replica sums all-reduced (`operators.replica_sums`), K-FAC is `KFACOperator(strategy=)`
+(for subset="last_layer" on features computed on the replicas); the result equals one
+device's. The first batch is also checked eagerly (output, labels, last layer).
+
 Differences from laplace-torch, on purpose: the prior precision is one scalar (laplace-torch
 also has per-layer and per-parameter priors); passing `prior_precision` / `sigma_noise` to
 `log_marginal_likelihood` evaluates at them without changing the stored values;
@@ -49,6 +55,7 @@ import tensorflow as tf
 
 from hogrod.curvature.fisher import _data_batches
 from hogrod.curvature.kfac import KFACOperator
+from hogrod.curvature.operators import _check_strategy, distribute_batches, replica_sums
 from hogrod.curvature.per_example import batch_gradients
 
 __all__ = ["Laplace", "LIKELIHOODS", "SUBSETS", "HESSIANS"]
@@ -133,11 +140,16 @@ class Laplace:
       sigma_noise: the regression noise's standard deviation (> 0); must stay 1.0 for
         classification.
       prior_mean: mu_0, a number (every parameter) or a flat vector of the subset's size.
+      strategy: a tf.distribute.Strategy: `fit` splits each batch of its data (a Dataset)
+        over the replicas, sums the log-likelihood and H (or K-FAC's statistics, by
+        `KFACOperator(strategy=)`) over them; the result equals one device's.
     """
 
     def __init__(self, model, likelihood="regression", subset="all", hessian="full",
-                 prior_precision=1.0, sigma_noise=1.0, prior_mean=0.0):
+                 prior_precision=1.0, sigma_noise=1.0, prior_mean=0.0, strategy=None):
         where = "Laplace"
+        _check_strategy(strategy, where)
+        self.strategy = strategy
         if not isinstance(model, keras.Model) or not model.built:
             raise ValueError(f"{where}: model must be a built keras.Model (e.g. with "
                              f"keras.Input), got {type(model).__name__}")
@@ -229,7 +241,7 @@ class Laplace:
             z = tf.convert_to_tensor(self._head_fn(inputs))
             flat = tf.reshape(z, [-1])
         rows = batch_gradients(flat, self.params, tape)
-        return z, tf.reshape(rows, tf.concat([tf.shape(z), [-1]], 0))
+        return z, tf.reshape(rows, tf.concat([tf.shape(z), [self.n_params]], 0))
 
     def _outputs_and_jacobian(self, x, where):
         inputs = self._inputs(x)
@@ -274,7 +286,10 @@ class Laplace:
             raise ValueError(f"{where}: likelihood='classification' needs integer class labels "
                              f"of shape [{n}] (or [{n}, 1]), got {y.dtype.name} {y.shape}")
         bad = tf.logical_or(y < 0, y >= c)
-        if bool(tf.reduce_any(bad)):
+        if not tf.executing_eagerly():  # a replica's shard, in fit under a strategy
+            tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [
+                f"{where}: class labels must lie in [0, {c}) for {c} logits, got", y[bad][:5]])
+        elif bool(tf.reduce_any(bad)):
             raise ValueError(f"{where}: class labels must lie in [0, {c}) for {c} logits, got "
                              f"{y[bad][:5].numpy().tolist()}")
         return y
@@ -306,6 +321,8 @@ class Laplace:
         """Compute H over `data` (one (x, y) batch or a tf.data.Dataset of them) at the
         model's current weights, which become the posterior mean."""
         where = "Laplace.fit"
+        if self.strategy is not None:
+            return self._fit_distributed(data, where)
         total_loss, count, width = 0.0, 0, None
         gram, diag, kfac_batches = None, None, []
         for x, y in _data_batches(data, where):
@@ -332,8 +349,13 @@ class Laplace:
                 kfac_batches.append((inputs, y))
         if count == 0:
             raise ValueError(f"{where}: data holds no examples")
+        return self._finish_fit(total_loss, count, width, gram if gram is not None else diag,
+                                kfac_batches)
+
+    def _finish_fit(self, total_loss, count, width, curvature, kfac_batches):
         self.n_data, self.n_outputs, self.loss = count, width, total_loss
         self.mean = np.concatenate([np.ravel(p.numpy()) for p in self.params]).astype(np.float64)
+        gram = diag = curvature
         if self.hessian == "full":
             evals, evecs = tf.linalg.eigh(0.5 * (gram + tf.transpose(gram)))
             # H = R^T R is positive semi-definite: a negative eigenvalue is round-off
@@ -345,6 +367,64 @@ class Laplace:
             self._fit_kfac(kfac_batches, count, width)
         self._fitted = True
         return self
+
+    def _fit_distributed(self, data, where):
+        """fit under `self.strategy`: the first batch checked eagerly (output, labels, last
+        layer), then every batch split over the replicas, each replica's sums (loss, count,
+        H or its diagonal) all-reduced; K-FAC gets the strategy."""
+        _data_batches(data, where)  # the (x, y) check
+        batches = distribute_batches(data, self.strategy, where)
+        first = next(iter(data), None)
+        if first is None:
+            raise ValueError(f"{where}: data holds no examples")
+        z = tf.convert_to_tensor(self._head_fn(self._inputs(first[0])))
+        self._check_output(z, where)
+        if self._features is not None:
+            self._check_head(first[0], z, where)
+        self._labels(first[1], z, where)
+        sums = replica_sums(lambda batch: self._shard_sums(batch, where), self.strategy)
+        totals = None
+        for batch in batches:
+            part = sums(batch)
+            totals = part if totals is None else tf.nest.map_structure(tf.add, totals, part)
+        count = int(totals["count"])
+        if count == 0:
+            raise ValueError(f"{where}: data holds no examples")
+        kfac_batches = data
+        if self.hessian == "kfac" and self._features is not None:
+            kfac_batches = self._distributed_features(batches)
+        return self._finish_fit(float(totals["loss"]), count, int(z.shape[-1]),
+                                totals.get("curvature"), kfac_batches)
+
+    def _shard_sums(self, batch, where):
+        """{loss, count, curvature (H or its diagonal; not for K-FAC)} of one shard."""
+        x, y = batch
+        inputs = self._inputs(x)
+        if self.hessian == "kfac":
+            z, jac = tf.convert_to_tensor(self._head_fn(inputs)), None
+        else:
+            z, jac = self._jacobian_fn(inputs)
+        self._check_output(z, where)
+        loss, rows = self._loss_and_roots(z, jac, self._labels(y, z, where))
+        out = {"loss": loss, "count": tf.cast(tf.shape(z)[0], tf.float64)}
+        if self.hessian == "full":
+            out["curvature"] = tf.matmul(rows, rows, transpose_a=True)
+        elif self.hessian == "diag":
+            out["curvature"] = tf.reduce_sum(tf.square(rows), 0)
+        return out
+
+    def _distributed_features(self, batches):
+        """[(features, y)] per batch, the features computed on the replicas' shards."""
+        strategy = self.strategy
+
+        @tf.function
+        def shard_features(batch):
+            return strategy.run(lambda b: (self._features(b[0], training=False), b[1]),
+                                args=(batch,))
+
+        def joined(t):  # the shards in replica order: the batch's order
+            return tf.concat(strategy.experimental_local_results(t), 0)
+        return [tuple(joined(t) for t in shard_features(b)) for b in batches]
 
     def _check_head(self, x, z, where):
         """subset='last_layer': the last layer must produce the model's output."""
@@ -374,14 +454,16 @@ class Laplace:
             loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
                                                               dtype=self.dtype.name)
             self._kfac_scale = float(count)
-        if len(batches) == 1:
+        if isinstance(batches, tf.data.Dataset):  # the data itself, under a strategy
+            data = batches
+        elif len(batches) == 1 and self.strategy is None:
             data = batches[0]
         else:
             data = tf.data.Dataset.from_tensor_slices(tuple(
                 tf.concat([tf.convert_to_tensor(b[i]) for b in batches], 0) for i in range(2)))
             data = data.batch(int(tf.shape(batches[0][0])[0]))
         self._kfac = KFACOperator(model, loss, data, fisher="type2", approx="expand",
-                                  other_layers="diagonal")
+                                  other_layers="diagonal", strategy=self.strategy)
         values = [tf.reshape(ea[:, None] * eg[None, :], [-1])
                   for ea, _, eg, _ in self._kfac.eigendecompositions.values()]
         values += [tf.reshape(d, [-1]) for ds in self._kfac.diagonals.values() for d in ds]

@@ -63,16 +63,18 @@ def _check_callable(fn, arg, name):
         raise TypeError(f"{name}: {arg} must be callable, got {type(fn).__name__}")
 
 
-def _check_strategy(strategy, data, name):
-    """`strategy` is None or a tf.distribute.Strategy, and with one, `data` is a Dataset: the
-    one check of every curvature that splits batches over replicas."""
-    if strategy is None:
-        return
-    if not isinstance(strategy, tf.distribute.Strategy):
+def _check_strategy(strategy, name):
+    """`strategy` is None or a tf.distribute.Strategy."""
+    if strategy is not None and not isinstance(strategy, tf.distribute.Strategy):
         raise TypeError(f"{name}: strategy must be a tf.distribute.Strategy (e.g. "
                         "hogrod.distribute.make_strategy('mirrored')) or None, got "
                         f"{type(strategy).__name__}")
-    if not isinstance(data, tf.data.Dataset):
+
+
+def _check_distributable(data, strategy, name):
+    """With a strategy, `data` must be a Dataset (its batches are what is split)."""
+    _check_strategy(strategy, name)
+    if strategy is not None and not isinstance(data, tf.data.Dataset):
         raise ValueError(f"{name}: with a strategy, data must be a tf.data.Dataset of "
                          "batches (each batch is split over the replicas)")
 
@@ -81,7 +83,7 @@ def distribute_batches(data, strategy, name):
     """`data` as the batches to iterate: itself without a strategy, else each batch split
     over the replicas (`experimental_distribute_dataset`; a batch that does not split evenly
     gives shards of different sizes, possibly an empty one)."""
-    _check_strategy(strategy, data, name)
+    _check_distributable(data, strategy, name)
     return data if strategy is None else strategy.experimental_distribute_dataset(data)
 
 
