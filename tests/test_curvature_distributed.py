@@ -57,9 +57,9 @@ def kronecker(cls, strategy, **kw):
     return cls(model, CE, images(), strategy=dist, **kw)
 
 
-@pytest.mark.parametrize("approx", ["expand", "reduce"])
-@pytest.mark.parametrize("fisher", ["type2", "empirical"])
-def test_kfac_factors_equal_one_device(mirrored, approx, fisher):
+@pytest.mark.parametrize("fisher,approx", [("type2", "expand"), ("empirical", "reduce")])
+def test_kfac_factors_equal_one_device(mirrored, fisher, approx):
+    """(type2 with reduce is in the EK-FAC test, whose factors are K-FAC's.)"""
     one = kronecker(curvature.KFACOperator, None, approx=approx, fisher=fisher)
     two = kronecker(curvature.KFACOperator, mirrored, approx=approx, fisher=fisher)
     assert set(two.factors) == set(one.factors) and len(one.factors) == 2
@@ -174,3 +174,26 @@ def test_bad_strategy_and_data_are_named(mirrored):
         curvature.EKFACOperator(model, CE, batch, strategy=mirrored)
     with pytest.raises(ValueError, match=r"Laplace.fit: " + expected):
         curvature.Laplace(model, "classification", strategy=mirrored).fit(batch)
+
+
+def test_mc_replicas_draw_independently(mirrored):
+    """One example twice, split 1/1: replica 0 draws what one device draws for it (the key
+    folded with replica id 0); were replica 1's key the same, the two draws would coincide
+    and G would equal the one-example G exactly. (G depends on the draws only through the
+    counts of each class: 100 draws make equal counts by chance unlikely.)"""
+    x = tf.constant(0.1 * np.random.default_rng(3).normal(size=(1, 4)))  # p near uniform
+    y = tf.constant([1], tf.int32)
+    twice = tf.data.Dataset.from_tensor_slices((tf.concat([x, x], 0), tf.concat([y, y], 0)))
+
+    def g_factor(strategy, data):
+        with (strategy or one_device()).scope():
+            keras.utils.set_random_seed(0)
+            model = keras.Sequential([keras.Input((4,), dtype="float64"),
+                                      keras.layers.Dense(3, dtype="float64", name="dense")])
+        op = curvature.KFACOperator(model, CE, data, fisher="mc", mc_samples=100,
+                                    strategy=strategy)
+        return op.factors["dense"][1].numpy()
+    once = g_factor(None, tf.data.Dataset.from_tensor_slices((x, y)).batch(1))
+    split = g_factor(mirrored, twice.batch(2))
+    assert np.all(np.isfinite(split))
+    assert np.abs(split - once).max() > 1e-3 * np.abs(once).max()
