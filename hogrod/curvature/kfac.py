@@ -47,6 +47,8 @@ Eigenvalues of the factors below zero (round-off) are clipped to zero.
 """
 
 import contextlib
+import functools
+import itertools
 import math
 import numbers
 
@@ -294,6 +296,41 @@ def _check_number(value, name, where):
     return float(value)
 
 
+def _kron_plan(d_in, d_out, m_a, m_g):
+    """The cheapest evaluation of `A V G` (V [d_in, d_out]) in flops: "dense" `(A V) G`,
+    "a" `a^T ((a V) G)` through A's m_a rows (A = a^T a), "g" `(A (V g^T)) g` through G's,
+    "ag" through both; a side without rows (None) cannot use them."""
+    costs = {"dense": 2 * d_in * d_out * (d_in + d_out)}
+    if m_a is not None:
+        costs["a"] = 2 * m_a * d_out * (2 * d_in + d_out)
+    if m_g is not None:
+        costs["g"] = 2 * m_g * d_in * (2 * d_out + d_in)
+    if m_a is not None and m_g is not None:
+        costs["ag"] = 4 * m_a * d_out * (d_in + m_g)
+    return min(costs, key=costs.get)
+
+
+def _count(rows):
+    return None if rows is None else int(rows.shape[0])
+
+
+def _damped(product, v, damping):
+    return product if damping is None else product + damping * v
+
+
+# `A V G (+ damping V)` by plan (`_kron_plan`), factors as (A or a rows, G or g rows)
+_KRON = {
+    "dense": lambda f, v, damping: _damped(tf.matmul(f[0], v) @ f[1], v, damping),
+    "a": lambda f, v, damping: _damped(
+        tf.matmul(f[0], tf.matmul(f[0], v) @ f[1], transpose_a=True), v, damping),
+    "g": lambda f, v, damping: _damped(
+        tf.matmul(f[0] @ tf.matmul(v, f[1], transpose_b=True), f[1]), v, damping),
+    "ag": lambda f, v, damping: _damped(tf.matmul(
+        f[0], tf.matmul(tf.matmul(f[0] @ v, f[1], transpose_b=True), f[1]), transpose_a=True),
+        v, damping),
+}
+
+
 class _Factors:
     """Everything shared between operators that differ only in damping."""
 
@@ -381,7 +418,7 @@ class _Factors:
 
         def stats(batch, index):
             out, n = self._forward(batch, index)
-            result = {}
+            result, rows = {}, {}
             for b in self.blocks:
                 if b.kind == "diag":
                     result[b.name] = [n * d for d in out[b.name]]
@@ -390,25 +427,66 @@ class _Factors:
                 if expand:
                     a2 = tf.reshape(a, [-1, b.d_in])
                     g2 = tf.reshape(g, [-1, b.d_out])
-                    rows = tf.cast(tf.shape(a2)[0], self.dtype)
+                    count = tf.cast(tf.shape(a2)[0], self.dtype)
                 else:
                     a2 = tf.reduce_mean(a, axis=1)
                     g2 = tf.reshape(tf.reduce_sum(g, axis=2), [-1, b.d_out])
-                    rows = n
-                result[b.name] = [tf.matmul(a2, a2, transpose_a=True), rows,
+                    count = n
+                result[b.name] = [tf.matmul(a2, a2, transpose_a=True), count,
                                   n * tf.matmul(g2, g2, transpose_a=True)]
-            return result, n
+                rows[b.name] = (a2, g2, tf.shape(a)[1])
+            return result, rows, n
 
         if self._stats is None:
             self._stats = tf.function(stats, reduce_retracing=True)
-        totals, count = self._accumulate(self._stats)
-        self.A, self.G, self.diag = {}, {}, {}
+        totals, count = None, tf.zeros([], self.dtype)
+        kept = {b.name: ([], []) for b in self.blocks if b.kind == "kfac"}
+        shapes = {b.name: [0, 0, 1] for b in self.blocks if b.kind == "kfac"}  # rows, locations
+        for index, batch in enumerate(self._batches):
+            part, rows, n = self._stats(batch, tf.constant(index, tf.int64))
+            totals = part if totals is None else tf.nest.map_structure(tf.add, totals, part)
+            count += n
+            for b in self.blocks:
+                if b.kind == "kfac":
+                    self._keep_rows(b, rows[b.name], n, kept[b.name], shapes[b.name])
+        if totals is None:
+            raise ValueError(f"{self.where}: data is an empty tf.data.Dataset")
+        self.A, self.G, self.diag, self.rows, self.rank = {}, {}, {}, {}, {}
         for b in self.blocks:
             t = totals[b.name]
             if b.kind == "diag":
                 self.diag[b.name] = [d / count for d in t]
+                continue
+            self.A[b.name], self.G[b.name] = t[0] / t[1], t[2] / count
+            (a_rows, g_rows), (m_a, m_g, locations) = kept[b.name], shapes[b.name]
+            # A = a^T a / t[1] and G = g^T g / count over the rows that built them: products
+            # with the rows in place of a factor are cheaper where the rows are few
+            self.rows[b.name] = (
+                tf.concat(a_rows, 0) / tf.sqrt(t[1]) if a_rows else None,
+                tf.concat(g_rows, 0) / tf.sqrt(count) if g_rows else None)
+            # Eigenvectors of A outside the span of the rows that built it have eigenvalue 0,
+            # and an example's gradient has no component along them either (its a_r lie in
+            # that span) unless approx="reduce" averaged the a_r over shared locations: there
+            # EK-FAC's corrected eigenvalue is 0 too, so only the top min(rows, d) of each
+            # factor's eigenvectors carry the product (the same for G).
+            exact = expand or locations == 1
+            self.rank[b.name] = (min(m_a, b.d_in) if exact else b.d_in,
+                                 min(m_g, b.d_out) if exact else b.d_out)
+
+    @staticmethod
+    def _keep_rows(block, rows, n, kept, shape):
+        """Keep a batch's factor rows, scaled so that their products sum to the factor, while
+        they are fewer than the factor's width (only then can a product through them be
+        cheaper, and they take less memory than the factor)."""
+        a2, g2, locations = rows
+        shape[0] += int(a2.shape[0])
+        shape[1] += int(g2.shape[0])
+        shape[2] = max(shape[2], int(locations))
+        for i, (x, scale, d) in enumerate(((a2, None, block.d_in), (g2, n, block.d_out))):
+            if shape[i] < d:
+                kept[i].append(x if scale is None else tf.sqrt(scale) * x)
             else:
-                self.A[b.name], self.G[b.name] = t[0] / t[1], t[2] / count
+                kept[i].clear()
 
     def _accumulate(self, fn, *args):
         totals, count = None, tf.zeros([], self.dtype)
@@ -529,47 +607,71 @@ class _Kronecker(tf.linalg.LinearOperator):
         return tf.constant([self._f.n, self._f.n])
 
     # The compiled products take the factors as arguments, never as captured constants,
-    # so `refresh` needs no retrace and cannot leave stale values in a graph.
+    # so `refresh` needs no retrace and cannot leave stale values in a graph. What the
+    # trace depends on besides shapes (the plan: how each block's product is evaluated, and
+    # whether a damping is added) keys the compiled function.
     def _state(self, kind):
+        """(per-block factors, diagonals) for the compiled product, and its plan."""
         f = self._f
         if kind == "matmul" and not self._eigen_corrected:
-            blocks = {name: (f.A[name], f.G[name]) for name in f.A}
+            blocks, plan = {}, []
+            for b in f.blocks:
+                if b.kind == "kfac":
+                    a_rows, g_rows = f.rows[b.name]
+                    how = _kron_plan(b.d_in, b.d_out, _count(a_rows), _count(g_rows))
+                    blocks[b.name] = (a_rows if "a" in how else f.A[b.name],
+                                      g_rows if "g" in how else f.G[b.name])
+                    plan.append(how)
+        elif kind == "matmul":  # EK-FAC: only the eigenvectors its eigenvalues can weigh
+            blocks, plan = {}, ["top"]
+            for b in f.blocks:
+                if b.kind == "kfac":
+                    _, qa, _, qg = f.eigen[b.name]
+                    ra, rg = f.rank[b.name]
+                    blocks[b.name] = (qa[:, b.d_in - ra:], qg[:, b.d_out - rg:],
+                                      self._eigenvalues(b.name)[b.d_in - ra:, b.d_out - rg:])
         else:
-            blocks = {name: (qa, qg, self._eigenvalues(name))
-                      for name, (_, qa, _, qg) in f.eigen.items()}
-        return blocks, f.diag
+            blocks, plan = {name: (qa, qg, self._eigenvalues(name))
+                            for name, (_, qa, _, qg) in f.eigen.items()}, []
+        return (blocks, f.diag), (kind, self.damping > 0) + tuple(plan)
 
-    def _blockwise(self, rows, state, kfac_fn, diag_fn):
-        """rows: [m, n] flat vectors -> [m, n], block by block."""
+    def _blockwise(self, rows, state, kfac_fns, diag_fn):
+        """rows: [m, n] flat vectors -> [m, n], block by block (`kfac_fns` one per factored
+        block, in order, taking (factors, v [..., d_in, d_out])). One vector (m == 1 when
+        traced) runs plain matrix products, several a batch of them."""
         blocks, diags = state
         pieces = tf.split(rows, self._f.sizes, axis=1)
         m = tf.shape(rows)[0]
+        lead = [] if rows.shape[0] == 1 else [m]
         out = list(pieces)
+        kfac_fns = iter(kfac_fns)
         for b in self._f.blocks:
             if b.kind == "diag":
                 for i, d in zip(b.indices, diags[b.name]):
                     out[i] = diag_fn(pieces[i], tf.reshape(d, [-1]))
                 continue
-            v = tf.reshape(pieces[b.indices[0]], [m, b.d_in_kernel, b.d_out])
+            v = tf.reshape(pieces[b.indices[0]], lead + [b.d_in_kernel, b.d_out])
             if b.has_bias:
-                v = tf.concat([v, tf.reshape(pieces[b.indices[1]], [m, 1, b.d_out])], axis=1)
-            v = kfac_fn(blocks[b.name], v)
-            out[b.indices[0]] = tf.reshape(v[:, :b.d_in_kernel], [m, -1])
+                v = tf.concat([v, tf.reshape(pieces[b.indices[1]], lead + [1, b.d_out])],
+                              axis=-2)
+            v = next(kfac_fns)(blocks[b.name], v)
+            out[b.indices[0]] = tf.reshape(v[..., :b.d_in_kernel, :], [m, -1])
             if b.has_bias:
-                out[b.indices[1]] = v[:, b.d_in_kernel]
+                out[b.indices[1]] = tf.reshape(v[..., b.d_in_kernel, :], [m, -1])
         return tf.concat(out, axis=1)
 
-    def _compiled(self, kind):
-        if kind not in self._apply:
-            fn = {"matmul": self._matmul_rows, "solve": self._solve_rows}[kind]
-            self._apply[kind] = tf.function(fn, reduce_retracing=True)
-        return self._apply[kind]
+    def _compiled(self, plan):
+        if plan not in self._apply:
+            fn = {"matmul": self._matmul_rows, "solve": self._solve_rows}[plan[0]]
+            self._apply[plan] = tf.function(functools.partial(fn, plan=plan),
+                                            reduce_retracing=True)
+        return self._apply[plan]
 
     def _columns(self, kind, x, adjoint_arg):
         x = tf.convert_to_tensor(x, self.dtype)
         x = tf.linalg.adjoint(x) if adjoint_arg else x
-        state = self._state(kind)
-        fn = self._compiled(kind)
+        state, plan = self._state(kind)
+        fn = self._compiled(plan)
         if x.shape.rank != 2:  # batch dimensions: fold them
             shape = tf.shape(x)
             flat = tf.reshape(tf.linalg.matrix_transpose(x), [-1, self._f.n])
@@ -577,6 +679,12 @@ class _Kronecker(tf.linalg.LinearOperator):
             t = tf.reshape(out, tf.concat([shape[:-2], shape[-1:], shape[-2:-1]], 0))
             return tf.linalg.matrix_transpose(t)
         return tf.transpose(fn(tf.transpose(x), self._damping_t, state))
+
+    def _matvec(self, x, adjoint=False):
+        if x.shape.rank != 1:
+            return super()._matvec(x, adjoint=adjoint)
+        state, plan = self._state("matmul")  # one row: no transposes, one compiled call
+        return tf.reshape(self._compiled(plan)(x[None], self._damping_t, state), [-1])
 
     def _matmul(self, x, adjoint=False, adjoint_arg=False):
         return self._columns("matmul", x, adjoint_arg)
@@ -618,9 +726,9 @@ class _Kronecker(tf.linalg.LinearOperator):
         w = fn(tf.matmul(tf.matmul(qa, v, transpose_a=True), qg), values)
         return tf.matmul(tf.matmul(qa, w), qg, transpose_b=True)  # no transposed copies
 
-    def _solve_rows(self, rows, d, state):
-        return self._blockwise(rows, state, lambda blk, v: self._rotate(
-            blk, v, lambda w, values: w / (values + d)), lambda v, diag: v / (diag + d))
+    def _solve_rows(self, rows, d, state, plan):
+        return self._blockwise(rows, state, itertools.repeat(lambda blk, v: self._rotate(
+            blk, v, lambda w, values: w / (values + d))), lambda v, diag: v / (diag + d))
 
 
 class KFACOperator(_Kronecker):
@@ -641,10 +749,9 @@ class KFACOperator(_Kronecker):
         ea, _, eg, _ = self._f.eigen[name]
         return ea[:, None] * eg[None, :]
 
-    def _matmul_rows(self, rows, d, state):
-        def kron(blk, v):
-            a, g = blk
-            return a @ v @ g + d * v
+    def _matmul_rows(self, rows, d, state, plan):
+        _, damped, *hows = plan
+        kron = [functools.partial(_KRON[how], damping=d if damped else None) for how in hows]
         return self._blockwise(rows, state, kron, lambda v, diag: (diag + d) * v)
 
 
@@ -663,6 +770,10 @@ class EKFACOperator(_Kronecker):
     def _eigenvalues(self, name):
         return self._f.corrected[name]
 
-    def _matmul_rows(self, rows, d, state):
-        return self._blockwise(rows, state, lambda blk, v: self._rotate(
-            blk, v, lambda w, values: w * (values + d)), lambda v, diag: (diag + d) * v)
+    def _matmul_rows(self, rows, d, state, plan):
+        # Q (S + d) Q^T v = Q S Q^T v + d v: the eigenvectors left out (their S is 0) add d v
+        def block(blk, v):
+            w = self._rotate(blk, v, lambda w, values: w * values)
+            return w + d * v if plan[1] else w
+        return self._blockwise(rows, state, itertools.repeat(block),
+                               lambda v, diag: (diag + d) * v)
