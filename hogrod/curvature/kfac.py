@@ -382,7 +382,7 @@ class _Factors:
     def refresh(self):
         """Recompute everything at the model's current weights (compiled code reused)."""
         self._compute_factors()
-        self._eigen = None
+        self._eigen = self._top = None
         self.corrected = None
         if self._eigen_corrected:
             self._correct()
@@ -505,6 +505,20 @@ class _Factors:
                 self._eigen = self._eigendecompose()
         return self._eigen
 
+    @property
+    def top(self):
+        """{layer name: (Q_A, Q_G, corrected eigenvalues)} restricted to the eigenvectors the
+        corrected eigenvalues can weigh (`rank`), sliced once per refresh, not per product."""
+        if self._top is None:
+            with tf.init_scope():
+                self._top = {}
+                for b in self.blocks:
+                    if b.kind == "kfac":
+                        _, qa, _, qg = self.eigen[b.name]
+                        i, o = b.d_in - self.rank[b.name][0], b.d_out - self.rank[b.name][1]
+                        self._top[b.name] = (qa[:, i:], qg[:, o:], self.corrected[b.name][i:, o:])
+        return self._top
+
     def _eigendecompose(self):
         eigen = {}
         for b in self.blocks:
@@ -623,13 +637,7 @@ class _Kronecker(tf.linalg.LinearOperator):
                                       g_rows if "g" in how else f.G[b.name])
                     plan.append(how)
         elif kind == "matmul":  # EK-FAC: only the eigenvectors its eigenvalues can weigh
-            blocks, plan = {}, ["top"]
-            for b in f.blocks:
-                if b.kind == "kfac":
-                    _, qa, _, qg = f.eigen[b.name]
-                    ra, rg = f.rank[b.name]
-                    blocks[b.name] = (qa[:, b.d_in - ra:], qg[:, b.d_out - rg:],
-                                      self._eigenvalues(b.name)[b.d_in - ra:, b.d_out - rg:])
+            blocks, plan = f.top, ["top"]
         else:
             blocks, plan = {name: (qa, qg, self._eigenvalues(name))
                             for name, (_, qa, _, qg) in f.eigen.items()}, []
