@@ -44,6 +44,15 @@ factors with another damping (nothing recomputed). EK-FAC (George et al. 2018) k
 K-FAC eigenbasis `Q_A (x) Q_G` and replaces the eigenvalues `evals_A (x) evals_G` by the
 exact diagonal of `(Q_A (x) Q_G)^T F (Q_A (x) Q_G)` for the same F (`corrected_eigenvalues`).
 Eigenvalues of the factors below zero (round-off) are clipped to zero.
+
+Evaluation (the same products, fewer flops): a factor built from fewer rows than its width
+(A = a^T a over m < d_in layer inputs, G = g^T g likewise) is kept as those rows too, and
+each layer's K-FAC matvec takes the cheapest of `(A V) G`, `a^T ((a V) G)`, `(A (V g^T)) g`
+and through both, chosen by flop count. EK-FAC's matvec uses only the top min(m, d) eigenvectors
+of each factor: the others span directions no example's gradient has (their corrected
+eigenvalue is 0 in exact arithmetic), so they add just `damping * V` (not so for
+approx="reduce" over shared locations, which keeps them all). `solve`, `logdet` and the
+eigendecompositions use the full factors.
 """
 
 import contextlib
