@@ -739,9 +739,17 @@ class _Kronecker(tf.linalg.LinearOperator):
 
     @staticmethod
     def _rotate(block, v, fn):  # Q fn(Q^T v) for Q = Q_A (x) Q_G, on row-major [d_in, d_out]
-        qa, qg, values = block
-        w = fn(tf.matmul(tf.matmul(qa, v, transpose_a=True), qg), values)
-        return tf.matmul(tf.matmul(qa, w), qg, transpose_b=True)  # no transposed copies
+        qa, qg, values = block  # [d_in, r_a], [d_out, r_g]: r < d where only the top are kept
+        (i, ra), (o, rg) = qa.shape, qg.shape
+        # each side's pair of products in the cheaper order (flops; shapes static when traced
+        # once, else the left-first order); transpose flags, no transposed copies
+        left_first = None in (i, ra, o, rg) or ra * i * o + ra * o * rg <= i * o * rg + ra * i * rg
+        w = (tf.matmul(tf.matmul(qa, v, transpose_a=True), qg) if left_first else
+             tf.matmul(qa, tf.matmul(v, qg), transpose_a=True))
+        w = fn(w, values)
+        left_first = None in (i, ra, o, rg) or i * ra * rg + i * rg * o <= ra * rg * o + i * ra * o
+        return (tf.matmul(tf.matmul(qa, w), qg, transpose_b=True) if left_first else
+                tf.matmul(qa, tf.matmul(w, qg, transpose_b=True)))
 
     def _solve_rows(self, rows, d, state, plan):
         return self._blockwise(rows, state, itertools.repeat(lambda blk, v: self._rotate(
