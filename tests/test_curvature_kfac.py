@@ -271,6 +271,41 @@ def test_dataset_equals_one_batch():
                                rtol=1e-9, atol=1e-13)
 
 
+def test_products_equal_the_kronecker_factors_on_every_evaluation_path():
+    """The products may run through the rows that built a factor (where fewer than its
+    width) and EK-FAC's through the top eigenvectors only: each block equals numpy's
+    kron(A, G) + d I and Q diag(S) Q^T + d I from the operator's own factors, as a dense
+    matrix (many columns) and as one matvec."""
+    cases = [  # K-FAC through G's 4 gradient rows (8 outputs), EK-FAC on G's top 4
+               # eigenvectors; a Conv2D's shared locations under "reduce" (all of them kept)
+        (net((2,), dense_layers([8])), data((2,), 4, (), 8), "empirical", "expand", ("g",)),
+        (conv_classifier(), data((4, 4, 1), 6, (), 3), "type2", "reduce", ("dense", "dense"))]
+    for model, batch, fisher, approx, plan in cases:
+        ops = [cls(model, CE, batch, fisher=fisher, approx=approx, damping=0.2)
+               for cls in (curvature.KFACOperator, curvature.EKFACOperator)]
+        assert ops[0]._state("matmul")[1][2:] == plan  # the paths this test is for
+        v = np.random.default_rng(5).normal(size=ops[0].shape[0])
+        for op in ops:
+            dense = op.to_dense().numpy()
+            np.testing.assert_allclose(op.matvec(tf.constant(v)), dense @ v, rtol=1e-10,
+                                       atol=1e-13)
+            start = 0
+            for layer in model.layers:
+                size = sum(int(np.prod(w.shape)) for w in layer.trainable_variables)
+                if not size:
+                    continue
+                if isinstance(op, curvature.EKFACOperator):
+                    _, qa, _, qg = (e.numpy() for e in op.eigendecompositions[layer.name])
+                    q = np.kron(qa, qg)
+                    block = q @ np.diag(op.corrected_eigenvalues[layer.name].numpy().ravel()) @ q.T
+                else:
+                    block = np.kron(*(f.numpy() for f in op.factors[layer.name]))
+                np.testing.assert_allclose(dense[start:start + size, start:start + size],
+                                           block + 0.2 * np.eye(size), rtol=1e-9, atol=1e-12,
+                                           err_msg=f"{type(op).__name__} {approx} {layer.name}")
+                start += size
+
+
 def test_bad_arguments_are_named():
     model = net((4,), dense_layers([3]))
     batch = data((4,), 2, (), 3)

@@ -52,6 +52,8 @@ def bench_curvature_ops(output_dir, widths=(784, 1024, 512, 256, 128, 64, 10), b
               for f in ("empirical", "mc")}
     v = tf.random.stateless_normal([hessian.shape[0]], [seed, 1])
 
+    check_products(model, x, y, v, hessian, kfac["type2"], ekfac)
+
     def matvec(op):
         return lambda: op.matvec_flat(v).numpy()
 
@@ -79,6 +81,56 @@ def bench_curvature_ops(output_dir, widths=(784, 1024, 512, 256, 128, 64, 10), b
     for key, value in sorted(results.items()):
         print(f"{key:40s} {value}")
     return results
+
+
+def _layer_blocks(model, v):
+    """(layer name, its [kernel rows + bias row, units] block of the flat vector `v`) per Dense
+    layer, in the order of `model.trainable_variables`."""
+    out, start = [], 0
+    for layer in model.layers:
+        kernel, bias = layer.kernel, layer.bias
+        k, b = int(np.prod(kernel.shape)), int(np.prod(bias.shape))
+        block = tf.concat([tf.reshape(v[start:start + k], kernel.shape),
+                           v[None, start + k:start + k + b]], 0)
+        out.append((layer.name, block))
+        start += k + b
+    return out
+
+
+def check_products(model, x, y, v, hessian, kfac, ekfac, rtol=1e-4):
+    """Before timing: each timed product equals a reference computed another way (float32,
+    so to `rtol` relative to the largest entry): the Hessian's against back-over-back
+    autodiff, K-FAC's against `A V G` with its dense factors, EK-FAC's against its full
+    eigenbasis `Q_A (S * (Q_A^T V Q_G)) Q_G^T`. Raises ValueError naming the operator."""
+    params = model.trainable_variables
+    with tf.GradientTape() as outer:
+        with tf.GradientTape() as inner:
+            value = cross_entropy(y, model(x))
+        grads = inner.gradient(value, params)
+        flat = tf.concat([tf.reshape(g, [-1]) for g in grads], 0)
+        dot = tf.reduce_sum(flat * tf.stop_gradient(v))
+    hvp = tf.concat([tf.reshape(h, [-1]) for h in outer.gradient(dot, params)], 0)
+    factors, eigen = kfac.factors, ekfac.eigendecompositions
+    kron, rotated = [], []
+    for name, block in _layer_blocks(model, v):
+        a, g = factors[name]
+        kron.append(tf.reshape(a @ block @ g, [-1, g.shape[0]]))
+        _, qa, _, qg = eigen[name]
+        w = ekfac.corrected_eigenvalues[name] * (tf.transpose(qa) @ block @ qg)
+        rotated.append(qa @ w @ tf.transpose(qg))
+
+    def flatten(blocks):  # [kernel; bias] blocks back to the flat order
+        return tf.concat([tf.concat([tf.reshape(b[:-1], [-1]), b[-1]], 0) for b in blocks], 0)
+
+    for name, op, reference in (("hessian_matvec", hessian, hvp),
+                                ("kfac_matvec", kfac, flatten(kron)),
+                                ("ekfac_matvec", ekfac, flatten(rotated))):
+        got, want = op.matvec_flat(v).numpy(), reference.numpy()
+        error = np.abs(got - want).max() / np.abs(want).max()
+        if not error <= rtol:
+            raise ValueError(f"bench_curvature_ops: {name} differs from its reference by "
+                             f"{error:.2e} of the largest entry (> {rtol}); the operator "
+                             "computes a wrong product")
 
 
 def main():

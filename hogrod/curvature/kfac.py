@@ -45,16 +45,29 @@ K-FAC eigenbasis `Q_A (x) Q_G` and replaces the eigenvalues `evals_A (x) evals_G
 exact diagonal of `(Q_A (x) Q_G)^T F (Q_A (x) Q_G)` for the same F (`corrected_eigenvalues`).
 Eigenvalues of the factors below zero (round-off) are clipped to zero.
 
+Evaluation (the same products, fewer flops): a factor built from fewer rows than its width
+(A = a^T a over m < d_in layer inputs, G = g^T g likewise) is kept as those rows too, and
+each layer's K-FAC matvec takes the cheapest of `(A V) G`, `a^T ((a V) G)`, `(A (V g^T)) g`
+and through both, chosen by flop count. EK-FAC's matvec uses only the top min(m, d) eigenvectors
+of each factor: the others span directions no example's gradient has (their corrected
+eigenvalue is 0 in exact arithmetic), so they add just `damping * V` (not so for
+approx="reduce" over shared locations, which keeps them all). `solve`, `logdet` and the
+eigendecompositions use the full factors.
+
 With `strategy=` (a `tf.distribute.Strategy`; `data` must then be a Dataset) each batch is
 split over the replicas (`operators.distribute_batches`): every replica computes the sums of
 its shard (the factors' and diagonals' sums, the row and example counts, EK-FAC's correction
 in the basis of the already reduced factors), the sums are all-reduced (`replica_sums`) and
-divided by the global counts, so the factors equal one device's; a shard may be uneven or
+divided by the global counts, so the factors equal one device's (the
+rows are not gathered across replicas: products go through the dense factors and every
+eigenvector); a shard may be uneven or
 empty. fisher="mc" folds the replica id into the sampling key (as `FisherOperator`): the
 sampled labels, hence the factors, differ from one device's draw, with the same expectation.
 """
 
 import contextlib
+import functools
+import itertools
 import math
 import numbers
 
@@ -209,6 +222,12 @@ def _rows(block, a, g):
 
 # --------------------------------------------------------------------- output gradients
 
+def _without_rows(stats):
+    """(sums, rows, count) -> (sums, count): what `replica_sums` can reduce."""
+    sums, _, count = stats
+    return sums, count
+
+
 def _likelihood(loss, where):
     """'gaussian' or 'categorical' / 'sparse_categorical' for fisher='mc'."""
     if loss is keras.losses.mean_squared_error:
@@ -333,6 +352,41 @@ def _check_number(value, name, where):
     return float(value)
 
 
+def _kron_plan(d_in, d_out, m_a, m_g):
+    """The cheapest evaluation of `A V G` (V [d_in, d_out]) in flops: "dense" `(A V) G`,
+    "a" `a^T ((a V) G)` through A's m_a rows (A = a^T a), "g" `(A (V g^T)) g` through G's,
+    "ag" through both; a side without rows (None) cannot use them."""
+    costs = {"dense": 2 * d_in * d_out * (d_in + d_out)}
+    if m_a is not None:
+        costs["a"] = 2 * m_a * d_out * (2 * d_in + d_out)
+    if m_g is not None:
+        costs["g"] = 2 * m_g * d_in * (2 * d_out + d_in)
+    if m_a is not None and m_g is not None:
+        costs["ag"] = 4 * m_a * d_out * (d_in + m_g)
+    return min(costs, key=costs.get)
+
+
+def _count(rows):
+    return None if rows is None else int(rows.shape[0])
+
+
+def _damped(product, v, damping):
+    return product if damping is None else product + damping * v
+
+
+# `A V G (+ damping V)` by plan (`_kron_plan`), factors as (A or a rows, G or g rows)
+_KRON = {
+    "dense": lambda f, v, damping: _damped(tf.matmul(f[0], v) @ f[1], v, damping),
+    "a": lambda f, v, damping: _damped(
+        tf.matmul(f[0], tf.matmul(f[0], v) @ f[1], transpose_a=True), v, damping),
+    "g": lambda f, v, damping: _damped(
+        tf.matmul(f[0] @ tf.matmul(v, f[1], transpose_b=True), f[1]), v, damping),
+    "ag": lambda f, v, damping: _damped(tf.matmul(
+        f[0], tf.matmul(tf.matmul(f[0] @ v, f[1], transpose_b=True), f[1]), transpose_a=True),
+        v, damping),
+}
+
+
 class _Factors:
     """Everything shared between operators that differ only in damping."""
 
@@ -387,7 +441,7 @@ class _Factors:
     def refresh(self):
         """Recompute everything at the model's current weights (compiled code reused)."""
         self._compute_factors()
-        self._eigen = None
+        self._eigen = self._top = None
         self.corrected = None
         if self._eigen_corrected:
             self._correct()
@@ -425,7 +479,7 @@ class _Factors:
 
         def stats(batch, index):
             out, n = self._forward(batch, index)
-            result = {}
+            result, rows = {}, {}
             for b in self.blocks:
                 if b.kind == "diag":
                     result[b.name] = [n * d for d in out[b.name]]
@@ -434,25 +488,72 @@ class _Factors:
                 if expand:
                     a2 = tf.reshape(a, [-1, b.d_in])
                     g2 = tf.reshape(g, [-1, b.d_out])
-                    rows = tf.cast(tf.shape(a2)[0], self.dtype)
+                    count = tf.cast(tf.shape(a2)[0], self.dtype)
                 else:
                     a2 = tf.reduce_mean(a, axis=1)
                     g2 = tf.reshape(tf.reduce_sum(g, axis=2), [-1, b.d_out])
-                    rows = n
-                result[b.name] = [tf.matmul(a2, a2, transpose_a=True), rows,
+                    count = n
+                result[b.name] = [tf.matmul(a2, a2, transpose_a=True), count,
                                   n * tf.matmul(g2, g2, transpose_a=True)]
-            return result, n
+                rows[b.name] = (a2, g2, tf.shape(a)[1])
+            return result, rows, n
 
         if self._stats is None:
-            self._stats = replica_sums(stats, self._strategy)
-        totals, count = self._accumulate(self._stats)
-        self.A, self.G, self.diag = {}, {}, {}
+            # the rows stay on their replica: under a strategy only the sums are reduced
+            self._stats = (tf.function(stats, reduce_retracing=True) if self._strategy is None
+                           else replica_sums(lambda *a: _without_rows(stats(*a)),
+                                             self._strategy))
+        totals, count = None, tf.zeros([], self.dtype)
+        kept = {b.name: ([], []) for b in self.blocks if b.kind == "kfac"}
+        shapes = {b.name: [0, 0, 1] for b in self.blocks if b.kind == "kfac"}  # rows, locations
+        for index, batch in enumerate(self._batches):
+            out = self._stats(batch, tf.constant(index, tf.int64))
+            part, rows, n = out if self._strategy is None else (out[0], None, out[1])
+            totals = part if totals is None else tf.nest.map_structure(tf.add, totals, part)
+            count += n
+            for b in self.blocks:
+                if b.kind == "kfac" and rows is None:
+                    shapes[b.name][:] = [b.d_in, b.d_out, 2]  # all eigenvectors, no rows
+                elif b.kind == "kfac":
+                    self._keep_rows(b, rows[b.name], n, kept[b.name], shapes[b.name])
+        if totals is None:
+            raise ValueError(f"{self.where}: data is an empty tf.data.Dataset")
+        self.A, self.G, self.diag, self.rows, self.rank = {}, {}, {}, {}, {}
         for b in self.blocks:
             t = totals[b.name]
             if b.kind == "diag":
                 self.diag[b.name] = [d / count for d in t]
+                continue
+            self.A[b.name], self.G[b.name] = t[0] / t[1], t[2] / count
+            (a_rows, g_rows), (m_a, m_g, locations) = kept[b.name], shapes[b.name]
+            # A = a^T a / t[1] and G = g^T g / count over the rows that built them: products
+            # with the rows in place of a factor are cheaper where the rows are few
+            self.rows[b.name] = (
+                tf.concat(a_rows, 0) / tf.sqrt(t[1]) if a_rows else None,
+                tf.concat(g_rows, 0) / tf.sqrt(count) if g_rows else None)
+            # Eigenvectors of A outside the span of the rows that built it have eigenvalue 0,
+            # and an example's gradient has no component along them either (its a_r lie in
+            # that span) unless approx="reduce" averaged the a_r over shared locations: there
+            # EK-FAC's corrected eigenvalue is 0 too, so only the top min(rows, d) of each
+            # factor's eigenvectors carry the product (the same for G).
+            exact = expand or locations == 1
+            self.rank[b.name] = (min(m_a, b.d_in) if exact else b.d_in,
+                                 min(m_g, b.d_out) if exact else b.d_out)
+
+    @staticmethod
+    def _keep_rows(block, rows, n, kept, shape):
+        """Keep a batch's factor rows, scaled so that their products sum to the factor, while
+        they are fewer than the factor's width (only then can a product through them be
+        cheaper, and they take less memory than the factor)."""
+        a2, g2, locations = rows
+        shape[0] += int(a2.shape[0])
+        shape[1] += int(g2.shape[0])
+        shape[2] = max(shape[2], int(locations))
+        for i, (x, scale, d) in enumerate(((a2, None, block.d_in), (g2, n, block.d_out))):
+            if shape[i] < d:
+                kept[i].append(x if scale is None else tf.sqrt(scale) * x)
             else:
-                self.A[b.name], self.G[b.name] = t[0] / t[1], t[2] / count
+                kept[i].clear()
 
     def _accumulate(self, fn, *args):
         totals, count = None, tf.zeros([], self.dtype)
@@ -470,6 +571,20 @@ class _Factors:
             with tf.init_scope():  # eager even when first asked for inside a tf.function
                 self._eigen = self._eigendecompose()
         return self._eigen
+
+    @property
+    def top(self):
+        """{layer name: (Q_A, Q_G, corrected eigenvalues)} restricted to the eigenvectors the
+        corrected eigenvalues can weigh (`rank`), sliced once per refresh, not per product."""
+        if self._top is None:
+            with tf.init_scope():
+                self._top = {}
+                for b in self.blocks:
+                    if b.kind == "kfac":
+                        _, qa, _, qg = self.eigen[b.name]
+                        i, o = b.d_in - self.rank[b.name][0], b.d_out - self.rank[b.name][1]
+                        self._top[b.name] = (qa[:, i:], qg[:, o:], self.corrected[b.name][i:, o:])
+        return self._top
 
     def _eigendecompose(self):
         eigen = {}
@@ -573,47 +688,65 @@ class _Kronecker(tf.linalg.LinearOperator):
         return tf.constant([self._f.n, self._f.n])
 
     # The compiled products take the factors as arguments, never as captured constants,
-    # so `refresh` needs no retrace and cannot leave stale values in a graph.
+    # so `refresh` needs no retrace and cannot leave stale values in a graph. What the
+    # trace depends on besides shapes (the plan: how each block's product is evaluated, and
+    # whether a damping is added) keys the compiled function.
     def _state(self, kind):
+        """(per-block factors, diagonals) for the compiled product, and its plan."""
         f = self._f
         if kind == "matmul" and not self._eigen_corrected:
-            blocks = {name: (f.A[name], f.G[name]) for name in f.A}
+            blocks, plan = {}, []
+            for b in f.blocks:
+                if b.kind == "kfac":
+                    a_rows, g_rows = f.rows[b.name]
+                    how = _kron_plan(b.d_in, b.d_out, _count(a_rows), _count(g_rows))
+                    blocks[b.name] = (a_rows if "a" in how else f.A[b.name],
+                                      g_rows if "g" in how else f.G[b.name])
+                    plan.append(how)
+        elif kind == "matmul":  # EK-FAC: only the eigenvectors its eigenvalues can weigh
+            blocks, plan = f.top, ["top"]
         else:
-            blocks = {name: (qa, qg, self._eigenvalues(name))
-                      for name, (_, qa, _, qg) in f.eigen.items()}
-        return blocks, f.diag
+            blocks, plan = {name: (qa, qg, self._eigenvalues(name))
+                            for name, (_, qa, _, qg) in f.eigen.items()}, []
+        return (blocks, f.diag), (kind, self.damping > 0) + tuple(plan)
 
-    def _blockwise(self, rows, state, kfac_fn, diag_fn):
-        """rows: [m, n] flat vectors -> [m, n], block by block."""
+    def _blockwise(self, rows, state, kfac_fns, diag_fn):
+        """rows: [m, n] flat vectors -> [m, n], block by block (`kfac_fns` one per factored
+        block, in order, taking (factors, v [..., d_in, d_out])). One vector (m == 1 when
+        traced) runs plain matrix products, several a batch of them."""
         blocks, diags = state
         pieces = tf.split(rows, self._f.sizes, axis=1)
         m = tf.shape(rows)[0]
+        lead = [] if rows.shape[0] == 1 else [m]
         out = list(pieces)
+        kfac_fns = iter(kfac_fns)
         for b in self._f.blocks:
             if b.kind == "diag":
                 for i, d in zip(b.indices, diags[b.name]):
                     out[i] = diag_fn(pieces[i], tf.reshape(d, [-1]))
                 continue
-            v = tf.reshape(pieces[b.indices[0]], [m, b.d_in_kernel, b.d_out])
+            v = tf.reshape(pieces[b.indices[0]], lead + [b.d_in_kernel, b.d_out])
             if b.has_bias:
-                v = tf.concat([v, tf.reshape(pieces[b.indices[1]], [m, 1, b.d_out])], axis=1)
-            v = kfac_fn(blocks[b.name], v)
-            out[b.indices[0]] = tf.reshape(v[:, :b.d_in_kernel], [m, -1])
+                v = tf.concat([v, tf.reshape(pieces[b.indices[1]], lead + [1, b.d_out])],
+                              axis=-2)
+            v = next(kfac_fns)(blocks[b.name], v)
+            out[b.indices[0]] = tf.reshape(v[..., :b.d_in_kernel, :], [m, -1])
             if b.has_bias:
-                out[b.indices[1]] = v[:, b.d_in_kernel]
+                out[b.indices[1]] = tf.reshape(v[..., b.d_in_kernel, :], [m, -1])
         return tf.concat(out, axis=1)
 
-    def _compiled(self, kind):
-        if kind not in self._apply:
-            fn = {"matmul": self._matmul_rows, "solve": self._solve_rows}[kind]
-            self._apply[kind] = tf.function(fn, reduce_retracing=True)
-        return self._apply[kind]
+    def _compiled(self, plan):
+        if plan not in self._apply:
+            fn = {"matmul": self._matmul_rows, "solve": self._solve_rows}[plan[0]]
+            self._apply[plan] = tf.function(functools.partial(fn, plan=plan),
+                                            reduce_retracing=True)
+        return self._apply[plan]
 
     def _columns(self, kind, x, adjoint_arg):
         x = tf.convert_to_tensor(x, self.dtype)
         x = tf.linalg.adjoint(x) if adjoint_arg else x
-        state = self._state(kind)
-        fn = self._compiled(kind)
+        state, plan = self._state(kind)
+        fn = self._compiled(plan)
         if x.shape.rank != 2:  # batch dimensions: fold them
             shape = tf.shape(x)
             flat = tf.reshape(tf.linalg.matrix_transpose(x), [-1, self._f.n])
@@ -621,6 +754,12 @@ class _Kronecker(tf.linalg.LinearOperator):
             t = tf.reshape(out, tf.concat([shape[:-2], shape[-1:], shape[-2:-1]], 0))
             return tf.linalg.matrix_transpose(t)
         return tf.transpose(fn(tf.transpose(x), self._damping_t, state))
+
+    def _matvec(self, x, adjoint=False):
+        if x.shape.rank != 1:
+            return super()._matvec(x, adjoint=adjoint)
+        state, plan = self._state("matmul")  # one row: no transposes, one compiled call
+        return tf.reshape(self._compiled(plan)(x[None], self._damping_t, state), [-1])
 
     def _matmul(self, x, adjoint=False, adjoint_arg=False):
         return self._columns("matmul", x, adjoint_arg)
@@ -658,13 +797,21 @@ class _Kronecker(tf.linalg.LinearOperator):
 
     @staticmethod
     def _rotate(block, v, fn):  # Q fn(Q^T v) for Q = Q_A (x) Q_G, on row-major [d_in, d_out]
-        qa, qg, values = block
-        w = fn(tf.matmul(tf.matmul(qa, v, transpose_a=True), qg), values)
-        return tf.matmul(tf.matmul(qa, w), qg, transpose_b=True)  # no transposed copies
+        qa, qg, values = block  # [d_in, r_a], [d_out, r_g]: r < d where only the top are kept
+        (i, ra), (o, rg) = qa.shape, qg.shape
+        # each side's pair of products in the cheaper order (flops; shapes static when traced
+        # once, else the left-first order); transpose flags, no transposed copies
+        left_first = None in (i, ra, o, rg) or ra * i * o + ra * o * rg <= i * o * rg + ra * i * rg
+        w = (tf.matmul(tf.matmul(qa, v, transpose_a=True), qg) if left_first else
+             tf.matmul(qa, tf.matmul(v, qg), transpose_a=True))
+        w = fn(w, values)
+        left_first = None in (i, ra, o, rg) or i * ra * rg + i * rg * o <= ra * rg * o + i * ra * o
+        return (tf.matmul(tf.matmul(qa, w), qg, transpose_b=True) if left_first else
+                tf.matmul(qa, tf.matmul(w, qg, transpose_b=True)))
 
-    def _solve_rows(self, rows, d, state):
-        return self._blockwise(rows, state, lambda blk, v: self._rotate(
-            blk, v, lambda w, values: w / (values + d)), lambda v, diag: v / (diag + d))
+    def _solve_rows(self, rows, d, state, plan):
+        return self._blockwise(rows, state, itertools.repeat(lambda blk, v: self._rotate(
+            blk, v, lambda w, values: w / (values + d))), lambda v, diag: v / (diag + d))
 
 
 class KFACOperator(_Kronecker):
@@ -687,10 +834,9 @@ class KFACOperator(_Kronecker):
         ea, _, eg, _ = self._f.eigen[name]
         return ea[:, None] * eg[None, :]
 
-    def _matmul_rows(self, rows, d, state):
-        def kron(blk, v):
-            a, g = blk
-            return a @ v @ g + d * v
+    def _matmul_rows(self, rows, d, state, plan):
+        _, damped, *hows = plan
+        kron = [functools.partial(_KRON[how], damping=d if damped else None) for how in hows]
         return self._blockwise(rows, state, kron, lambda v, diag: (diag + d) * v)
 
 
@@ -709,6 +855,10 @@ class EKFACOperator(_Kronecker):
     def _eigenvalues(self, name):
         return self._f.corrected[name]
 
-    def _matmul_rows(self, rows, d, state):
-        return self._blockwise(rows, state, lambda blk, v: self._rotate(
-            blk, v, lambda w, values: w * (values + d)), lambda v, diag: (diag + d) * v)
+    def _matmul_rows(self, rows, d, state, plan):
+        # Q (S + d) Q^T v = Q S Q^T v + d v: the eigenvectors left out (their S is 0) add d v
+        def block(blk, v):
+            w = self._rotate(blk, v, lambda w, values: w * values)
+            return w + d * v if plan[1] else w
+        return self._blockwise(rows, state, itertools.repeat(block),
+                               lambda v, diag: (diag + d) * v)
