@@ -31,8 +31,7 @@ def imaml(model, loss_fn, inner_lr=0.01, inner_steps=10, lam=1.0, cg_steps=5,
     problem: give enough `inner_steps` at a stable `inner_lr`. `meta_loss` returns the
     surrogate <theta, sg(g)> (g the implicit meta-gradient, computed per task) under
     `loss`, the query loss at phi under `monitor/query` and the mean inner rate used
-    under `monitor/inner_lr`. `adapt` (evaluation) runs the
-    same proximal steps.
+    under `monitor/inner_lr`. `adapt` (evaluation) runs the same proximal steps.
 
     curvature_probes: 0, or the number of power iterations (HVPs) that estimate, per task,
     the largest curvature L of the proximal objective at theta; the inner rate is then
