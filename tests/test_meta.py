@@ -208,6 +208,24 @@ def test_imaml_curvature_probes_keep_the_inner_solve_stable_on_a_sharp_task():
     np.testing.assert_allclose(imaml_meta_grad(safe, model, tasks), exact, rtol=1e-6, atol=1e-9)
 
 
+def test_imaml_accelerated_steps_reach_the_proximal_solution_where_plain_steps_do_not():
+    # curvatures from about 2 (lam alone: a flat direction) to about 53: at the safe rate
+    # 1/L plain steps contract the flat error by 1 - 2/53 per step, accelerated ones by
+    # about 1 - sqrt(2/53); 60 steps leave about 1e-2 and 1e-6 of it
+    model, exact, tasks, A = imaml_quadratic([0.05, 1.0, 6.0])
+    xs, ys = tasks[0][0], tasks[1][0]
+    theta = model.trainable_variables[0].numpy()
+    phi = np.linalg.solve(A + 2.0 * np.eye(3), 2 * xs.numpy().T @ ys.numpy() / 12 + 2.0 * theta)
+    kwargs = dict(inner_lr=0.1, inner_steps=60, lam=2.0, cg_steps=3, curvature_probes=20)
+    plain = meta.imaml(model, mse, **kwargs)
+    assert not np.allclose(plain.adapt((xs, ys), 60)[0], phi, rtol=1e-3)
+    fast = meta.imaml(model, mse, accelerated=True, **kwargs)
+    np.testing.assert_allclose(fast.adapt((xs, ys), 60)[0], phi, rtol=1e-5, atol=1e-9)
+    np.testing.assert_allclose(imaml_meta_grad(fast, model, tasks), exact, rtol=1e-5, atol=1e-9)
+    with pytest.raises(ValueError, match="imaml.accelerated"):
+        meta.imaml(model, mse, accelerated=1)
+
+
 def test_every_algorithm_trains_one_compiled_step():
     # with Dropout: every step draws new masks (the seed state advances), in one trace
     for name, factory in meta.ALGORITHMS.items():
