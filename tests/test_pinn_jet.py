@@ -35,11 +35,12 @@ def _loss(u, us, ls):  # every channel, nonlinearly, so every channel's backward
     return tf.reduce_mean(tf.square(ls[0] + u * us[0]) + tf.sin(ls[1]) * us[1] + u ** 3)
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_jet_channels_and_parameter_gradient_equal_reverse_over_reverse(net_and_points, fused):
+@pytest.mark.parametrize("fused,points_last", [(True, True), (True, False), (False, True)])
+def test_jet_channels_and_parameter_gradient_equal_reverse_over_reverse(net_and_points, fused,
+                                                                        points_last):
     net, x = net_and_points
     with tf.GradientTape() as tape:
-        u, us, ls = tanh_mlp_jet(net, x, DIRS, OPS, fused=fused)
+        u, us, ls = tanh_mlp_jet(net, x, DIRS, OPS, fused=fused, points_last=points_last)
         loss = _loss(u, us, ls)
     grads = tape.gradient(loss, net.trainable_variables)
     with tf.GradientTape() as tape:

@@ -14,8 +14,10 @@ same run on the same weights and points, interleaved:
   hand-written backward per tanh layer (`taylor_mode_fused`);
 - the operator jet `hogrod.pinn.jet.tanh_mlp_jet`: 3 channels (u, u_x, u_t - nu u_xx), the
   linear part of the residual carried as one channel, with a hand-written backward per tanh
-  layer (`hogrod_jet`), the same under XLA (`hogrod_jet_xla`), and with the tape's
-  backward (`hogrod_jet_tape`), to show what the hand-written backward buys.
+  layer and the activations carried as [width, points] (`hogrod_jet`), the same under XLA
+  (`hogrod_jet_xla`), with the tape's backward (`hogrod_jet_tape`: what the hand-written
+  backward buys) and under XLA in the [points, width] layout (`hogrod_jet_rows_xla`: what
+  the layout buys).
 
     python -m experiments.bench.pinn --gin_file=configs/bench/pinn.gin
 
@@ -158,13 +160,13 @@ def taylor_mode_fused_candidate(net, x):
     return lambda: [g.numpy() for g in run()]
 
 
-def jet_candidate(net, x, fused=True, jit_compile=False):
+def jet_candidate(net, x, fused=True, jit_compile=False, points_last=True):
     """`hogrod.pinn.jet.tanh_mlp_jet`: u, u_x and L u = u_t - nu u_xx in one forward pass."""
     @tf.function(jit_compile=jit_compile)
     def run():
         with tf.GradientTape() as tape:
             u, (u_x,), (lu,) = tanh_mlp_jet(net, x, [[1.0, 0.0]], [([0.0, 1.0], [[-NU]])],
-                                            fused=fused)
+                                            fused=fused, points_last=points_last)
             loss = tf.reduce_mean(tf.square(lu + u * u_x))
         return tape.gradient(loss, net.trainable_variables)
     return lambda: [g.numpy() for g in run()]
@@ -233,7 +235,9 @@ def bench_pinn(output_dir, points=10000, width=20, depth=8, rounds=10, calls_per
                   "taylor_mode_fused": taylor_mode_fused_candidate(net, x),
                   "hogrod_jet": jet_candidate(net, x),
                   "hogrod_jet_xla": jet_candidate(net, x, jit_compile=True),
-                  "hogrod_jet_tape": jet_candidate(net, x, fused=False)}
+                  "hogrod_jet_tape": jet_candidate(net, x, fused=False),
+                  "hogrod_jet_rows_xla": jet_candidate(net, x, jit_compile=True,
+                                                       points_last=False)}
     for name, make in (("deepxde_tf", deepxde_candidate), ("jax", jax_candidate)):
         c = make(net, x)
         if c is not None:
@@ -257,7 +261,8 @@ def bench_pinn(output_dir, points=10000, width=20, depth=8, rounds=10, calls_per
         if k in ("deepxde_tf", "jax"):
             m[f"ratio_hogrod_over_{k}"] = rates["hogrod"] / rates[k]
             m[f"ratio_hogrod_xla_over_{k}"] = rates["hogrod_xla"] / rates[k]
-            for j in ("hogrod_jet", "hogrod_jet_xla", "hogrod_jet_tape", "taylor_mode_fused"):
+            for j in ("hogrod_jet", "hogrod_jet_xla", "hogrod_jet_tape", "hogrod_jet_rows_xla",
+                      "taylor_mode_fused"):
                 m[f"ratio_{j}_over_{k}"] = rates[j] / rates[k]
     for k in ("tf_forward_mode", "taylor_mode"):
         m[f"ratio_hogrod_over_{k}"] = rates["hogrod"] / rates[k]

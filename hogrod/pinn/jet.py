@@ -136,15 +136,18 @@ def _tanh_fused(ops, n_dir):
     return f
 
 
-def tanh_mlp_jet(net, x, directions, operators=(), fused=True):
+def tanh_mlp_jet(net, x, directions, operators=(), fused=True, points_last=True):
     """(u, [D_{v_i} u], [L_k u]) of the Dense tanh MLP `net` at points x, each [batch, out].
 
     directions: vectors v_i of length d = x.shape[1] (e.g. [1, 0] for d/dx on (x, t)).
     operators: pairs (a, b), L u = a . grad u + sum_ij b[i][j] D_{v_i} D_{v_j} u, b indexed
         by the directions (Burgers' u_t - nu u_xx on (x, t) with directions [[1, 0]]:
         ([0, 1], [[-nu]])).
-    fused: hand-written backward per tanh layer (the fast one; False: the tape of the
-        elementwise ops, the reference the tests compare it with).
+    fused: hand-written backward per tanh layer (False: the tape of the elementwise ops,
+        the reference the tests compare it with).
+    points_last: carry the activations as [width, batch] (one transpose of x in, one of
+        each output out): the products become W^T h with the long axis last, which
+        TensorFlow's and XLA's CPU kernels run faster than h W with [batch, width].
 
     Every hidden layer must be Dense with tanh, the last Dense and linear (ValueError
     otherwise)."""
@@ -152,18 +155,29 @@ def tanh_mlp_jet(net, x, directions, operators=(), fused=True):
     x = tf.convert_to_tensor(x)
     dirs, ops = _check(x, directions, operators)
     act = _tanh_fused(ops, len(dirs)) if fused else _tanh_plain(ops)
-    h, hs, hl = x, [tf.constant(v, x.dtype)[None] for v in dirs], \
-        [tf.constant(a, x.dtype)[None] for a, _ in ops]
+    if points_last:
+        h = tf.transpose(x)
+        hs = [tf.constant(v, x.dtype)[:, None] for v in dirs]
+        hl = [tf.constant(a, x.dtype)[:, None] for a, _ in ops]
+        prod = lambda v, w: tf.matmul(w, v, transpose_a=True)  # noqa: E731
+        bias = lambda b: b[:, None]  # noqa: E731
+    else:
+        h = x
+        hs = [tf.constant(v, x.dtype)[None] for v in dirs]
+        hl = [tf.constant(a, x.dtype)[None] for a, _ in ops]
+        prod, bias = tf.matmul, (lambda b: b)
     for k, layer in enumerate(layers):
         w = layer.kernel
-        z = tf.matmul(h, w)
+        z = prod(h, w)
         if layer.use_bias:
-            z = z + layer.bias
+            z = z + bias(layer.bias)
         shape = tf.shape(z)
-        zs = [tf.broadcast_to(tf.matmul(v, w), shape) if k == 0 else tf.matmul(v, w)
-              for v in hs]
-        zl = [tf.broadcast_to(tf.matmul(a, w), shape) if k == 0 else tf.matmul(a, w)
-              for a in hl]
+        # the input's own partials are constants: broadcast them to a full channel
+        zs = [tf.broadcast_to(prod(v, w), shape) if k == 0 else prod(v, w) for v in hs]
+        zl = [tf.broadcast_to(prod(a, w), shape) if k == 0 else prod(a, w) for a in hl]
         if layer is layers[-1]:
+            if points_last:
+                return tf.transpose(z), [tf.transpose(c) for c in zs], \
+                    [tf.transpose(c) for c in zl]
             return z, zs, zl
         h, hs, hl = act(z, zs, zl)
