@@ -18,15 +18,17 @@ steps) per case in `timing_cases` with `pinn_experiment.jit_compile` False and T
     python -m experiments.bench.pinnacle_deepxde --gin_file=configs/bench/pinnacle_deepxde.gin
 """
 
+import json
 import math
 import os
+import subprocess
+import sys
 import time
 
 import gin
 import numpy as np
 from absl import logging
 
-from experiments.bench.pinn_convergence import run_pinn_binary
 from hogrod import harness, pinn
 
 PINNACLE_CONFIGS = "configs/pinn/pinnacle"
@@ -67,6 +69,22 @@ def deepxde_burgers1d(iterations, seed, warmup=10, n_domain=8192, n_boundary=204
     prob = pinn.pinnacle.pinnacle_burgers1d()
     pred = model.predict(prob.grid.astype(np.float32))
     return pinn.l2re(prob.reference(prob.grid), pred), seconds / (iterations - warmup)
+
+
+def run_pinn_binary(gin_files, gin_params, output_dir):
+    """`python -m experiments.pinn` with these configs in its own process, as a user runs
+    it (binaries do not import each other: `tests/test_configs.py`); its metrics."""
+    argv = ([sys.executable, "-m", "experiments.pinn"] + [f"--gin_file={f}" for f in gin_files]
+            + [f"--gin_param={p}" for p in gin_params]
+            + [f"--output_dir={os.path.abspath(output_dir)}"])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [harness.REPO_ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=harness.REPO_ROOT)
+    if out.returncode:
+        raise RuntimeError(f"{' '.join(argv)} exited with code {out.returncode}:\n"
+                           f"{out.stderr[-3000:]}")
+    with open(os.path.join(output_dir, "metrics.json")) as f:
+        return json.load(f)
 
 
 def _seconds_per_step(metrics, n1):
