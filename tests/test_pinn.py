@@ -295,6 +295,10 @@ def test_bench_binary_checks_agreement_and_runs(tmp_path):
     assert m["grad_rel_err_hogrod_xla"] < 1e-4  # XLA computes the same gradient
     # the hand-written Taylor-mode jet is an independent derivation of the same gradient
     assert m["grad_rel_err_taylor_mode"] < 1e-4 and m["evals_per_s_taylor_mode"] > 0
+    # the operator jet (3 channels, hand-written backward) is another derivation of it
+    assert max(m[f"grad_rel_err_{k}"] for k in ("hogrod_jet", "hogrod_jet_xla",
+                                                "hogrod_jet_tape", "hogrod_jet_rows_xla",
+                                                "taylor_mode_fused")) < 1e-5
     # the floor is the evaluation's products alone: the whole evaluation takes longer
     assert m["matmul_floor_ms"] > 0 and m["floor_ratio_over_hogrod"] > 1
 

@@ -10,11 +10,18 @@ import time
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["interleaved_rates", "matmul_floor"]
+__all__ = ["interleaved_rates", "interleaved_samples", "matmul_floor"]
 
 
 def interleaved_rates(candidates, rounds, calls_per_round=1, warmup=5):
     """{name: median calls per second} for {name: zero-argument callable}."""
+    samples = interleaved_samples(candidates, rounds, calls_per_round, warmup)
+    return {name: float(np.median(r)) for name, r in samples.items()}
+
+
+def interleaved_samples(candidates, rounds, calls_per_round=1, warmup=5):
+    """{name: [calls per second in each round]}: the rounds' rates, for statistics other
+    than the median (on a machine other jobs load, the best round is the least disturbed)."""
     for fn in candidates.values():
         for _ in range(warmup):
             fn()
@@ -25,7 +32,7 @@ def interleaved_rates(candidates, rounds, calls_per_round=1, warmup=5):
             for _ in range(calls_per_round):
                 fn()
             rates[name].append(calls_per_round / (time.perf_counter() - t0))
-    return {name: float(np.median(r)) for name, r in rates.items()}
+    return rates
 
 
 def matmul_floor(rows, width, count):
