@@ -274,14 +274,21 @@ def _embedded_input(input_dim, embedding, dtype):
 
 @gin.configurable
 def mlp_network(input_dim, width=20, depth=8, outputs=1, activation="tanh", embedding=None,
-                factorization=None, dtype=None, name=None):
+                factorization=None, dtype=None, name=None, output_scale=None):
     """embedding (optional), `depth` hidden Dense layers of `width` with `activation`, a
-    linear output Dense of `outputs`; factorization (mu, sigma): FactorizedDense layers."""
+    linear output Dense of `outputs`; factorization (mu, sigma): FactorizedDense layers.
+
+    output_scale: None, or a fixed factor on the output (the solution's typical size): a
+    solution far from O(1) (with a large constant part) is otherwise fitted by saturating
+    the tanh units, which then pass no gradient to learn its variation."""
     _check(input_dim, width, depth, "mlp_network")
     x, h = _embedded_input(input_dim, embedding, dtype)
     for _ in range(depth):
         h = _dense(width, activation, factorization, dtype)(h)
     out = _dense(_positive_int(outputs, "outputs"), None, factorization, dtype)(h)
+    if output_scale is not None:
+        out = keras.layers.Rescaling(_positive_float(output_scale, "mlp_network.output_scale"),
+                                     dtype=dtype)(out)
     return keras.Model(x, out, name=name)
 
 
