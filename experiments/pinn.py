@@ -32,9 +32,6 @@ from hogrod.pinn import training
 gin.external_configurable(keras.optimizers.schedules.ExponentialDecay, module="keras")
 # linear decay to end_learning_rate over decay_steps (power 1), as STDE and Hu et al. train
 gin.external_configurable(keras.optimizers.schedules.PolynomialDecay, module="keras")
-# an input scaling for mlp_network.embedding (= @Rescaling): coordinates of order 1/sqrt(d)
-# in a high-dimensional ball, scaled up so that the tanh units start out nonlinear
-gin.external_configurable(keras.layers.Rescaling, module="keras")
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
