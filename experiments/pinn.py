@@ -98,9 +98,10 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
       resample_every: None: the collocation and condition points are drawn once (seed)
         and every Adam step fits them; an integer k >= 1: fresh points (the same counts
         and method, seeds from (seed, k-block)) every k Adam steps, fed to the compiled
-        step as a new batch of the same shape (no retracing). A stochastic residual (a
-        randomized Laplacian) fitted at fixed points overfits them in high dimension;
-        fresh points make each step an unbiased estimate of the loss over the domain.
+        step as a new batch of the same shape (no retracing). Fixed points in high
+        dimension sample the domain thinly, and the residual can be fitted there only;
+        with fresh points each step is an unbiased estimate of the loss over the domain,
+        so small batches (STDE's protocol: 100 points a step) train.
         L-BFGS and the final loss terms use the points drawn with `seed`. Not with a
         weighting scheme (its state is tied to fixed points).
     """
