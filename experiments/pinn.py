@@ -30,6 +30,8 @@ from hogrod.pinn import training
 
 # a learning-rate schedule for pinn_experiment.adam_lr (= @ExponentialDecay())
 gin.external_configurable(keras.optimizers.schedules.ExponentialDecay, module="keras")
+# linear decay to end_learning_rate over decay_steps (power 1), as STDE and Hu et al. train
+gin.external_configurable(keras.optimizers.schedules.PolynomialDecay, module="keras")
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -68,7 +70,7 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
                     n_condition=400, sampling="sobol", adam_steps=2000, adam_lr=1e-3,
                     lbfgs_iterations=10000, weights=None, weighting=None, gpinn=None,
                     dtype="float32", error_every=None, jit_compile=False,
-                    checkpoint_every=500, seed=0, network=None):
+                    checkpoint_every=500, seed=0, network=None, resample_every=None):
     """Args:
       problem: a problem factory (`@burgers_problem`, `@burgers_inverse_problem`, ...).
       width, depth: the tanh MLP (Raissi: 9 layers of 20 = depth 8 hidden + output).
@@ -93,6 +95,15 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
         error curve and its clock too), or restarts L-BFGS from the Adam weights, or, for a
         finished run with the same adam_steps and lbfgs_iterations, only re-evaluates (the
         first run's timings stay in metrics.json); other counts are an error.
+      resample_every: None: the collocation and condition points are drawn once (seed)
+        and every Adam step fits them; an integer k >= 1: fresh points (the same counts
+        and method, seeds from (seed, k-block)) every k Adam steps, fed to the compiled
+        step as a new batch of the same shape (no retracing). Fixed points in high
+        dimension sample the domain thinly, and the residual can be fitted there only;
+        with fresh points each step is an unbiased estimate of the loss over the domain,
+        so small batches (STDE's protocol: 100 points a step) train.
+        L-BFGS and the final loss terms use the points drawn with `seed`. Not with a
+        weighting scheme (its state is tied to fixed points).
     """
     keras.utils.set_random_seed(seed)
     strategy = distribute.make_strategy()
@@ -108,10 +119,11 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
                                           tf_dtype)
         scheme = make_weighting(prob, u, points, cond_points, variables, weights, weighting,
                                 gpinn)
+        _check_resample(resample_every, weighting)
         ascent_opt = keras.optimizers.Adam(scheme.ascent_lr) if scheme.ascent else None
     loss_fn = training.pinn_loss(prob, u, points, cond_points, scheme.weights or weights,
                                  gpinn=gpinn, reducers=scheme.reducers)
-    batch = distribute.shard(strategy, (points, cond_points))  # the same every step
+    batch = distribute.shard(strategy, (points, cond_points))
     progress = Progress()
     ckpt = train.Checkpointer(output_dir, model=net, optimizer=opt, **progress.variables,
                               **scheme.state, **{f"unknown_{n}": v for n, v in unknowns.items()},
@@ -128,7 +140,10 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
         step = train.make_train_step(loss_fn, groups, None if ascent_opt else variables,
                                      strategy=strategy, jit_compile=jit_compile)
         on_step = adam_callback(curve, progress, scheme)
-        metrics.update(run_adam(step, batch, adam_steps, ckpt, output_dir, checkpoint_every,
+        batches = (itertools.repeat(batch) if resample_every is None else
+                   fresh_batches(strategy, prob, n_collocation, n_condition, sampling, seed,
+                                 tf_dtype, resample_every, start=restored))
+        metrics.update(run_adam(step, batches, adam_steps, ckpt, output_dir, checkpoint_every,
                                 on_step, curve))
         metrics.update(run_lbfgs(loss_fn, variables, lbfgs_iterations, strategy, batch, curve,
                                  jit_compile))
@@ -166,6 +181,36 @@ def collocation(prob, n_collocation, n_condition, sampling, seed, dtype):
     cond_points = [tf.constant(fn(counts[name], seed + 1 + i), dtype)
                    for i, (name, fn, _) in enumerate(prob.conditions)]
     return points, cond_points
+
+
+def _check_resample(resample_every, weighting):
+    if resample_every is None:
+        return
+    if (not isinstance(resample_every, int) or isinstance(resample_every, bool)
+            or resample_every < 1):
+        raise ValueError(f"pinn_experiment.resample_every must be None (fixed points) or an "
+                         f"integer >= 1 (Adam steps between fresh points), got "
+                         f"{resample_every!r}")
+    if weighting is not None:
+        raise ValueError(f"pinn_experiment.resample_every = {resample_every} needs "
+                         f"pinn_experiment.weighting = None: the scheme {weighting!r} keeps "
+                         "state for the points drawn once")
+
+
+def fresh_batches(strategy, prob, n_collocation, n_condition, sampling, seed, dtype, every,
+                  start=0):
+    """An endless iterator of batches (points, condition points) for Adam steps start + 1,
+    start + 2, ...: new points every `every` steps, drawn as `collocation` draws them with a
+    seed from (seed, block), so a resumed run gets the points it would have had. Same shapes
+    and dtype every time: the compiled step does not retrace."""
+    block, batch = None, None
+    for step in itertools.count(start):
+        if step // every != block:
+            block = step // every
+            key = int(np.random.SeedSequence([seed, block]).generate_state(1)[0])
+            batch = distribute.shard(strategy, collocation(prob, n_collocation, n_condition,
+                                                           sampling, key, dtype))
+        yield batch
 
 
 def make_weighting(prob, u, points, cond_points, variables, weights, weighting, gpinn):
@@ -268,9 +313,9 @@ def adam_callback(curve, progress, scheme):
     return on_step
 
 
-def run_adam(step, batch, adam_steps, ckpt, output_dir, checkpoint_every, on_step, curve):
+def run_adam(step, batches, adam_steps, ckpt, output_dir, checkpoint_every, on_step, curve):
     stats = {}
-    logs = train.train_loop(step, itertools.repeat(batch), adam_steps, ckpt, output_dir,
+    logs = train.train_loop(step, batches, adam_steps, ckpt, output_dir,
                             checkpoint_every=checkpoint_every, log_every=500, callback=on_step,
                             stats=stats)
     metrics = {"adam_seconds": curve.clock.seconds(), "relative_l2_after_adam": curve.error()}

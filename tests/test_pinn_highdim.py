@@ -82,3 +82,47 @@ def test_the_highdim_benchmark_times_both_laplacians_and_their_ratio(tmp_path):
         "bench_pinn_highdim.probes = 2"], str(tmp_path))
     assert m["d3_exact_over_randomized"] == m["d3_exact_step_s"] / m["d3_hutchinson_2_step_s"]
     assert m["d3_exact_first_call_s"] > 0
+
+
+def test_fresh_points_change_every_k_steps_and_the_step_traces_once():
+    """`pinn_experiment.resample_every`: the batches change exactly at multiples of k (a
+    resumed stream gives the points the first run had), stay in the ball, and one compiled
+    train step takes them all with a single trace (on the cheap advection problem, whose
+    inflow condition's points are resampled too; its loss is deterministic, so the loss
+    changes between steps only through the points)."""
+    import keras
+    from experiments import pinn as exp
+    from hogrod import train
+    ball = pinn.poisson_nd_problem(dim=DIM, n_test=10)
+    strategy = tf.distribute.get_strategy()
+    stream = exp.fresh_batches(strategy, ball, 8, 4, "sobol", 0, tf.float32, every=2)
+    pts = [next(stream)[0].numpy() for _ in range(6)]
+    for i in range(5):
+        assert np.array_equal(pts[i], pts[i + 1]) == (i % 2 == 0), i
+    assert np.linalg.norm(np.concatenate(pts), axis=1).max() <= 1.0 + 1e-6
+    resumed = exp.fresh_batches(strategy, ball, 8, 4, "sobol", 0, tf.float32, every=2,
+                                start=3)
+    np.testing.assert_array_equal(next(resumed)[0].numpy(), pts[3])
+    prob = pinn.advection_problem(grid_shape=(3, 3))
+    net = exp.tanh_mlp(2, 4, 1, "float32")
+    points, cond = exp.collocation(prob, 8, 4, "sobol", 0, tf.float32)
+    loss_fn = pinn.pinn_loss(prob, pinn.solution_fn(prob, net), points, cond)
+    step = train.make_train_step(loss_fn, keras.optimizers.Adam(0.0), net.trainable_variables)
+    stream = exp.fresh_batches(strategy, prob, 8, 4, "sobol", 0, tf.float32, every=1)
+    logs = [step(next(stream)) for _ in range(4)]
+    assert step.experimental_get_tracing_count() == 1
+    for name in ("residual", "inflow"):  # lr 0: only the points move the terms
+        assert len({float(log[name]) for log in logs}) == 4, name
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"resample_every": 0}, "pinn_experiment.resample_every"),
+    ({"resample_every": 1, "weighting": lambda *a, **k: pinn.Weighting()},
+     "pinn_experiment.weighting = None"),
+])
+def test_bad_resampling_bindings_are_clear_errors(tmp_path, kwargs, match):
+    from experiments import pinn as exp
+    problem = lambda: pinn.poisson_nd_problem(dim=DIM, n_test=10)  # noqa: E731
+    with pytest.raises(ValueError, match=match):
+        exp.pinn_experiment(str(tmp_path), problem=problem, width=4, depth=1, n_collocation=8,
+                            adam_steps=1, lbfgs_iterations=0, **kwargs)

@@ -118,6 +118,19 @@ def test_mlp_network_in_float64_has_float64_gradients():
     assert tape.gradient(y, x).dtype == tf.float64
 
 
+def test_output_scale_multiplies_the_same_network_exactly_in_float64():
+    """mlp_network.output_scale: the scaled network, given the plain one's weights, is the
+    plain one's output times the scale (float64; the scale reaches it without float32)."""
+    keras.utils.set_random_seed(5)
+    plain = networks.mlp_network(3, 4, 2, dtype=F64)
+    scaled = networks.mlp_network(3, 4, 2, dtype=F64, output_scale=0.1)
+    scaled.set_weights(plain.get_weights())
+    x = tf.constant(np.random.default_rng(0).standard_normal((6, 3)))
+    got, want = scaled(x).numpy(), 0.1 * plain(x).numpy()
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, want, rtol=1e-15)
+
+
 def test_networks_are_selectable_by_gin_reference():
     with gin.unlock_config():
         gin.clear_config()
@@ -140,6 +153,7 @@ def test_networks_are_selectable_by_gin_reference():
     (lambda: networks.FourierFeatures(0), "num_features"),
     (lambda: networks.mlp_network(2, 4, 1, factorization=0.1), "factorization"),
     (lambda: networks.modified_mlp(2, 4, 0), "depth"),
+    (lambda: networks.mlp_network(2, 4, 1, output_scale=0.0), "mlp_network.output_scale"),
     (lambda: networks.mlp_network(2, 4, 1, dtype=F64,
                                   embedding=networks.FourierFeatures(dtype="float32")),
      "computes in float32"),

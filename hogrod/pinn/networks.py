@@ -45,6 +45,21 @@ def _positive_float(value, name):
     return float(value)
 
 
+class OutputScale(keras.layers.Layer):
+    """x -> scale * x, the Python float applied at x's dtype (keras.layers.Rescaling goes
+    through float32: not exact in float64)."""
+
+    def __init__(self, scale, **kwargs):
+        super().__init__(**kwargs)
+        self.scale = _positive_float(scale, "OutputScale scale")
+
+    def call(self, x):
+        return x * self.scale
+
+    def get_config(self):
+        return {**super().get_config(), "scale": self.scale}
+
+
 class FourierFeatures(keras.layers.Layer):
     """gamma(x) = [cos(2 pi x B), sin(2 pi x B)]: [batch, dim] -> [batch, 2 num_features].
 
@@ -274,14 +289,21 @@ def _embedded_input(input_dim, embedding, dtype):
 
 @gin.configurable
 def mlp_network(input_dim, width=20, depth=8, outputs=1, activation="tanh", embedding=None,
-                factorization=None, dtype=None, name=None):
+                factorization=None, dtype=None, name=None, output_scale=None):
     """embedding (optional), `depth` hidden Dense layers of `width` with `activation`, a
-    linear output Dense of `outputs`; factorization (mu, sigma): FactorizedDense layers."""
+    linear output Dense of `outputs`; factorization (mu, sigma): FactorizedDense layers.
+
+    output_scale: None, or a fixed factor on the output (the solution's typical size): a
+    solution far from O(1) (with a large constant part) is otherwise fitted by saturating
+    the tanh units, which then pass no gradient to learn its variation."""
     _check(input_dim, width, depth, "mlp_network")
     x, h = _embedded_input(input_dim, embedding, dtype)
     for _ in range(depth):
         h = _dense(width, activation, factorization, dtype)(h)
     out = _dense(_positive_int(outputs, "outputs"), None, factorization, dtype)(h)
+    if output_scale is not None:
+        out = OutputScale(_positive_float(output_scale, "mlp_network.output_scale"),
+                          dtype=dtype)(out)
     return keras.Model(x, out, name=name)
 
 
