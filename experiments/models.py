@@ -134,3 +134,25 @@ def ridge_losses(a, b, av, bv):
         return tf.reduce_mean(r * r)
 
     return inner, outer
+
+
+def deepxde_burgers_data(dde, num_domain, num_boundary, num_initial, **kwargs):
+    """DeepXDE's Burgers problem (u_t + u u_x = 0.01/pi u_xx on [-1, 1] x [0, 1], u(x, 0) =
+    -sin(pi x), u(+-1, t) = 0) as its `TimePDE`, written as DeepXDE's example writes it: the
+    peer both PINN benchmarks run. `dde` is the imported deepxde module (imported by the
+    caller, so this module never needs it); `kwargs` go to `TimePDE`."""
+    nu = 0.01 / np.pi
+    geomtime = dde.geometry.GeometryXTime(dde.geometry.Interval(-1, 1),
+                                          dde.geometry.TimeDomain(0, 1))
+
+    def pde(x, y):
+        u_x = dde.grad.jacobian(y, x, i=0, j=0)
+        u_t = dde.grad.jacobian(y, x, i=0, j=1)
+        u_xx = dde.grad.hessian(y, x, i=0, j=0)
+        return u_t + y * u_x - nu * u_xx
+
+    bc = dde.icbc.DirichletBC(geomtime, lambda x: 0, lambda _, on_boundary: on_boundary)
+    ic = dde.icbc.IC(geomtime, lambda x: -np.sin(np.pi * x[:, 0:1]),
+                     lambda _, on_initial: on_initial)
+    return dde.data.TimePDE(geomtime, pde, [bc, ic], num_domain=num_domain,
+                            num_boundary=num_boundary, num_initial=num_initial, **kwargs)

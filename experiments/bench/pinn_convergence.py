@@ -36,6 +36,7 @@ import numpy as np
 from absl import logging
 
 import experiments
+from experiments import models
 from hogrod import harness, pinn
 
 
@@ -80,20 +81,7 @@ def deepxde_run(adam_steps, lbfgs_iterations, error_every, thresholds, seed,
         pred = model.predict(grid)
         return float(np.linalg.norm(pred - ref) / np.linalg.norm(ref))
 
-    geomtime = dde.geometry.GeometryXTime(dde.geometry.Interval(-1, 1),
-                                          dde.geometry.TimeDomain(0, 1))
-
-    def pde(x, y):
-        dy_x = dde.grad.jacobian(y, x, i=0, j=0)
-        dy_t = dde.grad.jacobian(y, x, i=0, j=1)
-        dy_xx = dde.grad.hessian(y, x, i=0, j=0)
-        return dy_t + y * dy_x - 0.01 / np.pi * dy_xx
-
-    bc = dde.icbc.DirichletBC(geomtime, lambda x: 0, lambda _, on_boundary: on_boundary)
-    ic = dde.icbc.IC(geomtime, lambda x: -np.sin(np.pi * x[:, 0:1]),
-                     lambda _, on_initial: on_initial)
-    data = dde.data.TimePDE(geomtime, pde, [bc, ic], num_domain=2540, num_boundary=80,
-                            num_initial=160)
+    data = models.deepxde_burgers_data(dde, 2540, 80, 160)
     model = dde.Model(data, dde.nn.FNN([2] + [20] * 3 + [1], "tanh", "Glorot normal"))
     model.compile("adam", lr=1e-3)
     history, seconds = [], 0.0

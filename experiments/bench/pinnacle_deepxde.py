@@ -19,7 +19,6 @@ steps) per case in `timing_cases` with `pinn_experiment.jit_compile` False and T
 """
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -29,6 +28,7 @@ import gin
 import numpy as np
 from absl import logging
 
+from experiments import models
 from hogrod import harness, pinn
 
 PINNACLE_CONFIGS = "configs/pinn/pinnacle"
@@ -44,22 +44,8 @@ def deepxde_burgers1d(iterations, seed, warmup=10, n_domain=8192, n_boundary=204
                          "DDE_BACKEND=tensorflow")
 
     dde.config.set_random_seed(seed)
-    nu = 0.01 / math.pi
-    geomtime = dde.geometry.GeometryXTime(dde.geometry.Interval(-1, 1),
-                                          dde.geometry.TimeDomain(0, 1))
-
-    def pde(x, y):
-        u_x = dde.grad.jacobian(y, x, i=0, j=0)
-        u_t = dde.grad.jacobian(y, x, i=0, j=1)
-        u_xx = dde.grad.hessian(y, x, i=0, j=0)
-        return u_t + y * u_x - nu * u_xx
-
-    bc = dde.icbc.DirichletBC(geomtime, lambda x: 0, lambda _, on_boundary: on_boundary)
-    ic = dde.icbc.IC(geomtime, lambda x: -np.sin(np.pi * x[:, 0:1]),
-                     lambda _, on_initial: on_initial)
-    data = dde.data.TimePDE(geomtime, pde, [bc, ic], num_domain=n_domain,
-                            num_boundary=n_boundary, num_initial=n_initial,
-                            train_distribution="Hammersley")
+    data = models.deepxde_burgers_data(dde, n_domain, n_boundary, n_initial,
+                                       train_distribution="Hammersley")
     model = dde.Model(data, dde.nn.FNN([2] + [100] * 5 + [1], "tanh", "Glorot normal"))
     model.compile("adam", lr=1e-3)
     model.train(iterations=warmup, display_every=max(warmup, 1), verbose=0)
