@@ -8,8 +8,8 @@ same run on the same weights and points, interleaved:
   Burgers' declared linear part u_t - nu u_xx as one channel, `PDE.linear`) in an inner
   XLA-compiled function; `hogrod_xla`: the whole step under XLA (`make_train_step.jit_compile`);
   `hogrod_unfolded`: the generic jet of the wanted partials (u, u_x, u_t, u_xx: nu a
-  callable, so nothing is folded); `hogrod_jet_no_xla`: the default without the inner XLA
-  (`operator_jet.jit_compile = False`);
+  callable, so nothing is folded); the default without the inner XLA is `hogrod_jet`
+  below (`operator_jet.jit_compile = False`);
 - hogrod_partials: the nested-tape `hogrod.pinn.partials` (the default before the jet, and
   the fallback for any other network or PDE: `residual(..., use_jet=False)`), and the same
   under XLA (`hogrod_partials_xla`);
@@ -20,8 +20,8 @@ same run on the same weights and points, interleaved:
   `ForwardAccumulator`s, and a hand-written Taylor-mode jet that pushes (u, u_x, u_t, u_xx)
   through the Dense layers together (the "forward Laplacian" idea), also with a
   hand-written backward per tanh layer (`taylor_mode_fused`);
-- the operator jet `hogrod.pinn.jet.tanh_mlp_jet` called directly: 3 channels (u, u_x, u_t - nu u_xx), the
-  linear part of the residual carried as one channel, with a hand-written backward per tanh
+- the operator jet `hogrod.pinn.jet.tanh_mlp_jet` called directly: 3 channels (u, u_x,
+  u_t - nu u_xx), the linear part of the residual carried as one channel, with a hand-written backward per tanh
   layer and the activations carried as [width, points] (`hogrod_jet`), the same under XLA
   (`hogrod_jet_xla`), with the tape's backward (`hogrod_jet_tape`: what the hand-written
   backward buys) and under XLA in the [points, width] layout (`hogrod_jet_rows_xla`: what
@@ -55,7 +55,7 @@ import hogrod
 from experiments.bench.timing import floor_metrics, interleaved_samples, matmul_floor
 from experiments.models import dense_net
 from hogrod import harness, pinn
-from hogrod.pinn.jet import jet_partials, tanh_mlp_jet
+from hogrod.pinn.jet import tanh_mlp_jet
 
 NU = 0.01 / math.pi
 
@@ -77,20 +77,6 @@ def hogrod_candidate(net, x, jit_compile=False, use_jet=None, fold=True):
     def run():
         return hogrod.grad(lambda: tf.reduce_mean(tf.square(pinn.residual(
             pde, net, x, use_jet=use_jet))), net.trainable_variables)
-    return lambda: [g.numpy() for g in run()]
-
-
-def jet_without_xla_candidate(net, x):
-    """The default's jet and residual without the inner XLA function
-    (`operator_jet.jit_compile = False`)."""
-    pde = pinn.burgers(NU)
-
-    @tf.function
-    def run():
-        def loss():
-            d = jet_partials(net, x, pde.wanted, pde.linear, jit_compile=False)
-            return tf.reduce_mean(tf.square(pde.residual(x, d)))
-        return hogrod.grad(loss, net.trainable_variables)
     return lambda: [g.numpy() for g in run()]
 
 
@@ -262,7 +248,6 @@ def bench_pinn(output_dir, points=10000, width=20, depth=8, rounds=10, calls_per
                   "hogrod_partials_xla": hogrod_candidate(net, x, jit_compile=True,
                                                           use_jet=False),
                   "hogrod_unfolded": hogrod_candidate(net, x, fold=False),
-                  "hogrod_jet_no_xla": jet_without_xla_candidate(net, x),
                   "tf_forward_mode": forward_mode_candidate(net, x),
                   "taylor_mode": taylor_mode_candidate(net, x),
                   "taylor_mode_fused": taylor_mode_fused_candidate(net, x),
@@ -302,7 +287,7 @@ def bench_pinn(output_dir, points=10000, width=20, depth=8, rounds=10, calls_per
             m[f"ratio_hogrod_over_{k}"] = rates["hogrod"] / rates[k]
             m[f"ratio_hogrod_xla_over_{k}"] = rates["hogrod_xla"] / rates[k]
             for j in ("hogrod_partials", "hogrod_partials_xla", "hogrod_unfolded",
-                      "hogrod_jet_no_xla", "hogrod_jet", "hogrod_jet_xla", "hogrod_jet_tape",
+                      "hogrod_jet", "hogrod_jet_xla", "hogrod_jet_tape",
                       "hogrod_jet_rows_xla", "taylor_mode_fused"):
                 m[f"ratio_{j}_over_{k}"] = rates[j] / rates[k]
     for k in ("tf_forward_mode", "taylor_mode", "hogrod_partials"):

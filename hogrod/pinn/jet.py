@@ -22,7 +22,13 @@ elementwise product:
     g_zi = s g_i - 2 t sum_L g_zL sum_j (b_ij + b_ji) z_j,
     g_z  = s (g_t - 2 t g_s - 2 sum_L q_L g_zL)
 
-(g_*: the loss's gradient in each quantity).
+(g_*: the loss's gradient in each quantity). The backward is made of differentiable ops on
+tensors the forward computed on the tape, so it can be differentiated again (gPINN's
+d residual / dx, then the weights).
+
+`jet_partials` is `pdes.residual`'s default derivative path: the `partials` dict of a PDE's
+wanted keys (and its `PDE.linear` combinations) from one jet pass, for every network that
+`applies` accepts.
 """
 
 import numbers
@@ -306,12 +312,17 @@ def _jet_fn(net, coords, operators, dim, jit_compile):
     if not jit_compile:
         return fn
     # one compiled function per network and plan, so every trace of an enclosing step reuses
-    # it; the weak reference drops the entry's claim on a deleted network.
+    # it; it holds the network weakly (a deleted network's entry is dropped, and its id may
+    # be reused by a new network).
     key = (id(net), coords, operators, dim)
     ref, compiled = _COMPILED.get(key, (None, None))
     if ref is None or ref() is not net:
-        compiled = tf.function(fn, jit_compile=True, autograph=False)
-        _COMPILED[key] = (weakref.ref(net), compiled)
+        for k in [k for k, (r, _) in _COMPILED.items() if r() is None]:
+            del _COMPILED[k]
+        ref = weakref.ref(net)
+        compiled = tf.function(lambda x: tanh_mlp_jet(ref(), x, directions, ops),
+                               jit_compile=True, autograph=False)
+        _COMPILED[key] = (ref, compiled)
     return compiled
 
 

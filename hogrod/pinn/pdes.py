@@ -25,8 +25,9 @@ import tensorflow as tf
 from hogrod.pinn import jet
 from hogrod.pinn.operators import laplacian, partials
 
-__all__ = ["PDE", "residual", "operator_jet", "jet_applies", "burgers", "poisson", "heat", "wave", "allen_cahn", "helmholtz",
-           "advection", "LaplacianOperator", "exact_laplacian", "randomized_laplacian"]
+__all__ = ["PDE", "residual", "operator_jet", "jet_applies", "burgers", "poisson", "heat",
+           "wave", "allen_cahn", "helmholtz", "advection", "LaplacianOperator",
+           "exact_laplacian", "randomized_laplacian"]
 
 # uses_network: the residual is called as residual(x, d, u_fn), so it can apply operators
 # to the network itself (a randomized Laplacian) besides the `partials` dict d.
@@ -77,9 +78,9 @@ def _partials_path(pde, u_fn, x):
 def residual(pde, u_fn, x, use_jet=None):
     """The residual of `pde` for network `u_fn` at points x, [batch, m].
 
-    use_jet: None: `operator_jet`'s default; False: `partials` (nested tapes), whose
-    derivatives can be differentiated again in x (gPINN's terms); True: the jet where it
-    applies (`jet_applies`), else `partials`."""
+    use_jet: None: `operator_jet`'s default; False: `partials` (nested tapes); True: the jet
+    where it applies (`jet_applies`), else `partials`. Both can be differentiated again in
+    x (gPINN's terms) and in the weights."""
     x = tf.convert_to_tensor(x)
     enabled, jit_compile = operator_jet()
     if use_jet is None:
