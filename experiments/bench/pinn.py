@@ -3,8 +3,16 @@
 One evaluation = u, u_x, u_t, u_xx of a tanh MLP (Raissi's 8 x 20) at every point, the
 mean squared residual, and its gradient with respect to the weights. Candidates, in the
 same run on the same weights and points, interleaved:
-- hogrod: `hogrod.pinn.partials` in a `tf.function`, and the same compiled with XLA
-  (`jit_compile=True`, what `make_train_step.jit_compile` does to a PINN step);
+- hogrod: `pinn.residual` in a `tf.function`, exactly `pinn_experiment`'s default training
+  step: its default derivative path, the operator jet (`pinn.pdes.operator_jet`: u, u_x and
+  Burgers' declared linear part u_t - nu u_xx as one channel, `PDE.linear`) in an inner
+  XLA-compiled function; `hogrod_xla`: the whole step under XLA (`make_train_step.jit_compile`);
+  `hogrod_unfolded`: the generic jet of the wanted partials (u, u_x, u_t, u_xx: nu a
+  callable, so nothing is folded); the default without the inner XLA is `hogrod_jet`
+  below (`operator_jet.jit_compile = False`);
+- hogrod_partials: the nested-tape `hogrod.pinn.partials` (the default before the jet, and
+  the fallback for any other network or PDE: `residual(..., use_jet=False)`), and the same
+  under XLA (`hogrod_partials_xla`);
 - DeepXDE's TensorFlow backend: `dde.grad.jacobian` / `dde.grad.hessian` (its own
   derivative code) in a `tf.function` (the `bench` extra; DDE_BACKEND=tensorflow);
 - JAX: `vmap` of nested `jax.grad` per point, `jit` (the `bench` extra);
@@ -12,8 +20,8 @@ same run on the same weights and points, interleaved:
   `ForwardAccumulator`s, and a hand-written Taylor-mode jet that pushes (u, u_x, u_t, u_xx)
   through the Dense layers together (the "forward Laplacian" idea), also with a
   hand-written backward per tanh layer (`taylor_mode_fused`);
-- the operator jet `hogrod.pinn.jet.tanh_mlp_jet`: 3 channels (u, u_x, u_t - nu u_xx), the
-  linear part of the residual carried as one channel, with a hand-written backward per tanh
+- the operator jet `hogrod.pinn.jet.tanh_mlp_jet` called directly: 3 channels (u, u_x,
+  u_t - nu u_xx), the linear part of the residual carried as one channel, with a hand-written backward per tanh
   layer and the activations carried as [width, points] (`hogrod_jet`), the same under XLA
   (`hogrod_jet_xla`), with the tape's backward (`hogrod_jet_tape`: what the hand-written
   backward buys) and under XLA in the [points, width] layout (`hogrod_jet_rows_xla`: what
@@ -22,7 +30,7 @@ same run on the same weights and points, interleaved:
     python -m experiments.bench.pinn --gin_file=configs/bench/pinn.gin
 
 Reported: evaluations/s (median of the rounds, and the best round: `best_*`, what a loaded
-machine disturbs least), each gradient's error against hogrod's, and the ratios.
+machine disturbs least), each gradient's error against hogrod_partials', and the ratios.
 The time to 1e-2 and 1e-3 against DeepXDE's Burgers example is `experiments.bench.pinn_convergence`.
 
 The matmul floor says how far any TensorFlow evaluation could go. Per hidden-to-hidden
@@ -57,13 +65,18 @@ def make_net(width, depth):
     return dense_net((2,) + (width,) * depth + (1,), "tanh")
 
 
-def hogrod_candidate(net, x, jit_compile=False):
-    pde = pinn.burgers(NU)
+def hogrod_candidate(net, x, jit_compile=False, use_jet=None, fold=True):
+    """`pinn.residual` in a `tf.function`: with the defaults, what `pinn_experiment`'s default
+    training step does (the operator jet in its inner XLA function, Burgers' u_t - nu u_xx
+    one channel); use_jet=False: the nested-tape `partials`; jit_compile: the whole step
+    under XLA; fold=False: nu as a callable, so u_t and u_xx are two channels (the generic
+    jet of any PDE's wanted partials)."""
+    pde = pinn.burgers(NU if fold else (lambda: NU))
 
     @tf.function(jit_compile=jit_compile)
     def run():
-        return hogrod.grad(lambda: tf.reduce_mean(tf.square(pinn.residual(pde, net, x))),
-                           net.trainable_variables)
+        return hogrod.grad(lambda: tf.reduce_mean(tf.square(pinn.residual(
+            pde, net, x, use_jet=use_jet))), net.trainable_variables)
     return lambda: [g.numpy() for g in run()]
 
 
@@ -231,6 +244,10 @@ def bench_pinn(output_dir, points=10000, width=20, depth=8, rounds=10, calls_per
     x = tf.constant(pinn.sample(pinn.Box((-1.0, 0.0), (1.0, 1.0)), points, "sobol", 0))
     candidates = {"hogrod": hogrod_candidate(net, x),
                   "hogrod_xla": hogrod_candidate(net, x, jit_compile=True),
+                  "hogrod_partials": hogrod_candidate(net, x, use_jet=False),
+                  "hogrod_partials_xla": hogrod_candidate(net, x, jit_compile=True,
+                                                          use_jet=False),
+                  "hogrod_unfolded": hogrod_candidate(net, x, fold=False),
                   "tf_forward_mode": forward_mode_candidate(net, x),
                   "taylor_mode": taylor_mode_candidate(net, x),
                   "taylor_mode_fused": taylor_mode_fused_candidate(net, x),
@@ -243,13 +260,13 @@ def bench_pinn(output_dir, points=10000, width=20, depth=8, rounds=10, calls_per
         c = make(net, x)
         if c is not None:
             candidates[name] = c
-    ref = np.concatenate([g.ravel() for g in candidates["hogrod"]()])
+    ref = np.concatenate([g.ravel() for g in candidates["hogrod_partials"]()])
     m = {}
     for name, fn in candidates.items():  # agreement before speed
         got = np.concatenate([g.ravel() for g in fn()])
         err = m[f"grad_rel_err_{name}"] = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
-        # the jets are candidates for the default: float32 rounding only, not 1e-3
-        tol = 1e-5 if name.startswith(("hogrod_jet", "taylor_mode_fused")) else 1e-3
+        # hogrod's and the jets: float32 rounding only, not 1e-3
+        tol = 1e-5 if name.startswith(("hogrod", "taylor_mode_fused")) else 1e-3
         if err > tol and name != "tf_forward_mode":  # that one is measured, not trusted
             raise AssertionError(f"{name}'s gradient disagrees with hogrod's: rel err {err:.2e}"
                                  f" (tolerance {tol:g})")
@@ -269,10 +286,11 @@ def bench_pinn(output_dir, points=10000, width=20, depth=8, rounds=10, calls_per
         if k in ("deepxde_tf", "jax"):
             m[f"ratio_hogrod_over_{k}"] = rates["hogrod"] / rates[k]
             m[f"ratio_hogrod_xla_over_{k}"] = rates["hogrod_xla"] / rates[k]
-            for j in ("hogrod_jet", "hogrod_jet_xla", "hogrod_jet_tape", "hogrod_jet_rows_xla",
-                      "taylor_mode_fused"):
+            for j in ("hogrod_partials", "hogrod_partials_xla", "hogrod_unfolded",
+                      "hogrod_jet", "hogrod_jet_xla", "hogrod_jet_tape",
+                      "hogrod_jet_rows_xla", "taylor_mode_fused"):
                 m[f"ratio_{j}_over_{k}"] = rates[j] / rates[k]
-    for k in ("tf_forward_mode", "taylor_mode"):
+    for k in ("tf_forward_mode", "taylor_mode", "hogrod_partials"):
         m[f"ratio_hogrod_over_{k}"] = rates["hogrod"] / rates[k]
     m.update(floor_metrics(floor, rates))  # depth 1: no hidden-to-hidden products, no floor
     for k, v in sorted(m.items()):

@@ -29,20 +29,7 @@ def partials(u_fn, x, wanted):
       wanted: iterable of tuples of coordinate indices.
     """
     x = tf.convert_to_tensor(x)
-    if x.shape.rank != 2:
-        raise ValueError(f"collocation points must have shape [batch, dim], got {x.shape}")
-    dim = x.shape[-1]
-    wanted = list(wanted)  # iterated twice below
-    for k in wanted:
-        if not isinstance(k, (tuple, list)) or not all(isinstance(i, numbers.Integral) for i in k):
-            raise ValueError(f"each wanted derivative is a tuple of coordinate indices (e.g. "
-                             f"(0,) for du/dx0, (0, 0) for d2u/dx0^2, () for u), got {k!r}")
-    keys = {k: _key(k) for k in map(tuple, wanted)}
-    for k in keys.values():
-        bad = [i for i in k if not 0 <= i < dim]
-        if bad:
-            raise ValueError(f"coordinate index {bad[0]} in derivative {k} is outside the input "
-                             f"dimension {dim}")
+    keys = check_wanted(x, wanted)
     needed = {()} | {k[:i] for k in keys.values() for i in range(len(k) + 1)}
     order = max(map(len, needed))
     cache, sums, tapes = {}, {}, []
@@ -84,6 +71,26 @@ def partials(u_fn, x, wanted):
         for tape in reversed(tapes):
             tape.__exit__(None, None, None)
     return {k: cache[v] for k, v in keys.items()}
+
+
+def check_wanted(x, wanted):
+    """{key as given: sorted key} for `partials`' wanted derivatives at points x [batch,
+    dim] (ValueError naming the bad key otherwise)."""
+    if x.shape.rank != 2:
+        raise ValueError(f"collocation points must have shape [batch, dim], got {x.shape}")
+    dim = x.shape[-1]
+    wanted = list(wanted)  # iterated twice below
+    for k in wanted:
+        if not isinstance(k, (tuple, list)) or not all(isinstance(i, numbers.Integral) for i in k):
+            raise ValueError(f"each wanted derivative is a tuple of coordinate indices (e.g. "
+                             f"(0,) for du/dx0, (0, 0) for d2u/dx0^2, () for u), got {k!r}")
+    keys = {k: _key(k) for k in map(tuple, wanted)}
+    for k in keys.values():
+        bad = [i for i in k if not 0 <= i < dim]
+        if bad:
+            raise ValueError(f"coordinate index {bad[0]} in derivative {k} is outside the input "
+                             f"dimension {dim}")
+    return keys
 
 
 def laplacian(d, coords):

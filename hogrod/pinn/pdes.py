@@ -5,30 +5,94 @@ lines, no subclassing:
 
     my_pde = PDE([(), (0,), (1, 1)], lambda x, d: d[(0,)] - 0.1 * d[(1, 1)] + d[()] ** 3)
 
-and a problem to solve is one factory in `problems.py` (`advection` and
+A residual's partials come from the operator jet (`jet.jet_partials`: one forward pass of
+u, its first partials and each second partial or declared linear combination, `PDE.linear`)
+where it applies (a Dense tanh MLP, orders <= 2, `jet_applies`), else from `partials`
+(nested tapes); `operator_jet` (gin) sets the default, `residual(..., use_jet=False)` one call.
+
+A problem to solve is one factory in `problems.py` (`advection` and
 `advection_problem` are such a pair). Coordinates: space first, time last (x, t) for
 time-dependent problems.
 """
 
 import collections
 import math
+import numbers
 
 import gin
 import tensorflow as tf
 
+from hogrod.pinn import jet
 from hogrod.pinn.operators import laplacian, partials
 
-__all__ = ["PDE", "residual", "burgers", "poisson", "heat", "wave", "allen_cahn", "helmholtz",
-           "advection", "LaplacianOperator", "exact_laplacian", "randomized_laplacian"]
+__all__ = ["PDE", "residual", "operator_jet", "jet_applies", "burgers", "poisson", "heat",
+           "wave", "allen_cahn", "helmholtz", "advection", "LaplacianOperator",
+           "exact_laplacian", "randomized_laplacian"]
 
 # uses_network: the residual is called as residual(x, d, u_fn), so it can apply operators
 # to the network itself (a randomized Laplacian) besides the `partials` dict d.
-PDE = collections.namedtuple("PDE", ["wanted", "residual", "uses_network"], defaults=(False,))
+# linear: None or {name: {partial key: Python-number coefficient}}, linear combinations of
+# first and second partials that the residual reads as d[name] (its keys need not be in
+# `wanted`); the operator jet carries each as one channel (Burgers' u_t - nu u_xx: one
+# channel in place of two), `partials` sums them.
+PDE = collections.namedtuple("PDE", ["wanted", "residual", "uses_network", "linear"],
+                             defaults=(False, None))
 
 
-def residual(pde, u_fn, x):
-    """The residual of `pde` for network `u_fn` at points x, [batch, m]."""
-    d = partials(u_fn, x, pde.wanted) if pde.wanted else {}
+@gin.configurable
+def operator_jet(enabled=True, jit_compile=True):
+    """The default derivative path of `residual`: (enabled, jit_compile).
+
+    enabled: compute a PDE's partials by the forward operator jet (`jet.jet_partials`: one
+        pass carrying u, its first partials and each wanted second partial or `PDE.linear`
+        combination) wherever it applies (`jet_applies`), else by `partials` (nested tapes);
+        False: `partials` always (`operator_jet.enabled = False` in gin).
+    jit_compile: inside a `tf.function` (a train step), evaluate the jet in an inner
+        XLA-compiled function (bench_pinn: 1.8x DeepXDE with it, 1.2x without; the whole
+        step under XLA is slower on the `partials` fallback, so only the jet is compiled).
+        Eager calls never compile: XLA's compile per new shape costs seconds that one
+        evaluation does not win back."""
+    return bool(enabled), bool(jit_compile)
+
+
+def jet_applies(pde, u_fn, x):
+    """Whether `residual` takes the jet for `pde`, `u_fn` at points x: derivatives of order
+    <= 2, a residual that does not call the network itself, and `u_fn` a Dense tanh MLP
+    computing in x's dtype (`jet.applies`: not a lambda, an embedding, a modified MLP, ...)."""
+    return (bool(pde.wanted or pde.linear) and not pde.uses_network
+            and jet.jet_plan(pde.wanted) is not None
+            and jet.applies(u_fn, tf.convert_to_tensor(x).dtype))
+
+
+def _partials_path(pde, u_fn, x):
+    """`partials` of the wanted keys and of `pde.linear`'s, the combinations summed."""
+    combos = pde.linear or {}
+    extra = [k for combo in combos.values() for k in combo]
+    d = partials(u_fn, x, list(pde.wanted) + extra)
+    out = {tuple(k): d[tuple(k)] for k in pde.wanted}
+    for name, combo in combos.items():
+        out[name] = tf.add_n([float(c) * d[tuple(k)] for k, c in combo.items()])
+    return out
+
+
+def residual(pde, u_fn, x, use_jet=None):
+    """The residual of `pde` for network `u_fn` at points x, [batch, m].
+
+    use_jet: None: `operator_jet`'s default; False: `partials` (nested tapes); True: the jet
+    where it applies (`jet_applies`), else `partials`. Both can be differentiated again in
+    x (gPINN's terms) and in the weights."""
+    x = tf.convert_to_tensor(x)
+    enabled, jit_compile = operator_jet()
+    if use_jet is None:
+        use_jet = enabled
+    jet.check_linear(x, pde.linear)
+    if not (pde.wanted or pde.linear):
+        d = {}
+    elif use_jet and jet_applies(pde, u_fn, x):
+        d = jet.jet_partials(u_fn, x, pde.wanted, pde.linear,
+                             jit_compile=jit_compile and tf.inside_function())
+    else:
+        d = _partials_path(pde, u_fn, x)
     out = pde.residual(x, d, u_fn) if pde.uses_network else pde.residual(x, d)
     if out.shape.rank != 2 or out.shape[0] != x.shape[0]:
         raise ValueError(f"the residual must have shape [batch, m] = [{x.shape[0]}, m], got "
@@ -36,10 +100,19 @@ def residual(pde, u_fn, x):
     return out
 
 
+def _constant(c):
+    """A coefficient the operator jet can carry as a constant (a number, not a callable or
+    a tensor)."""
+    return isinstance(c, numbers.Real) and not isinstance(c, bool)
+
+
 @gin.configurable
 def burgers(nu=0.01 / math.pi):
     """u_t + u u_x - nu u_xx = 0 on (x, t); nu may be a callable (a learned coefficient,
-    read at every evaluation)."""
+    read at every evaluation). A number nu: u_t - nu u_xx is one linear channel."""
+    if _constant(nu):
+        return PDE([(), (0,)], lambda x, d: d["linear"] + d[()] * d[(0,)],
+                   linear={"linear": {(1,): 1.0, (0, 0): -nu}})
     return PDE([(), (0,), (1,), (0, 0)],
                lambda x, d: d[(1,)] + d[()] * d[(0,)] - (nu() if callable(nu) else nu) * d[(0, 0)])
 
@@ -51,13 +124,16 @@ def poisson(dim=2, source=None):
     if source is None:
         source = lambda x: -dim * math.pi ** 2 * tf.reduce_prod(  # noqa: E731
             tf.sin(math.pi * x), axis=1, keepdims=True)
-    return PDE([(i, i) for i in range(dim)],
-               lambda x, d: laplacian(d, range(dim)) - source(x))
+    return PDE([], lambda x, d: d["laplacian"] - source(x),
+               linear={"laplacian": {(i, i): 1.0 for i in range(dim)}})
 
 
 @gin.configurable
 def heat(dim=1, alpha=1.0):
     """u_t = alpha Laplacian_x u on (x_1..x_dim, t)."""
+    if _constant(alpha):
+        return PDE([], lambda x, d: d["linear"],
+                   linear={"linear": {(dim,): 1.0, **{(i, i): -alpha for i in range(dim)}}})
     return PDE([(dim,)] + [(i, i) for i in range(dim)],
                lambda x, d: d[(dim,)] - alpha * laplacian(d, range(dim)))
 
@@ -65,12 +141,17 @@ def heat(dim=1, alpha=1.0):
 @gin.configurable
 def wave(c=1.0):
     """u_tt = c^2 u_xx on (x, t)."""
+    if _constant(c):
+        return PDE([], lambda x, d: d["linear"], linear={"linear": {(1, 1): 1.0, (0, 0): -c ** 2}})
     return PDE([(1, 1), (0, 0)], lambda x, d: d[(1, 1)] - c ** 2 * d[(0, 0)])
 
 
 @gin.configurable
 def allen_cahn(diffusion=1e-4, reaction=5.0):
     """u_t - diffusion u_xx + reaction (u^3 - u) = 0 on (x, t)."""
+    if _constant(diffusion):
+        return PDE([()], lambda x, d: d["linear"] + reaction * (d[()] ** 3 - d[()]),
+                   linear={"linear": {(1,): 1.0, (0, 0): -diffusion}})
     return PDE([(), (1,), (0, 0)],
                lambda x, d: d[(1,)] - diffusion * d[(0, 0)] + reaction * (d[()] ** 3 - d[()]))
 
@@ -81,13 +162,15 @@ def helmholtz(k=1.0, dim=2, source=None):
     if source is None:
         source = lambda x: (k ** 2 - dim * math.pi ** 2) * tf.reduce_prod(  # noqa: E731
             tf.sin(math.pi * x), axis=1, keepdims=True)
-    return PDE([()] + [(i, i) for i in range(dim)],
-               lambda x, d: laplacian(d, range(dim)) + k ** 2 * d[()] - source(x))
+    return PDE([()], lambda x, d: d["laplacian"] + k ** 2 * d[()] - source(x),
+               linear={"laplacian": {(i, i): 1.0 for i in range(dim)}})
 
 
 @gin.configurable
 def advection(c=1.0):
     """u_t + c u_x = 0 on (x, t)."""
+    if _constant(c):
+        return PDE([], lambda x, d: d["linear"], linear={"linear": {(1,): 1.0, (0,): c}})
     return PDE([(0,), (1,)], lambda x, d: d[(1,)] + c * d[(0,)])
 
 
