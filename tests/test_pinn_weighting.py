@@ -268,3 +268,39 @@ def test_the_binary_takes_none_or_a_scheme_and_names_bad_choices():
         exp.make_weighting(*args, {"initial": 2.0}, pinn.ntk_weights, None)
     causal = exp.make_weighting(*args, {"initial": 2.0}, pinn.causal_weights, None)
     assert set(causal.reducers) == {"residual"}  # no weights of its own: fixed ones apply
+
+
+def test_grad_norm_balance_weights_of_a_linear_model_are_the_hand_computed_norm_ratios():
+    """u = a + b x: L_r = mean((b - cos x)^2) has gradient (0, 2 mean(b - cos x)), the
+    condition L_c = mean((a + b x)^2) has (2 mean(a + b x), 2 mean((a + b x) x)); jaxpi's
+    weights are mean(||g_r||, ||g_c||) / ||g_i||. Inside `combined_weights`, after a scheme
+    whose reducer quadruples the residual, the residual's gradient is measured quadrupled."""
+    prob, net = line_problem(), mlp(1, 0)
+    net.set_weights([np.array([[0.7]]), np.array([0.3])])  # b = 0.7, a = 0.3
+    x, xc = line_points().numpy()[:, 0], LEFT_X[:, 0]
+    conds = [tf.constant(LEFT_X)]
+    args = (prob, net, line_points(), conds, net.trainable_variables)
+
+    def expected(res_scale):
+        g_r = res_scale * np.array([0.0, 2 * np.mean(0.7 - np.cos(x))])
+        misfit = 0.3 + 0.7 * xc
+        g_c = np.array([2 * np.mean(misfit), 2 * np.mean(misfit * xc)])
+        norms = {"residual": np.linalg.norm(g_r), "left": np.linalg.norm(g_c)}
+        mean = (norms["residual"] + norms["left"]) / 2
+        return {n: 0.9 * 1.0 + 0.1 * mean / v for n, v in norms.items()}
+
+    scheme = pinn.grad_norm_balance_weights(*args, alpha=0.9, every=5)
+    assert scheme.every == 5 and set(scheme.weights) == {"residual", "left"}
+    got = {k: float(v) for k, v in scheme.update().items()}
+    for name, want in expected(1.0).items():
+        np.testing.assert_allclose(got[name], want, rtol=1e-12)
+
+    def quadruple(problem, u_fn, points, condition_points, variables, gpinn=None):
+        return pinn.Weighting(reducers={"residual": lambda x, sq: 4.0 * tf.reduce_mean(sq)})
+    both = pinn.combined_weights(*args, schemes=[
+        quadruple, functools.partial(pinn.grad_norm_balance_weights, every=5)])
+    got = {k: float(v) for k, v in both.update().items()}
+    for name, want in expected(4.0).items():
+        np.testing.assert_allclose(got[name], want, rtol=1e-12)
+    with pytest.raises(ValueError, match="grad_norm_balance_weights.alpha"):
+        pinn.grad_norm_balance_weights(*args, alpha=1.0)

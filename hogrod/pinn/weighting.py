@@ -13,12 +13,15 @@ own optimizer (`ascent_lr`), and the `state` to checkpoint with the run.
 
 - `grad_norm_weights`: learning-rate annealing by gradient norms (Wang, Teng and
   Perdikaris 2021); `annealing_weights` is its low-level form.
+- `grad_norm_balance_weights`: jaxpi's gradient-norm balancing of every term (the
+  residual included); `balance_grad_norms` is its low-level form.
 - `ntk_weights`: neural-tangent-kernel trace ratios (Wang, Yu and Perdikaris 2022).
 - `causal_weights`: temporal causality (Wang, Sankaran and Perdikaris 2024).
 - `self_adaptive_weights`: trainable per-point weights (McClenny and Braga-Neto 2023).
 """
 
 import dataclasses
+import inspect
 import math
 from typing import Callable, Optional
 
@@ -29,7 +32,8 @@ import tensorflow as tf
 import hogrod
 from hogrod.pinn import training
 
-__all__ = ["Weighting", "annealing_weights", "grad_norm_weights", "ntk_trace", "ntk_weights",
+__all__ = ["Weighting", "annealing_weights", "grad_norm_weights", "balance_grad_norms",
+           "grad_norm_balance_weights", "ntk_trace", "ntk_weights",
            "causal_chunk_weights", "causal_weights", "self_adaptive_weights",
            "combined_weights"]
 
@@ -119,6 +123,61 @@ def grad_norm_weights(problem, u_fn, points, condition_points, variables, gpinn=
     unweighted = training.pinn_loss(problem, u_fn, points, condition_points, gpinn=gpinn)
     weights, update = annealing_weights(unweighted, variables, names, alpha,
                                         _points_dtype(points))
+    return Weighting(weights=weights, update=update, every=every,
+                     state={f"weight_{n}": w for n, w in weights.items()})
+
+
+def balance_grad_norms(term_fn, variables, names, alpha=0.9, dtype=tf.float32):
+    """(weights, update): `weights` {name: tf.Variable(1.0)} for every term in `names`, and
+    a compiled `update()` that moves each by a moving average (`alpha` on the old value)
+    toward the weight that gives every term the same gradient norm:
+
+        lambda_i <- alpha lambda_i + (1 - alpha) mean_j ||grad_theta L_j|| / ||grad_theta L_i||
+
+    (Euclidean norms over all parameters, of the unweighted terms L_j = term_fn()[j]; the
+    weighted gradients lambda_i grad L_i then all have norm mean_j ||grad L_j||).
+    """
+    weights = {n: tf.Variable(tf.ones([], dtype), trainable=False, name=f"weight_{n}")
+               for n in names}
+
+    @tf.function
+    def update():
+        norms = {}
+        for n in names:
+            g = hogrod.grad(lambda n=n: term_fn()[n], variables)
+            norms[n] = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(x)) for x in g]))
+        mean = tf.add_n(list(norms.values())) / len(names)
+        for n in names:
+            target = tf.cast(mean / tf.maximum(norms[n], 1e-30), dtype)
+            weights[n].assign(alpha * weights[n] + (1 - alpha) * target)
+        return {n: w.read_value() for n, w in weights.items()}
+    return weights, update
+
+
+@gin.configurable
+def grad_norm_balance_weights(problem, u_fn, points, condition_points, variables, gpinn=None,
+                              alpha=0.9, every=1000, reducers=None):
+    """Gradient-norm balancing as jaxpi trains (Wang et al., "An expert's guide to training
+    PINNs", 2023, Algorithm 1): every `every` steps EVERY term i, the residual included, gets
+
+        lambda_i <- alpha lambda_i + (1 - alpha) mean_j ||grad_theta L_j|| / ||grad_theta L_i||
+
+    (`balance_grad_norms`), so each weighted term pulls the parameters equally hard. Unlike
+    `grad_norm_weights` (max |g_r| / mean |g_i|, which weighs a fitted term up without
+    bound: the two norms differ by about sqrt(#parameters)), the weighted gradient norms
+    stay at the mean of the unweighted ones.
+
+    reducers: {term: reduce} of schemes listed before this one in `combined_weights`
+    (causal weights), applied to the terms whose gradient norms are measured, as jaxpi
+    measures the causally weighted residual; `combined_weights` passes them."""
+    where = "grad_norm_balance_weights"
+    _check_every(every, where)
+    _check_alpha(alpha, where)
+    names = _terms_to_balance(problem, gpinn, where)
+    unweighted = training.pinn_loss(problem, u_fn, points, condition_points, gpinn=gpinn,
+                                    reducers=reducers)
+    weights, update = balance_grad_norms(unweighted, variables, names, alpha,
+                                         _points_dtype(points))
     return Weighting(weights=weights, update=update, every=every,
                      state={f"weight_{n}": w for n, w in weights.items()})
 
@@ -328,8 +387,15 @@ def combined_weights(problem, u_fn, points, condition_points, variables, gpinn=N
     if not isinstance(schemes, (list, tuple)) or not schemes:
         raise ValueError(f"combined_weights.schemes must be a non-empty list of weighting "
                          f"schemes by reference, got {schemes!r}")
-    parts = [s(problem, u_fn, points, condition_points, variables, gpinn=gpinn)
-             for s in schemes]
+    parts = []
+    for s in schemes:
+        # a scheme that measures the terms (grad_norm_balance_weights) sees the reducers of
+        # the schemes before it, as they shape the loss it balances
+        earlier = {k: v for p in parts for k, v in p.reducers.items()}
+        extra = ({"reducers": earlier} if "reducers" in inspect.signature(s).parameters
+                 else {})
+        parts.append(s(problem, u_fn, points, condition_points, variables, gpinn=gpinn,
+                       **extra))
     merged = {}
     for field in ("weights", "reducers", "state"):
         merged[field] = {}
