@@ -304,3 +304,33 @@ def test_grad_norm_balance_weights_of_a_linear_model_are_the_hand_computed_norm_
         np.testing.assert_allclose(got[name], want, rtol=1e-12)
     with pytest.raises(ValueError, match="grad_norm_balance_weights.alpha"):
         pinn.grad_norm_balance_weights(*args, alpha=1.0)
+
+
+def test_annealed_causal_eps_rises_only_once_every_chunk_is_open():
+    """heat_u's chunk losses sum to about 2.6: at eps 1e-3 the last weight exp(-eps sum_{l<M})
+    is above tol = 0.99 (the next loss uses eps 0.1), at 0.1 it is below (eps stays); each
+    loss equals the paper's chunk-weighted mean at the eps it was computed with (numpy)."""
+    alpha, chunks, schedule = 0.1, 4, (1e-3, 0.1, 10.0)
+    prob = pinn.heat_problem(alpha=alpha, grid_shape=(3, 3))
+    x = pinn.sample(prob.domain, 200, "uniform", 0).astype(np.float64)
+    conds = [fn(8, i).astype(np.float64) for i, (_, fn, _) in enumerate(prob.conditions)]
+    scheme = pinn.annealed_causal_weights(prob, heat_u, x, conds, [], eps=schedule, tol=0.99,
+                                          chunks=chunks)
+    loss = pinn.pinn_loss(prob, heat_u, x, conds, reducers=scheme.reducers)
+    r2 = (x[:, 0] + alpha * np.pi ** 2 * np.sin(np.pi * x[:, 0])) ** 2
+    chunk = np.minimum((x[:, 1] * chunks).astype(int), chunks - 1)
+    losses = np.array([r2[chunk == i].mean() for i in range(chunks)])
+    before = np.concatenate([[0.0], np.cumsum(losses)[:-1]])
+    index = scheme.state["causal_eps_index"]
+    for eps, index_after in [(1e-3, 1), (0.1, 1), (0.1, 1)]:
+        w = np.exp(-eps * before)
+        np.testing.assert_allclose(float(loss()["residual"]), np.mean(w * losses), rtol=1e-12)
+        assert int(index) == index_after
+    assert np.exp(-1e-3 * before[-1]) > 0.99 > np.exp(-0.1 * before[-1])  # not degenerate
+    index.assign(2)
+    np.testing.assert_allclose(float(loss()["residual"]),
+                               np.mean(np.exp(-10.0 * before) * losses), rtol=1e-12)
+    assert int(index) == 2  # the last eps stays
+    for bad in [(), (1.0, 0.1), (1.0, float("nan"))]:
+        with pytest.raises(ValueError, match="annealed_causal_weights.eps"):
+            pinn.annealed_causal_weights(prob, heat_u, x, conds, [], eps=bad)

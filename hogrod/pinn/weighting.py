@@ -13,6 +13,8 @@ own optimizer (`ascent_lr`), and the `state` to checkpoint with the run.
 
 - `grad_norm_weights`: learning-rate annealing by gradient norms (Wang, Teng and
   Perdikaris 2021); `annealing_weights` is its low-level form.
+- `annealed_causal_weights`: causal weights whose eps rises through a list as the
+  weights open (the paper's Algorithm 1).
 - `grad_norm_balance_weights`: jaxpi's gradient-norm balancing of every term (the
   residual included); `balance_grad_norms` is its low-level form.
 - `ntk_weights`: neural-tangent-kernel trace ratios (Wang, Yu and Perdikaris 2022).
@@ -33,7 +35,7 @@ import hogrod
 from hogrod.pinn import training
 
 __all__ = ["Weighting", "annealing_weights", "grad_norm_weights", "balance_grad_norms",
-           "grad_norm_balance_weights", "ntk_trace", "ntk_weights",
+           "grad_norm_balance_weights", "annealed_causal_weights", "ntk_trace", "ntk_weights",
            "causal_chunk_weights", "causal_weights", "self_adaptive_weights",
            "combined_weights"]
 
@@ -265,6 +267,32 @@ def causal_chunk_weights(chunk_losses, eps):
     return tf.stop_gradient(tf.exp(-eps * cumulative))
 
 
+def _causal_chunks(problem, points, chunks, where):
+    """t -> the index of t's time chunk (the last coordinate's range split into `chunks`
+    equal intervals), after checking the problem has time and every chunk holds points."""
+    if not problem.time_dependent:
+        raise ValueError(
+            f"{where}: problem {problem.name!r} has no time coordinate (Problem.time_dependent "
+            "is False), and causal weighting splits the collocation points by time (the last "
+            "coordinate); choose another pinn_experiment.weighting, or give the problem time "
+            "as its last coordinate and time_dependent=True")
+    if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
+        raise ValueError(f"{where}.chunks must be an integer >= 1, got {chunks!r}")
+    t0, t1 = float(problem.domain.low[-1]), float(problem.domain.high[-1])
+
+    def chunk_of(t):
+        return tf.clip_by_value(tf.cast(tf.floor((t - t0) / (t1 - t0) * chunks), tf.int32),
+                                0, chunks - 1)
+
+    points = tf.convert_to_tensor(points)
+    counts = np.bincount(chunk_of(points[:, -1]).numpy(), minlength=chunks)
+    if counts.min() == 0:
+        raise ValueError(f"{where}: {int((counts == 0).sum())} of the {chunks} time chunks hold "
+                         f"no collocation point (of {points.shape[0]}); lower {where}.chunks "
+                         f"or raise pinn_experiment.n_collocation")
+    return chunk_of
+
+
 @gin.configurable
 def causal_weights(problem, u_fn, points, condition_points, variables, gpinn=None, eps=1.0,
                    chunks=32):
@@ -278,37 +306,61 @@ def causal_weights(problem, u_fn, points, condition_points, variables, gpinn=Non
     the earlier ones are fitted. `eps` sets how strictly (the paper raises it over training;
     here it is one binding). Computed at every evaluation (`every` = 0: no update)."""
     where = "causal_weights"
-    if not problem.time_dependent:
-        raise ValueError(
-            f"{where}: problem {problem.name!r} has no time coordinate (Problem.time_dependent "
-            "is False), and causal weighting splits the collocation points by time (the last "
-            "coordinate); choose another pinn_experiment.weighting, or give the problem time "
-            "as its last coordinate and time_dependent=True")
-    if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
-        raise ValueError(f"{where}.chunks must be an integer >= 1, got {chunks!r}")
     if not (math.isfinite(eps) and eps >= 0):
         raise ValueError(f"{where}.eps must be a finite number >= 0, got {eps!r}")
-    t0, t1 = float(problem.domain.low[-1]), float(problem.domain.high[-1])
-
-    def chunk_of(t):
-        return tf.clip_by_value(tf.cast(tf.floor((t - t0) / (t1 - t0) * chunks), tf.int32),
-                                0, chunks - 1)
-
-    points = tf.convert_to_tensor(points)
-    counts = np.bincount(chunk_of(points[:, -1]).numpy(), minlength=chunks)
-    if counts.min() == 0:
-        raise ValueError(f"{where}: {int((counts == 0).sum())} of the {chunks} time chunks hold "
-                         f"no collocation point (of {points.shape[0]}); lower "
-                         f"causal_weights.chunks or raise pinn_experiment.n_collocation")
+    chunk_of = _causal_chunks(problem, points, chunks, where)
 
     def reduce(x, squares):
-        index = chunk_of(x[:, -1])
-        per_point = tf.reduce_mean(squares, axis=1)
-        sums = tf.math.unsorted_segment_sum(per_point, index, chunks)
-        count = tf.math.unsorted_segment_sum(tf.ones_like(per_point), index, chunks)
-        losses = sums / tf.maximum(count, 1)  # a shard may leave a chunk empty: it adds 0
+        losses = _chunk_losses(chunk_of, chunks, x, squares)
         return tf.reduce_mean(causal_chunk_weights(losses, eps) * losses)
     return Weighting(reducers={"residual": reduce})
+
+
+def _chunk_losses(chunk_of, chunks, x, squares):
+    """The mean squared residual of each time chunk, [chunks] (an empty chunk: 0)."""
+    index = chunk_of(x[:, -1])
+    per_point = tf.reduce_mean(squares, axis=1)
+    sums = tf.math.unsorted_segment_sum(per_point, index, chunks)
+    count = tf.math.unsorted_segment_sum(tf.ones_like(per_point), index, chunks)
+    return sums / tf.maximum(count, 1)
+
+
+@gin.configurable
+def annealed_causal_weights(problem, u_fn, points, condition_points, variables, gpinn=None,
+                            eps=(1e-2, 1e-1, 1.0, 10.0, 100.0), tol=0.99, chunks=32):
+    """Causal training with the causality parameter raised over training (Wang, Sankaran
+    and Perdikaris 2024, Algorithm 1): the residual term is `causal_weights`'
+
+        L_r = (1/M) sum_i w_i L_r(t_i),   w_i = exp(-eps_k sum_{l<i} L_r(t_l))   (no gradient)
+
+    with eps_k the current entry of the increasing list `eps`; whenever the smallest weight,
+    min_i w_i = w_M, exceeds `tol` (every chunk is fitted at this strictness), the next
+    evaluation of the loss uses eps_{k+1} (the last entry stays). The index k is checkpointed
+    (state "causal_eps_index")."""
+    where = "annealed_causal_weights"
+    if (not isinstance(eps, (list, tuple)) or not eps
+            or not all(isinstance(e, (int, float)) and math.isfinite(e) and e >= 0 for e in eps)
+            or list(eps) != sorted(eps)):
+        raise ValueError(f"{where}.eps must be a non-empty increasing list of finite numbers "
+                         f">= 0, got {eps!r}")
+    if not 0.0 < tol < 1.0:
+        raise ValueError(f"{where}.tol must be in (0, 1), got {tol!r}")
+    chunk_of = _causal_chunks(problem, points, chunks, where)
+    dtype = _points_dtype(points)
+    schedule = tf.constant(list(eps), dtype)
+    index = tf.Variable(0, dtype=tf.int32, trainable=False, name="causal_eps_index")
+
+    def eps_value():
+        return tf.gather(schedule, index)
+
+    def reduce(x, squares):
+        losses = _chunk_losses(chunk_of, chunks, x, squares)
+        weights = causal_chunk_weights(losses, eps_value())
+        # raised after this evaluation: the loss returned is at the eps it was computed with
+        index.assign(tf.where(tf.reduce_min(weights) > tol,
+                              tf.minimum(index + 1, len(eps) - 1), index))
+        return tf.reduce_mean(weights * losses)
+    return Weighting(reducers={"residual": reduce}, state={"causal_eps_index": index})
 
 
 @tf.custom_gradient
