@@ -268,3 +268,69 @@ def test_the_binary_takes_none_or_a_scheme_and_names_bad_choices():
         exp.make_weighting(*args, {"initial": 2.0}, pinn.ntk_weights, None)
     causal = exp.make_weighting(*args, {"initial": 2.0}, pinn.causal_weights, None)
     assert set(causal.reducers) == {"residual"}  # no weights of its own: fixed ones apply
+
+
+def test_grad_norm_balance_weights_of_a_linear_model_are_the_hand_computed_norm_ratios():
+    """u = a + b x: L_r = mean((b - cos x)^2) has gradient (0, 2 mean(b - cos x)), the
+    condition L_c = mean((a + b x)^2) has (2 mean(a + b x), 2 mean((a + b x) x)); jaxpi's
+    weights are mean(||g_r||, ||g_c||) / ||g_i||. Inside `combined_weights`, after a scheme
+    whose reducer quadruples the residual, the residual's gradient is measured quadrupled."""
+    prob, net = line_problem(), mlp(1, 0)
+    net.set_weights([np.array([[0.7]]), np.array([0.3])])  # b = 0.7, a = 0.3
+    x, xc = line_points().numpy()[:, 0], LEFT_X[:, 0]
+    conds = [tf.constant(LEFT_X)]
+    args = (prob, net, line_points(), conds, net.trainable_variables)
+
+    def expected(res_scale):
+        g_r = res_scale * np.array([0.0, 2 * np.mean(0.7 - np.cos(x))])
+        misfit = 0.3 + 0.7 * xc
+        g_c = np.array([2 * np.mean(misfit), 2 * np.mean(misfit * xc)])
+        norms = {"residual": np.linalg.norm(g_r), "left": np.linalg.norm(g_c)}
+        mean = (norms["residual"] + norms["left"]) / 2
+        return {n: 0.9 * 1.0 + 0.1 * mean / v for n, v in norms.items()}
+
+    scheme = pinn.grad_norm_balance_weights(*args, alpha=0.9, every=5)
+    assert scheme.every == 5 and set(scheme.weights) == {"residual", "left"}
+    got = {k: float(v) for k, v in scheme.update().items()}
+    for name, want in expected(1.0).items():
+        np.testing.assert_allclose(got[name], want, rtol=1e-12)
+
+    def quadruple(problem, u_fn, points, condition_points, variables, gpinn=None):
+        return pinn.Weighting(reducers={"residual": lambda x, sq: 4.0 * tf.reduce_mean(sq)})
+    both = pinn.combined_weights(*args, schemes=[
+        quadruple, functools.partial(pinn.grad_norm_balance_weights, every=5)])
+    got = {k: float(v) for k, v in both.update().items()}
+    for name, want in expected(4.0).items():
+        np.testing.assert_allclose(got[name], want, rtol=1e-12)
+    with pytest.raises(ValueError, match="grad_norm_balance_weights.alpha"):
+        pinn.grad_norm_balance_weights(*args, alpha=1.0)
+
+
+def test_annealed_causal_eps_rises_only_once_every_chunk_is_open():
+    """heat_u's chunk losses sum to about 2.6: at eps 1e-3 the last weight exp(-eps sum_{l<M})
+    is above tol = 0.99 (the next loss uses eps 0.1), at 0.1 it is below (eps stays); each
+    loss equals the paper's chunk-weighted mean at the eps it was computed with (numpy)."""
+    alpha, chunks, schedule = 0.1, 4, (1e-3, 0.1, 10.0)
+    prob = pinn.heat_problem(alpha=alpha, grid_shape=(3, 3))
+    x = pinn.sample(prob.domain, 200, "uniform", 0).astype(np.float64)
+    conds = [fn(8, i).astype(np.float64) for i, (_, fn, _) in enumerate(prob.conditions)]
+    scheme = pinn.annealed_causal_weights(prob, heat_u, x, conds, [], eps=schedule, tol=0.99,
+                                          chunks=chunks)
+    loss = pinn.pinn_loss(prob, heat_u, x, conds, reducers=scheme.reducers)
+    r2 = (x[:, 0] + alpha * np.pi ** 2 * np.sin(np.pi * x[:, 0])) ** 2
+    chunk = np.minimum((x[:, 1] * chunks).astype(int), chunks - 1)
+    losses = np.array([r2[chunk == i].mean() for i in range(chunks)])
+    before = np.concatenate([[0.0], np.cumsum(losses)[:-1]])
+    index = scheme.state["causal_eps_index"]
+    for eps, index_after in [(1e-3, 1), (0.1, 1), (0.1, 1)]:
+        w = np.exp(-eps * before)
+        np.testing.assert_allclose(float(loss()["residual"]), np.mean(w * losses), rtol=1e-12)
+        assert int(index) == index_after
+    assert np.exp(-1e-3 * before[-1]) > 0.99 > np.exp(-0.1 * before[-1])  # not degenerate
+    index.assign(2)
+    np.testing.assert_allclose(float(loss()["residual"]),
+                               np.mean(np.exp(-10.0 * before) * losses), rtol=1e-12)
+    assert int(index) == 2  # the last eps stays
+    for bad in [(), (1.0, 0.1), (1.0, float("nan"))]:
+        with pytest.raises(ValueError, match="annealed_causal_weights.eps"):
+            pinn.annealed_causal_weights(prob, heat_u, x, conds, [], eps=bad)

@@ -52,6 +52,8 @@ from hogrod.pinn import pinnacle
 from hogrod.pinn.pinnacle import l2re, read_reference
 from hogrod.pinn.networks import EmbeddingChain, embedding_chain
 from hogrod.pinn.weighting import combined_weights
+from hogrod.pinn.weighting import (annealed_causal_weights, balance_grad_norms,
+                                   grad_norm_balance_weights)
 from hogrod.pinn.reference import allen_cahn_spectral
 from hogrod.pinn.reference import (burgers_cole_hopf, heat_sine, helmholtz_sine, poisson_sine,
                                    wave_sine)
@@ -72,4 +74,5 @@ __all__ += ["FourierFeatures", "PeriodicEmbedding", "FactorizedDense", "fourier_
 __all__ += ["EmbeddingChain", "embedding_chain", "combined_weights", "allen_cahn_spectral"]
 __all__ += ["LaplacianOperator", "exact_laplacian", "randomized_laplacian",
             "poisson_nd_problem", "two_body_solution", "two_body_laplacian"]
+__all__ += ["balance_grad_norms", "grad_norm_balance_weights", "annealed_causal_weights"]
 __all__ += ["Condition", "condition_misfit", "pinnacle", "l2re", "read_reference"]

@@ -13,12 +13,17 @@ own optimizer (`ascent_lr`), and the `state` to checkpoint with the run.
 
 - `grad_norm_weights`: learning-rate annealing by gradient norms (Wang, Teng and
   Perdikaris 2021); `annealing_weights` is its low-level form.
+- `annealed_causal_weights`: causal weights whose eps rises through a list as the
+  weights open (the paper's Algorithm 1).
+- `grad_norm_balance_weights`: jaxpi's gradient-norm balancing of every term (the
+  residual included); `balance_grad_norms` is its low-level form.
 - `ntk_weights`: neural-tangent-kernel trace ratios (Wang, Yu and Perdikaris 2022).
 - `causal_weights`: temporal causality (Wang, Sankaran and Perdikaris 2024).
 - `self_adaptive_weights`: trainable per-point weights (McClenny and Braga-Neto 2023).
 """
 
 import dataclasses
+import inspect
 import math
 from typing import Callable, Optional
 
@@ -29,7 +34,8 @@ import tensorflow as tf
 import hogrod
 from hogrod.pinn import training
 
-__all__ = ["Weighting", "annealing_weights", "grad_norm_weights", "ntk_trace", "ntk_weights",
+__all__ = ["Weighting", "annealing_weights", "grad_norm_weights", "balance_grad_norms",
+           "grad_norm_balance_weights", "annealed_causal_weights", "ntk_trace", "ntk_weights",
            "causal_chunk_weights", "causal_weights", "self_adaptive_weights",
            "combined_weights"]
 
@@ -123,6 +129,61 @@ def grad_norm_weights(problem, u_fn, points, condition_points, variables, gpinn=
                      state={f"weight_{n}": w for n, w in weights.items()})
 
 
+def balance_grad_norms(term_fn, variables, names, alpha=0.9, dtype=tf.float32):
+    """(weights, update): `weights` {name: tf.Variable(1.0)} for every term in `names`, and
+    a compiled `update()` that moves each by a moving average (`alpha` on the old value)
+    toward the weight that gives every term the same gradient norm:
+
+        lambda_i <- alpha lambda_i + (1 - alpha) mean_j ||grad_theta L_j|| / ||grad_theta L_i||
+
+    (Euclidean norms over all parameters, of the unweighted terms L_j = term_fn()[j]; the
+    weighted gradients lambda_i grad L_i then all have norm mean_j ||grad L_j||).
+    """
+    weights = {n: tf.Variable(tf.ones([], dtype), trainable=False, name=f"weight_{n}")
+               for n in names}
+
+    @tf.function
+    def update():
+        norms = {}
+        for n in names:
+            g = hogrod.grad(lambda n=n: term_fn()[n], variables)
+            norms[n] = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(x)) for x in g]))
+        mean = tf.add_n(list(norms.values())) / len(names)
+        for n in names:
+            target = tf.cast(mean / tf.maximum(norms[n], 1e-30), dtype)
+            weights[n].assign(alpha * weights[n] + (1 - alpha) * target)
+        return {n: w.read_value() for n, w in weights.items()}
+    return weights, update
+
+
+@gin.configurable
+def grad_norm_balance_weights(problem, u_fn, points, condition_points, variables, gpinn=None,
+                              alpha=0.9, every=1000, reducers=None):
+    """Gradient-norm balancing as jaxpi trains (Wang et al., "An expert's guide to training
+    PINNs", 2023, Algorithm 1): every `every` steps EVERY term i, the residual included, gets
+
+        lambda_i <- alpha lambda_i + (1 - alpha) mean_j ||grad_theta L_j|| / ||grad_theta L_i||
+
+    (`balance_grad_norms`), so each weighted term pulls the parameters equally hard. Unlike
+    `grad_norm_weights` (max |g_r| / mean |g_i|, which weighs a fitted term up without
+    bound: the two norms differ by about sqrt(#parameters)), the weighted gradient norms
+    stay at the mean of the unweighted ones.
+
+    reducers: {term: reduce} of schemes listed before this one in `combined_weights`
+    (causal weights), applied to the terms whose gradient norms are measured, as jaxpi
+    measures the causally weighted residual; `combined_weights` passes them."""
+    where = "grad_norm_balance_weights"
+    _check_every(every, where)
+    _check_alpha(alpha, where)
+    names = _terms_to_balance(problem, gpinn, where)
+    unweighted = training.pinn_loss(problem, u_fn, points, condition_points, gpinn=gpinn,
+                                    reducers=reducers)
+    weights, update = balance_grad_norms(unweighted, variables, names, alpha,
+                                         _points_dtype(points))
+    return Weighting(weights=weights, update=update, every=every,
+                     state={f"weight_{n}": w for n, w in weights.items()})
+
+
 def _jacobian_square_sum(values_fn, variables):
     """x -> (sum_j ||d r_j / d theta||^2, the number of values r_j = values_fn(x))."""
     def square_sum(x):
@@ -206,6 +267,32 @@ def causal_chunk_weights(chunk_losses, eps):
     return tf.stop_gradient(tf.exp(-eps * cumulative))
 
 
+def _causal_chunks(problem, points, chunks, where):
+    """t -> the index of t's time chunk (the last coordinate's range split into `chunks`
+    equal intervals), after checking the problem has time and every chunk holds points."""
+    if not problem.time_dependent:
+        raise ValueError(
+            f"{where}: problem {problem.name!r} has no time coordinate (Problem.time_dependent "
+            "is False), and causal weighting splits the collocation points by time (the last "
+            "coordinate); choose another pinn_experiment.weighting, or give the problem time "
+            "as its last coordinate and time_dependent=True")
+    if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
+        raise ValueError(f"{where}.chunks must be an integer >= 1, got {chunks!r}")
+    t0, t1 = float(problem.domain.low[-1]), float(problem.domain.high[-1])
+
+    def chunk_of(t):
+        return tf.clip_by_value(tf.cast(tf.floor((t - t0) / (t1 - t0) * chunks), tf.int32),
+                                0, chunks - 1)
+
+    points = tf.convert_to_tensor(points)
+    counts = np.bincount(chunk_of(points[:, -1]).numpy(), minlength=chunks)
+    if counts.min() == 0:
+        raise ValueError(f"{where}: {int((counts == 0).sum())} of the {chunks} time chunks hold "
+                         f"no collocation point (of {points.shape[0]}); lower {where}.chunks "
+                         f"or raise pinn_experiment.n_collocation")
+    return chunk_of
+
+
 @gin.configurable
 def causal_weights(problem, u_fn, points, condition_points, variables, gpinn=None, eps=1.0,
                    chunks=32):
@@ -219,37 +306,61 @@ def causal_weights(problem, u_fn, points, condition_points, variables, gpinn=Non
     the earlier ones are fitted. `eps` sets how strictly (the paper raises it over training;
     here it is one binding). Computed at every evaluation (`every` = 0: no update)."""
     where = "causal_weights"
-    if not problem.time_dependent:
-        raise ValueError(
-            f"{where}: problem {problem.name!r} has no time coordinate (Problem.time_dependent "
-            "is False), and causal weighting splits the collocation points by time (the last "
-            "coordinate); choose another pinn_experiment.weighting, or give the problem time "
-            "as its last coordinate and time_dependent=True")
-    if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
-        raise ValueError(f"{where}.chunks must be an integer >= 1, got {chunks!r}")
     if not (math.isfinite(eps) and eps >= 0):
         raise ValueError(f"{where}.eps must be a finite number >= 0, got {eps!r}")
-    t0, t1 = float(problem.domain.low[-1]), float(problem.domain.high[-1])
-
-    def chunk_of(t):
-        return tf.clip_by_value(tf.cast(tf.floor((t - t0) / (t1 - t0) * chunks), tf.int32),
-                                0, chunks - 1)
-
-    points = tf.convert_to_tensor(points)
-    counts = np.bincount(chunk_of(points[:, -1]).numpy(), minlength=chunks)
-    if counts.min() == 0:
-        raise ValueError(f"{where}: {int((counts == 0).sum())} of the {chunks} time chunks hold "
-                         f"no collocation point (of {points.shape[0]}); lower "
-                         f"causal_weights.chunks or raise pinn_experiment.n_collocation")
+    chunk_of = _causal_chunks(problem, points, chunks, where)
 
     def reduce(x, squares):
-        index = chunk_of(x[:, -1])
-        per_point = tf.reduce_mean(squares, axis=1)
-        sums = tf.math.unsorted_segment_sum(per_point, index, chunks)
-        count = tf.math.unsorted_segment_sum(tf.ones_like(per_point), index, chunks)
-        losses = sums / tf.maximum(count, 1)  # a shard may leave a chunk empty: it adds 0
+        losses = _chunk_losses(chunk_of, chunks, x, squares)
         return tf.reduce_mean(causal_chunk_weights(losses, eps) * losses)
     return Weighting(reducers={"residual": reduce})
+
+
+def _chunk_losses(chunk_of, chunks, x, squares):
+    """The mean squared residual of each time chunk, [chunks] (an empty chunk: 0)."""
+    index = chunk_of(x[:, -1])
+    per_point = tf.reduce_mean(squares, axis=1)
+    sums = tf.math.unsorted_segment_sum(per_point, index, chunks)
+    count = tf.math.unsorted_segment_sum(tf.ones_like(per_point), index, chunks)
+    return sums / tf.maximum(count, 1)
+
+
+@gin.configurable
+def annealed_causal_weights(problem, u_fn, points, condition_points, variables, gpinn=None,
+                            eps=(1e-2, 1e-1, 1.0, 10.0, 100.0), tol=0.99, chunks=32):
+    """Causal training with the causality parameter raised over training (Wang, Sankaran
+    and Perdikaris 2024, Algorithm 1): the residual term is `causal_weights`'
+
+        L_r = (1/M) sum_i w_i L_r(t_i),   w_i = exp(-eps_k sum_{l<i} L_r(t_l))   (no gradient)
+
+    with eps_k the current entry of the increasing list `eps`; whenever the smallest weight,
+    min_i w_i = w_M, exceeds `tol` (every chunk is fitted at this strictness), the next
+    evaluation of the loss uses eps_{k+1} (the last entry stays). The index k is checkpointed
+    (state "causal_eps_index")."""
+    where = "annealed_causal_weights"
+    if (not isinstance(eps, (list, tuple)) or not eps
+            or not all(isinstance(e, (int, float)) and math.isfinite(e) and e >= 0 for e in eps)
+            or list(eps) != sorted(eps)):
+        raise ValueError(f"{where}.eps must be a non-empty increasing list of finite numbers "
+                         f">= 0, got {eps!r}")
+    if not 0.0 < tol < 1.0:
+        raise ValueError(f"{where}.tol must be in (0, 1), got {tol!r}")
+    chunk_of = _causal_chunks(problem, points, chunks, where)
+    dtype = _points_dtype(points)
+    schedule = tf.constant(list(eps), dtype)
+    index = tf.Variable(0, dtype=tf.int32, trainable=False, name="causal_eps_index")
+
+    def eps_value():
+        return tf.gather(schedule, index)
+
+    def reduce(x, squares):
+        losses = _chunk_losses(chunk_of, chunks, x, squares)
+        weights = causal_chunk_weights(losses, eps_value())
+        # raised after this evaluation: the loss returned is at the eps it was computed with
+        index.assign(tf.where(tf.reduce_min(weights) > tol,
+                              tf.minimum(index + 1, len(eps) - 1), index))
+        return tf.reduce_mean(weights * losses)
+    return Weighting(reducers={"residual": reduce}, state={"causal_eps_index": index})
 
 
 @tf.custom_gradient
@@ -328,8 +439,15 @@ def combined_weights(problem, u_fn, points, condition_points, variables, gpinn=N
     if not isinstance(schemes, (list, tuple)) or not schemes:
         raise ValueError(f"combined_weights.schemes must be a non-empty list of weighting "
                          f"schemes by reference, got {schemes!r}")
-    parts = [s(problem, u_fn, points, condition_points, variables, gpinn=gpinn)
-             for s in schemes]
+    parts = []
+    for s in schemes:
+        # a scheme that measures the terms (grad_norm_balance_weights) sees the reducers of
+        # the schemes before it, as they shape the loss it balances
+        earlier = {k: v for p in parts for k, v in p.reducers.items()}
+        extra = ({"reducers": earlier} if "reducers" in inspect.signature(s).parameters
+                 else {})
+        parts.append(s(problem, u_fn, points, condition_points, variables, gpinn=gpinn,
+                       **extra))
     merged = {}
     for field in ("weights", "reducers", "state"):
         merged[field] = {}
