@@ -159,6 +159,17 @@ def deepxde_burgers_data(dde, num_domain, num_boundary, num_initial, **kwargs):
                             num_boundary=num_boundary, num_initial=num_initial, **kwargs)
 
 
+def deepxde_glorot_normal(seed):
+    """Glorot normal weights for a DeepXDE network (`dde.nn.FNN(layers, activation,
+    deepxde_glorot_normal(seed))`), drawn from a generator seeded with `seed`.
+
+    DeepXDE 1.15's "Glorot normal" under Keras 3 is one unseeded Keras initializer object,
+    which Keras 3 gives a fixed seed: every call returns the same values, so all same-shaped
+    hidden layers start identical and every seed starts from the same weights. A
+    SeedGenerator advances with each layer and differs by seed."""
+    return keras.initializers.GlorotNormal(seed=keras.random.SeedGenerator(seed))
+
+
 def deepxde_poisson2d_classic_data(dde, num_domain=8192, num_boundary=2048, **kwargs):
     """PINNacle's Poisson 2d-C (src/pde/poisson.py, Poisson2D_Classic) as PINNacle builds it:
     Laplacian u = 0 on [-0.5, 0.5]^2 minus the disks of radius 0.1 at (+-0.3, +-0.3) (nested

@@ -117,3 +117,15 @@ def test_deepxde_peer_check_accepts_the_same_wave_and_names_each_difference():
         check(_wave_stand_in(a=3))
     with pytest.raises(ValueError, match="solution"):
         check(_wave_stand_in(), sol=lambda x: models.pinnacle_wave1d_ref_sol(x, 3))
+
+
+def test_deepxde_glorot_normal_differs_by_layer_and_seed():
+    # DeepXDE calls the initializer once per layer: same-shaped layers must differ, seeds
+    # must differ, a seed must reproduce, and the scale is Glorot's sqrt(2 / (in + out))
+    draw = lambda init: np.asarray(init((100, 100)))  # noqa: E731
+    a = models.deepxde_glorot_normal(0)
+    first, second = draw(a), draw(a)
+    assert np.abs(first - second).max() > 0.1
+    assert np.abs(first - draw(models.deepxde_glorot_normal(1))).max() > 0.1
+    np.testing.assert_array_equal(first, draw(models.deepxde_glorot_normal(0)))
+    assert np.std(np.concatenate([first, second])) == pytest.approx(0.1, rel=0.05)

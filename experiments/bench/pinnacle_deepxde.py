@@ -83,17 +83,6 @@ def case_config(case):
     return read(f"{PINNACLE_CONFIGS}/{case}.gin")
 
 
-def glorot_normal(seed):
-    """Glorot normal weights for DeepXDE's FNN drawn from a generator seeded with `seed`.
-
-    DeepXDE 1.15's "Glorot normal" under Keras 3 is one unseeded Keras initializer object
-    made once, which Keras 3 gives a fixed seed: every call returns the same values, so all
-    the 100 x 100 hidden layers start identical and every seed starts from the same
-    weights. A SeedGenerator advances with each layer and differs by seed."""
-    import keras
-    return keras.initializers.GlorotNormal(seed=keras.random.SeedGenerator(seed))
-
-
 def deepxde_vanilla(case, iterations, seed, warmup=10):
     """(L2RE after `iterations` Adam steps, seconds per step) of DeepXDE vanilla on `case`,
     its problem checked against hogrod's first."""
@@ -116,7 +105,7 @@ def deepxde_vanilla(case, iterations, seed, warmup=10):
                               f"{PINNACLE_CONFIGS}/{case}.gin", solution=solution, seed=seed)
     dim = prob.domain.dim
     model = dde.Model(data, dde.nn.FNN([dim] + [100] * 5 + [1], "tanh",
-                                       glorot_normal(seed)))
+                                       models.deepxde_glorot_normal(seed)))
     model.compile("adam", lr=1e-3)
     model.train(iterations=warmup, display_every=max(warmup, 1), verbose=0)
     t0 = time.perf_counter()
