@@ -5,6 +5,7 @@ Binaries import from here, never from one another. `mlp` and `conv4` are gin con
 its own gin parameters.
 """
 
+import math
 import numbers
 
 import gin
@@ -156,3 +157,148 @@ def deepxde_burgers_data(dde, num_domain, num_boundary, num_initial, **kwargs):
                      lambda _, on_initial: on_initial)
     return dde.data.TimePDE(geomtime, pde, [bc, ic], num_domain=num_domain,
                             num_boundary=num_boundary, num_initial=num_initial, **kwargs)
+
+
+def deepxde_glorot_normal(seed):
+    """Glorot normal weights for a DeepXDE network (`dde.nn.FNN(layers, activation,
+    deepxde_glorot_normal(seed))`), drawn from a generator seeded with `seed`.
+
+    DeepXDE 1.15's "Glorot normal" under Keras 3 is one unseeded Keras initializer object,
+    which Keras 3 gives a fixed seed: every call returns the same values, so all same-shaped
+    hidden layers start identical and every seed starts from the same weights. A
+    SeedGenerator advances with each layer and differs by seed."""
+    return keras.initializers.GlorotNormal(seed=keras.random.SeedGenerator(seed))
+
+
+def deepxde_poisson2d_classic_data(dde, num_domain=8192, num_boundary=2048, **kwargs):
+    """PINNacle's Poisson 2d-C (src/pde/poisson.py, Poisson2D_Classic) as PINNacle builds it:
+    Laplacian u = 0 on [-0.5, 0.5]^2 minus the disks of radius 0.1 at (+-0.3, +-0.3) (nested
+    `CSGDifference`s), u = 1 on the square's sides, u = 0 on the circles, `dde.data.PDE`.
+    Its loss terms, in order: ("rectangle", "circles"). `kwargs` go to `PDE`."""
+    geom = dde.geometry.Rectangle(xmin=[-0.5, -0.5], xmax=[0.5, 0.5])
+    for c in np.array([[0.3, 0.3, 0.1], [-0.3, 0.3, 0.1], [0.3, -0.3, 0.1],
+                       [-0.3, -0.3, 0.1]]):
+        geom = dde.geometry.CSGDifference(geom, dde.geometry.Disk(c[0:2], c[2]))
+
+    def pde(x, u):
+        return [dde.grad.hessian(u, x, i=0, j=0) + dde.grad.hessian(u, x, i=1, j=1)]
+
+    def rec_boundary(x, on_boundary):
+        return on_boundary and (np.isclose(x[0], -0.5) or np.isclose(x[0], 0.5)
+                                or np.isclose(x[1], -0.5) or np.isclose(x[1], 0.5))
+
+    def circ_boundary(x, on_boundary):
+        return on_boundary and not rec_boundary(x, on_boundary)
+
+    bcs = [dde.icbc.DirichletBC(geom, lambda _: 1, rec_boundary),
+           dde.icbc.DirichletBC(geom, lambda _: 0, circ_boundary)]
+    return dde.data.PDE(geom, pde, bcs, num_domain=num_domain, num_boundary=num_boundary,
+                        **kwargs)
+
+
+def pinnacle_wave1d_ref_sol(x, a=4):
+    """PINNacle's Wave1D ref_sol, as written there: sin(pi x) cos(2 pi t) + sin(a pi x)
+    cos(2 a pi t) / 2 on (x, t) [n, 2]."""
+    return (np.sin(np.pi * x[:, 0:1]) * np.cos(2 * np.pi * x[:, 1:2])
+            + 0.5 * np.sin(a * np.pi * x[:, 0:1]) * np.cos(2 * a * np.pi * x[:, 1:2]))
+
+
+def deepxde_wave1d_data(dde, num_domain=8192, num_boundary=2048, c=2.0, a=4, **kwargs):
+    """PINNacle's Wave 1d-C (src/pde/wave.py, Wave1D) as PINNacle builds it: (x, t) in
+    [0, 1]^2 treated as space (`Rectangle`, `dde.data.PDE`), u_tt = c^2 u_xx, a zero
+    Neumann condition on t = 0 (outward normal -t: u_t = 0), u = ref_sol on t = 0 and on
+    x = 0, 1. Its loss terms, in order: ("initial_velocity", "initial", "boundary").
+    `kwargs` go to `PDE`."""
+    geom = dde.geometry.Rectangle(xmin=[0, 0], xmax=[1, 1])
+
+    def pde(x, u):
+        return dde.grad.hessian(u, x, i=1, j=1) - c ** 2 * dde.grad.hessian(u, x, i=0, j=0)
+
+    def boundary_x0(x, on_boundary):
+        return on_boundary and (np.isclose(x[0], 0) or np.isclose(x[0], 1))
+
+    def boundary_t0(x, on_boundary):
+        return on_boundary and np.isclose(x[1], 0)
+
+    def ref_sol(x):
+        return pinnacle_wave1d_ref_sol(x, a)
+
+    bcs = [dde.icbc.NeumannBC(geom, lambda _: 0, boundary_t0),
+           dde.icbc.DirichletBC(geom, ref_sol, boundary_t0),
+           dde.icbc.DirichletBC(geom, ref_sol, boundary_x0)]
+    return dde.data.PDE(geom, pde, bcs, num_domain=num_domain, num_boundary=num_boundary,
+                        **kwargs)
+
+
+def _deepxde_inside(geom, x):
+    if hasattr(geom, "timedomain"):  # GeometryXTime: space x time, time last
+        return (np.asarray(geom.geometry.inside(x[:, :-1]))
+                & np.asarray(geom.timedomain.inside(x[:, -1:])).reshape(-1))
+    return np.asarray(geom.inside(x))
+
+
+def _target(condition, x):
+    fn = getattr(condition, "target", condition[2])
+    return np.asarray(fn(tf.constant(x, tf.float64)), np.float64)
+
+
+def check_deepxde_peer(data, prob, terms, n_collocation, n_condition, where, solution=None,
+                       seed=0):
+    """Raise ValueError (naming `where`, the config to change) unless DeepXDE's `data`
+    (a `dde.data.PDE`/`TimePDE`) poses hogrod's `prob` with the same points:
+
+    - the same domain: DeepXDE's `geom.inside` equals `prob.domain.inside` at 4,000 random
+      points of hogrod's bounding box enlarged twice about its centre;
+    - the same point counts: `data.num_domain` = n_collocation, `data.num_boundary` = the
+      sum of n_condition (DeepXDE's boundary and initial points), and each condition's DeepXDE share within 4 binomial standard
+      deviations of n_condition's (DeepXDE draws a boundary's pieces at random);
+    - the same conditions: `terms` = [(hogrod condition name, sign)] in DeepXDE's `bcs`
+      order; DeepXDE's target at its points equals sign x hogrod's there (sign -1 where
+      DeepXDE's Neumann condition on an outward normal -e_j is hogrod's on d/dx_j), and
+      every hogrod condition point lies on the DeepXDE condition's piece;
+    - the same solution: `solution(prob.grid)` (DeepXDE's side's closed form, if any)
+      equals `prob.reference(prob.grid)`.
+    """
+    conds = {c[0]: c for c in prob.conditions}
+    names = [name for name, _ in terms]
+    if sorted(names) != sorted(conds) or len(data.bcs) != len(terms):
+        raise ValueError(f"{where}: hogrod's conditions {sorted(conds)} and DeepXDE's "
+                         f"{len(data.bcs)} terms {names} differ")
+    if data.num_domain != n_collocation:
+        raise ValueError(f"{where}: DeepXDE has {data.num_domain} domain points, hogrod "
+                         f"pinn_experiment.n_collocation = {n_collocation}")
+    total = sum(n_condition.values())
+    dde_total = data.num_boundary + (getattr(data, "num_initial", 0) or 0)
+    if dde_total != total:
+        raise ValueError(f"{where}: DeepXDE has {dde_total} boundary and initial points, hogrod "
+                         f"pinn_experiment.n_condition sums to {total} ({n_condition})")
+    rng = np.random.default_rng(seed)
+    box = prob.domain.bbox  # and as much again around it: a larger DeepXDE domain shows
+    x = box.low + (box.high - box.low) * (2 * rng.random((4000, prob.domain.dim)) - 0.5)
+    differ = int(np.sum(_deepxde_inside(data.geom, x) != prob.domain.inside(x)))
+    if differ:
+        raise ValueError(f"{where}: DeepXDE's and hogrod's domains differ at {differ} of "
+                         "4,000 points")
+    bounds = np.cumsum([0] + list(data.num_bcs))
+    for i, ((name, sign), bc) in enumerate(zip(terms, data.bcs)):
+        got, want = data.num_bcs[i], n_condition[name]
+        sd = math.sqrt(total * (want / total) * (1 - want / total))
+        if abs(got - want) > 4 * sd + 1:
+            raise ValueError(f"{where}: DeepXDE gives condition {name!r} {got} points, hogrod "
+                             f"pinn_experiment.n_condition[{name!r}] = {want}")
+        xb = data.train_x_bc[bounds[i]:bounds[i + 1]].astype(np.float64)
+        v = np.asarray(bc.func(xb, 0, len(xb), None), np.float64)  # DeepXDE's cached form
+        dde_target = np.broadcast_to(v.reshape(-1, 1) if v.size == len(xb) else v,
+                                     (len(xb), 1))
+        if not np.allclose(dde_target, sign * _target(conds[name], xb), atol=1e-6):
+            raise ValueError(f"{where}: condition {name!r}: DeepXDE's target and hogrod's "
+                             "differ at DeepXDE's points")
+        ours = np.asarray(conds[name][1](64, seed), np.float64)
+        if len(bc.filter(ours)) != len(ours):
+            raise ValueError(f"{where}: hogrod's points of condition {name!r} are not all on "
+                             "the DeepXDE condition's piece of the boundary")
+    if solution is not None:
+        ref = np.asarray(prob.reference(prob.grid), np.float64)
+        if not np.allclose(solution(prob.grid), ref, rtol=1e-10, atol=1e-12):
+            raise ValueError(f"{where}: DeepXDE's solution and hogrod's reference differ on "
+                             "prob.grid")
