@@ -70,7 +70,8 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
                     n_condition=400, sampling="sobol", adam_steps=2000, adam_lr=1e-3,
                     lbfgs_iterations=10000, weights=None, weighting=None, gpinn=None,
                     dtype="float32", error_every=None, jit_compile=False,
-                    checkpoint_every=500, seed=0, network=None, resample_every=None):
+                    checkpoint_every=500, seed=0, network=None, resample_every=None,
+                    residual_on_conditions=False):
     """Args:
       problem: a problem factory (`@burgers_problem`, `@burgers_inverse_problem`, ...).
       width, depth: the tanh MLP (Raissi: 9 layers of 20 = depth 8 hidden + output).
@@ -104,6 +105,9 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
         so small batches (STDE's protocol: 100 points a step) train.
         L-BFGS and the final loss terms use the points drawn with `seed`. Not with a
         weighting scheme (its state is tied to fixed points).
+      residual_on_conditions: also fit the PDE residual at every condition's points (the
+        residual set is the collocation points followed by the condition points). DeepXDE's
+        `PDE`/`TimePDE` data do this, so PINNacle's protocol does (its base config sets it).
     """
     keras.utils.set_random_seed(seed)
     strategy = distribute.make_strategy()
@@ -116,7 +120,7 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
         u = training.solution_fn(prob, net)
         variables = list(net.trainable_variables) + list(unknowns.values())
         points, cond_points = collocation(prob, n_collocation, n_condition, sampling, seed,
-                                          tf_dtype)
+                                          tf_dtype, residual_on_conditions)
         scheme = make_weighting(prob, u, points, cond_points, variables, weights, weighting,
                                 gpinn)
         _check_resample(resample_every, weighting)
@@ -142,7 +146,8 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
         on_step = adam_callback(curve, progress, scheme)
         batches = (itertools.repeat(batch) if resample_every is None else
                    fresh_batches(strategy, prob, n_collocation, n_condition, sampling, seed,
-                                 tf_dtype, resample_every, start=restored))
+                                 tf_dtype, resample_every, start=restored,
+                                 residual_on_conditions=residual_on_conditions))
         metrics.update(run_adam(step, batches, adam_steps, ckpt, output_dir, checkpoint_every,
                                 on_step, curve))
         metrics.update(run_lbfgs(loss_fn, variables, lbfgs_iterations, strategy, batch, curve,
@@ -169,9 +174,14 @@ def tanh_mlp(dim, width, depth, dtype):
                              for _ in range(depth)] + [keras.layers.Dense(1, dtype=dtype)])
 
 
-def collocation(prob, n_collocation, n_condition, sampling, seed, dtype):
+def collocation(prob, n_collocation, n_condition, sampling, seed, dtype,
+                residual_on_conditions=False):
     """The collocation points and one set of points per condition (seeds seed + 1, ...);
-    n_condition: one count for every condition, or {condition name: count}."""
+    n_condition: one count for every condition, or {condition name: count};
+    residual_on_conditions: the condition points appended to the collocation points."""
+    if not isinstance(residual_on_conditions, bool):
+        raise ValueError("pinn_experiment.residual_on_conditions must be True or False, got "
+                         f"{residual_on_conditions!r}")
     names = [name for name, _, _ in prob.conditions]
     if isinstance(n_condition, dict) and set(n_condition) != set(names):
         raise ValueError(f"pinn_experiment.n_condition must give a count for each condition "
@@ -180,6 +190,8 @@ def collocation(prob, n_collocation, n_condition, sampling, seed, dtype):
     points = tf.constant(pinn.sample(prob.domain, n_collocation, sampling, seed), dtype)
     cond_points = [tf.constant(fn(counts[name], seed + 1 + i), dtype)
                    for i, (name, fn, _) in enumerate(prob.conditions)]
+    if residual_on_conditions:
+        points = tf.concat([points] + cond_points, axis=0)
     return points, cond_points
 
 
@@ -198,7 +210,7 @@ def _check_resample(resample_every, weighting):
 
 
 def fresh_batches(strategy, prob, n_collocation, n_condition, sampling, seed, dtype, every,
-                  start=0):
+                  start=0, residual_on_conditions=False):
     """An endless iterator of batches (points, condition points) for Adam steps start + 1,
     start + 2, ...: new points every `every` steps, drawn as `collocation` draws them with a
     seed from (seed, block), so a resumed run gets the points it would have had. Same shapes
@@ -209,7 +221,8 @@ def fresh_batches(strategy, prob, n_collocation, n_condition, sampling, seed, dt
             block = step // every
             key = int(np.random.SeedSequence([seed, block]).generate_state(1)[0])
             batch = distribute.shard(strategy, collocation(prob, n_collocation, n_condition,
-                                                           sampling, key, dtype))
+                                                           sampling, key, dtype,
+                                                           residual_on_conditions))
         yield batch
 
 

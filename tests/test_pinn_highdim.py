@@ -115,6 +115,26 @@ def test_fresh_points_change_every_k_steps_and_the_step_traces_once():
         assert len({float(log[name]) for log in logs}) == 4, name
 
 
+def test_residual_on_conditions_appends_every_condition_point_as_deepxde_does():
+    """Oracle: the plain draw's collocation points followed by its condition points (DeepXDE's
+    `PDE`/`TimePDE` fit the residual on `train_x_all`: domain, boundary and initial points);
+    the fresh-point stream draws the same set."""
+    from experiments import pinn as exp
+    prob = pinn.advection_problem(grid_shape=(3, 3))
+    plain, cond = exp.collocation(prob, 8, {"inflow": 5}, "sobol", 0, tf.float64)
+    points, cond_too = exp.collocation(prob, 8, {"inflow": 5}, "sobol", 0,
+                                       tf.float64, residual_on_conditions=True)
+    np.testing.assert_array_equal(points.numpy(),
+                                  np.concatenate([plain.numpy()] + [c.numpy() for c in cond]))
+    for a, b in zip(cond, cond_too):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    stream = exp.fresh_batches(tf.distribute.get_strategy(), prob, 8, 4, "sobol", 0,
+                               tf.float64, every=1, residual_on_conditions=True)
+    assert next(stream)[0].shape[0] == 8 + 4
+    with pytest.raises(ValueError, match="pinn_experiment.residual_on_conditions"):
+        exp.collocation(prob, 8, 4, "sobol", 0, tf.float64, residual_on_conditions="yes")
+
+
 @pytest.mark.parametrize("kwargs,match", [
     ({"resample_every": 0}, "pinn_experiment.resample_every"),
     ({"resample_every": 1, "weighting": lambda *a, **k: pinn.Weighting()},
