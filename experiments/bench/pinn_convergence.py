@@ -25,18 +25,15 @@ that of the first budget that reaches it, within a factor 2 of the iterations it
 the metrics give the previous budget's time too (`deepxde_lower_seconds_to_<t>`).
 """
 
-import json
 import os
-import subprocess
-import sys
 import time
 
 import gin
 import numpy as np
 from absl import logging
 
-import experiments
 from experiments import models
+from experiments.bench.runs import run_pinn_binary
 from hogrod import harness, pinn
 
 
@@ -48,21 +45,6 @@ def deepxde_setup(adam_steps, lbfgs_iterations):
             "pinn_experiment.n_collocation = 2540", "pinn_experiment.n_condition = 160",
             f"pinn_experiment.adam_steps = {adam_steps}", "pinn_experiment.adam_lr = 1e-3",
             f"pinn_experiment.lbfgs_iterations = {lbfgs_iterations}"]
-
-
-def run_pinn_binary(gin_files, gin_params, output_dir):
-    """`python -m experiments.pinn` with these configs in its own process; its metrics."""
-    argv = ([sys.executable, "-m", "experiments.pinn"] + [f"--gin_file={f}" for f in gin_files]
-            + [f"--gin_param={p}" for p in gin_params] + [f"--output_dir={output_dir}"])
-    root = os.path.dirname(os.path.dirname(os.path.abspath(experiments.__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    out = subprocess.run(argv, capture_output=True, text=True, env=env)
-    if out.returncode:
-        raise RuntimeError(f"{' '.join(argv)} exited with code {out.returncode}:\n"
-                           f"{out.stderr[-3000:]}")
-    with open(os.path.join(output_dir, "metrics.json")) as f:
-        return json.load(f)
 
 
 def deepxde_run(adam_steps, lbfgs_iterations, error_every, thresholds, seed,
