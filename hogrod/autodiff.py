@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.util import nest as _nest  # paths: dict keys must match, not just counts
 
-from hogrod import tree
+from hogrod import checks, tree
 
 __all__ = [
     "value_and_grad",
@@ -42,7 +42,7 @@ _AUTO_HVP_MODE = "forward_over_reverse"
 _UNCONNECTED = ("zero", "none", "raise")
 
 
-def _unwrap(p):
+def unwrap(p):
     """The object TensorFlow's autodiff tracks for `p` (a Keras 3 variable's tf.Variable)."""
     if isinstance(p, keras.Variable):
         return p.value
@@ -59,46 +59,7 @@ def _name(p, index, arg="params"):
 
 def _dtype(p):
     """A tf.DType (a Keras 3 variable's `.dtype` is a string)."""
-    return tf.as_dtype(_unwrap(p).dtype)
-
-
-class _Leaf:
-    """Stands for a tensor in an error message: its dtype and shape, never its values
-    (a model's variables would fill the screen)."""
-
-    def __init__(self, t):
-        if isinstance(t, (tf.Tensor, tf.Variable, keras.Variable, np.ndarray, np.generic)):
-            self.text = f"{tf.as_dtype(_unwrap(t).dtype).name}{list(t.shape)}"
-        else:
-            self.text = type(t).__name__
-
-    def __repr__(self):
-        return self.text
-
-
-def _describe(structure):
-    return repr(tf.nest.map_structure(_Leaf, structure))
-
-
-def _check_params(params, what, arg="params"):
-    """The flat list of `params`, each a variable or tensor of a floating or complex dtype.
-
-    Checked when traced (types and static shapes only), so a compiled caller pays nothing.
-    """
-    flat = tf.nest.flatten(params)
-    if not flat:
-        raise ValueError(f"{what}: {arg} is empty ({params!r}); pass the variables or tensors "
-                         "to differentiate with respect to")
-    for i, p in enumerate(flat):
-        if not isinstance(p, (tf.Tensor, tf.Variable, keras.Variable)):
-            raise TypeError(
-                f"{what}: {arg}[{i}] must be a tf.Variable, a Keras variable or a tensor, got "
-                f"{type(p).__name__} (convert it with tf.constant(x, dtype) first)")
-        dtype = _dtype(p)
-        if not (dtype.is_floating or dtype.is_complex):
-            raise TypeError(f"{what}: {_name(p, i, arg)} has dtype {dtype.name}; only "
-                            "floating-point (or complex) values can be differentiated")
-    return flat
+    return tf.as_dtype(unwrap(p).dtype)
 
 
 def _scalar(value, what, fn_name="fn()"):
@@ -114,7 +75,7 @@ def _watch(tape, flat):
             tape.watch(p)
 
 
-def _fill_unconnected(grads, flat, unconnected, what="value"):
+def fill_unconnected(grads, flat, unconnected, what="value"):
     """Apply the `unconnected` policy to a flat list of gradients."""
     if unconnected not in _UNCONNECTED:
         raise ValueError(f"unconnected must be one of {_UNCONNECTED}, got {unconnected!r}")
@@ -126,10 +87,10 @@ def _fill_unconnected(grads, flat, unconnected, what="value"):
         raise ValueError(f"The {what} does not depend on: {names}")
     if unconnected == "none":
         return grads
-    return [tf.zeros_like(_unwrap(p)) if g is None else g for g, p in zip(grads, flat)]
+    return [tf.zeros_like(unwrap(p)) if g is None else g for g, p in zip(grads, flat)]
 
 
-def _densify(g):
+def densify(g):
     return tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
 
 
@@ -145,12 +106,12 @@ def value_and_grad(fn, params, unconnected="zero"):
     Returns:
       `(value, grads)` with `grads` structured like `params`.
     """
-    flat = _check_params(params, "value_and_grad")
+    flat = checks.params(params, "value_and_grad")
     with tf.GradientTape() as tape:
         _watch(tape, flat)
         value = _scalar(fn(), "value_and_grad")
-    grads = [_densify(g) for g in tape.gradient(value, flat)]
-    grads = _fill_unconnected(grads, flat, unconnected)
+    grads = [densify(g) for g in tape.gradient(value, flat)]
+    grads = fill_unconnected(grads, flat, unconnected)
     return value, tf.nest.pack_sequence_as(params, grads)
 
 
@@ -164,7 +125,7 @@ def _check_vector(params, vector, what):
     part a tensor of its param's dtype. Numbers and numpy arrays are converted at the
     param's dtype; a tensor of another dtype is an error (casting would hide a precision
     loss or a mix-up)."""
-    flat_p = _check_params(params, what)
+    flat_p = checks.params(params, what)
     try:
         tf.nest.assert_same_structure(params, vector, check_types=False)
         same = ([k for k, _ in _nest.flatten_with_joined_string_paths(params)]
@@ -173,15 +134,15 @@ def _check_vector(params, vector, what):
         same = False
     if not same:
         raise ValueError(f"{what}: vector must be structured like params; params is "
-                         f"{_describe(params)} ({len(flat_p)} parts) and vector is "
-                         f"{_describe(vector)} ({len(tf.nest.flatten(vector))} parts)") from None
+                         f"{checks.describe(params)} ({len(flat_p)} parts) and vector is "
+                         f"{checks.describe(vector)} ({len(tf.nest.flatten(vector))} parts)") from None
     flat_v = []
     for i, (p, v) in enumerate(zip(flat_p, tf.nest.flatten(vector))):
         dtype = _dtype(p)
         if isinstance(v, (numbers.Number, np.ndarray, np.generic)) and not isinstance(v, bool):
             v = tf.constant(np.asarray(v, dtype.as_numpy_dtype))
         elif isinstance(v, (tf.Variable, keras.Variable)):
-            v = tf.convert_to_tensor(_unwrap(v))
+            v = tf.convert_to_tensor(unwrap(v))
         elif not isinstance(v, tf.Tensor):
             raise TypeError(f"{what}: vector[{i}] (for {_name(p, i)}) must be a tensor, a number "
                             f"or a numpy array, got {type(v).__name__}")
@@ -222,18 +183,18 @@ def hvp(fn, params, vector, mode="auto"):
             with tf.GradientTape() as inner:
                 _watch(inner, flat_p)
                 value = _scalar(fn(), "hvp")
-            grads = _fill_unconnected(inner.gradient(value, flat_p), flat_p, "zero")
-            dot = tree.dot([_densify(g) for g in grads], flat_v)
+            grads = fill_unconnected(inner.gradient(value, flat_p), flat_p, "zero")
+            dot = tree.dot([densify(g) for g in grads], flat_v)
         out = outer.gradient(dot, flat_p)
     else:
-        primals = [_unwrap(p) for p in flat_p]
+        primals = [unwrap(p) for p in flat_p]
         with tf.autodiff.ForwardAccumulator(primals, flat_v) as acc:
             with tf.GradientTape() as tape:
                 _watch(tape, flat_p)
                 value = _scalar(fn(), "hvp")
             grads = tape.gradient(value, flat_p)
-        out = [None if g is None else acc.jvp(_densify(g)) for g in grads]
-    out = _fill_unconnected([_densify(g) for g in out], flat_p, "zero")
+        out = [None if g is None else acc.jvp(densify(g)) for g in grads]
+    out = fill_unconnected([densify(g) for g in out], flat_p, "zero")
     return tf.nest.pack_sequence_as(params, out)
 
 
@@ -243,14 +204,14 @@ def hessian(fn, params):
     Params are flattened (row-major) and concatenated in `tf.nest.flatten`
     order; meant for small problems and as an oracle for the matrix-free tools.
     """
-    flat = _check_params(params, "hessian")
+    flat = checks.params(params, "hessian")
     with tf.GradientTape(persistent=True) as outer:
         _watch(outer, flat)
         with tf.GradientTape() as inner:
             _watch(inner, flat)
             value = _scalar(fn(), "hessian")
-        grads = _fill_unconnected(inner.gradient(value, flat), flat, "zero")
-        flat_grad = tf.concat([tf.reshape(_densify(g), [-1]) for g in grads], axis=0)
+        grads = fill_unconnected(inner.gradient(value, flat), flat, "zero")
+        flat_grad = tf.concat([tf.reshape(densify(g), [-1]) for g in grads], axis=0)
     n = flat_grad.shape[0]
     blocks = outer.jacobian(flat_grad, flat, unconnected_gradients=tf.UnconnectedGradients.ZERO,
                             experimental_use_pfor=True)
@@ -265,7 +226,7 @@ def jacobian(fn, x):
     `x` may be a nested structure; the result is then structured like `x`.
     """
     # the tf.Variable inside a Keras 3 variable is what a tape can watch and track
-    sources = tf.nest.pack_sequence_as(x, [_unwrap(p) for p in _check_params(x, "jacobian",
+    sources = tf.nest.pack_sequence_as(x, [unwrap(p) for p in checks.params(x, "jacobian",
                                                                               "x")])
     with tf.GradientTape() as tape:
         tape.watch(sources)
@@ -278,8 +239,8 @@ def batch_jacobian(fn, x):
     returns dy[i]/dx[i] of shape [batch] + y.shape[1:] + x.shape[1:]."""
     if tf.nest.is_nested(x):
         raise TypeError(f"batch_jacobian: x must be one tensor of shape [batch, ...], got "
-                        f"{_describe(x)}")
-    _check_params(x, "batch_jacobian", "x")
+                        f"{checks.describe(x)}")
+    checks.params(x, "batch_jacobian", "x")
     if x.shape.rank == 0:
         raise ValueError("batch_jacobian: x must have a batch axis, got a scalar")
     with tf.GradientTape() as tape:
@@ -302,7 +263,7 @@ def derivatives(fn, x, order):
     if not isinstance(order, numbers.Integral) or isinstance(order, bool) or order < 1:
         raise ValueError(f"derivatives: order must be a positive integer, got {order!r}")
     x = tf.convert_to_tensor(x)
-    _check_params(x, "derivatives", "x")
+    checks.params(x, "derivatives", "x")
     tapes, derivs = [], []
     try:
         for _ in range(order):  # outermost first
@@ -345,7 +306,7 @@ def gnvp(model_fn, loss_fn, params, vector):
       G v, structured like `params`.
     """
     flat_p, flat_v = _check_vector(params, vector, "gnvp")
-    primals = [_unwrap(p) for p in flat_p]
+    primals = [unwrap(p) for p in flat_p]
     with tf.GradientTape() as tape:
         _watch(tape, flat_p)
         with tf.autodiff.ForwardAccumulator(primals, flat_v) as acc:
@@ -358,5 +319,5 @@ def gnvp(model_fn, loss_fn, params, vector):
     hjv = hvp(lambda: _scalar(loss_fn(z_const), "gnvp", "loss_fn(z)"), z_const,
               tf.stop_gradient(jv), mode="reverse_over_reverse")
     out = tape.gradient(z, flat_p, output_gradients=hjv)
-    out = _fill_unconnected([_densify(g) for g in out], flat_p, "zero")
+    out = fill_unconnected([densify(g) for g in out], flat_p, "zero")
     return tf.nest.pack_sequence_as(params, out)

@@ -11,6 +11,7 @@ tridiagonal eigenproblem) is left to `scipy.linalg.eigh_tridiagonal`.
 """
 
 import collections
+import inspect
 import numbers
 
 import numpy as np
@@ -18,7 +19,8 @@ import tensorflow as tf
 
 from hogrod import tree
 
-__all__ = ["cg", "CGInfo", "power_iteration", "lanczos", "LanczosResult"]
+__all__ = ["cg", "CGInfo", "neumann", "NeumannInfo", "power_iteration", "lanczos",
+           "LanczosResult"]
 
 CGInfo = collections.namedtuple("CGInfo", ["iterations", "residual_norm", "curvature",
                                            "negative_curvature"])
@@ -26,6 +28,11 @@ CGInfo.__doc__ = """iterations: the CG steps taken (int32); residual_norm: ||b -
 I) x|| (the recurrence's residual); curvature: p^T (A + damping I) p of the last direction
 examined; negative_curvature: whether the solve stopped at a direction with curvature <= 0
 (only with on_negative_curvature="stop")."""
+
+NeumannInfo = collections.namedtuple("NeumannInfo", ["terms", "term_norm", "converged"])
+NeumannInfo.__doc__ = """terms: the terms added after the first (int32); term_norm: the norm of the last
+term, ||(I - step (A + damping I))^terms b||; converged: term_norm <= tol ||b|| (always
+False with tol = 0, where exactly maxiter terms are added)."""
 
 LanczosResult = collections.namedtuple("LanczosResult", ["alphas", "betas", "basis",
                                                          "residual_beta"])
@@ -173,6 +180,89 @@ def cg(matvec, b, x0=None, maxiter=None, tol=1e-6, damping=0.0,
     i, x, _, _, rr, pap, _, _, negative = tf.while_loop(cond, body, state,
                                                         maximum_iterations=maxiter)
     return x, CGInfo(i, tf.sqrt(rr), pap, negative)
+
+
+def _takes_index(matvec):
+    """Whether `matvec` is `matvec(v, k)` (a fresh product per term, as LiSSA's minibatches)
+    rather than `matvec(v)`."""
+    try:
+        sig = inspect.signature(matvec)
+    except (TypeError, ValueError):  # builtins without a signature take v alone
+        return False
+    try:
+        sig.bind(None)
+        return False
+    except TypeError:
+        pass
+    try:
+        sig.bind(None, 0)
+        return True
+    except TypeError:
+        return False
+
+
+@_no_autograph
+def neumann(matvec, b, maxiter, tol=0.0, step=1.0, damping=0.0):
+    """The Neumann series of (A + damping I)^{-1} b, written once for every family:
+
+      x = step * sum_{k=0}^{K} (I - step (A + damping I))^k b,
+
+    each term the previous one times (I - step (A + damping I)), stopping after `maxiter`
+    terms beyond the first or once a term's norm is <= tol ||b||. It converges iff the
+    spectral radius of I - step (A + damping I) is < 1 (0 < step < 2 / lambda_max for a
+    positive definite A + damping I). It is the truncated series of hypergradients
+    (Lorraine et al. 2020: tol = 0, exactly `maxiter` terms), an implicit solve with a
+    convergence check (tol > 0; `info.converged`), and LiSSA (Agarwal et al. 2017: step =
+    1 / scale, `matvec(v, k)` drawing a fresh minibatch for term k).
+
+    Args:
+      matvec: v -> A v, or (v, k) -> A_k v with k the term's index (an int32 scalar tensor,
+        0 for the product giving the second term), on trees structured like `b`.
+      b: the right-hand side, a tree of floating tensors of one dtype.
+      maxiter: the most terms after the first (a Python int >= 0).
+      tol: stop once a term's norm is <= tol ||b|| (a Python number >= 0; 0 runs all
+        `maxiter` terms).
+      step: the series' step, a Python number > 0 (applied at b's dtype) or a scalar tensor.
+      damping: added to A's diagonal, a Python number >= 0 or a scalar tensor.
+    Returns:
+      (x, NeumannInfo(terms, term_norm, converged)); x is structured like `b`.
+    """
+    _check_matvec(matvec)
+    dtype = _dtype(b, "neumann", "b")
+    b = tf.nest.map_structure(tf.convert_to_tensor, b)
+    maxiter = _check_int(maxiter, "maxiter", 0)
+    tol = _check_tol(tol)
+    for name, value in (("step", step), ("damping", damping)):
+        if isinstance(value, (numbers.Number, np.number)) and (
+                isinstance(value, bool) or not np.isfinite(value) or value < 0
+                or (name == "step" and value == 0)):
+            raise ValueError(f"neumann: {name} must be a finite number "
+                             f"{'> 0' if name == 'step' else '>= 0'}, got {value!r}")
+    indexed = _takes_index(matvec)
+    step_t = tf.cast(step, dtype) if tf.is_tensor(step) else tf.constant(step, dtype)
+
+    def next_term(k, term):
+        av = _product(matvec if not indexed else (lambda v: matvec(v, k)), term, b, "neumann")
+        if not (isinstance(damping, (numbers.Number, np.number)) and damping == 0):
+            av = tree.axpy(damping, term, av)
+        return tree.axpy(-step_t, av, term)
+
+    b_norm = tree.norm(b)
+    stop = tol * b_norm
+
+    def cond(k, x, term, term_norm):
+        return tf.logical_and(k < maxiter, term_norm > stop)
+
+    def body(k, x, term, term_norm):
+        term = next_term(k, term)
+        return k + 1, tree.add(x, term), term, tree.norm(term)
+
+    k, x, _, term_norm = tf.while_loop(cond, body, (tf.constant(0), b, b, b_norm),
+                                       maximum_iterations=maxiter)
+    converged = tf.logical_and(tf.math.is_finite(term_norm), term_norm <= stop)
+    if tol == 0:
+        converged = tf.constant(False)
+    return tree.scale(step_t, x), NeumannInfo(k, term_norm, converged)
 
 
 def _assert_curvature(finite, curved, pap, pp, i, damping):

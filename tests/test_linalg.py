@@ -190,3 +190,38 @@ def test_lanczos_stops_at_an_invariant_subspace_and_on_request_and_compiles():
     out = linalg.lanczos(mv, v0, 20, stop=lambda al, be, b: seen.append(len(al)) or len(al) == 2)
     assert seen == [1, 2] and out.alphas.shape == [2] and out.betas.shape == [1]
     np.testing.assert_allclose(out.alphas, alphas[:2], rtol=1e-14)
+
+
+def test_neumann_sums_the_series_to_a_fixed_count_converges_and_takes_the_term_index():
+    """Oracles: numpy's partial sum step * sum_{k<=K} (I - step (A + d I))^k b for a fixed
+    count; np.linalg.solve once converged; a per-term matvec (v, k) against the same sum
+    with A_k = (k + 1) A."""
+    a = spd(np.linspace(0.2, 1.5, 7))
+    b = np.random.default_rng(2).normal(size=7)
+    rhs = tree.unflatten(tf.constant(b), nested_like())
+    step, damping = 0.5, 0.1
+    m = np.eye(7) - step * (a + damping * np.eye(7))
+    partial = step * sum(np.linalg.matrix_power(m, k) @ b for k in range(6))
+    x, info = linalg.neumann(nested_matvec(a), rhs, maxiter=5, step=step, damping=damping)
+    tree.check_same(rhs, x)
+    np.testing.assert_allclose(tree.flatten(x).numpy(), partial, rtol=1e-12)
+    assert int(info.terms) == 5 and not bool(info.converged)
+    compiled = tf.function(lambda r: linalg.neumann(nested_matvec(a), r, 400, tol=1e-12,
+                                                    step=step, damping=damping))
+    x, info = compiled(rhs)
+    np.testing.assert_allclose(tree.flatten(x).numpy(),
+                               np.linalg.solve(a + damping * np.eye(7), b), rtol=1e-10)
+    assert bool(info.converged) and int(info.terms) < 400
+    like, at = nested_like(), tf.constant(a)
+    indexed = lambda v, k: tree.unflatten(  # noqa: E731
+        tf.cast(k + 1, tf.float64) * tf.linalg.matvec(at, tree.flatten(v)), like)
+    x, _ = linalg.neumann(indexed, rhs, maxiter=3, step=0.2)
+    term, want = b, b.copy()
+    for k in range(3):
+        term = term - 0.2 * (k + 1) * (a @ term)
+        want = want + term
+    np.testing.assert_allclose(tree.flatten(x).numpy(), 0.2 * want, rtol=1e-12)
+    with pytest.raises(ValueError, match="step"):
+        linalg.neumann(nested_matvec(a), rhs, 3, step=0.0)
+    with pytest.raises(ValueError, match="maxiter"):
+        linalg.neumann(nested_matvec(a), rhs, 2.5)

@@ -20,7 +20,8 @@ import numpy as np
 import tensorflow as tf
 
 import hogrod
-from hogrod.autodiff import _check_params, _densify, _fill_unconnected, _unwrap
+from hogrod import checks
+from hogrod.autodiff import densify, fill_unconnected, unwrap
 from hogrod.curvature.eigen import as_matvec
 from hogrod.curvature.likelihood import likelihood_of
 from hogrod.curvature.operators import _CurvatureOperator, fold_replica
@@ -52,7 +53,7 @@ def _params(model, params, where):
         if not params:
             raise ValueError(f"{where}: the model has no trainable variables (build it first, "
                              "e.g. with keras.Input)")
-    params = list(_check_params(params, where))
+    params = list(checks.params(params, where))
     for i, p in enumerate(params):
         if not isinstance(p, (tf.Variable, keras.Variable)):
             raise TypeError(f"{where}: params[{i}] must be a variable of the model (a tensor "
@@ -61,7 +62,7 @@ def _params(model, params, where):
 
 
 def _params_dtype(params, where):
-    dtypes = {tf.as_dtype(_unwrap(p).dtype) for p in params}
+    dtypes = {tf.as_dtype(unwrap(p).dtype) for p in params}
     if len(dtypes) != 1:
         raise TypeError(f"{where}: the parameters mix dtypes {sorted(d.name for d in dtypes)};"
                         " pass dtype=")
@@ -193,12 +194,12 @@ def _outer_product(model, lik, fisher, x, y, params, v, num, key, where, size):
     directional derivatives, one reverse pass weighted by them."""
     flat_v = tf.nest.flatten(v)
     with tf.GradientTape() as tape:
-        with tf.autodiff.ForwardAccumulator([_unwrap(p) for p in params], flat_v) as acc:
+        with tf.autodiff.ForwardAccumulator([unwrap(p) for p in params], flat_v) as acc:
             z = _outputs(model, lik, x, where)
             losses = lik.per_example(_labels(lik, fisher, z, y, num, key), z[None])
         directional = acc.jvp(losses, unconnected_gradients=tf.UnconnectedGradients.ZERO)
     out = tape.gradient(losses, params, output_gradients=tf.stop_gradient(directional))
-    out = _fill_unconnected([_densify(g) for g in out], params, "zero")
+    out = fill_unconnected([densify(g) for g in out], params, "zero")
     scale = size * num * (1 if fisher == "empirical" else lik.alpha(z.shape[-1], z.dtype))
     return [g / scale for g in out]
 

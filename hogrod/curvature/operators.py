@@ -17,7 +17,7 @@ import tensorflow as tf
 
 import hogrod
 from hogrod import tree
-from hogrod.autodiff import _check_params  # the primitives' own check: one message format
+from hogrod import checks
 
 __all__ = ["flatten", "unflatten", "HessianOperator", "GaussNewtonOperator", "layer_params"]
 
@@ -181,7 +181,7 @@ class HessianOperator(_CurvatureOperator):
 
     def __init__(self, loss_fn, params, data, dtype=tf.float32, mode="auto", strategy=None):
         _check_callable(loss_fn, "loss_fn", "HessianOperator")
-        flat_params = _check_params(params, "HessianOperator")
+        flat_params = checks.params(params, "HessianOperator")
         if mode != "auto" and mode not in hogrod.autodiff.HVP_MODES:
             raise ValueError(f"HessianOperator: mode must be 'auto' or one of "
                              f"{hogrod.autodiff.HVP_MODES}, got {mode!r}")
@@ -206,7 +206,7 @@ class GaussNewtonOperator(_CurvatureOperator):
     def __init__(self, model_fn, loss_fn, params, data, dtype=tf.float32, strategy=None):
         _check_callable(model_fn, "model_fn", "GaussNewtonOperator")
         _check_callable(loss_fn, "loss_fn", "GaussNewtonOperator")
-        flat_params = _check_params(params, "GaussNewtonOperator")
+        flat_params = checks.params(params, "GaussNewtonOperator")
         product = lambda batch, v: hogrod.gnvp(  # noqa: E731
             lambda: model_fn(batch), lambda z: loss_fn(z, batch), flat_params, v)
         super().__init__(product, flat_params, data, dtype, "GaussNewtonOperator", strategy,

@@ -5,7 +5,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hogrod.autodiff import _check_params
+from hogrod import checks
 from hogrod.curvature.likelihood import likelihood_of
 
 __all__ = ["per_example_gradients", "per_example_gradient_norms", "batch_gradients"]
@@ -40,7 +40,7 @@ def _per_example_loss(loss_fn, where):
 
 def _compiled(model, loss_fn, params, where):
     per_example = _per_example_loss(loss_fn, where)
-    params = list(_check_params(params if params is not None else model.trainable_variables,
+    params = list(checks.params(params if params is not None else model.trainable_variables,
                                 where))
 
     @tf.function(reduce_retracing=True)
