@@ -26,7 +26,7 @@ from absl import logging
 import hogrod
 from hogrod.pinn.pdes import residual
 from hogrod.pinn.problems import condition_misfit
-from hogrod.train import step as _step
+from hogrod.train import objective_terms, weighted_total
 
 __all__ = ["solution_fn", "term_names", "Term", "pointwise_terms", "pinn_loss", "lbfgs",
            "relative_l2", "predict_on_grid", "Clock", "seconds_to_error"]
@@ -200,7 +200,7 @@ def lbfgs(loss_fn, variables, max_iterations=10000, tolerance=1e-12, history_siz
 
     def replica_value_and_grad(b):
         return hogrod.value_and_grad(
-            lambda: _step._weighted_total(_step._terms(loss_fn(b)), {}), variables)
+            lambda: weighted_total(objective_terms(loss_fn(b)), {}), variables)
 
     if jit_compile:
         replica_value_and_grad = tf.function(replica_value_and_grad, jit_compile=True)

@@ -15,11 +15,11 @@ Strategies come from `hogrod.distribute.make_strategy`.
 from hogrod.train.attribution import integrated_gradients, saliency
 from hogrod.train.loop import CheckpointMismatchError, Checkpointer, NonFiniteError, train_loop
 from hogrod.train.precision import mixed_precision, precision_policy
-from hogrod.train.step import build_optimizers, make_train_step
+from hogrod.train.step import build_optimizers, make_train_step, objective_terms, weighted_total
 from hogrod.train.transforms import (chain, clip_by_global_norm, clip_by_value, global_norm,
                                      zeros_for_unconnected)
 
-__all__ = ["make_train_step", "build_optimizers", "chain", "clip_by_global_norm",
+__all__ = ["make_train_step", "build_optimizers", "objective_terms", "weighted_total", "chain", "clip_by_global_norm",
            "clip_by_value", "global_norm", "zeros_for_unconnected", "mixed_precision",
            "precision_policy", "Checkpointer", "train_loop", "NonFiniteError",
            "CheckpointMismatchError", "saliency", "integrated_gradients"]

@@ -13,7 +13,7 @@ updates the variables only if every term and the gradient are finite; the return
 let `train_loop` stop on the first non-finite value without saving it.
 
 One step is a chain of small functions, one job each:
-  `_weighted_total`   the terms and their weighted sum, at the loss's dtype (a Python-number
+  `weighted_total`   the terms and their weighted sum, at the loss's dtype (a Python-number
                       weight multiplies a float64 term in float64, never via float32);
   `_gradient`         one (micro-)batch's terms and gradient, with loss scaling applied
                       and undone around its tape;
@@ -46,7 +46,7 @@ from absl import logging
 
 from hogrod.train.transforms import global_norm, zeros_for_unconnected
 
-__all__ = ["make_train_step", "build_optimizers", "MONITOR"]
+__all__ = ["make_train_step", "build_optimizers", "objective_terms", "weighted_total", "MONITOR"]
 
 MONITOR = "monitor/"  # terms named "monitor/..." are logged and guarded, not optimized
 
@@ -110,9 +110,17 @@ def _split(batch, k):
     return tf.nest.map_structure(split, batch)
 
 
-def _terms(value):
-    """loss_fn's value as {name: scalar tensor}; half-precision terms are promoted to
-    float32 (the mixed-precision convention), float32 and float64 terms keep their dtype."""
+def objective_terms(value):
+    """An objective's value as {name: scalar tensor}.
+
+    Half-precision terms are promoted to float32 (the mixed-precision convention); float32
+    and float64 terms keep their dtype.
+
+    Args:
+      value: a scalar, or a dict {name: scalar}.
+    Returns:
+      A dict {name: scalar tensor} (a single scalar is named "loss").
+    """
     terms = dict(value) if isinstance(value, dict) else {"loss": value}
     out = {}
     for name, t in terms.items():
@@ -151,8 +159,11 @@ def _check_weights(weights):
     return out
 
 
-def _weighted_total(terms, weights):
-    """sum_name weight * term over the optimized terms (not "monitor/..."), in float64 if
+def weighted_total(terms, weights):
+    """The weighted sum of the minimized terms (Args: `terms` as `objective_terms` returns
+    them, `weights` a dict {name: float or scalar tensor}; Returns: a scalar tensor).
+
+    sum_name weight * term over the optimized terms (not "monitor/..."), in float64 if
     any term is float64, else float32. A Python-number weight becomes a tensor of that
     dtype directly, so 1e-4 on a float64 loss is the float64 1e-4."""
     unknown = sorted(set(weights) - set(terms))
@@ -181,8 +192,8 @@ def _gradient(loss_fn, weights, variables, scaler, batch):
     the tape differentiates total * scale (small half-precision gradients do not
     underflow) and the gradient is divided by the scale here: no loss scale leaves."""
     with tf.GradientTape() as tape:
-        terms = _terms(loss_fn(batch))
-        total = _weighted_total(terms, weights)
+        terms = objective_terms(loss_fn(batch))
+        total = weighted_total(terms, weights)
         objective = total
         if scaler is not None:
             objective = total * tf.cast(scaler.dynamic_scale, total.dtype)
