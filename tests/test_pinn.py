@@ -159,7 +159,7 @@ def test_bad_input_is_named():
         pinn.pinn_loss(prob, u, np.zeros((5, 3), np.float32), conds)
     with pytest.raises(ValueError, match=r"'initial' condition's points .* got \(4, 1\)"):
         pinn.pinn_loss(prob, u, np.zeros((5, 2), np.float32), [conds[0][:, :1], conds[1]])
-    with pytest.raises(ValueError, match="sampling method"):
+    with pytest.raises(ValueError, match="method must be one of"):
         pinn.sample(pinn.Box((0,), (1,)), 3, "grid")
     with pytest.raises(ValueError, match="low < high"):
         pinn.Box((0, 1), (1, 0))

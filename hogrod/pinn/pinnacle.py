@@ -238,7 +238,7 @@ class _SpaceTime(Geometry):
         t = x[:, -1]
         return self.space._interior(x[:, :-1], tol) & (t > self.t0 + tol) & (t < self.t1 - tol)
 
-    def _boundary_leaves(self):
+    def _boundary(self, n, rng):
         raise ValueError(f"{self!r}: sample its boundary with the spatial boundary x time")
 
 
