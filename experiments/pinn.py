@@ -187,7 +187,7 @@ def collocation(prob, n_collocation, n_condition, sampling, seed, dtype,
         raise ValueError(f"pinn_experiment.n_condition must give a count for each condition "
                          f"of problem {prob.name!r}, {names}, got {sorted(n_condition)}")
     counts = n_condition if isinstance(n_condition, dict) else dict.fromkeys(names, n_condition)
-    points = tf.constant(pinn.sample(prob.domain, n_collocation, sampling, seed), dtype)
+    points = tf.constant(pinn.sample(prob.domain, n_collocation, sampling, seed, dtype=dtype))
     cond_points = [tf.constant(fn(counts[name], seed + 1 + i), dtype)
                    for i, (name, fn, _) in enumerate(prob.conditions)]
     if residual_on_conditions:

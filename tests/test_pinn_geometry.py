@@ -218,6 +218,12 @@ def test_a_box_minus_a_disk_touching_its_side():
     check_pieces(b, sides(b) + [(circle, 2 * math.pi * r)])
     check_probes(g, [((1, 0.3), False, False), ((1, 0.6), True, True), ((1, 0.1), False, False),
                      ((0.5, 0.5), True, False), ((0.5, 0), True, True)])
+    # within tol of the circle is on the boundary, farther is not (tol measured from the
+    # circle, not from the corners the tests probe)
+    for side in (1, -1):
+        near = c + (r + side * 0.8e-3) * np.array([[0.6, 0.8]])
+        far = c + (r + side * 1.2e-3) * np.array([[0.6, 0.8]])
+        assert g.on_boundary(near, tol=1e-3).all() and not g.on_boundary(far, tol=1e-3).any()
     outside = box - G.Disk([1.0, -0.3], 0.3)  # touching from outside: the box, unchanged
     b = outside.boundary(2000, seed=4, dtype=np.float64)
     check_pieces(b, sides(b))
