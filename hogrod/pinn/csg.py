@@ -12,10 +12,12 @@ point: `inside` when the ball meets the domain's interior, `interior` when the b
 it, `on_boundary` when it meets both the interior and the exterior. A CSG node answers by
 evaluating the set operation on its primitives' open interiors at the 2^dim corners
 x + tol (+-1, ..., +-1) (each primitive whose boundary is farther than `tol` from x counts
-as it does at x). Every piece of a boundary made of boxes and balls is a face, an edge or a
-corner seen from such corners, so the tests are exact for boxes and balls up to 3-D; only
-a cusp thinner than `tol` at a tangential contact (a disk touching a side from within) is
-not resolved, and its contact point counts as outside.
+as it does at x). Near a point, box faces cut space into orthants, one corner in each, and
+a sphere is a half-space: so the tests are exact on faces (shared ones included), on the
+edges and corners of boxes, and on spheres, up to 3-D. At the points where a sphere meets
+another boundary a sector narrower than the corners' directions can be missed (the point
+itself, not its neighbours), and a cusp thinner than `tol` at a tangential contact (a disk
+touching a side from within) is not resolved: its contact point counts as outside.
 
 Boundary sampling (`boundary(n)`): candidates are drawn on the primitives' boundaries, each
 primitive in proportion to its boundary's measure (length in 2-D, area in 3-D), and a
@@ -29,7 +31,6 @@ points are kept. CSG nodes are limited to 3-D, where these rules are checked; a 
 """
 
 import math
-import numbers
 
 import keras
 import numpy as np
