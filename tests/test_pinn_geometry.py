@@ -354,3 +354,22 @@ def test_a_box_or_ball_alone_still_works_above_three_dimensions():
     np.testing.assert_allclose(dist(b, np.zeros(5)), 1.0, rtol=1e-14)
     box = G.Box([0.0] * 5, [1.0] * 5)
     assert box.on_boundary(box.boundary(100, 0, dtype=np.float64)).all()
+
+
+@pytest.mark.parametrize("method", ["uniform", "lhs", "sobol", "hammersley"])
+def test_samplers_cover_the_domain_and_respect_bounds(method):
+    box = pinn.Box((-1.0, 0.0), (1.0, 2.0))
+    p = pinn.sample(box, 512, method, 3)
+    assert p.shape == (512, 2) and p.dtype == np.float32
+    assert np.all(p >= box.low) and np.all(p <= box.high)
+    cells = np.floor((p - box.low) / (box.high - box.low) * 4).clip(0, 3).astype(int)
+    assert len({tuple(c) for c in cells}) == 16  # every 4 x 4 cell gets points
+
+
+def test_refinement_adds_points_where_the_residual_is_largest():
+    box = pinn.Box((0.0,), (1.0,))
+    base = pinn.sample(box, 10, "uniform", 0)
+    out = pinn.refine(base, lambda p: np.exp(-100 * (p - 0.8) ** 2), box, candidates=1000,
+                      add=50)
+    assert out.shape == (60, 1)
+    assert np.abs(out[10:, 0] - 0.8).max() < 0.1
