@@ -130,6 +130,9 @@ def check_config():
     checked from the gin config alone, so a bad combination fails at once: an
     `inner_optimizer` bound on top of a config whose include binds `inner_lr`.
 
+    Returns:
+      None.
+
     Raises:
       ValueError: naming the binding to add.
     """
@@ -146,7 +149,7 @@ def check_config():
                 f"{bound['inner_lr']!r} (the shipped algorithm configs bind it): give one or "
                 f"the other (the optimizer's learning_rate is the step size); add the "
                 f"binding `{name}.inner_lr = None` (e.g. --gin_param=\"{name}.inner_lr = "
-                f"None\"), as configs/maml/algorithms/maml_adam.gin does")
+                f"None\")")
 
 
 @gin.configurable
@@ -240,6 +243,11 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
         plot_curves(os.path.join(output_dir, "loss.png"), history, False)
     return dict(result, meta_iterations=int(ckpt.step), **stats,
                 **{f"final_train_{k}": v for k, v in logs.items()})
+
+# the harness runs an experiment's `check_config` once the config is parsed, before it
+# creates the output directory; maml_experiment also runs it first, for any other caller
+maml_experiment.check_config = check_config
+
 
 def main():
     """The console command `hogrod-maml` (see the module docstring)."""
