@@ -128,7 +128,9 @@ INNER_OPTIMIZER_ALGORITHMS = ("maml", "fomaml")  # the algorithms with inner_opt
 def check_config():
     """The bindings an algorithm would refuse only once built (after the data are loaded),
     checked from the gin config alone, so a bad combination fails at once: an
-    `inner_optimizer` bound on top of a config whose include binds `inner_lr`.
+    `inner_optimizer` bound on top of a config whose include binds `inner_lr`; and an
+    algorithm's own `task_map` binding, which `maml_experiment.task_map` (passed to the
+    algorithm) would silently override.
 
     Returns:
       None.
@@ -136,6 +138,14 @@ def check_config():
     Raises:
       ValueError: naming the binding to add.
     """
+    for name in meta.ALGORITHMS:
+        try:
+            mode = gin.query_parameter(f"{name}.task_map")
+        except ValueError:  # not bound
+            continue
+        raise ValueError(f"{name}.task_map = {mode!r} is bound, but maml_experiment gives "
+                         f"the algorithm and the evaluation maml_experiment.task_map: bind "
+                         f"`maml_experiment.task_map = {mode!r}` instead")
     for name in INNER_OPTIMIZER_ALGORITHMS:
         bound = {}
         for param in ("inner_lr", "inner_optimizer"):

@@ -224,3 +224,10 @@ def test_an_inner_optimizer_on_a_config_binding_inner_lr_names_the_binding_to_ad
         exp.check_config()
     finally:
         gin.clear_config()
+    # an algorithm's own task_map binding would be overridden by maml_experiment's
+    harness.parse_config(["configs/maml/sinusoid_maml.gin"], ["maml.task_map = 'sequential'"])
+    try:
+        with pytest.raises(ValueError, match="maml_experiment.task_map = 'sequential'"):
+            exp.check_config()
+    finally:
+        gin.clear_config()
