@@ -35,10 +35,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 MetaData = collections.namedtuple(
-    "MetaData", ["train", "eval_tasks", "loss_fn", "classification", "meta_batch_size"])
+    "MetaData", ["train", "eval_tasks", "loss", "classification", "meta_batch_size"])
 MetaData.__doc__ = """What a data function (`maml_experiment.data`) returns: `train`, a tf.data
 stream of meta-batches (x_s, y_s, x_q, y_q), each `meta_batch_size` tasks; `eval_tasks`, one
-held-out meta-batch; `loss_fn(y_true, y_pred)`; `classification` (report accuracy)."""
+held-out meta-batch; `loss(y_true, y_pred)`, a Keras loss; `classification` (report
+accuracy)."""
 
 
 @gin.configurable
@@ -121,11 +122,51 @@ def plot_curves(path, history, accuracy):
     plt.close(fig)
 
 
+INNER_OPTIMIZER_ALGORITHMS = ("maml", "fomaml")  # the algorithms with inner_optimizer
+
+
+def check_config():
+    """The bindings an algorithm would refuse only once built (after the data are loaded),
+    checked from the gin config alone, so a bad combination fails at once: an
+    `inner_optimizer` bound on top of a config whose include binds `inner_lr`; and an
+    algorithm's own `task_map` binding, which `maml_experiment.task_map` (passed to the
+    algorithm) would silently override.
+
+    Returns:
+      None.
+
+    Raises:
+      ValueError: naming the binding to add.
+    """
+    for name in meta.ALGORITHMS:
+        try:
+            mode = gin.query_parameter(f"{name}.task_map")
+        except ValueError:  # not bound
+            continue
+        raise ValueError(f"{name}.task_map = {mode!r} is bound, but maml_experiment gives "
+                         f"the algorithm and the evaluation maml_experiment.task_map: bind "
+                         f"`maml_experiment.task_map = {mode!r}` instead")
+    for name in INNER_OPTIMIZER_ALGORITHMS:
+        bound = {}
+        for param in ("inner_lr", "inner_optimizer"):
+            try:
+                bound[param] = gin.query_parameter(f"{name}.{param}")
+            except ValueError:  # not bound: the default, None
+                bound[param] = None
+        if bound["inner_lr"] is not None and bound["inner_optimizer"] is not None:
+            raise ValueError(
+                f"{name}.inner_optimizer is bound, and so is {name}.inner_lr = "
+                f"{bound['inner_lr']!r} (the shipped algorithm configs bind it): give one or "
+                f"the other (the optimizer's learning_rate is the step size); add the "
+                f"binding `{name}.inner_lr = None` (e.g. --gin_param=\"{name}.inner_lr = "
+                f"None\")")
+
+
 @gin.configurable
 def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, model=mlp,
                     meta_iterations=70000, meta_lr=1e-3, eval_steps=(0, 1, 10),
                     eval_every=5000, checkpoint_every=5000, clip_norm=None, seed=0,
-                    time_limit_s=None):
+                    time_limit_s=None, task_map="vectorized"):
     """Meta-train `algorithm` on `data` with `model`, evaluating on held-out tasks.
 
     Args:
@@ -136,14 +177,25 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
       clip_norm: clip the meta-gradient's global norm (None: no clipping).
       time_limit_s: stop meta-training after this many seconds of steps (evaluations
         excluded) and evaluate; a re-run with the same output_dir continues. None: no limit.
+      task_map: how the tasks of a meta-batch are mapped, given to the algorithm and the
+        evaluation: 'vectorized' (fastest for dense nets), 'sequential' (less memory,
+        faster for conv nets; the Omniglot configs bind it) or 'recomputed' (the least
+        memory; the evaluation maps sequentially). It is passed to the algorithm as its
+        `task_map` argument, so it takes precedence over a binding such as
+        `maml.task_map`.
+
+    Returns:
+      the final evaluation's metrics, the steps run, training speed and the last
+      training logs.
     """
+    check_config()
     keras.utils.set_random_seed(seed)
     strategy = distribute.make_strategy()
     data = data(seed)
     if not isinstance(data, MetaData):
         raise TypeError("maml_experiment.data must return a MetaData (train, eval_tasks, "
-                        f"loss_fn, classification, meta_batch_size), got {type(data).__name__}")
-    eval_tasks, loss_fn, classification = data.eval_tasks, data.loss_fn, data.classification
+                        f"loss, classification, meta_batch_size), got {type(data).__name__}")
+    eval_tasks, loss, classification = data.eval_tasks, data.loss, data.classification
     declared = tf.nest.flatten(data.train.element_spec)[0].shape[0]
     if declared is not None and declared != data.meta_batch_size:
         raise ValueError(f"the data function's stream has meta-batches of {declared} tasks but "
@@ -151,7 +203,7 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
     with strategy.scope():
         net = model()
         optimizer = keras.optimizers.Adam(meta_lr)
-        algo = algorithm(net, loss_fn)
+        algo = algorithm(net, loss, task_map=task_map)
     if classification and net.output_shape[-1] != int(np.max(eval_tasks[1])) + 1:
         raise ValueError(f"the model has {net.output_shape[-1]} outputs but the episodes are "
                          f"{int(np.max(eval_tasks[1])) + 1}-way: set conv4.n_way and "
@@ -169,7 +221,8 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
                               **{f"algo_state_{i}": v for i, v in enumerate(algo.state)})
     history = harness.read_history(output_dir, ckpt.latest_step())
 
-    evaluate = meta.evaluator(algo, net, loss_fn, eval_steps, classification)
+    evaluate = meta.evaluator(algo, net, loss, eval_steps, classification, task_map,
+                              seed=seed)
 
     def evaluate_now(i):
         logging.info("evaluating at meta-iteration %d on held-out tasks", i)
@@ -200,6 +253,11 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
         plot_curves(os.path.join(output_dir, "loss.png"), history, False)
     return dict(result, meta_iterations=int(ckpt.step), **stats,
                 **{f"final_train_{k}": v for k, v in logs.items()})
+
+# the harness runs an experiment's `check_config` once the config is parsed, before it
+# creates the output directory; maml_experiment also runs it first, for any other caller
+maml_experiment.check_config = check_config
+
 
 def main():
     """The console command `hogrod-maml` (see the module docstring)."""

@@ -25,12 +25,12 @@ def linear_model(dim=1, dtype="float64"):
                              keras.layers.Dense(1, use_bias=False, dtype=dtype)])
 
 
-def meta_grad(model, loss_fn, task, inner_lr, steps, first_order):
+def meta_grad(model, loss, task, inner_lr, steps, first_order):
     xs, ys, xq, yq = task
     with tf.GradientTape() as tape:
-        fast = meta.adapt(model, loss_fn, (xs, ys), inner_lr, steps, first_order)
-        loss = loss_fn(yq, hogrod.functional_call(model, fast, xq))
-    return tape.gradient(loss, model.trainable_variables)
+        fast = meta.adapt(model, loss, (xs, ys), inner_lr, steps, first_order)
+        value = loss(yq, hogrod.functional_call(model, fast, xq))
+    return tape.gradient(value, model.trainable_variables)
 
 
 def test_maml_meta_gradient_of_a_linear_model_matches_the_closed_form():
@@ -179,15 +179,15 @@ def imaml_meta_grad(algo, model, tasks):
 @pytest.mark.parametrize("mode", ["vectorized", "sequential", "recomputed"])
 def test_imaml_implicit_gradient_equals_the_exact_one_on_a_quadratic_inner_problem(mode):
     model, exact, tasks, _ = imaml_quadratic([1.0, 1.0, 1.0])
-    algo = meta.imaml(model, mse, inner_lr=0.1, inner_steps=80, lam=2.0, cg_steps=3,
+    algo = meta.imaml(model, mse, inner_lr=0.1, inner_steps=80, lam=2.0, maxiter=3,
                       task_map=mode)
     np.testing.assert_allclose(imaml_meta_grad(algo, model, tasks), exact, rtol=1e-6, atol=1e-9)
 
 
-def test_imaml_bad_cg_steps_and_lam_are_named():
-    for kwargs, match in [({"cg_steps": 0}, "imaml.cg_steps"),
-                          ({"cg_steps": 2.5}, "imaml.cg_steps"), ({"lam": 0.0}, "imaml.lam"),
-                          ({"lam": float("inf")}, "imaml.lam")]:
+def test_imaml_bad_maxiter_and_lam_are_named():
+    for kwargs, match in [({"maxiter": 0}, "imaml: maxiter"),
+                          ({"maxiter": 2.5}, "imaml: maxiter"), ({"lam": 0.0}, "imaml: lam"),
+                          ({"lam": float("inf")}, "imaml: lam")]:
         with pytest.raises(ValueError, match=match):
             meta.imaml(small_mlp(), mse, **kwargs)
 
@@ -195,15 +195,15 @@ def test_imaml_bad_cg_steps_and_lam_are_named():
 def test_imaml_curvature_probes_keep_the_inner_solve_stable_on_a_sharp_task():
     model, exact, tasks, A = imaml_quadratic([5.0, 10.0, 14.0])
     assert 0.1 * (np.linalg.eigvalsh(A).max() + 2.0) > 2  # rate 0.1 is past the stability limit
-    unsafe = meta.imaml(model, mse, inner_lr=0.1, inner_steps=80, lam=2.0, cg_steps=3)
+    unsafe = meta.imaml(model, mse, inner_lr=0.1, inner_steps=80, lam=2.0, maxiter=3)
     got = imaml_meta_grad(unsafe, model, tasks)
     assert not np.all(np.isfinite(got)) or not np.allclose(got, exact, rtol=1e-2)
-    safe = meta.imaml(model, mse, inner_lr=0.1, inner_steps=80, lam=2.0, cg_steps=3,
+    safe = meta.imaml(model, mse, inner_lr=0.1, inner_steps=80, lam=2.0, maxiter=3,
                       curvature_probes=20)
     np.testing.assert_allclose(imaml_meta_grad(safe, model, tasks), exact, rtol=1e-6, atol=1e-9)
     # where inner_lr is already stable, the probes leave the rate (and the result) alone
     model, exact, tasks, _ = imaml_quadratic([1.0, 1.0, 1.0])
-    safe = meta.imaml(model, mse, inner_lr=0.1, inner_steps=80, lam=2.0, cg_steps=3,
+    safe = meta.imaml(model, mse, inner_lr=0.1, inner_steps=80, lam=2.0, maxiter=3,
                       curvature_probes=20)
     np.testing.assert_allclose(imaml_meta_grad(safe, model, tasks), exact, rtol=1e-6, atol=1e-9)
 
@@ -216,13 +216,13 @@ def test_imaml_accelerated_steps_reach_the_proximal_solution_where_plain_steps_d
     xs, ys = tasks[0][0], tasks[1][0]
     theta = model.trainable_variables[0].numpy()
     phi = np.linalg.solve(A + 2.0 * np.eye(3), 2 * xs.numpy().T @ ys.numpy() / 12 + 2.0 * theta)
-    kwargs = dict(inner_lr=0.1, inner_steps=60, lam=2.0, cg_steps=3, curvature_probes=20)
+    kwargs = dict(inner_lr=0.1, inner_steps=60, lam=2.0, maxiter=3, curvature_probes=20)
     plain = meta.imaml(model, mse, **kwargs)
     assert not np.allclose(plain.adapt((xs, ys), 60)[0], phi, rtol=1e-3)
     fast = meta.imaml(model, mse, accelerated=True, **kwargs)
     np.testing.assert_allclose(fast.adapt((xs, ys), 60)[0], phi, rtol=1e-5, atol=1e-9)
     np.testing.assert_allclose(imaml_meta_grad(fast, model, tasks), exact, rtol=1e-5, atol=1e-9)
-    with pytest.raises(ValueError, match="imaml.accelerated"):
+    with pytest.raises(ValueError, match="imaml: accelerated"):
         meta.imaml(model, mse, accelerated=1)
 
 
@@ -231,7 +231,7 @@ def test_every_algorithm_trains_one_compiled_step():
     for name, factory in meta.ALGORITHMS.items():
         model = small_mlp(dropout=0.2)
         opt = keras.optimizers.Adam(1e-3)
-        kwargs = {"imaml": {"cg_steps": 2}}.get(name, {})
+        kwargs = {"imaml": {"maxiter": 2}}.get(name, {})
         algo = factory(model, mse, inner_steps=2, **kwargs)  # small: tracing is the cost
         step = train.make_train_step(lambda tasks: algo.meta_loss(tasks, opt.iterations), opt,
                                      model.trainable_variables + algo.variables)
@@ -431,44 +431,23 @@ def mapping_of(monkeypatch, call):
     return seen[-1]
 
 
-def test_one_binding_maps_every_algorithm_and_the_evaluation(monkeypatch):
-    import gin
+def test_task_map_argument_maps_every_algorithm_and_the_evaluation(monkeypatch):
     tasks = sinusoid_batch(0, tasks=2, k=3)
     model = small_mlp()
-    try:
-        for mode, evaluated in [("sequential", "sequential"), ("recomputed", "sequential"),
-                                ("vectorized", "vectorized")]:
-            with gin.unlock_config():
-                gin.bind_parameter("task_map.mode", mode)
-            for name, factory in meta.ALGORITHMS.items():
-                algo = factory(model, mse)
-                assert mapping_of(monkeypatch, lambda: algo.meta_loss(tasks, 0)) == mode, name
-            assert mapping_of(monkeypatch, lambda: meta.evaluate(algo, model, mse, tasks,
-                                                                 steps=(1,))) == evaluated
-            # an algorithm's own argument wins over the binding
-            other = meta.maml(model, mse, task_map="recomputed" if mode != "recomputed"
-                              else "sequential")
-            assert mapping_of(monkeypatch, lambda: other.meta_loss(tasks)) != mode
-    finally:
-        with gin.unlock_config():
-            gin.clear_config()
-
-
-def test_deprecated_vectorize_and_recompute_are_forwarded(monkeypatch):
-    tasks = sinusoid_batch(0, tasks=2, k=3)
-    model = small_mlp()
-    for kwargs, mode in [({"vectorize": False}, "sequential"),
-                         ({"recompute": True}, "recomputed"),
-                         ({"vectorize": False, "recompute": True}, "recomputed"),
-                         ({"vectorize": True}, "vectorized")]:
-        for name in ("maml", "reptile", "imaml", "maml_plus_plus"):
-            with pytest.warns(DeprecationWarning, match=f"task_map.mode = '{mode}'"):
-                algo = meta.ALGORITHMS[name](model, mse, **kwargs)
+    for mode, evaluated in [("sequential", "sequential"), ("recomputed", "sequential"),
+                            ("vectorized", "vectorized")]:
+        for name, factory in meta.ALGORITHMS.items():
+            algo = factory(model, mse, task_map=mode)
             assert mapping_of(monkeypatch, lambda: algo.meta_loss(tasks, 0)) == mode, name
-    with pytest.raises(ValueError, match="not both"):
-        meta.maml(model, mse, task_map="sequential", vectorize=False)
-    with pytest.raises(ValueError, match="task_map.mode must be one of"):
+        assert mapping_of(monkeypatch, lambda: meta.evaluate(
+            algo, model, mse, tasks, steps=(1,), task_map=mode)) == evaluated
+    for name, factory in meta.ALGORITHMS.items():  # the default
+        algo = factory(model, mse)
+        assert mapping_of(monkeypatch, lambda: algo.meta_loss(tasks, 0)) == "vectorized", name
+    with pytest.raises(ValueError, match="reptile: task_map must be one of"):
         meta.reptile(model, mse, task_map="parallel")
+    with pytest.raises(ValueError, match="evaluate: task_map must be one of"):
+        meta.evaluate(algo, model, mse, tasks, task_map=False)
 
 
 def test_bad_meta_loss_arguments_are_named():
@@ -487,4 +466,4 @@ def test_data_functions_name_their_parts_and_the_meta_batch_size():
     assert isinstance(data, exp.MetaData) and data.meta_batch_size == 3
     assert data.train.element_spec[0].shape == (3, 4, 1)  # known without pulling a batch
     assert data.eval_tasks[0].shape == (2, 4, 1) and not data.classification
-    assert data.loss_fn is exp.mse
+    assert data.loss is exp.mse

@@ -157,3 +157,62 @@ def test_eager_meta_loss_is_quiet():
         assert [m for m in records.messages if "retracing" in m]
     finally:
         tf.get_logger().removeHandler(records)
+
+
+def test_evaluation_gives_identical_tasks_independent_masks_and_reproduces():
+    """Eight identical tasks: one mask shared by every task would make their losses equal
+    (a 95% interval of exactly 0); each task's own masks spread them. The masks come from
+    the evaluation's seed and the task index: the same seed gives the same numbers in
+    every task mapping, another seed other numbers, and the model's seed state is left
+    alone."""
+    model = dropout_model()
+    tasks = identical_tasks(n=8)
+    algo = meta.maml(model, mse, inner_lr=0.1, inner_steps=1)
+    start = seed_state(model).numpy()
+    first = meta.evaluate(algo, model, mse, tasks, steps=(0, 1, 2))
+    for s in (0, 1, 2):
+        assert first[f"loss_after_{s}_ci95"] > 1e-3 * first[f"loss_after_{s}"], s
+    np.testing.assert_array_equal(seed_state(model).numpy(), start)
+    again = meta.evaluate(algo, model, mse, tasks, steps=(0, 1, 2))
+    assert again == first
+    sequential = meta.evaluate(algo, model, mse, tasks, steps=(0, 1, 2),
+                               task_map="sequential")
+    for key, value in first.items():
+        np.testing.assert_allclose(sequential[key], value, rtol=1e-12, err_msg=key)
+    other = meta.evaluate(algo, model, mse, tasks, steps=(0, 1, 2), seed=1)
+    assert other["loss_after_1"] != first["loss_after_1"]
+    # the model's seed state does not enter: a meta-step that advances it changes nothing
+    seed_state(model).assign(start + [0, 5])
+    assert meta.evaluate(algo, model, mse, tasks, steps=(0, 1, 2)) == first
+
+
+def test_evaluation_draws_a_mask_per_pass():
+    """One task, one adaptation step: the query loss after it, from the masks evaluation
+    draws, equals numpy's with the support and query masks read off the input gradients
+    of the same passes (gradients of the query loss through the adapted weights, taken
+    with those seeds), and the two masks differ."""
+    from hogrod.meta.inner import evaluation_seeds
+    model = dropout_model()
+    w, b = (v.numpy() for v in model.trainable_variables)
+    tasks = identical_tasks(n=2, k=8)
+    algo = meta.maml(model, mse, inner_lr=0.1, inner_steps=1)
+    got = meta.evaluate(algo, model, mse, tasks, steps=(1,), seed=3)
+    seeds = evaluation_seeds(model, 2, 2, 3)  # 2 tasks, 2 passes: the step, the query
+    losses = []
+    for t in range(2):
+        task = tuple(x[t] for x in tasks)
+        with tf.GradientTape() as tape:
+            tape.watch(task)
+            fast = algo.adapt(task[:2], 1, seeds[t, :1])
+            loss = mse(task[3], meta_run(model, fast, task[2], seeds[t, 1]))
+        g_xs, _, g_xq, _ = tape.gradient(loss, task)
+        keep_s, keep_q = g_xs.numpy() != 0, g_xq.numpy() != 0
+        assert (keep_s != keep_q).any()
+        one = tuple(x[t:t + 1] for x in tasks)
+        losses.append(numpy_maml_loss(w, b, one, keep_s[None], keep_q[None], 0.1))
+    np.testing.assert_allclose(got["loss_after_1"], np.mean(losses), rtol=1e-12)
+
+
+def meta_run(model, fast, x, seed):
+    from hogrod.meta.inner import run
+    return run(model, fast, x, True, seed)

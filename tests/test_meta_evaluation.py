@@ -63,5 +63,5 @@ def test_evaluator_adapts_by_the_closed_form_and_traces_once():
 
 def test_bad_steps_are_named():
     model = linear(np.zeros((2, 1)))
-    with pytest.raises(ValueError, match="evaluate.steps"):
+    with pytest.raises(ValueError, match="evaluate: steps"):
         meta.evaluator(meta.maml(model, mse), model, mse, steps=(1.5,))

@@ -210,7 +210,7 @@ def test_imaml_float64_is_exact():
     lam, steps = 0.5, 5
     for x in tasks[0]:  # the rate stays inner_lr: below 1 / (largest curvature + lam)
         assert LR < 1 / (np.linalg.eigvalsh(hess_np(x)).max() + lam)
-    algo = meta.imaml(model, mse, inner_lr=LR, inner_steps=steps, lam=lam, cg_steps=3,
+    algo = meta.imaml(model, mse, inner_lr=LR, inner_steps=steps, lam=lam, maxiter=3,
                       curvature_probes=3)
     out, grads = run(algo, model, tasks)
 
@@ -262,7 +262,7 @@ def test_anil_adapts_the_head_and_its_meta_gradient_is_the_closed_form():
 
 @pytest.mark.parametrize("head_layers", [0, 3, 1.0])
 def test_anil_refuses_a_head_it_cannot_adapt(head_layers):
-    with pytest.raises(ValueError, match="anil.head_layers must be an integer from 1 to 2"):
+    with pytest.raises(ValueError, match="anil: head_layers must be an integer >= 1 and <= 2"):
         meta.anil(anil_model(), mse, head_layers=head_layers)
 
 

@@ -1,4 +1,4 @@
-"""MAML with a `hogrod.optim` inner optimizer (issue 16), on a float64 linear model with MSE:
+"""MAML with a `hogrod.optim` inner optimizer, on a float64 linear model with MSE:
 inner sgd equals plain MAML to 1e-12 (values and meta-gradients); an inner Adam's
 meta-gradient, and the gradient with respect to learned inner hyperparameters (log learning
 rate, logit b1), against float64 central differences; `Algorithm.adapt` takes the
@@ -136,7 +136,7 @@ def test_compiled_train_step_moves_learned_hyperparameters():
 
 def test_bad_input_names_the_argument():
     model = linear_model()
-    with pytest.raises(ValueError, match="inner_lr or inner_optimizer"):
+    with pytest.raises(ValueError, match=r"inner_lr or inner_optimizer.*`maml.inner_lr = None`"):
         meta.maml(model, mse, inner_lr=0.1, inner_optimizer=optim.sgd(0.1))
     with pytest.raises(TypeError, match="inner_optimizer"):
         meta.maml(model, mse, inner_optimizer=keras.optimizers.Adam(0.1))
@@ -205,3 +205,29 @@ def test_learned_b2_past_float_range_is_an_error_naming_it(compile):
     # sigmoid(-120) underflows to 0 in float32: the exact 1 - b2 is not representable
     with pytest.raises(tf.errors.InvalidArgumentError, match="learned b2.*learnable"):
         _three_adam_steps_objective(tf.float32, 120.0, 1e-7, compile)
+
+
+def test_an_inner_optimizer_on_a_config_binding_inner_lr_names_the_binding_to_add(tmp_path):
+    """configs/maml/sinusoid_maml.gin includes a file binding `maml.inner_lr`, which a user
+    cannot remove: the error says to bind it to None, before any data is loaded or any
+    training output written; with that binding the configuration is accepted."""
+    from experiments import maml as exp
+    from hogrod import harness
+    out = tmp_path / "run"
+    adam = ["maml.inner_optimizer = @hogrod.optim.adam()",
+            "hogrod.optim.adam.learning_rate = 0.01"]
+    with pytest.raises(ValueError, match=r"maml.inner_lr = None"):
+        harness.run(exp.maml_experiment, ["configs/maml/sinusoid_maml.gin"], adam, str(out))
+    assert not (out / "ckpt").exists() and not (out / "eval_history.json").exists()
+    harness.parse_config(["configs/maml/sinusoid_maml.gin"], adam + ["maml.inner_lr = None"])
+    try:
+        exp.check_config()
+    finally:
+        gin.clear_config()
+    # an algorithm's own task_map binding would be overridden by maml_experiment's
+    harness.parse_config(["configs/maml/sinusoid_maml.gin"], ["maml.task_map = 'sequential'"])
+    try:
+        with pytest.raises(ValueError, match="maml_experiment.task_map = 'sequential'"):
+            exp.check_config()
+    finally:
+        gin.clear_config()

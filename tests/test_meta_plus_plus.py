@@ -148,5 +148,5 @@ def test_per_step_batchnorm_statistics_and_non_transductive_predictions():
     np.testing.assert_allclose(batch, alone, rtol=1e-5, atol=1e-6)
     transductive = hogrod.functional_call(model, fast, xq, training=True).numpy()
     assert np.abs(transductive - batch).max() > 1e-3
-    ev = meta.evaluate(algo, model, mse, tasks, steps=(0, 1), vectorize=False)
+    ev = meta.evaluate(algo, model, mse, tasks, steps=(0, 1), task_map="sequential")
     assert np.isfinite(ev["loss_after_1"])

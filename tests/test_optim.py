@@ -303,3 +303,31 @@ def test_adapt_with_inner_adam_equals_keras_adam_steps():
         kopt.apply(tape.gradient(loss, [v.value for v in kvars]), kvars)
     for a, b in zip(fast, kvars):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-12, atol=1e-14)
+
+
+# ---- learnable hyperparameters ------------------------------------------------------------
+
+LEARNED_AT = {"sgd": dict(learning_rate=0.1, momentum=0.7),
+              "adam": dict(learning_rate=0.1, b1=0.8, b2=0.95, eps=1e-3),
+              "adamw": dict(learning_rate=0.1, b1=0.8, b2=0.95, eps=1e-3, weight_decay=0.3),
+              "rmsprop": dict(learning_rate=0.1, rho=0.8, momentum=0.5, eps=1e-3)}
+
+
+@pytest.mark.parametrize("name", sorted(LEARNED_AT))
+def test_learnable_steps_equal_the_plain_optimizer_at_the_same_values_float64(name):
+    """Every default learned hyperparameter (log learning rate, logit b1, b2, rho, sgd's
+    momentum, log weight decay) gives, over four steps, the plain optimizer's params and
+    state at the same values, to float64 rounding: the parametrization changes how the
+    hyperparameters are stored, never the update (bias corrections included)."""
+    make = getattr(optim, name)
+    plain = make(**LEARNED_AT[name])
+    learned, variables = optim.learnable(plain, tf.float64)
+    assert len(variables) == len(optim.LEARNED_BY_DEFAULT[name])
+    params = mine = [tf.constant(a) for a in arrays(2, np.float64)]
+    state, my_state = plain.init(params), learned.init(mine)
+    for step in range(4):
+        grads = [tf.constant(a) for a in arrays(40 + step, np.float64)]
+        params, state = plain.update(grads, state, params)
+        mine, my_state = learned.update(grads, my_state, mine)
+        for a, b in zip(tf.nest.flatten((mine, my_state)), tf.nest.flatten((params, state))):
+            np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-12, atol=1e-14)

@@ -72,11 +72,10 @@ def main(quick=False):
                                         transform=hogrod.train.clip_by_global_norm(10.0))
 
     test_tasks = sample_tasks(tf.constant([123, 0], tf.int64), 100 if quick else 600, 10, 10)
-    # vectorize=False: tasks in a tf.map_fn, which traces faster than tf.vectorized_map and
-    # holds one task's activations at a time (the default follows the task_map.mode
-    # binding, 'vectorized' unless bound, as the meta-loss does)
+    # task_map="sequential": tasks in a tf.map_fn, which traces faster than
+    # tf.vectorized_map (the default) and holds one task's activations at a time
     evaluate = lambda: hogrod.meta.evaluate(algo, model, mse, test_tasks,  # noqa: E731
-                                            steps=(0, 1, 5), vectorize=False)
+                                            steps=(0, 1, 5), task_map="sequential")
     before = evaluate()
 
     for _, tasks in zip(range(steps), meta_batches(seed=0, num_tasks=meta_batch)):

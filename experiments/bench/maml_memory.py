@@ -1,7 +1,7 @@
 """Benchmark: peak memory of one second-order MAML step, with and without recomputation.
 
 MAML's backward pass through k inner steps keeps every inner step's activations; with
-`task_map.mode = 'recomputed'` each task's inner loop is recomputed in the backward pass
+`task_map='recomputed'` each task's inner loop is recomputed in the backward pass
 (`tf.recompute_grad`) instead. For 1, 5 and 10 inner steps this measures the allocator's
 peak (`tf.config.experimental.get_memory_info`) over one compiled meta-step on MAML's
 Omniglot network (5-way 1-shot, 15 queries, random images), tasks run sequentially in

@@ -1,31 +1,38 @@
 """Gradient-based meta-learning on any Keras 3 model.
 
-- `adapt(model, loss_fn, support, inner_lr, steps=1, first_order=False, params=None, ...,
+A task is `(x_support, y_support, x_query, y_query)`; `loss` is always a Keras loss
+`loss(y_true, y_pred) -> scalar`.
+
+- `adapt(model, loss, support, inner_lr, steps=1, first_order=False, params=None, ...,
   optimizer=None)`: the pure inner loop (`inner.py`); `optimizer` takes a `hogrod.optim`
   optimizer (inner Adam, ...) in place of SGD at `inner_lr`.
-- algorithms, one module each, each `(model, loss_fn, ...) -> Algorithm(meta_loss, adapt,
-  variables, predict, state)`: `maml`, `fomaml` (`maml.py`), `reptile`, `anil`,
-  `meta_sgd`, `maml_plus_plus`, `imaml`; gathered in `algorithms.py` (`ALGORITHMS`).
-  `meta_loss(tasks, step=None) -> {"loss": objective, "monitor/...": logged}` goes to
-  `hogrod.train.make_train_step`; `meta_gradient(algorithm, model, tasks, step)` gives
-  `(loss, grads)` directly.
-- the task mapping shared by every algorithm (`common.py`): one gin binding,
-  `task_map.mode = 'vectorized' | 'sequential' | 'recomputed'`.
+- algorithms, one module each, each `(model, loss, ..., task_map="vectorized") ->
+  Algorithm(meta_loss, adapt, variables, predict, state)`: `maml`, `fomaml` (`maml.py`),
+  `reptile`, `anil`, `meta_sgd`, `maml_plus_plus`, `imaml`; gathered in `algorithms.py`
+  (`ALGORITHMS`). `meta_loss(tasks, step=None) -> {"loss": objective, "monitor/...":
+  logged}` goes to `hogrod.train.make_train_step`; `meta_gradient(algorithm, model, tasks,
+  step)` gives `(loss, grads)` directly.
+- `task_map`, an argument of every algorithm and of the evaluation: 'vectorized',
+  'sequential' or 'recomputed' (`MODES`, `common.py`). An experiment binds it once
+  (`maml_experiment.task_map` in gin) and passes it down.
 - tasks: `sinusoid_meta_batches`, `sample_sinusoids` (`tasks.py`); N-way K-shot
   `episodes` from `load_omniglot` (the original zips) or `load_tfds_classes` (`episodes.py`).
 - `evaluate`, `evaluator` (traced once, for periodic use): query loss/accuracy after 0, 1,
-  ... adaptation steps (`evaluation.py`).
+  ... adaptation steps, Dropout masks fresh per task and pass from an evaluation seed
+  (`evaluation.py`).
 
 Adding an algorithm:
 1. a module `hogrod/meta/<name>.py` with a `@gin.configurable` function
-   `<name>(model, loss_fn, ..., task_map=None)` returning `common.Algorithm`: its
-   `meta_loss(tasks, step=None)` reads `params = initial_params(model)` once, draws
-   `task_seeds(model, tasks, passes)` (one seed per forward pass per task), and returns
-   `{"loss": mean_over_tasks(fn, tasks, seeds, params, mode), ...}` with
-   `fn(task, seeds, params)` the per-task objective (`pass_seed(seeds, i)` for pass i) and
-   `mode = resolve_task_map("<name>", task_map)`; wrap it in `compiled_when_eager`; its
-   `adapt` is usually `adapt_with(model, loss_fn, rates)`. `maml.py` is the model to copy;
-   algorithms that only change the inner rates build on `maml.unrolled` (see `anil.py`).
+   `<name>(model, loss, ..., task_map="vectorized")` that checks its arguments
+   (`common.check_loss`, `common.check_task_map`, `hogrod.checks`) and returns
+   `common.Algorithm`: its `meta_loss(tasks, step=None)` reads `params =
+   initial_params(model)` once, draws `task_seeds(model, tasks, passes)` (one seed per
+   forward pass per task), and returns `{"loss": mean_over_tasks(fn, tasks, seeds, params,
+   task_map), ...}` with `fn(task, seeds, params)` the per-task objective (`pass_seed(seeds,
+   i)` for pass i); wrap it in `compiled_when_eager`; its `adapt(support, steps,
+   seeds=None)` is usually `adapt_with(model, loss, rates)`. `maml.py` is the model to
+   copy; algorithms that only change the inner rates build on `maml.unrolled` (see
+   `anil.py`).
 2. its import in `algorithms.py` (and here), and its entry in `ALGORITHMS`;
 3. `configs/maml/algorithms/<name>.gin` (`maml_experiment.algorithm = @<name>` and its
    hyperparameters), and a `configs/maml/sinusoid_<name>.gin` that includes it.
@@ -37,13 +44,13 @@ function; the module is `sys.modules["hogrod.meta.maml"]`.
 
 from hogrod.meta.algorithms import (ALGORITHMS, Algorithm, anil, fomaml, imaml, maml,
                                     maml_plus_plus, meta_sgd, reptile)
-from hogrod.meta.common import meta_gradient, task_map
+from hogrod.meta.common import MODES, meta_gradient
 from hogrod.meta.episodes import ImageClasses, episodes, load_omniglot, load_tfds_classes
 from hogrod.meta.evaluation import evaluate, evaluator
 from hogrod.meta.inner import adapt, initial_params
 from hogrod.meta.tasks import sample_sinusoids, sinusoid_meta_batches
 
-__all__ = ["adapt", "initial_params", "Algorithm", "ALGORITHMS", "maml", "fomaml", "reptile",
-           "anil", "meta_sgd", "maml_plus_plus", "imaml", "meta_gradient", "task_map",
+__all__ = ["adapt", "initial_params", "Algorithm", "ALGORITHMS", "MODES", "maml", "fomaml",
+           "reptile", "anil", "meta_sgd", "maml_plus_plus", "imaml", "meta_gradient",
            "sample_sinusoids", "sinusoid_meta_batches", "ImageClasses", "episodes",
            "load_omniglot", "load_tfds_classes", "evaluate", "evaluator"]

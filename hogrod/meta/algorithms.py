@@ -1,6 +1,6 @@
 """The algorithms of the MAML family, one module each, gathered under one name.
 
-Every algorithm is a function `(model, loss_fn, ...) -> Algorithm` (see `common.py`):
+Every algorithm is a function `(model, loss, ..., task_map="vectorized") -> Algorithm` (see `common.py`):
 `meta_loss(tasks, step=None)` returns `{"loss": objective, "monitor/...": logged}` for
 `hogrod.train.make_train_step`; its gradient with respect to the model's variables and
 `Algorithm.variables` is the algorithm's meta-gradient (`hogrod.meta.meta_gradient`).
@@ -16,7 +16,8 @@ generators and advances them (`hogrod.meta.inner.draw_seeds`), and every forward
 every task (each inner step, the query) gets its own; a fixed generator state reproduces
 the masks exactly, in every task mapping. Under 'vectorized' the random ops of those
 layers run as a loop over the tasks (TF cannot vectorize a per-task seed).
-`Algorithm.adapt` (evaluation) uses the model's seed state as is.
+Evaluation (`hogrod.meta.evaluate`) gives `Algorithm.adapt` and the query pass seeds of
+its own, from an evaluation seed and the task's index.
 """
 
 from hogrod.meta.anil import anil

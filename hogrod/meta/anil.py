@@ -2,7 +2,7 @@
 
 import gin
 
-from hogrod.meta.common import resolve_task_map
+from hogrod import checks
 from hogrod.meta.maml import unrolled
 
 __all__ = ["anil"]
@@ -11,23 +11,39 @@ __all__ = ["anil"]
 def _head_mask(model, head_layers):
     """Which trainable variables belong to the last `head_layers` layers with weights."""
     weighted = [layer for layer in model.layers if layer.trainable_variables]
-    if isinstance(head_layers, bool) or not isinstance(head_layers, int) or not (
-            1 <= head_layers <= len(weighted)):
-        raise ValueError(
-            f"anil.head_layers must be an integer from 1 to {len(weighted)} (the model's "
-            f"layers with trainable weights: {[layer.name for layer in weighted]}), got "
-            f"{head_layers!r}; layers without weights (activations, pooling, dropout) do "
-            "not count")
+    if not weighted:
+        raise ValueError("hogrod.meta.anil: the model has no layers with trainable weights "
+                         "(not built?)")
+    try:
+        checks.integer(head_layers, "head_layers", "hogrod.meta.anil", least=1,
+                       most=len(weighted))
+    except checks.ArgumentError as e:
+        raise checks.ArgumentError(
+            f"{e}; the model's layers with trainable weights: "
+            f"{[layer.name for layer in weighted]} (layers without weights, such as "
+            "activations, pooling or dropout, do not count)") from None
     head = {id(v) for layer in weighted[-head_layers:] for v in layer.trainable_variables}
     return [id(v) in head for v in model.trainable_variables]
 
 
 @gin.configurable
-def anil(model, loss_fn, inner_lr=0.01, inner_steps=1, head_layers=1, first_order=False,
-         task_map=None, vectorize=None, recompute=None):
+def anil(model, loss, inner_lr=0.01, inner_steps=1, head_layers=1, first_order=False,
+         task_map="vectorized"):
     """ANIL: adapt only the last `head_layers` layers with trainable weights (layers
     without weights are not counted); the body is meta-learned through the head's
-    adaptation but never adapted itself."""
-    mode = resolve_task_map("anil", task_map, vectorize, recompute)
+    adaptation but never adapted itself.
+
+    Args:
+      model: a built Keras 3 model.
+      loss: a Keras loss `loss(y_true, y_pred) -> scalar`.
+      inner_lr: the head's inner rate.
+      inner_steps: inner steps per task (>= 1).
+      head_layers: how many of the last layers with trainable weights are adapted.
+      first_order: treat the inner gradients as constants.
+      task_map: 'vectorized', 'sequential' or 'recomputed' (see `hogrod.meta.maml`).
+
+    Returns:
+      an `Algorithm`.
+    """
     rates = [inner_lr if m else None for m in _head_mask(model, head_layers)]
-    return unrolled(model, loss_fn, rates, inner_steps, first_order, mode)
+    return unrolled(model, loss, rates, inner_steps, first_order, task_map, where="anil")

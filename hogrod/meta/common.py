@@ -1,38 +1,40 @@
-"""What every meta-learning algorithm shares: the `Algorithm` it returns, the one task
-mapping (vectorized, sequential or recomputed, bound once with `task_map.mode`), the
-per-pass seeds of random layers, the eager-call compilation and `meta_gradient`.
+"""What every meta-learning algorithm shares: the `Algorithm` it returns, the task
+mappings (`MODES`: vectorized, sequential or recomputed; each algorithm's `task_map`
+argument), the per-pass seeds of random layers, the eager-call compilation and
+`meta_gradient`.
 
 An algorithm's per-task computation is `fn(task, seeds, params)`: `task` one
 (x_support, y_support, x_query, y_query), `seeds` that task's seeds for its forward
 passes (`pass_seed` picks one; None without random layers), `params` the model's weights
 as read once per meta-batch (what the meta-gradient reaches). `mean_over_tasks` maps it
-over the meta-batch as the bound mode says and averages every output over the tasks.
+over the meta-batch as its mode says and averages every output over the tasks.
 """
 
 import collections
 import contextlib
 import functools
 import logging
-import warnings
 
-import gin
 import tensorflow as tf
 from absl import logging as absl_logging
 from tensorflow.python.ops.parallel_for import control_flow_ops as pfor_ops
 
+from hogrod import checks
 from hogrod.meta.inner import adapt, draw_seeds, run
 
-__all__ = ["Algorithm", "MODES", "task_map", "map_tasks", "mean_over_tasks", "task_seeds",
-           "pass_seed", "compiled_when_eager", "query_loss", "adapt_with", "resolve_task_map",
-           "check_steps", "meta_gradient"]
+__all__ = ["Algorithm", "MODES", "check_task_map", "check_loss", "map_tasks",
+           "mean_over_tasks", "task_seeds", "pass_seed", "compiled_when_eager", "query_loss",
+           "adapt_with", "meta_gradient"]
 
 Algorithm = collections.namedtuple(
     "Algorithm", ["meta_loss", "adapt", "variables", "predict", "state"], defaults=(None, ()))
 Algorithm.__doc__ = """meta_loss(tasks, step=None) -> {"loss": scalar, "monitor/...": scalar}:
 the objective to minimize (under "loss") and values only logged; step is the outer
 iteration counter (e.g. `optimizer.iterations`), which MAML++ needs and the others ignore.
-adapt(support, steps) -> fast weights; variables: the algorithm's own trainables;
-predict(fast, x, steps) -> outputs on query inputs after `steps` adaptation steps (None:
+adapt(support, steps, seeds=None) -> fast weights (seeds: None, the model's seed states
+for random layers, or one pass's seeds per step, [steps, generators, 2]); variables: the
+algorithm's own trainables; predict(fast, x, steps, seed=None) -> outputs on query inputs
+after `steps` adaptation steps (seed: one pass's seeds, or None; predict None:
 `functional_call(model, fast, x, training=True)`, BatchNorm on the query batch's
 statistics, the transductive setting); state: the algorithm's non-trainable variables
 (MAML++'s per-step BatchNorm statistics), to checkpoint with the model."""
@@ -40,10 +42,8 @@ statistics, the transductive setting); state: the algorithm's non-trainable vari
 MODES = ("vectorized", "sequential", "recomputed")
 
 
-@gin.configurable
-def task_map(mode="vectorized"):
-    """How every algorithm maps its per-task computation over a meta-batch (bind once,
-    `task_map.mode = 'sequential'`; an algorithm's `task_map` argument overrides it):
+def check_task_map(task_map, where):
+    """The task mapping an algorithm (or the evaluation) was given, checked.
 
     - 'vectorized': `tf.vectorized_map`, the inner tapes included (fastest for dense
       nets; memory grows with the meta-batch);
@@ -52,33 +52,27 @@ def task_map(mode="vectorized"):
     - 'recomputed': a loop over the tasks, each task's forward pass recomputed in the
       backward pass (`tf.recompute_grad`): the least memory, one more forward pass.
 
-    `meta.evaluator` follows it too ('recomputed' evaluates sequentially)."""
-    if mode not in MODES:
-        raise ValueError(f"task_map.mode must be one of {MODES}, got {mode!r}")
-    return mode
+    Args:
+      task_map: the mode given.
+      where: the public function (or gin binding) that takes it, named in the message.
+
+    Returns:
+      `task_map`.
+    """
+    return checks.choice(task_map, MODES, "task_map", where)
 
 
-def resolve_task_map(where, mode=None, vectorize=None, recompute=None):
-    """The mode an algorithm runs in: `mode` if given, else the `task_map.mode` binding.
-    The per-algorithm `vectorize` / `recompute` arguments of hogrod 0.1 still work (with a
-    DeprecationWarning naming the binding that replaces them)."""
-    if vectorize is None and recompute is None:
-        return task_map() if mode is None else task_map(mode)
-    if mode is not None:
-        raise ValueError(f"{where}: give task_map={mode!r} or the deprecated vectorize / "
-                         "recompute arguments, not both")
-    legacy = "recomputed" if recompute else ("sequential" if vectorize is False else
-                                             "vectorized")
-    warnings.warn(
-        f"{where}.vectorize and {where}.recompute are deprecated: bind the task mapping once "
-        f"for every algorithm, `task_map.mode = '{legacy}'` in gin, or pass "
-        f"task_map='{legacy}'", DeprecationWarning, stacklevel=3)
-    return legacy
+def check_loss(loss, where):
+    """A Keras loss `loss(y_true, y_pred) -> scalar`, returned unchanged.
 
+    Args:
+      loss: the loss given.
+      where: the public function that takes it.
 
-def check_steps(where, steps, minimum=1):
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < minimum:
-        raise ValueError(f"{where} must be an integer >= {minimum}, got {steps!r}")
+    Returns:
+      `loss`.
+    """
+    return checks.function(loss, "loss", where, "loss(y_true, y_pred) -> scalar (a Keras loss)")
 
 
 class _RandomOpLoops(logging.Filter):
@@ -131,7 +125,7 @@ def _recomputed(fn, tasks, seeds, params):
     BatchNorm's state variables), each task's forward pass recomputed in the backward."""
     n = tasks[0].shape[0]
     if n is None:
-        raise ValueError("task_map.mode = 'recomputed' needs a meta-batch of static size "
+        raise ValueError("task_map='recomputed' needs a meta-batch of static size "
                          f"(the tasks' leading axis), got shape {tasks[0].shape}; use "
                          "'sequential' for a dynamic one")
     params, k = list(params), len(params)
@@ -160,8 +154,19 @@ def map_tasks(fn, tasks, seeds=None, params=(), mode="vectorized"):
     """fn(task, seeds, params) for every task of the meta-batch, outputs stacked on a
     leading task axis. seeds: None, or one row per task (`task_seeds`), given to fn with
     its task; params: what fn differentiates through (given as is to every task, and the
-    arguments `tf.recompute_grad` recomputes for in mode 'recomputed')."""
-    task_map(mode)  # validates
+    arguments `tf.recompute_grad` recomputes for in mode 'recomputed').
+
+    Args:
+      fn: `fn(task, seeds, params)`, the per-task computation (any nest of tensors out).
+      tasks: (x_support, y_support, x_query, y_query), each with a leading task axis.
+      seeds: None, or [tasks, passes, generators, 2].
+      params: the weights fn differentiates through.
+      mode: one of `MODES`.
+
+    Returns:
+      fn's outputs, stacked on a leading task axis.
+    """
+    check_task_map(mode, "map_tasks")
     if mode == "recomputed":
         return _recomputed(fn, tasks, seeds, params)
     params = list(params)
@@ -176,19 +181,44 @@ def map_tasks(fn, tasks, seeds=None, params=(), mode="vectorized"):
 
 
 def mean_over_tasks(fn, tasks, seeds=None, params=(), mode="vectorized"):
-    """`map_tasks`, every output averaged over the task axis."""
+    """`map_tasks`, every output averaged over the task axis.
+
+    Args:
+      fn, tasks, seeds, params, mode: as `map_tasks`.
+
+    Returns:
+      fn's outputs, each the mean over the tasks.
+    """
     return tf.nest.map_structure(lambda t: tf.reduce_mean(t, axis=0),
                                  map_tasks(fn, tasks, seeds, params, mode))
 
 
 def task_seeds(model, tasks, passes):
     """Seeds for `passes` forward passes per task (None without random layers); draws
-    (and advances the model's seed states) once per meta-batch."""
+    (and advances the model's seed states) once per meta-batch.
+
+    Args:
+      model: the model meta-trained.
+      tasks: the meta-batch (its leading axis counts the tasks).
+      passes: forward passes per task.
+
+    Returns:
+      [tasks, passes, generators, 2] seeds, or None.
+    """
     return draw_seeds(model, tf.shape(tasks[0])[0], passes)
 
 
 def pass_seed(seeds, i, stop=None):
-    """Pass i's seed of one task's seeds (passes i..stop-1 if stop is given), or None."""
+    """Pass i's seed of one task's seeds (passes i..stop-1 if stop is given), or None.
+
+    Args:
+      seeds: one task's seeds [passes, generators, 2], or None.
+      i: the pass.
+      stop: None, or the end of a range of passes.
+
+    Returns:
+      the seed(s), or None when `seeds` is None.
+    """
     if seeds is None:
         return None
     return seeds[i] if stop is None else seeds[i:stop]
@@ -217,7 +247,14 @@ def compiled_when_eager(meta_loss):
     """`meta_loss(tasks, step=None)` run as one tf.function when called eagerly (eager
     tf.vectorized_map traces a new function on every call and TF warns of retracing);
     inside a caller's tf.function (the train step) it is traced into that function as is.
-    Checks its arguments either way."""
+    Checks its arguments either way.
+
+    Args:
+      meta_loss: an algorithm's `meta_loss(tasks, step)`.
+
+    Returns:
+      `call(tasks, step=None)`.
+    """
     # a partial, because TF keys its retracing warning on the code object: every
     # algorithm built would count as a retrace of the others
     compiled = tf.function(functools.partial(meta_loss))
@@ -230,16 +267,40 @@ def compiled_when_eager(meta_loss):
     return call
 
 
-def query_loss(model, loss_fn, fast, xq, yq, seed=None):
-    return loss_fn(yq, run(model, fast, xq, True, seed))
+def query_loss(model, loss, fast, xq, yq, seed=None):
+    """`loss(yq, model(xq))` at the fast weights, with one pass's seed.
+
+    Args:
+      model: the model.
+      loss: a Keras loss `loss(y_true, y_pred)`.
+      fast: the fast weights.
+      xq, yq: the query set.
+      seed: one pass's seeds [generators, 2], or None.
+
+    Returns:
+      the scalar query loss.
+    """
+    return loss(yq, run(model, fast, xq, True, seed))
 
 
-def adapt_with(model, loss_fn, rates, first_order=False, optimizer=None):
+def adapt_with(model, loss, rates, first_order=False, optimizer=None):
     """`Algorithm.adapt` for an algorithm whose evaluation is plain gradient steps at
     `rates` (a scalar, one per param, None to freeze, or a callable of the step), or the
-    steps of a `hogrod.optim` optimizer (then rates is None), from a fresh state."""
-    def adapt_eval(support, steps):
-        return adapt(model, loss_fn, support, rates, steps, first_order, optimizer=optimizer)
+    steps of a `hogrod.optim` optimizer (then rates is None), from a fresh state.
+
+    Args:
+      model: the model.
+      loss: a Keras loss `loss(y_true, y_pred)`.
+      rates: as `hogrod.meta.adapt`'s inner_lr.
+      first_order: stop gradients through the inner gradients.
+      optimizer: None, or a `hogrod.optim` optimizer.
+
+    Returns:
+      `adapt_eval(support, steps, seeds=None) -> fast weights`.
+    """
+    def adapt_eval(support, steps, seeds=None):
+        return adapt(model, loss, support, rates, steps, first_order, seeds=seeds,
+                     optimizer=optimizer)
     return adapt_eval
 
 
@@ -250,10 +311,20 @@ def meta_gradient(algorithm, model, tasks, step=None):
 
     step: the outer iteration counter; None gives `meta_loss(tasks)`, which MAML++ only
     accepts when built with `iterations` (its annealing and first-order phase read it).
-    A meta-gradient at a given iteration: `step=0`, ..."""
+    A meta-gradient at a given iteration: `step=0`, ...
+
+    Args:
+      algorithm: an `Algorithm` (`hogrod.meta.maml(model, loss)`, ...).
+      model: the model it was built on.
+      tasks: a meta-batch (x_support, y_support, x_query, y_query).
+      step: the outer iteration counter, or None.
+
+    Returns:
+      `(loss, grads)`.
+    """
     if not isinstance(algorithm, Algorithm):
         raise TypeError("meta_gradient: algorithm must be a hogrod.meta Algorithm (e.g. "
-                        f"meta.maml(model, loss_fn)), got {type(algorithm).__name__}")
+                        f"meta.maml(model, loss)), got {type(algorithm).__name__}")
     variables = list(model.trainable_variables) + list(algorithm.variables)
     if not variables:
         raise ValueError("meta_gradient: the model has no trainable variables (not built?)")

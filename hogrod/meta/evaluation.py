@@ -1,62 +1,94 @@
-"""Post-adaptation evaluation: query loss (and accuracy) after 0, 1, ... inner steps."""
+"""Post-adaptation evaluation: query loss (and accuracy) after 0, 1, ... inner steps.
+
+Random layers (Dropout) are active, as in training (`training=True` is one flag for
+BatchNorm and Dropout), and get fresh masks the way training does: every task and every
+forward pass of a task (each adaptation step, the query) its own. The masks come from the
+evaluation's `seed` and the task's index (`hogrod.meta.inner.evaluation_seeds`), not from
+the model's seed states, which evaluation neither reads nor advances: the same seed
+reproduces an evaluation exactly, and tasks that happen to be identical are still
+evaluated independently. BatchNorm uses each batch's own statistics (transductive), unless
+the algorithm predicts otherwise (`Algorithm.predict`).
+"""
 
 import gin
 import numpy as np
 import tensorflow as tf
 
-import hogrod
-from hogrod.meta.common import map_tasks, task_map
+from hogrod import checks
+from hogrod.meta.common import Algorithm, check_loss, check_task_map, map_tasks, pass_seed
+from hogrod.meta.inner import evaluation_seeds, run
 
 __all__ = ["evaluate", "evaluator"]
 
 
+def _steps(steps):
+    if isinstance(steps, (str, bytes)) or not hasattr(steps, "__iter__"):
+        raise checks.ArgumentError(f"hogrod.meta.evaluate: steps must be a sequence of "
+                                   f"integers >= 0, got {steps!r}")
+    steps = tuple(steps)
+    if not steps:
+        raise checks.ArgumentError("hogrod.meta.evaluate: steps is empty; give the numbers "
+                                   "of adaptation steps to evaluate after, e.g. (0, 1, 10)")
+    return tuple(checks.integer(s, f"steps[{i}]", "hogrod.meta.evaluate")
+                 for i, s in enumerate(steps))
+
+
 @gin.configurable
-def evaluator(algorithm, model, loss_fn, steps=(0, 1, 10), accuracy=False, vectorize=None):
-    """`evaluate` as a reusable function of the tasks: `ev = evaluator(algo, model, loss_fn);
+def evaluator(algorithm, model, loss, steps=(0, 1, 10), accuracy=False,
+              task_map="vectorized", seed=0):
+    """`evaluate` as a reusable function of the tasks: `ev = evaluator(algo, model, loss);
     ev(tasks)` traces once per step count and reuses the traces on every later call (a
     periodic evaluation). The compiled functions belong to the returned function, so a
-    later evaluator with another algorithm, model or loss never sees them."""
-    mode = _mode(vectorize)
-    steps = tuple(steps)
-    if not steps or any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0
-                        for s in steps):
-        raise ValueError(f"evaluate.steps must be non-negative integers, got {steps!r}")
+    later evaluator with another algorithm, model or loss never sees them.
 
-    def per_task(task, s):
+    Args:
+      algorithm, model, loss, steps, accuracy, task_map, seed: as `evaluate`.
+
+    Returns:
+      `ev(tasks) -> dict of floats`, as `evaluate` returns.
+    """
+    where = "hogrod.meta.evaluate"
+    if not isinstance(algorithm, Algorithm):
+        raise checks.ArgumentError(f"{where}: algorithm must be a hogrod.meta Algorithm (e.g. "
+                                   f"meta.maml(model, loss)), got {type(algorithm).__name__}")
+    check_loss(loss, where)
+    steps = _steps(steps)
+    if not isinstance(accuracy, bool):
+        raise checks.ArgumentError(f"{where}: accuracy must be True or False, got "
+                                   f"{accuracy!r}")
+    # 'recomputed' only saves memory in a backward pass; an evaluation has none
+    mode = "sequential" if check_task_map(task_map, where) == "recomputed" else task_map
+    seed = checks.seed(seed, "seed", where)
+
+    def per_task(task, seeds, s):
         xs, ys, xq, yq = task
-        fast = algorithm.adapt((xs, ys), s)
-        pred = (hogrod.functional_call(model, fast, xq, training=True)
-                if algorithm.predict is None else algorithm.predict(fast, xq, s))
-        out = [loss_fn(yq, pred)]
+        fast = algorithm.adapt((xs, ys), s, pass_seed(seeds, 0, s))
+        query_seed = pass_seed(seeds, s)
+        pred = (run(model, fast, xq, True, query_seed) if algorithm.predict is None
+                else algorithm.predict(fast, xq, s, query_seed))
+        out = [loss(yq, pred)]
         if accuracy:
             out.append(tf.reduce_mean(tf.cast(
                 tf.equal(tf.argmax(pred, -1, output_type=tf.int32), tf.cast(yq, tf.int32)),
                 tf.float32)))
         return tf.stack([tf.cast(v, tf.float64) for v in out])  # exact for float32 values
 
-    compiled = {s: tf.function(lambda t, s=s: map_tasks(
-        lambda task, _, __: per_task(task, s), tuple(t), mode=mode)) for s in steps}
+    def evaluate_after(tasks, s):
+        # the adaptation steps, then the query: s + 1 passes per task
+        seeds = evaluation_seeds(model, tf.shape(tasks[0])[0], s + 1, seed)
+        return map_tasks(lambda task, sd, _: per_task(task, sd, s), tasks, seeds, mode=mode)
 
-    def run(tasks):
+    compiled = {s: tf.function(lambda t, s=s: evaluate_after(tuple(t), s)) for s in steps}
+
+    def run_evaluation(tasks):
         results = {}
         for s in steps:
-            values = compiled[s](tasks).numpy()
+            values = compiled[s](tuple(tasks)).numpy()
             names = ["loss", "accuracy"] if accuracy else ["loss"]
             for j, name in enumerate(names):
                 results.update(_summary(f"{name}_after_{s}", values[:, j]))
         return results
-    return run
-
-
-def _mode(vectorize):
-    """The evaluation's task mapping: the `task_map.mode` binding ('recomputed', which
-    only matters for a gradient, evaluates sequentially), unless `vectorize` is given."""
-    if vectorize is None:
-        return "vectorized" if task_map() == "vectorized" else "sequential"
-    if not isinstance(vectorize, bool):
-        raise ValueError(f"evaluator.vectorize must be None (follow task_map.mode), True or "
-                         f"False, got {vectorize!r}")
-    return "vectorized" if vectorize else "sequential"
+    return run_evaluation
 
 
 def _summary(name, v):
@@ -71,18 +103,26 @@ def _summary(name, v):
     }
 
 
-def evaluate(algorithm, model, loss_fn, tasks, steps=(0, 1, 10), accuracy=False,
-             vectorize=None):
+def evaluate(algorithm, model, loss, tasks, steps=(0, 1, 10), accuracy=False,
+             task_map="vectorized", seed=0):
     """Per-step means over the tasks of a meta-batch, with 95% confidence half-widths.
 
+    Each task is adapted with `algorithm.adapt` (so learned rates count) and its query
+    loss taken, with Dropout masks fresh per task and per pass, drawn from `seed` and the
+    task's index (see the module docstring): the same seed gives the same result.
+
     Args:
-      algorithm: an `Algorithm` (its `adapt` is used, so learned rates count).
+      algorithm: an `Algorithm`.
+      model: the model it was built on.
+      loss: a Keras loss `loss(y_true, y_pred) -> scalar`.
       tasks: (x_support, y_support, x_query, y_query) with a leading task axis.
       steps: numbers of adaptation steps to evaluate after.
       accuracy: also report query accuracy (classification: argmax of the outputs).
-      vectorize: tf.vectorized_map over the tasks (fast for dense nets); False: tf.map_fn,
-        faster for conv nets, whose filter gradient pfor runs as a while loop; None: as
-        the `task_map.mode` binding says ('sequential' and 'recomputed': False).
+      task_map: 'vectorized' (`tf.vectorized_map` over the tasks, fast for dense nets);
+        'sequential' (`tf.map_fn`: less memory, a faster trace, faster for conv nets,
+        whose filter gradient pfor runs as a while loop); 'recomputed' evaluates
+        sequentially.
+      seed: the evaluation's integer seed for random layers (>= 0).
 
     Returns:
       {"loss_after_{s}": mean, "loss_after_{s}_ci95": half-width, "loss_after_{s}_median",
@@ -90,11 +130,6 @@ def evaluate(algorithm, model, loss_fn, tasks, steps=(0, 1, 10), accuracy=False,
       that diverges makes the mean inf; the median and the count say how many did.
 
     Each call traces anew; to evaluate the same algorithm periodically, build
-    `evaluator(algorithm, model, loss_fn, ...)` once and call it (gin binds `evaluator`'s
-    arguments; its `vectorize` follows `task_map.mode` unless bound).
-
-    Dropout is active (training=True is one flag for BatchNorm and Dropout) with the
-    model's current seed state: the same masks on every call, until a meta-step advances
-    the state.
+    `evaluator(algorithm, model, loss, ...)` once and call it.
     """
-    return evaluator(algorithm, model, loss_fn, steps, accuracy, vectorize)(tasks)
+    return evaluator(algorithm, model, loss, steps, accuracy, task_map, seed)(tasks)

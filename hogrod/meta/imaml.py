@@ -7,27 +7,26 @@ import gin
 import tensorflow as tf
 
 import hogrod
-from hogrod import implicit, linalg, tree
-from hogrod.meta.common import (Algorithm, check_steps, compiled_when_eager, mean_over_tasks,
-                                pass_seed, query_loss, resolve_task_map, task_seeds)
+from hogrod import checks, implicit, linalg, tree
+from hogrod.meta.common import (Algorithm, check_loss, check_task_map, compiled_when_eager,
+                                mean_over_tasks, pass_seed, query_loss, task_seeds)
 from hogrod.meta.inner import as_dtype, initial_params, run
 
 __all__ = ["imaml"]
 
 
 @gin.configurable
-def imaml(model, loss_fn, inner_lr=0.01, inner_steps=10, lam=1.0, cg_steps=5,
-          curvature_probes=0, accelerated=False, task_map=None, vectorize=None,
-          recompute=None):
+def imaml(model, loss, inner_lr=0.01, inner_steps=10, lam=1.0, maxiter=5,
+          curvature_probes=0, accelerated=False, task_map="vectorized"):
     """iMAML: the implicit meta-gradient.
 
     The inner problem is min_phi L_s(phi) + lam/2 ||phi - theta||^2, solved approximately by
     `inner_steps` gradient steps (the solver of a `hogrod.implicit.custom_root`, never
     differentiated). Its optimality condition F(phi, theta) = grad L_s(phi) + lam (phi -
     theta) = 0 gives, by the implicit function theorem, the meta-gradient
-    (I + H_s(phi)/lam)^{-1} grad L_q(phi), found by `cg_steps` steps of conjugate gradient
-    on Hessian-vector products of the support loss at phi (truncated: the paper's fixed
-    budget, no convergence check). The implicit gradient assumes phi solves the inner
+    (I + H_s(phi)/lam)^{-1} grad L_q(phi), found by at most `maxiter` steps of conjugate
+    gradient on Hessian-vector products of the support loss at phi (the paper's fixed
+    budget; CG stops earlier at non-positive curvature). The implicit gradient assumes phi solves the inner
     problem: give enough `inner_steps` at a stable `inner_lr`. `meta_loss` returns the
     surrogate <theta, sg(g)> (g the implicit meta-gradient, computed per task) under
     `loss`, the query loss at phi under `monitor/query` and the mean inner rate used
@@ -47,21 +46,39 @@ def imaml(model, loss_fn, inner_lr=0.01, inner_steps=10, lam=1.0, cg_steps=5,
     same inner problem. At a curvature-safe rate 1/L plain steps shrink the error in a
     direction of curvature lam only by (1 - lam/L) per step, the accelerated ones by about
     (1 - sqrt(lam/L)): with L ~ 100 and lam 2, 16 plain steps leave 72% of it, 16
-    accelerated ones 10%. Evaluation (`adapt`) uses the same solver."""
-    mode = resolve_task_map("imaml", task_map, vectorize, recompute)
-    check_steps("imaml.inner_steps", inner_steps, minimum=0)
-    check_steps("imaml.cg_steps", cg_steps, minimum=1)
-    if isinstance(lam, bool) or (isinstance(lam, numbers.Real) and not 0 < lam < math.inf):
-        raise ValueError(f"imaml.lam must be a finite number > 0 (the proximal weight), "
-                         f"got {lam!r}")
+    accelerated ones 10%. Evaluation (`adapt`) uses the same solver.
+
+    Args:
+      model: a built Keras 3 model.
+      loss: a Keras loss `loss(y_true, y_pred) -> scalar`.
+      inner_lr: the proximal steps' rate (an upper bound with `curvature_probes`).
+      inner_steps: proximal gradient steps per task (>= 0).
+      lam: the proximal weight (> 0).
+      maxiter: the iteration limit of the conjugate-gradient solve (>= 1).
+      curvature_probes: 0, or power iterations per task (see above).
+      accelerated: Nesterov steps (see above).
+      task_map: 'vectorized', 'sequential' or 'recomputed' (see `hogrod.meta.maml`).
+
+    Returns:
+      an `Algorithm`.
+    """
+    where = "hogrod.meta.imaml"
+    check_loss(loss, where)
+    mode = check_task_map(task_map, where)
+    inner_steps = checks.integer(inner_steps, "inner_steps", where)
+    maxiter = checks.integer(maxiter, "maxiter", where, least=1)
+    curvature_probes = checks.integer(curvature_probes, "curvature_probes", where)
+    if not isinstance(lam, (tf.Tensor, tf.Variable)):  # a tensor is checked when run
+        checks.positive(lam, "lam (the proximal weight)", where)
     if not isinstance(accelerated, bool):
-        raise ValueError(f"imaml.accelerated must be True or False, got {accelerated!r}")
+        raise checks.ArgumentError(f"{where}: accelerated must be True or False, got "
+                                   f"{accelerated!r}")
 
     def rate(support, anchor, seed=None):
         if not curvature_probes:
             return inner_lr
         xs, ys = support
-        fit = lambda: loss_fn(ys, run(model, anchor, xs, True, seed))  # noqa: E731
+        fit = lambda: loss(ys, run(model, anchor, xs, True, seed))  # noqa: E731
         # |v^T H v| for the power iteration's unit v: a lower bound of |lambda|_max
         top, _ = linalg.power_iteration(lambda v: hogrod.hvp(fit, anchor, v),
                                         tree.ones_like(anchor), iters=curvature_probes)
@@ -81,7 +98,7 @@ def imaml(model, loss_fn, inner_lr=0.01, inner_steps=10, lam=1.0, cg_steps=5,
         phi = y = list(anchor)  # y: where the gradient is taken (phi itself when plain)
         for k in range(steps):
             def prox(y=y, seed=pass_seed(seeds, k)):
-                fit = loss_fn(ys, run(model, y, xs, True, seed))
+                fit = loss(ys, run(model, y, xs, True, seed))
                 return fit + 0.5 * lam * tf.add_n(
                     [tf.reduce_sum((p - a) ** 2) for p, a in zip(y, anchor)])
             g = hogrod.grad(prox, y)
@@ -106,7 +123,7 @@ def imaml(model, loss_fn, inner_lr=0.01, inner_steps=10, lam=1.0, cg_steps=5,
     def optimality(phi, theta, support, seed):
         """The gradient of the proximal objective: zero at the inner solution."""
         xs, ys = support
-        g = hogrod.grad(lambda: loss_fn(ys, run(model, phi, xs, True, seed)), phi)
+        g = hogrod.grad(lambda: loss(ys, run(model, phi, xs, True, seed)), phi)
         return [gi + lam * (p - t) for gi, p, t in zip(g, phi, theta)]
 
     def task_loss(task, seeds, theta):
@@ -120,12 +137,12 @@ def imaml(model, loss_fn, inner_lr=0.01, inner_steps=10, lam=1.0, cg_steps=5,
 
         # The implicit function theorem on the optimality condition gives the meta-gradient
         # lam (H + lam I)^{-1} grad L_q = (I + H/lam)^{-1} grad L_q, the CG solve of the
-        # paper (CG is invariant to the system's scale). `cg_steps` truncated CG steps:
+        # paper (CG is invariant to the system's scale). At most `maxiter` CG steps:
         # the paper's fixed budget; truncation at non-positive curvature (Steihaug) because
         # a non-convex support loss makes H + lam I indefinite somewhere.
         rates = []  # the rate the solver used (a value only: the solver is not differentiated)
 
-        @implicit.custom_root(task_optimality, solve="cg", maxiter=cg_steps, truncated=True)
+        @implicit.custom_root(task_optimality, solve="cg", maxiter=maxiter, truncated=True)
         def inner_solution(init, theta):  # never differentiated
             return proximal(support, theta, inner_steps, pass_seed(seeds, 0, inner_steps),
                             pass_seed(seeds, inner_steps + 2), rates)
@@ -136,7 +153,7 @@ def imaml(model, loss_fn, inner_lr=0.01, inner_steps=10, lam=1.0, cg_steps=5,
         # every tape stopped, keeping only the value, and recomputes it for the gradient.)
         anchor = [tf.stop_gradient(t) for t in theta]
         query, meta_grad = hogrod.value_and_grad(
-            lambda: query_loss(model, loss_fn, inner_solution(anchor, anchor), xq, yq,
+            lambda: query_loss(model, loss, inner_solution(anchor, anchor), xq, yq,
                                pass_seed(seeds, inner_steps)), anchor)
         surrogate = tf.add_n([tf.reduce_sum(t * tf.stop_gradient(g))
                               for t, g in zip(theta, meta_grad)])
@@ -148,7 +165,7 @@ def imaml(model, loss_fn, inner_lr=0.01, inner_steps=10, lam=1.0, cg_steps=5,
         seeds = task_seeds(model, tasks, inner_steps + 3)
         return mean_over_tasks(task_loss, tasks, seeds, initial_params(model), mode)
 
-    def adapt_eval(support, steps):  # the inner problem iMAML was meta-trained for
-        return proximal(support, initial_params(model), steps)
+    def adapt_eval(support, steps, seeds=None):  # the inner problem iMAML was meta-trained for
+        return proximal(support, initial_params(model), steps, seeds)
 
     return Algorithm(compiled_when_eager(meta_loss), adapt_eval, [])

@@ -10,35 +10,61 @@ Random layers (Dropout, GaussianNoise, ...): a functional call reads the layers'
 states but never writes them back, so without help every pass would reuse one mask. The
 algorithms therefore draw seeds per meta-batch with `draw_seeds` (which advances the
 model's seed states, so every meta-step gets new masks and a restored checkpoint
-reproduces them) and give each forward pass its own with `seeded_state`.
+reproduces them) and give each forward pass its own with `seeded_state`. Evaluation
+draws them with `evaluation_seeds` from an evaluation seed and the task's index instead,
+so one evaluation reproduces exactly and never moves the model's seed states.
 """
 
 import numpy as np
 import tensorflow as tf
 
 import hogrod
+from hogrod import checks
 
-__all__ = ["adapt", "initial_params", "seed_slots", "draw_seeds", "seeded_state"]
+__all__ = ["adapt", "initial_params", "as_dtype", "seed_slots", "draw_seeds",
+           "evaluation_seeds", "seeded_state", "run"]
 
 SEED_STATE = "seed_generator_state"  # the name Keras gives every SeedGenerator's state
 
 
 def initial_params(model):
-    """The model's trainable variables read as tensors (recorded by any enclosing tape)."""
+    """The model's trainable variables read as tensors (recorded by any enclosing tape).
+
+    Args:
+      model: a built Keras 3 model.
+
+    Returns:
+      a list of tensors in `model.trainable_variables` order.
+    """
     return [tf.convert_to_tensor(v) for v in model.trainable_variables]
 
 
 def as_dtype(x, dtype):
     """x at `dtype`: a Python or NumPy number is converted directly (0.05 in float64 is the
     nearest float64, not float32's 0.05000000074505806, which `tf.cast(0.05, dtype)` gives);
-    a tensor or variable is cast."""
+    a tensor or variable is cast.
+
+    Args:
+      x: a Python or NumPy number or array, a tensor or a variable.
+      dtype: the dtype wanted.
+
+    Returns:
+      a tensor of `dtype`.
+    """
     if isinstance(x, (int, float, np.number, np.ndarray, list, tuple)):
         return tf.constant(x, dtype)
     return tf.cast(x, dtype)
 
 
 def seed_slots(model):
-    """Positions in `model.non_trainable_variables` of the random layers' seed states."""
+    """Positions in `model.non_trainable_variables` of the random layers' seed states.
+
+    Args:
+      model: a Keras 3 model.
+
+    Returns:
+      a list of indices (empty without random layers).
+    """
     return [i for i, v in enumerate(model.non_trainable_variables) if v.name == SEED_STATE]
 
 
@@ -48,7 +74,16 @@ def draw_seeds(model, num_tasks, passes):
 
     Derived statelessly from each seed generator's state (and the replica id, so replicas
     drop different units); each state is then advanced by one, so the next call draws new
-    masks. Call once per meta-batch, outside the per-task map."""
+    masks. Call once per meta-batch, outside the per-task map.
+
+    Args:
+      model: a built Keras 3 model.
+      num_tasks: the number of tasks (an int or a scalar tensor).
+      passes: forward passes per task.
+
+    Returns:
+      the seeds, or None.
+    """
     slots = seed_slots(model)
     if not slots:
         return None
@@ -67,9 +102,50 @@ def draw_seeds(model, num_tasks, passes):
     return tf.stack(drawn, axis=2)
 
 
+def evaluation_seeds(model, num_tasks, passes, seed):
+    """Seeds for `passes` forward passes of each of `num_tasks` tasks in an evaluation, or
+    None for a model without random layers: [num_tasks, passes, generators, 2] of the seed
+    states' dtype, like `draw_seeds`.
+
+    Task i's seeds are a function of `seed` and i only (not of the model's seed states,
+    which they leave alone, nor of the number of tasks): an evaluation with the same seed
+    reproduces, every task gets its own masks, and so does every pass of a task.
+
+    Args:
+      model: a built Keras 3 model.
+      num_tasks: the number of tasks (an int or a scalar tensor).
+      passes: forward passes per task (an int).
+      seed: the evaluation's integer seed (>= 0).
+
+    Returns:
+      the seeds, or None.
+    """
+    slots = seed_slots(model)
+    if not slots:
+        return None
+    seed = checks.seed(seed, "seed", "hogrod.meta.evaluate")
+    dtype = tf.as_dtype(model.non_trainable_variables[slots[0]].value.dtype)
+    key = tf.constant([seed % (2**31 - 1), 0], tf.int32)
+
+    def one_task(i):
+        task_key = tf.random.experimental.stateless_fold_in(key, i)
+        return tf.random.stateless_uniform([passes, len(slots), 2], task_key, minval=None,
+                                           maxval=None, dtype=dtype)
+    return tf.map_fn(one_task, tf.range(num_tasks, dtype=tf.int32),
+                     fn_output_signature=tf.TensorSpec([passes, len(slots), 2], dtype))
+
+
 def seeded_state(model, seed, state=None):
-    """The model's state (or `state`) with the seed states replaced by `seed`
-    ([generators, 2], one pass's slice of `draw_seeds`); None when `seed` is None."""
+    """The model's state (or `state`) with the seed states replaced by `seed`.
+
+    Args:
+      model: a built Keras 3 model.
+      seed: None, or one pass's seeds [generators, 2] (a slice of `draw_seeds`).
+      state: the state to start from (None: `hogrod.model_state(model)`).
+
+    Returns:
+      the state as a list, or `state` unchanged when `seed` is None.
+    """
     if seed is None:
         return state
     state = hogrod.model_state(model) if state is None else list(state)
@@ -79,7 +155,19 @@ def seeded_state(model, seed, state=None):
 
 
 def run(model, params, x, training=True, seed=None, state=None):
-    """`functional_call(model, params, x)` with one pass's seed (None: the model's state)."""
+    """One forward pass through `hogrod.functional_call` with one pass's seed.
+
+    Args:
+      model: a built Keras 3 model.
+      params: its trainable weights (a list in `model.trainable_variables` order).
+      x: the inputs.
+      training: passed to the model (BatchNorm on the batch's statistics, Dropout active).
+      seed: None (the model's seed states), or one pass's seeds [generators, 2].
+      state: the non-trainable state to run with (None: the model's).
+
+    Returns:
+      the model's outputs.
+    """
     state = seeded_state(model, seed, state)
     if state is None:
         return hogrod.functional_call(model, params, x, training=training)
@@ -96,13 +184,13 @@ def _rates(inner_lr, step, params):
     return [lr] * len(params)
 
 
-def adapt(model, loss_fn, support, inner_lr, steps=1, first_order=False, params=None,
+def adapt(model, loss, support, inner_lr, steps=1, first_order=False, params=None,
           training=True, seeds=None, optimizer=None):
     """Fast weights after `steps` gradient steps on `support`.
 
     Args:
       model: a built Keras 3 model.
-      loss_fn: `loss_fn(y_true, y_pred) -> scalar`.
+      loss: a Keras loss `loss(y_true, y_pred) -> scalar`.
       support: `(x, y)`.
       inner_lr: a scalar; or a list with one rate per param (a scalar or a tensor
         broadcastable to the param, as Meta-SGD learns; None freezes that param, as ANIL
@@ -126,10 +214,12 @@ def adapt(model, loss_fn, support, inner_lr, steps=1, first_order=False, params=
     Returns:
       the fast weights, a list of tensors in `model.trainable_variables` order.
     """
+    checks.function(loss, "loss", "hogrod.meta.adapt", "loss(y_true, y_pred) -> scalar")
+    steps = checks.integer(steps, "steps", "hogrod.meta.adapt")
     x, y = support
     fast = initial_params(model) if params is None else list(params)
     if optimizer is not None:
-        return _adapt_with(optimizer, model, loss_fn, x, y, inner_lr, steps, first_order,
+        return _adapt_with(optimizer, model, loss, x, y, inner_lr, steps, first_order,
                            fast, training, seeds)
     for step in range(steps):
         rates = _rates(inner_lr, step, fast)
@@ -139,7 +229,7 @@ def adapt(model, loss_fn, support, inner_lr, steps=1, first_order=False, params=
             full = list(fast)
             for i, p in zip(active, sub):
                 full[i] = p
-            return loss_fn(y, run(model, full, x, training, seed))
+            return loss(y, run(model, full, x, training, seed))
 
         sub = [fast[i] for i in active]
         grads = hogrod.grad(lambda: support_loss(sub), sub)
@@ -151,7 +241,7 @@ def adapt(model, loss_fn, support, inner_lr, steps=1, first_order=False, params=
     return fast
 
 
-def _adapt_with(optimizer, model, loss_fn, x, y, inner_lr, steps, first_order, fast, training,
+def _adapt_with(optimizer, model, loss, x, y, inner_lr, steps, first_order, fast, training,
                 seeds):
     """`adapt`'s inner loop with a `hogrod.optim` optimizer's steps, its state threaded."""
     if not isinstance(optimizer, hogrod.optim.Optimizer):
@@ -163,7 +253,7 @@ def _adapt_with(optimizer, model, loss_fn, x, y, inner_lr, steps, first_order, f
     state = optimizer.init(fast)
     for step in range(steps):
         seed = None if seeds is None else seeds[step]
-        grads = hogrod.grad(lambda fast=fast, seed=seed: loss_fn(
+        grads = hogrod.grad(lambda fast=fast, seed=seed: loss(
             y, run(model, fast, x, training, seed)), fast)
         if first_order:
             grads = [tf.stop_gradient(g) for g in grads]

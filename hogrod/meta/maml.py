@@ -4,21 +4,38 @@ rates, learned or frozen), which ANIL and Meta-SGD reuse."""
 
 import gin
 
-from hogrod import optim
-from hogrod.meta.common import (Algorithm, adapt_with, check_steps, compiled_when_eager,
-                                mean_over_tasks, pass_seed, query_loss, resolve_task_map,
+from hogrod import checks, optim
+from hogrod.meta.common import (Algorithm, adapt_with, check_loss, check_task_map,
+                                compiled_when_eager, mean_over_tasks, pass_seed, query_loss,
                                 task_seeds)
 from hogrod.meta.inner import adapt, initial_params
 
 __all__ = ["maml", "fomaml", "unrolled"]
 
 
-def unrolled(model, loss_fn, rates, inner_steps, first_order, mode, variables=(),
-             optimizer=None):
+def unrolled(model, loss, rates, inner_steps, first_order, task_map, variables=(),
+             optimizer=None, where="maml"):
     """The `Algorithm` whose objective is the mean query loss after `inner_steps` steps at
     `rates` (see `hogrod.meta.adapt`'s inner_lr), or of `optimizer` (rates None), from the
-    model's weights."""
-    check_steps("inner_steps", inner_steps)
+    model's weights.
+
+    Args:
+      model: a built Keras 3 model.
+      loss: a Keras loss `loss(y_true, y_pred)`.
+      rates: the inner rates (`hogrod.meta.adapt`'s inner_lr), or None with `optimizer`.
+      inner_steps: inner steps per task (>= 1).
+      first_order: stop gradients through the inner gradients.
+      task_map: 'vectorized', 'sequential' or 'recomputed'.
+      variables: the algorithm's own trainables (learned rates, ...).
+      optimizer: None, or the `hogrod.optim` optimizer taking the inner steps.
+      where: the public algorithm's name, in error messages.
+
+    Returns:
+      an `Algorithm`.
+    """
+    check_loss(loss, f"hogrod.meta.{where}")
+    check_task_map(task_map, f"hogrod.meta.{where}")
+    inner_steps = checks.integer(inner_steps, "inner_steps", f"hogrod.meta.{where}", least=1)
 
     def meta_loss(tasks, step=None):  # step: unused (no schedule)
         params = initial_params(model)  # read once, under the train step's tape
@@ -26,14 +43,14 @@ def unrolled(model, loss_fn, rates, inner_steps, first_order, mode, variables=()
 
         def task_loss(task, seeds, start):
             xs, ys, xq, yq = task
-            fast = adapt(model, loss_fn, (xs, ys), rates, inner_steps, first_order, start,
+            fast = adapt(model, loss, (xs, ys), rates, inner_steps, first_order, start,
                          seeds=pass_seed(seeds, 0, inner_steps), optimizer=optimizer)
-            return query_loss(model, loss_fn, fast, xq, yq, pass_seed(seeds, inner_steps))
+            return query_loss(model, loss, fast, xq, yq, pass_seed(seeds, inner_steps))
 
-        return {"loss": mean_over_tasks(task_loss, tasks, seeds, params, mode)}
+        return {"loss": mean_over_tasks(task_loss, tasks, seeds, params, task_map)}
 
     return Algorithm(compiled_when_eager(meta_loss),
-                     adapt_with(model, loss_fn, rates, optimizer=optimizer), list(variables))
+                     adapt_with(model, loss, rates, optimizer=optimizer), list(variables))
 
 
 DEFAULT_INNER_LR = 0.01
@@ -50,9 +67,12 @@ def _inner(where, model, inner_lr, inner_optimizer, learn):
                              "meta_sgd")
         return (DEFAULT_INNER_LR if inner_lr is None else inner_lr), None, []
     if inner_lr is not None:
+        # the shipped configs bind inner_lr (configs/maml/algorithms/*.gin), so a binding
+        # added on top of one of them cannot be removed, only overridden
         raise ValueError(f"{where}: give inner_lr or inner_optimizer, not both (the "
                          f"optimizer's learning_rate is the step size); got inner_lr="
-                         f"{inner_lr!r}: remove the `{where}.inner_lr` binding")
+                         f"{inner_lr!r}: bind `{where}.inner_lr = None` (e.g. "
+                         f"--gin_param=\"{where}.inner_lr = None\"), or pass inner_lr=None")
     if not isinstance(inner_optimizer, optim.Optimizer):
         raise TypeError(f"{where}: inner_optimizer must be a hogrod.optim optimizer "
                         "(gin: `@hogrod.optim.adam()`, with the parentheses), got "
@@ -73,34 +93,50 @@ def _inner(where, model, inner_lr, inner_optimizer, learn):
 
 
 @gin.configurable
-def maml(model, loss_fn, inner_lr=None, inner_steps=1, first_order=False, task_map=None,
-         vectorize=None, recompute=None, inner_optimizer=None,
-         learn_inner_hyperparameters=False):
+def maml(model, loss, inner_lr=None, inner_steps=1, first_order=False, task_map="vectorized",
+         inner_optimizer=None, learn_inner_hyperparameters=False):
     """MAML: the query loss after `inner_steps` steps from theta, differentiated through
-    the inner loop (second order unless `first_order`). task_map: None (the
-    `task_map.mode` binding), 'vectorized', 'sequential' or 'recomputed';
-    vectorize / recompute: deprecated, forwarded to task_map.
+    the inner loop (second order unless `first_order`).
 
-    inner_lr: the plain gradient step's rate (None: 0.01). inner_optimizer: instead, a
-    `hogrod.optim` optimizer taking the inner steps (MAML with an inner Adam or momentum),
-    its state fresh per task and threaded through the steps, in training and in
-    `Algorithm.adapt`; give one or the other. learn_inner_hyperparameters: False; True
-    (the optimizer's `hogrod.optim.LEARNED_BY_DEFAULT` hyperparameters, e.g. Adam's
-    learning_rate, b1, b2) or a list of names: those become `Algorithm.variables`
-    (log learning rate, logit b1, ...: see `hogrod.optim.learnable`), meta-trained with
-    the weights."""
-    mode = resolve_task_map("maml", task_map, vectorize, recompute)
+    Args:
+      model: a built Keras 3 model.
+      loss: a Keras loss `loss(y_true, y_pred) -> scalar`.
+      inner_lr: the plain gradient step's rate (None: 0.01).
+      inner_steps: inner steps per task (>= 1).
+      first_order: treat the inner gradients as constants (FOMAML).
+      task_map: how the tasks of a meta-batch are mapped: 'vectorized'
+        (`tf.vectorized_map`), 'sequential' (`tf.map_fn`: less memory, faster for conv
+        nets) or 'recomputed' (each task's inner loop recomputed in the backward pass: the
+        least memory).
+      inner_optimizer: instead of inner_lr, a `hogrod.optim` optimizer taking the inner
+        steps (MAML with an inner Adam or momentum), its state fresh per task and threaded
+        through the steps, in training and in `Algorithm.adapt`; give one or the other.
+      learn_inner_hyperparameters: False; True (the optimizer's
+        `hogrod.optim.LEARNED_BY_DEFAULT` hyperparameters, e.g. Adam's learning_rate, b1,
+        b2) or a list of names: those become `Algorithm.variables` (log learning rate,
+        logit b1, ...: see `hogrod.optim.learnable`), meta-trained with the weights.
+
+    Returns:
+      an `Algorithm`.
+    """
     rates, opt, variables = _inner("maml", model, inner_lr, inner_optimizer,
                                    learn_inner_hyperparameters)
-    return unrolled(model, loss_fn, rates, inner_steps, first_order, mode, variables, opt)
+    return unrolled(model, loss, rates, inner_steps, first_order, task_map, variables, opt,
+                    "maml")
 
 
 @gin.configurable
-def fomaml(model, loss_fn, inner_lr=None, inner_steps=1, task_map=None, vectorize=None,
-           recompute=None, inner_optimizer=None, learn_inner_hyperparameters=False):
-    """First-order MAML: the inner gradients are treated as constants (inner_lr,
-    inner_optimizer, learn_inner_hyperparameters: as `maml`)."""
-    mode = resolve_task_map("fomaml", task_map, vectorize, recompute)
+def fomaml(model, loss, inner_lr=None, inner_steps=1, task_map="vectorized",
+           inner_optimizer=None, learn_inner_hyperparameters=False):
+    """First-order MAML: the inner gradients are treated as constants.
+
+    Args:
+      model, loss, inner_lr, inner_steps, task_map, inner_optimizer,
+        learn_inner_hyperparameters: as `maml`.
+
+    Returns:
+      an `Algorithm`.
+    """
     rates, opt, variables = _inner("fomaml", model, inner_lr, inner_optimizer,
                                    learn_inner_hyperparameters)
-    return unrolled(model, loss_fn, rates, inner_steps, True, mode, variables, opt)
+    return unrolled(model, loss, rates, inner_steps, True, task_map, variables, opt, "fomaml")

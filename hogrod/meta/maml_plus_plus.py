@@ -5,8 +5,9 @@ import gin
 import tensorflow as tf
 
 import hogrod
-from hogrod.meta.common import (Algorithm, adapt_with, check_steps, compiled_when_eager,
-                                mean_over_tasks, pass_seed, query_loss, resolve_task_map,
+from hogrod import checks
+from hogrod.meta.common import (Algorithm, adapt_with, check_loss, check_task_map,
+                                compiled_when_eager, mean_over_tasks, pass_seed, query_loss,
                                 task_seeds)
 from hogrod.meta.inner import adapt, as_dtype, initial_params, seeded_state
 
@@ -27,9 +28,9 @@ def _per_step_statistics(model, inner_steps, transductive):
 
 
 @gin.configurable
-def maml_plus_plus(model, loss_fn, inner_lr=0.01, inner_steps=5, multi_step_iterations=10000,
+def maml_plus_plus(model, loss, inner_lr=0.01, inner_steps=5, multi_step_iterations=10000,
                    first_order_iterations=5000, iterations=None, transductive=True,
-                   task_map=None, vectorize=None, recompute=None):
+                   task_map="vectorized"):
     """MAML++:
 
     - learned per-layer, per-step inner rates (LSLR), initialized at `inner_lr`;
@@ -51,9 +52,35 @@ def maml_plus_plus(model, loss_fn, inner_lr=0.01, inner_steps=5, multi_step_iter
     inner step) and makes `Algorithm.predict` use them (training=False), so a query
     prediction does not depend on the other query examples; with the default True they
     would never be read, so they are not kept.
+
+    Args:
+      model: a built Keras 3 model.
+      loss: a Keras loss `loss(y_true, y_pred) -> scalar`.
+      inner_lr: the learned rates' starting value.
+      inner_steps: inner steps per task (>= 1).
+      multi_step_iterations: outer steps over which the multi-step loss's weights move to
+        the last step (>= 0).
+      first_order_iterations: outer steps run first-order (>= 0).
+      iterations: None, or the outer iteration counter (a variable), used when
+        `meta_loss` is called without a step.
+      transductive: see above.
+      task_map: 'vectorized', 'sequential' or 'recomputed' (see `hogrod.meta.maml`).
+
+    Returns:
+      an `Algorithm` (its `predict` set when not transductive, its `state` the per-step
+      statistics).
     """
-    mode = resolve_task_map("maml_plus_plus", task_map, vectorize, recompute)
-    check_steps("maml_plus_plus.inner_steps", inner_steps)
+    where = "hogrod.meta.maml_plus_plus"
+    check_loss(loss, where)
+    mode = check_task_map(task_map, where)
+    inner_steps = checks.integer(inner_steps, "inner_steps", where, least=1)
+    multi_step_iterations = checks.integer(multi_step_iterations, "multi_step_iterations",
+                                           where)
+    first_order_iterations = checks.integer(first_order_iterations, "first_order_iterations",
+                                            where)
+    if not isinstance(transductive, bool):
+        raise checks.ArgumentError(f"{where}: transductive must be True or False, got "
+                                   f"{transductive!r}")
     variables = model.trainable_variables
     layer_of = {id(v): layer.name for layer in model.layers for v in layer.trainable_variables}
     dtype = variables[0].dtype
@@ -94,9 +121,9 @@ def maml_plus_plus(model, loss_fn, inner_lr=0.01, inner_steps=5, multi_step_iter
         for s in range(inner_steps):
             if tracked:
                 stats.append(updated_stats(s, fast, xs, pass_seed(seeds, s)))
-            fast = adapt(model, loss_fn, (xs, ys), lambda _, s=s: rates(s), 1, first_order,
+            fast = adapt(model, loss, (xs, ys), lambda _, s=s: rates(s), 1, first_order,
                          fast, seeds=pass_seed(seeds, s, s + 1))
-            losses.append(query_loss(model, loss_fn, fast, xq, yq,
+            losses.append(query_loss(model, loss, fast, xq, yq,
                                      pass_seed(seeds, inner_steps + s)))
         if tracked:
             stats.append(updated_stats(inner_steps, fast, xq,
@@ -129,12 +156,12 @@ def maml_plus_plus(model, loss_fn, inner_lr=0.01, inner_steps=5, multi_step_iter
         return {"loss": tf.reduce_sum(step_weights(counter) * per_step),
                 "monitor/query_last": per_step[-1]}
 
-    def predict_non_transductive(fast, x, steps):
+    def predict_non_transductive(fast, x, steps, seed=None):  # seed: Dropout is inactive
         return hogrod.functional_call(model, fast, x, training=False,
                                       state=state_at(min(steps, inner_steps)))[0]
 
     # evaluation: step s at its own learned rate (past inner_steps, the last step's)
-    adapt_eval = adapt_with(model, loss_fn, lambda s: rates(min(s, inner_steps - 1)))
+    adapt_eval = adapt_with(model, loss, lambda s: rates(min(s, inner_steps - 1)))
     return Algorithm(compiled_when_eager(meta_loss), adapt_eval, list(lslr.values()),
                      None if transductive else predict_non_transductive,
                      [v for step_vars in step_stats for v in step_vars])

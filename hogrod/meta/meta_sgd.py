@@ -3,7 +3,6 @@
 import gin
 import tensorflow as tf
 
-from hogrod.meta.common import resolve_task_map
 from hogrod.meta.inner import as_dtype
 from hogrod.meta.maml import unrolled
 
@@ -11,12 +10,22 @@ __all__ = ["meta_sgd"]
 
 
 @gin.configurable
-def meta_sgd(model, loss_fn, inner_lr=0.01, inner_steps=1, task_map=None, vectorize=None,
-             recompute=None):
+def meta_sgd(model, loss, inner_lr=0.01, inner_steps=1, task_map="vectorized"):
     """Meta-SGD: a learned inner learning rate per parameter entry, initialized at
-    `inner_lr` and meta-trained with the weights (`Algorithm.variables`)."""
-    mode = resolve_task_map("meta_sgd", task_map, vectorize, recompute)
+    `inner_lr` and meta-trained with the weights (`Algorithm.variables`).
+
+    Args:
+      model: a built Keras 3 model.
+      loss: a Keras loss `loss(y_true, y_pred) -> scalar`.
+      inner_lr: the learned rates' starting value.
+      inner_steps: inner steps per task (>= 1).
+      task_map: 'vectorized', 'sequential' or 'recomputed' (see `hogrod.meta.maml`).
+
+    Returns:
+      an `Algorithm`.
+    """
     rates = [tf.Variable(tf.fill(v.shape, as_dtype(inner_lr, v.dtype)),
                          name=f"lr/{v.path.replace('/', '_')}")
              for v in model.trainable_variables]
-    return unrolled(model, loss_fn, rates, inner_steps, False, mode, variables=rates)
+    return unrolled(model, loss, rates, inner_steps, False, task_map, variables=rates,
+                    where="meta_sgd")

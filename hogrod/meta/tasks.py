@@ -11,6 +11,8 @@ import math
 import gin
 import tensorflow as tf
 
+from hogrod import checks
+
 __all__ = ["sample_sinusoids", "sinusoid_meta_batches"]
 
 AMPLITUDE = (0.1, 5.0)
@@ -19,11 +21,23 @@ X_RANGE = (-5.0, 5.0)
 
 
 def sample_sinusoids(seed, num_tasks, k_support, k_query, dtype=tf.float32):
-    """One meta-batch from a stateless seed (shape [2] int).
+    """One meta-batch from a stateless seed.
 
-    Returns (x_support, y_support, x_query, y_query, amplitude, phase); x and y have shape
-    [num_tasks, k, 1]; amplitude and phase [num_tasks, 1, 1].
+    Args:
+      seed: a stateless seed, an int tensor of shape [2].
+      num_tasks: tasks in the meta-batch (>= 1).
+      k_support: support points per task (>= 1).
+      k_query: query points per task (>= 1).
+      dtype: the float dtype of the values.
+
+    Returns:
+      (x_support, y_support, x_query, y_query, amplitude, phase); x and y have shape
+      [num_tasks, k, 1]; amplitude and phase [num_tasks, 1, 1].
     """
+    for arg, value in (("num_tasks", num_tasks), ("k_support", k_support),
+                       ("k_query", k_query)):
+        if not isinstance(value, tf.Tensor):
+            checks.integer(value, arg, "hogrod.meta.sample_sinusoids", least=1)
     seeds = tf.random.experimental.stateless_split(seed, 4)
     amp = tf.random.stateless_uniform([num_tasks, 1, 1], seeds[0], *AMPLITUDE, dtype=dtype)
     phase = tf.random.stateless_uniform([num_tasks, 1, 1], seeds[1], *PHASE, dtype=dtype)
@@ -34,7 +48,23 @@ def sample_sinusoids(seed, num_tasks, k_support, k_query, dtype=tf.float32):
 
 @gin.configurable
 def sinusoid_meta_batches(seed=0, meta_batch_size=25, k_support=10, k_query=10):
-    """An infinite tf.data stream of (x_s, y_s, x_q, y_q) meta-batches."""
+    """An infinite tf.data stream of (x_s, y_s, x_q, y_q) meta-batches.
+
+    Args:
+      seed: the stream's integer seed (>= 0); meta-batch i comes from (seed, i).
+      meta_batch_size: tasks per meta-batch (>= 1).
+      k_support: support points per task (>= 1).
+      k_query: query points per task (>= 1).
+
+    Returns:
+      a `tf.data.Dataset` of (x_support, y_support, x_query, y_query), each
+      [meta_batch_size, k, 1] float32.
+    """
+    where = "hogrod.meta.sinusoid_meta_batches"
+    seed = checks.seed(seed, "seed", where)
+    for arg, value in (("meta_batch_size", meta_batch_size), ("k_support", k_support),
+                       ("k_query", k_query)):
+        checks.integer(value, arg, where, least=1)
     def make(i):
         xs, ys, xq, yq, _, _ = sample_sinusoids(tf.stack([tf.cast(seed, tf.int64), i]),
                                                 meta_batch_size, k_support, k_query)

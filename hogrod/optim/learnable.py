@@ -1,5 +1,5 @@
 """Optimizer hyperparameters as trainable variables (learned inner optimizers in
-meta-learning, issue 16).
+meta-learning).
 
 `opt, variables = learnable(adam(0.01), tf.float32)` returns an optimizer whose
 hyperparameters are functions of `variables`, in a parametrization whose every real value
@@ -23,6 +23,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from hogrod import checks
 from hogrod.optim import optimizers
 
 __all__ = ["learnable", "LEARNED_BY_DEFAULT"]
@@ -49,14 +50,16 @@ def _parametrization(opt, name):
 
 def _check_start(opt, name, value):
     where = f"hogrod.optim.learnable: {opt}'s {name}"
-    if isinstance(value, bool) or not optimizers._is_number(value):
-        raise TypeError(f"{where} is {value!r}; only a Python number can be made learnable "
-                        "(a tensor or tf.Variable hyperparameter is already yours to train)")
-    v = float(value)
+    if isinstance(value, (tf.Tensor, tf.Variable)) or not np.isscalar(value) or isinstance(
+            value, (bool, str, bytes)):
+        raise checks.ArgumentError(
+            f"{where} is {value!r}; only a Python number can be made learnable (a tensor or "
+            "tf.Variable hyperparameter is already yours to train)")
+    v = checks.number(value, name, f"hogrod.optim.learnable ({opt})")
     unit = (opt, name) in _UNIT_INTERVAL
     if v <= 0 or (unit and v >= 1):
         rng = "(0, 1)" if unit else "(0, inf)"
-        raise ValueError(f"{where} starts at {value!r}, on the boundary of its "
+        raise checks.ArgumentError(f"{where} starts at {value!r}, on the boundary of its "
                          f"parametrization; start it in {rng} or leave it out of `names` "
                          f"(the default names for {opt}: {LEARNED_BY_DEFAULT[opt]})")
     return v

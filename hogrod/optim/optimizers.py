@@ -8,7 +8,7 @@ Each constructor returns `Optimizer(init, update, name, hyperparameters)`:
   are the same `tf.nest` structure of float tensors (a list, a dict, ...; `tf.Variable`
   leaves are read, never assigned); the results are tensors in `params`' structure.
 
-Formulas (Keras 3's `update_step`, keras/src/optimizers/*.py; t = count + 1):
+Formulas (those of Keras 3's `update_step`, keras/src/optimizers/*.py; t = count + 1):
 
 - sgd:     m <- momentum * m - lr * g;  p <- p + m, or with nesterov
            p <- p + momentum * m - lr * g (with the new m). momentum = 0 is plain SGD.
@@ -26,11 +26,19 @@ differentiable with respect to momentum at 0; the forward values are the same.
 
 Hyperparameters may be Python numbers, tensors or `tf.Variable`s, read at each `update`
 (so changing a variable does not retrace a `tf.function`). A Python number is applied at
-each leaf's dtype (exact in float64; Keras rounds Python floats through float32 even for
-float64 variables, hogrod does not). A tensor must be a scalar of the leaf's dtype (a cast
-would round or widen a float32 value silently). Python numbers are range-checked when the
-optimizer is built (an error names the hyperparameter); tensors cannot be checked without
-running the graph, so they are not.
+each leaf's dtype (`tf.constant(x, dtype)`). A tensor must be a scalar of the leaf's dtype
+(a cast would round or widen a float32 value silently). Python numbers are range-checked
+when the optimizer is built (an error names the hyperparameter); tensors cannot be checked
+without running the graph, so they are not.
+
+What equals what: in float64, an update equals these formulas evaluated in numpy float64
+with the same Python-number hyperparameters (to about 1e-15 relative; tests/test_optim.py).
+Keras 3's optimizers keep their hyperparameters in float32 (the learning rate is a float32
+variable, and b1, b2, eps, rho are rounded through float32 even for float64 variables), so
+in float64 Keras departs from the same formulas by that rounding: `Adam(1e-3)` with its
+default betas moves a float64 weight about 7e-9 away from the formula at the first step,
+7e-6 of the step. hogrod equals Keras's update to float64 rounding (1e-12) when every
+hyperparameter is a float32 number (2**-7, 0.875, ...), and to float32 rounding in float32.
 
 Zero gradients (higher #125, TorchOpt #26): sqrt has an infinite derivative at 0, so Adam's
 sqrt(v) with v = 0 (a zero gradient from a zero state: a dead ReLU, an unused parameter)
@@ -49,10 +57,11 @@ import math
 import numbers
 
 import gin
+import keras
 import numpy as np
 import tensorflow as tf
 
-from hogrod import tree
+from hogrod import checks, tree
 
 # Python control flow here is on Python values only (structure, dtypes, hyperparameter types).
 _no_autograph = tf.autograph.experimental.do_not_convert
@@ -103,20 +112,11 @@ def _is_number(x):
 
 
 def _check_hyper(opt, name, value, low, high, low_open=False, high_open=False):
-    """Range-check a Python-number hyperparameter; tensors and variables pass unchecked."""
-    if isinstance(value, (bool, np.bool_)) or value is None or isinstance(value, str):
-        raise TypeError(f"hogrod.optim.{opt}: {name} must be a number, a scalar tensor or a "
-                        f"tf.Variable, got {value!r}")
-    if not _is_number(value):
+    """Range-check a Python-number hyperparameter; tensors, variables and a `Logit` (built
+    by `learnable` from a variable) pass unchecked."""
+    if isinstance(value, (tf.Tensor, tf.Variable, keras.Variable, Logit)):
         return
-    v = float(value)
-    bad = (not math.isfinite(v) or v < low or v > high or (low_open and v == low)
-           or (high_open and v == high))
-    if bad:
-        lo = "(" if low_open else "["
-        hi = ")" if high_open else "]"
-        raise ValueError(f"hogrod.optim.{opt}: {name} must be in {lo}{low}, {high}{hi}, "
-                         f"got {value!r}")
+    checks.number(value, name, f"hogrod.optim.{opt}", low, high, low_open, high_open)
 
 
 def _at(value, dtype, opt, name):
@@ -210,7 +210,8 @@ def sgd(learning_rate, momentum=0.0, nesterov=False):
     _check_hyper("sgd", "learning_rate", learning_rate, 0.0, math.inf)
     _check_hyper("sgd", "momentum", momentum, 0.0, 1.0)
     if not isinstance(nesterov, (bool, np.bool_)):
-        raise TypeError(f"hogrod.optim.sgd: nesterov must be a Python bool, got {nesterov!r}")
+        raise checks.ArgumentError(f"hogrod.optim.sgd: nesterov must be a Python bool, got "
+                                   f"{nesterov!r}")
 
     def init(params):
         return SGDState(_count0(), _zeros(params, "sgd"))
