@@ -57,7 +57,7 @@ def test_estimates_are_unbiased_with_the_predicted_error(setup, method, probes):
 
 def test_sample_variance_matches_the_rademacher_formula(setup):
     net, x, hess = setup
-    samples = pinn.laplacian_probes(net, x[:20], 4000, seed=1).numpy()[..., 0]
+    samples = pinn.stochastic.laplacian_probes(net, x[:20], 4000, seed=1).numpy()[..., 0]
     np.testing.assert_allclose(samples.var(0), probe_variance(hess[:20], "hutchinson", 1),
                                rtol=0.2)
     se = samples.std(0) / np.sqrt(4000)  # the mean of many probes converges to the exact
