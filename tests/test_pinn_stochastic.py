@@ -101,8 +101,8 @@ def test_seeds_and_a_compiled_step_under_a_parameter_tape(setup):
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(num_probes=0), "num_probes must be a positive integer"),
-    (dict(num_probes=2.0), "num_probes must be a positive integer"),
+    (dict(num_probes=0), "num_probes must be an integer >= 1"),
+    (dict(num_probes=2.0), "num_probes must be an integer >= 1"),
     (dict(num_probes=2, method="rademacher"), "method must be one of"),
     (dict(num_probes=DIM + 1, method="stde"), "num_probes = 6 is more"),
     (dict(num_probes=2, seed=1.5), "seed must be an integer"),

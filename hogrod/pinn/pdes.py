@@ -203,12 +203,10 @@ def randomized_laplacian(num_probes=16, method="hutchinson", seed=0):
     at every call: an int64 counter variable starting at `seed`, moved by the call itself,
     so a compiled train step draws new probes each step without retracing."""
     from hogrod.pinn.stochastic import METHODS, stochastic_laplacian  # stochastic imports autodiff
-    if method not in METHODS:
-        raise ValueError(f"randomized_laplacian.method must be one of {METHODS}, got "
-                         f"{method!r}")
-    if not isinstance(num_probes, int) or isinstance(num_probes, bool) or num_probes < 1:
-        raise ValueError(f"randomized_laplacian.num_probes must be a positive integer, got "
-                         f"{num_probes!r}")
+    checks.choice(method, METHODS, "randomized_laplacian.method", "randomized_laplacian")
+    checks.integer(num_probes, "randomized_laplacian.num_probes", "randomized_laplacian",
+                   least=1)
+    seed = checks.seed(seed, "randomized_laplacian.seed", "randomized_laplacian")
     counter = tf.Variable(int(seed), dtype=tf.int64, trainable=False, name="laplacian_seed",
                           aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
 

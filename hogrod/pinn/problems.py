@@ -35,6 +35,7 @@ import gin
 import numpy as np
 import tensorflow as tf
 
+from hogrod import checks
 from hogrod.pinn import pdes, reference
 from hogrod.pinn.geometry import Box, Disk, sample
 
@@ -453,8 +454,7 @@ def poisson_nd_problem(dim=100, laplacian=pdes.exact_laplacian, n_test=2000, see
     backward passes) or @randomized_laplacian (its bindings: num_probes, method; a new seed
     at every evaluation). The relative L2 error is measured on `n_test` held-out uniform
     points of the ball (the grid; seed + 1000, apart from training's Sobol points)."""
-    if not isinstance(dim, int) or isinstance(dim, bool) or dim < 2:
-        raise ValueError(f"poisson_nd_problem.dim must be an integer >= 2, got {dim!r}")
+    checks.integer(dim, "poisson_nd_problem.dim", "poisson_nd_problem", least=2)
     op = pdes.check_laplacian(laplacian, "poisson_nd_problem.laplacian")
     c = np.random.default_rng(seed).standard_normal(dim - 1)
     pde = pdes.PDE([], lambda x, d, u_fn: op.apply(u_fn, x) - two_body_laplacian(x, c),
