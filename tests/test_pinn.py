@@ -94,7 +94,8 @@ def test_numpy_closed_forms_match_the_tf_solutions():
                                np.sin(np.pi * x[:, :1]) * np.exp(-0.5 * np.pi ** 2 * x[:, 1:]))
     np.testing.assert_allclose(pinn.reference.wave_sine(x, 2.0),
                                np.sin(np.pi * x[:, :1]) * np.cos(2 * np.pi * x[:, 1:]))
-    np.testing.assert_allclose(pinn.reference.poisson_sine(x), np.prod(np.sin(np.pi * x), 1, keepdims=True))
+    np.testing.assert_allclose(pinn.reference.poisson_sine(x),
+                               np.prod(np.sin(np.pi * x), 1, keepdims=True))
 
 
 def test_cole_hopf_reference_satisfies_burgers_initial_and_boundary_conditions():
@@ -307,7 +308,8 @@ def test_convergence_benchmark_records_error_curves(tmp_path):
     from experiments.bench import pinn_convergence as bench
     from hogrod import harness
     _, m = harness.run(bench.bench_pinn_convergence, ["configs/bench/pinn_convergence.gin"], [
-        "bench_pinn_convergence.dde_adam_steps = 40", "bench_pinn_convergence.dde_lbfgs_maxiter = 20",
+        "bench_pinn_convergence.dde_adam_steps = 40",
+        "bench_pinn_convergence.dde_lbfgs_maxiter = 20",
         "bench_pinn_convergence.error_every = 20",
         "bench_pinn_convergence.hogrod_runs = ('deepxde_setup',)"], str(tmp_path))
     curve = m["histories"]["hogrod_deepxde_setup"]

@@ -29,9 +29,10 @@ def test_spectral_reference_solves_the_reaction_ode_without_diffusion():
 
 def test_chained_periodic_and_fourier_embedding_is_periodic_in_x():
     keras.utils.set_random_seed(0)
-    net = pinn.modified_mlp(2, 8, 2, dtype="float64", embedding=lambda dtype: pinn.networks.embedding_chain(
-        [lambda dtype: pinn.networks.periodic_embedding({0: 2.0}, dtype=dtype),
-         lambda dtype: pinn.networks.fourier_features(8, 1.0, dtype=dtype)], dtype=dtype))
+    net = pinn.modified_mlp(2, 8, 2, dtype="float64", embedding=lambda dtype: (
+        pinn.networks.embedding_chain(
+            [lambda dtype: pinn.networks.periodic_embedding({0: 2.0}, dtype=dtype),
+             lambda dtype: pinn.networks.fourier_features(8, 1.0, dtype=dtype)], dtype=dtype)))
     x = np.random.default_rng(0).uniform(-1, 1, (20, 2))
     shifted = x + np.array([2.0, 0.0])
     np.testing.assert_allclose(net(x).numpy(), net(shifted).numpy(), rtol=0, atol=1e-12)
@@ -52,7 +53,8 @@ def test_combined_weights_are_their_parts():
     pts = tf.constant(np.stack([rng.uniform(-1, 1, 512), rng.uniform(0, 1, 512)], 1))
     cond = [tf.constant(prob.conditions[0][1](16, 1), tf.float64)]
     args = (prob, net, pts, cond, net.trainable_variables)
-    both = pinn.weighting.combined_weights(*args, schemes=[pinn.grad_norm_weights, pinn.causal_weights])
+    both = pinn.weighting.combined_weights(*args,
+                                           schemes=[pinn.grad_norm_weights, pinn.causal_weights])
     grad, causal = pinn.grad_norm_weights(*args), pinn.causal_weights(*args, chunks=32)
     assert set(both.weights) == {"initial"} and set(both.reducers) == {"residual"}
     assert both.every == grad.every and both.update is not None

@@ -21,7 +21,8 @@ def coefficients(dim=DIM, seed=0):
 
 def test_residual_vanishes_on_the_analytic_solution():
     """The hand-derived Laplacian against reverse-over-reverse autodiff, float64."""
-    prob = pinn.problems.poisson_nd_problem(dim=DIM, laplacian=pinn.pdes.exact_laplacian, n_test=10)
+    prob = pinn.problems.poisson_nd_problem(dim=DIM, laplacian=pinn.pdes.exact_laplacian,
+                                            n_test=10)
     x, c = points(30), coefficients()
     solution = lambda z: pinn.problems.two_body_solution(z, c)  # noqa: E731
     np.testing.assert_allclose(pinn.residual(prob.pde, solution, x), 0.0, atol=1e-12)
@@ -34,7 +35,8 @@ def test_residual_vanishes_on_the_analytic_solution():
 def test_randomized_residual_is_unbiased_with_a_new_seed_each_step():
     """The mean of the compiled randomized residual over calls matches the exact one within
     5 standard errors (its spread over the calls); one trace for every call."""
-    exact = pinn.problems.poisson_nd_problem(dim=DIM, laplacian=pinn.pdes.exact_laplacian, n_test=10)
+    exact = pinn.problems.poisson_nd_problem(dim=DIM, laplacian=pinn.pdes.exact_laplacian,
+                                             n_test=10)
     random = pinn.problems.poisson_nd_problem(
         dim=DIM, n_test=10, laplacian=lambda: pinn.pdes.randomized_laplacian(num_probes=4))
     x, c = points(12), coefficients()

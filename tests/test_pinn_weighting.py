@@ -48,8 +48,8 @@ def test_ntk_weights_of_a_linear_model_are_the_hand_computed_trace_ratios():
     target = {"residual": (k_rr + k_bb) / k_rr, "left": (k_rr + k_bb) / k_bb}
     for name in target:  # one moving-average step from 1
         np.testing.assert_allclose(got[name], 0.9 * 1.0 + 0.1 * target[name], rtol=1e-12)
-    np.testing.assert_allclose(float(pinn.weighting.ntk_trace(net, conds[0], net.trainable_variables)),
-                               k_bb, rtol=1e-12)
+    np.testing.assert_allclose(
+        float(pinn.weighting.ntk_trace(net, conds[0], net.trainable_variables)), k_bb, rtol=1e-12)
     loss = pinn.pinn_loss(prob, net, line_points(), conds, scheme.weights)()
     plain = pinn.pinn_loss(prob, net, line_points(), conds)()
     np.testing.assert_allclose(float(loss["left"]), got["left"] * float(plain["left"]),
@@ -216,7 +216,7 @@ def test_a_scheme_on_a_problem_without_the_terms_it_needs_is_a_named_error():
     with pytest.raises(ValueError, match=r"no time coordinate \(Problem.time_dependent is "
                                          r"False\).*pinn_experiment.weighting"):
         pinn.causal_weights(poisson, net, x, conds, [])
-    burgers = pinn.problems.burgers_problem(grid_shape=(3, 3))  # hard conditions: the residual alone
+    burgers = pinn.problems.burgers_problem(grid_shape=(3, 3))  # hard conditions: residual alone
     for scheme in (pinn.ntk_weights, pinn.grad_norm_weights):
         with pytest.raises(ValueError, match=r"residual as its only loss term.*"
                                              r"burgers_problem.hard_constraints = False"):
@@ -314,8 +314,8 @@ def test_annealed_causal_eps_rises_only_once_every_chunk_is_open():
     prob = pinn.problems.heat_problem(alpha=alpha, grid_shape=(3, 3))
     x = pinn.sample(prob.domain, 200, "uniform", 0).astype(np.float64)
     conds = [fn(8, i).astype(np.float64) for i, (_, fn, _) in enumerate(prob.conditions)]
-    scheme = pinn.weighting.annealed_causal_weights(prob, heat_u, x, conds, [], eps=schedule, tol=0.99,
-                                          chunks=chunks)
+    scheme = pinn.weighting.annealed_causal_weights(prob, heat_u, x, conds, [], eps=schedule,
+                                                    tol=0.99, chunks=chunks)
     loss = pinn.pinn_loss(prob, heat_u, x, conds, reducers=scheme.reducers)
     r2 = (x[:, 0] + alpha * np.pi ** 2 * np.sin(np.pi * x[:, 0])) ** 2
     chunk = np.minimum((x[:, 1] * chunks).astype(int), chunks - 1)
