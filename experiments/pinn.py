@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from hogrod import distribute, harness, pinn, train
+from hogrod import checks, distribute, harness, pinn, train
 from hogrod.pinn import training
 
 # a learning-rate schedule for pinn_experiment.adam_lr (= @ExponentialDecay())
@@ -68,11 +68,14 @@ def plot(path, problem, pred, ref):
 @gin.configurable
 def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collocation=10000,
                     n_condition=400, sampling="sobol", adam_steps=2000, adam_lr=1e-3,
-                    lbfgs_iterations=10000, weights=None, weighting=None, gpinn=None,
+                    lbfgs_maxiter=10000, weights=None, weighting=None, gpinn=None,
                     dtype="float32", error_every=None, jit_compile=False,
                     checkpoint_every=500, seed=0, network=None, resample_every=None,
-                    residual_on_conditions=False):
-    """Args:
+                    residual_on_conditions=False, use_jet=True, jet_jit_compile=True):
+    """Solve a problem: Adam for a fixed number of steps, then L-BFGS to convergence.
+
+    Args:
+      output_dir: where the run writes (and resumes from).
       problem: a problem factory (`@burgers_problem`, `@burgers_inverse_problem`, ...).
       width, depth: the tanh MLP (Raissi: 9 layers of 20 = depth 8 hidden + output).
       network: None (that tanh MLP) or a network factory called as network(input_dim,
@@ -85,8 +88,18 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
         scheme, `weights` must be None.
       gpinn: gradient-enhanced PINN, {coordinate j: w_j}: adds the term sum_j w_j
         mean((d residual / d x_j)^2) (None: none).
+      adam_steps: the number of Adam steps; adam_lr: its learning rate (or a schedule).
+      lbfgs_maxiter: the most L-BFGS iterations after Adam (it stops earlier at its
+        tolerance; 0: no L-BFGS).
+      n_collocation, n_condition: the collocation points, and the points of each condition
+        (one count, or {condition name: count}); sampling: how they are drawn
+        (`pinn.sample`'s method).
       jit_compile: compile the loss and gradient of the Adam steps and of L-BFGS with XLA
         (fuses the residual's many small ops).
+      use_jet: the residual's partials by the forward operator jet wherever it applies
+        (`pinn.residual`); False: nested tapes always.
+      jet_jit_compile: compile the jet alone with XLA inside the train step (the default
+        fast path; `jit_compile` compiles the whole step).
       error_every: record the relative L2 error every this many Adam steps and L-BFGS
         iterations (eval_history.json at steps Adam step / Adam steps + L-BFGS iteration,
         and metrics `error_history`: [training seconds, phase, phase step, error], the
@@ -94,7 +107,7 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
       checkpoint_every: Adam steps between checkpoints; L-BFGS's result is checkpointed
         when it ends. A re-run with the same output dir resumes Adam where it stopped (the
         error curve and its clock too), or restarts L-BFGS from the Adam weights, or, for a
-        finished run with the same adam_steps and lbfgs_iterations, only re-evaluates (the
+        finished run with the same adam_steps and lbfgs_maxiter, only re-evaluates (the
         first run's timings stay in metrics.json); other counts are an error.
       resample_every: None: the collocation and condition points are drawn once (seed)
         and every Adam step fits them; an integer k >= 1: fresh points (the same counts
@@ -108,6 +121,10 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
       residual_on_conditions: also fit the PDE residual at every condition's points (the
         residual set is the collocation points followed by the condition points). DeepXDE's
         `PDE`/`TimePDE` data do this, so PINNacle's protocol does (its base config sets it).
+      dtype, width, depth, weights, seed: as above (the network's dtype, its size, fixed
+        term weights, the seed of the weights and points).
+    Returns:
+      The metrics (also written to metrics.json by the harness).
     """
     keras.utils.set_random_seed(seed)
     strategy = distribute.make_strategy()
@@ -125,15 +142,16 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
                                 gpinn)
         _check_resample(resample_every, weighting)
         ascent_opt = keras.optimizers.Adam(scheme.ascent_lr) if scheme.ascent else None
-    loss_fn = training.pinn_loss(prob, u, points, cond_points, scheme.weights or weights,
-                                 gpinn=gpinn, reducers=scheme.reducers)
+    objective = training.pinn_loss(prob, u, points, cond_points, scheme.weights or weights,
+                                   gpinn=gpinn, reducers=scheme.reducers, use_jet=use_jet,
+                                   jet_jit_compile=jet_jit_compile)
     batch = distribute.shard(strategy, (points, cond_points))
     progress = Progress()
     ckpt = train.Checkpointer(output_dir, model=net, optimizer=opt, **progress.variables,
                               **scheme.state, **{f"unknown_{n}": v for n, v in unknowns.items()},
                               **({"ascent_optimizer": ascent_opt} if ascent_opt else {}))
     restored = ckpt.restore()  # before the clock and the error curve, which resume with it
-    finished = progress.finished(output_dir, restored, adam_steps, lbfgs_iterations)
+    finished = progress.finished(output_dir, restored, adam_steps, lbfgs_maxiter)
     clock = training.Clock(offset=progress.seconds())
     curve = ErrorCurve(output_dir, prob, u, tf_dtype, adam_steps, clock, error_every,
                        upto_step=math.inf if finished else restored)
@@ -141,7 +159,7 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
     if not finished:
         # the self-adaptive weights ascend with their own optimizer (a second group)
         groups = ([(opt, variables), (ascent_opt, list(scheme.ascent))] if ascent_opt else opt)
-        step = train.make_train_step(loss_fn, groups, None if ascent_opt else variables,
+        step = train.make_train_step(objective, groups, None if ascent_opt else variables,
                                      strategy=strategy, jit_compile=jit_compile)
         on_step = adam_callback(curve, progress, scheme)
         batches = (itertools.repeat(batch) if resample_every is None else
@@ -150,10 +168,10 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collo
                                  residual_on_conditions=residual_on_conditions))
         metrics.update(run_adam(step, batches, adam_steps, ckpt, output_dir, checkpoint_every,
                                 on_step, curve))
-        metrics.update(run_lbfgs(loss_fn, variables, lbfgs_iterations, strategy, batch, curve,
+        metrics.update(run_lbfgs(objective, variables, lbfgs_maxiter, strategy, batch, curve,
                                  jit_compile))
-        progress.save(ckpt, lbfgs_iterations, metrics["lbfgs_iterations"], clock)
-    metrics.update(evaluate(output_dir, prob, u, loss_fn, tf_dtype), **curve.metrics(),
+        progress.save(ckpt, lbfgs_maxiter, metrics["lbfgs_iterations"], clock)
+    metrics.update(evaluate(output_dir, prob, u, objective, tf_dtype), **curve.metrics(),
                    **pinn.unknowns_report(prob, unknowns))
     logging.info("pinn: %s", metrics)
     return metrics
@@ -182,11 +200,16 @@ def collocation(prob, n_collocation, n_condition, sampling, seed, dtype,
     if not isinstance(residual_on_conditions, bool):
         raise ValueError("pinn_experiment.residual_on_conditions must be True or False, got "
                          f"{residual_on_conditions!r}")
+    where = "pinn_experiment"
+    checks.integer(n_collocation, "pinn_experiment.n_collocation", where, least=1)
     names = [name for name, _, _ in prob.conditions]
     if isinstance(n_condition, dict) and set(n_condition) != set(names):
         raise ValueError(f"pinn_experiment.n_condition must give a count for each condition "
                          f"of problem {prob.name!r}, {names}, got {sorted(n_condition)}")
     counts = n_condition if isinstance(n_condition, dict) else dict.fromkeys(names, n_condition)
+    for name, count in counts.items():
+        checks.integer(count, f"pinn_experiment.n_condition (condition {name!r})", where,
+                       least=1)
     points = tf.constant(pinn.sample(prob.domain, n_collocation, sampling, seed, dtype=dtype))
     cond_points = [tf.constant(fn(counts[name], seed + 1 + i), dtype)
                    for i, (name, fn, _) in enumerate(prob.conditions)]
@@ -198,11 +221,8 @@ def collocation(prob, n_collocation, n_condition, sampling, seed, dtype,
 def _check_resample(resample_every, weighting):
     if resample_every is None:
         return
-    if (not isinstance(resample_every, int) or isinstance(resample_every, bool)
-            or resample_every < 1):
-        raise ValueError(f"pinn_experiment.resample_every must be None (fixed points) or an "
-                         f"integer >= 1 (Adam steps between fresh points), got "
-                         f"{resample_every!r}")
+    checks.integer(resample_every, "pinn_experiment.resample_every (None: fixed points; k: "
+                   "fresh points every k Adam steps)", "pinn_experiment", least=1)
     if weighting is not None:
         raise ValueError(f"pinn_experiment.resample_every = {resample_every} needs "
                          f"pinn_experiment.weighting = None: the scheme {weighting!r} keeps "
@@ -260,14 +280,14 @@ class Progress:
     def tick(self, clock):
         self.variables["train_seconds"].assign(clock.seconds())
 
-    def finished(self, output_dir, restored, adam_steps, lbfgs_iterations):
+    def finished(self, output_dir, restored, adam_steps, lbfgs_maxiter):
         """Whether the restored run is finished; an error if it is, with other counts."""
         budget = int(self.variables["lbfgs_budget"])
-        if budget >= 0 and (restored != adam_steps or budget != lbfgs_iterations):
+        if budget >= 0 and (restored != adam_steps or budget != lbfgs_maxiter):
             raise ValueError(
                 f"{output_dir} holds a finished run ({restored} Adam steps, then L-BFGS with "
                 f"a budget of {budget} iterations); pinn_experiment.adam_steps = {adam_steps} "
-                f"and lbfgs_iterations = {lbfgs_iterations} cannot continue it: use a new "
+                f"and lbfgs_maxiter = {lbfgs_maxiter} cannot continue it: use a new "
                 "--output_dir")
         return budget >= 0
 
@@ -339,13 +359,13 @@ def run_adam(step, batches, adam_steps, ckpt, output_dir, checkpoint_every, on_s
     return metrics
 
 
-def run_lbfgs(loss_fn, variables, iterations, strategy, batch, curve, jit_compile):
+def run_lbfgs(objective, variables, maxiter, strategy, batch, curve, jit_compile):
     """L-BFGS from the current weights, then the curve's "end" point; its metrics."""
     loss, done, seconds = None, 0, 0.0
-    if iterations:
-        logging.info("L-BFGS: up to %d iterations", iterations)
+    if maxiter:
+        logging.info("L-BFGS: up to %d iterations", maxiter)
         loss, done, seconds = training.lbfgs(
-            loss_fn, variables, iterations, strategy=strategy, batch=batch,
+            objective, variables, maxiter, strategy=strategy, batch=batch,
             callback_every=curve.every or 500, callback=curve.lbfgs_callback(),
             jit_compile=jit_compile)
     metrics = {"total_seconds": curve.clock.seconds(), "lbfgs_seconds": seconds,
@@ -357,10 +377,11 @@ def run_lbfgs(loss_fn, variables, iterations, strategy, batch, curve, jit_compil
     return metrics
 
 
-def evaluate(output_dir, prob, u, loss_fn, dtype):
+def evaluate(output_dir, prob, u, objective, dtype):
     """The final error and loss terms; solution.png; prediction.npz (`points`: the grid,
-    `prediction`: u there) and `l2re` (PINNacle's relative L2 error, NaN rows of the
-    reference left out) where the problem has a grid."""
+    `prediction`: u there) and `l2re` (PINNacle's relative L2 error) where the problem has
+    a grid. Grid points where the reference is NaN are left out of both errors; their
+    number is `reference_rows_dropped`, and a warning in the log."""
     ref = None if prob.reference is None else prob.reference(prob.grid)
     pred = None if prob.grid is None else training.predict_on_grid(prob, u, dtype)
     plot(os.path.join(output_dir, "solution.png"), prob, pred, ref)
@@ -368,9 +389,15 @@ def evaluate(output_dir, prob, u, loss_fn, dtype):
     if pred is not None:
         np.savez(os.path.join(output_dir, "prediction.npz"), points=prob.grid, prediction=pred)
         if ref is not None:
+            dropped = training.reference_nan_rows(prob)
+            if dropped:
+                logging.warning("pinn: the reference of problem %s is NaN at %d of its %d grid "
+                                "points; relative_l2 and l2re leave them out", prob.name,
+                                dropped, len(prob.grid))
+            out["reference_rows_dropped"] = dropped
             out["l2re"] = pinn.l2re(ref, pred)
     return dict(problem=prob.name, relative_l2=training.relative_l2(prob, u, dtype), **out,
-                **{f"term_{k}": float(v) for k, v in loss_fn().items()})
+                **{f"term_{k}": float(v) for k, v in objective().items()})
 
 
 def main():

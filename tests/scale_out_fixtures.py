@@ -67,7 +67,7 @@ def gan_step(strategy, penalty=gan.gradient_penalty, optimizer=_adam):
 
 def pinn_step(strategy):
     """Burgers: one Adam step, then 3 L-BFGS iterations, collocation points sharded."""
-    problem = pinn.burgers_problem(hard_constraints=False)  # so the conditions are terms
+    problem = pinn.problems.burgers_problem(hard_constraints=False)  # so the conditions are terms
     points = tf.constant(pinn.sample(problem.domain, 256, "sobol", 0), tf.float64)
     conds = [tf.constant(fn(32, 1 + i), tf.float64) for i, (_, fn, _) in
              enumerate(problem.conditions)]

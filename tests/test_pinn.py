@@ -59,26 +59,26 @@ def test_partials_of_a_network_match_finite_differences():
 
 
 @pytest.mark.parametrize("pde,solution,low,high", [
-    (pinn.poisson(dim=2), lambda x: tf.reduce_prod(tf.sin(math.pi * x), 1, keepdims=True),
+    (pinn.pdes.poisson(dim=2), lambda x: tf.reduce_prod(tf.sin(math.pi * x), 1, keepdims=True),
      (0.0, 0.0), (1.0, 1.0)),
-    (pinn.poisson(dim=3), lambda x: tf.reduce_prod(tf.sin(math.pi * x), 1, keepdims=True),
+    (pinn.pdes.poisson(dim=3), lambda x: tf.reduce_prod(tf.sin(math.pi * x), 1, keepdims=True),
      (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),
-    (pinn.heat(alpha=0.5), lambda x: (tf.sin(math.pi * x[:, :1])
+    (pinn.pdes.heat(alpha=0.5), lambda x: (tf.sin(math.pi * x[:, :1])
                                       * tf.exp(-0.5 * math.pi ** 2 * x[:, 1:])), (0, 0), (1, 1)),
-    (pinn.wave(c=2.0), lambda x: tf.sin(math.pi * x[:, :1]) * tf.cos(2 * math.pi * x[:, 1:]),
+    (pinn.pdes.wave(c=2.0), lambda x: tf.sin(math.pi * x[:, :1]) * tf.cos(2 * math.pi * x[:, 1:]),
      (0, 0), (1, 1)),
-    (pinn.helmholtz(k=3.0), lambda x: tf.reduce_prod(tf.sin(math.pi * x), 1, keepdims=True),
+    (pinn.pdes.helmholtz(k=3.0), lambda x: tf.reduce_prod(tf.sin(math.pi * x), 1, keepdims=True),
      (-1, -1), (1, 1)),
     # Burgers: u = x / (1 + t) (u_xx = 0, so any viscosity); Allen-Cahn: the stationary
     # front tanh(x sqrt(r / 2d)) (d u_xx = r (u^3 - u))
-    (pinn.burgers(0.03), lambda x: x[:, :1] / (1.0 + x[:, 1:]), (-1, 0), (1, 1)),
+    (pinn.pdes.burgers(0.03), lambda x: x[:, :1] / (1.0 + x[:, 1:]), (-1, 0), (1, 1)),
     # ... and the viscous travelling wave c - a tanh(a (x - c t) / 2 nu) (u_xx != 0: the
     # viscous term's sign matters), with a fixed and a callable (learned) viscosity
-    (pinn.burgers(0.05), lambda x: 0.3 - 0.5 * tf.tanh(5.0 * (x[:, :1] - 0.3 * x[:, 1:])),
+    (pinn.pdes.burgers(0.05), lambda x: 0.3 - 0.5 * tf.tanh(5.0 * (x[:, :1] - 0.3 * x[:, 1:])),
      (-1, 0), (1, 1)),
-    (pinn.burgers(lambda: tf.constant(0.05, tf.float64)),
+    (pinn.pdes.burgers(lambda: tf.constant(0.05, tf.float64)),
      lambda x: 0.3 - 0.5 * tf.tanh(5.0 * (x[:, :1] - 0.3 * x[:, 1:])), (-1, 0), (1, 1)),
-    (pinn.allen_cahn(diffusion=0.01, reaction=5.0),
+    (pinn.pdes.allen_cahn(diffusion=0.01, reaction=5.0),
      lambda x: tf.tanh(x[:, :1] * math.sqrt(5.0 / 0.02)) + 0.0 * x[:, 1:], (-1, 0), (1, 1)),
 ])
 def test_residuals_vanish_on_exact_solutions(pde, solution, low, high):
@@ -90,11 +90,12 @@ def test_residuals_vanish_on_exact_solutions(pde, solution, low, high):
 
 def test_numpy_closed_forms_match_the_tf_solutions():
     x = pinn.sample(pinn.Box((0, 0), (1, 1)), 10, "lhs", 2).astype(np.float64)
-    np.testing.assert_allclose(pinn.heat_sine(x, 0.5),
+    np.testing.assert_allclose(pinn.reference.heat_sine(x, 0.5),
                                np.sin(np.pi * x[:, :1]) * np.exp(-0.5 * np.pi ** 2 * x[:, 1:]))
-    np.testing.assert_allclose(pinn.wave_sine(x, 2.0),
+    np.testing.assert_allclose(pinn.reference.wave_sine(x, 2.0),
                                np.sin(np.pi * x[:, :1]) * np.cos(2 * np.pi * x[:, 1:]))
-    np.testing.assert_allclose(pinn.poisson_sine(x), np.prod(np.sin(np.pi * x), 1, keepdims=True))
+    np.testing.assert_allclose(pinn.reference.poisson_sine(x),
+                               np.prod(np.sin(np.pi * x), 1, keepdims=True))
 
 
 def test_cole_hopf_reference_satisfies_burgers_initial_and_boundary_conditions():
@@ -134,7 +135,7 @@ def test_bad_input_is_named():
             pinn.partials(u, pts(3), [bad])
     with pytest.raises(ValueError, match="residual must have shape"):
         pinn.residual(pinn.PDE([(0,)], lambda x, d: tf.reshape(d[(0,)], [-1])), u, pts(3))
-    prob = pinn.heat_problem()
+    prob = pinn.problems.heat_problem()
     conds = [fn(4, 0) for _, fn, _ in prob.conditions]
     with pytest.raises(ValueError, match=r"collocation points must have shape \[n, 2\] .* 'heat'"):
         pinn.pinn_loss(prob, u, np.zeros((5, 3), np.float32), conds)
@@ -152,10 +153,10 @@ def test_a_short_training_run_reduces_the_error_well_below_its_start(tmp_path):
     small = ["pinn_experiment.width = 16", "pinn_experiment.depth = 2",
              "pinn_experiment.n_collocation = 500", "pinn_experiment.n_condition = 100"]
     _, start = harness.run(exp.pinn_experiment, ["configs/pinn/heat.gin"], small + [
-        "pinn_experiment.adam_steps = 0", "pinn_experiment.lbfgs_iterations = 0"],
+        "pinn_experiment.adam_steps = 0", "pinn_experiment.lbfgs_maxiter = 0"],
         str(tmp_path / "a"))
     _, end = harness.run(exp.pinn_experiment, ["configs/pinn/heat.gin"], small + [
-        "pinn_experiment.adam_steps = 100", "pinn_experiment.lbfgs_iterations = 150",
+        "pinn_experiment.adam_steps = 100", "pinn_experiment.lbfgs_maxiter = 150",
         "pinn_experiment.error_every = 50"], str(tmp_path / "b"))
     assert end["relative_l2"] < 0.1 * start["relative_l2"]
     curve = end["error_history"]  # [seconds, phase, step, error] at 50, 100 (Adam), L-BFGS
@@ -172,7 +173,7 @@ def test_a_short_training_run_reduces_the_error_well_below_its_start(tmp_path):
     # the finished run, run again: it restores L-BFGS's result instead of redoing L-BFGS,
     # and keeps the first run's timings
     harness.run(exp.pinn_experiment, ["configs/pinn/heat.gin"], small + [
-        "pinn_experiment.adam_steps = 100", "pinn_experiment.lbfgs_iterations = 150",
+        "pinn_experiment.adam_steps = 100", "pinn_experiment.lbfgs_maxiter = 150",
         "pinn_experiment.error_every = 50"], str(tmp_path / "b"))
     saved = json.loads((tmp_path / "b" / "metrics.json").read_text())
     assert saved["relative_l2"] == end["relative_l2"]
@@ -189,7 +190,7 @@ def test_a_run_stopped_during_lbfgs_resumes_its_error_curve_and_clock(tmp_path, 
     from hogrod import harness
     params = ["pinn_experiment.width = 16", "pinn_experiment.depth = 2",
               "pinn_experiment.n_collocation = 500", "pinn_experiment.n_condition = 100",
-              "pinn_experiment.adam_steps = 60", "pinn_experiment.lbfgs_iterations = 40",
+              "pinn_experiment.adam_steps = 60", "pinn_experiment.lbfgs_maxiter = 40",
               "pinn_experiment.error_every = 30", "pinn_experiment.checkpoint_every = 30"]
 
     def killed(*args, **kwargs):
@@ -216,7 +217,7 @@ def test_inverse_burgers_moves_the_viscosity_toward_the_truth(tmp_path):
     _, m = harness.run(exp.pinn_experiment, ["configs/pinn/burgers_inverse.gin"], [
         "pinn_experiment.width = 16", "pinn_experiment.depth = 3",
         "pinn_experiment.n_collocation = 1000", "burgers_inverse_problem.n_observations = 500",
-        "pinn_experiment.adam_steps = 100", "pinn_experiment.lbfgs_iterations = 200",
+        "pinn_experiment.adam_steps = 100", "pinn_experiment.lbfgs_maxiter = 200",
         "burgers_problem.grid_shape = (64, 20)"], str(tmp_path))
     assert abs(m["viscosity"] - m["viscosity_true"]) < abs(0.05 - m["viscosity_true"])
     # reported generically from the problem's Unknown: the truth is the factory's default
@@ -245,11 +246,11 @@ def test_annealing_weights_move_to_the_balancing_ratio():
     keras.utils.set_random_seed(0)
     net = keras.Sequential([keras.Input((2,)), keras.layers.Dense(8, activation="tanh"),
                             keras.layers.Dense(1)])
-    prob = pinn.heat_problem()
+    prob = pinn.problems.heat_problem()
     points = tf.constant(pinn.sample(prob.domain, 64, "sobol", 0))
     conds = [tf.constant(fn(32, i)) for i, (_, fn, _) in enumerate(prob.conditions)]
     terms = pinn.pinn_loss(prob, net, points, conds)
-    weights, update = pinn.annealing_weights(terms, net.trainable_variables,
+    weights, update = pinn.weighting.annealing_weights(terms, net.trainable_variables,
                                              ["initial", "boundary"], alpha=0.0)
     got = update()
     import hogrod
@@ -288,7 +289,8 @@ def test_convergence_benchmark_records_error_curves(tmp_path):
     from experiments.bench import pinn_convergence as bench
     from hogrod import harness
     _, m = harness.run(bench.bench_pinn_convergence, ["configs/bench/pinn_convergence.gin"], [
-        "bench_pinn_convergence.dde_adam_steps = 40", "bench_pinn_convergence.dde_lbfgs_iterations = 20",
+        "bench_pinn_convergence.dde_adam_steps = 40",
+        "bench_pinn_convergence.dde_lbfgs_maxiter = 20",
         "bench_pinn_convergence.error_every = 20",
         "bench_pinn_convergence.hogrod_runs = ('deepxde_setup',)"], str(tmp_path))
     curve = m["histories"]["hogrod_deepxde_setup"]
@@ -321,7 +323,7 @@ def test_partials_take_no_gradient_inside_a_recording_persistent_tape(monkeypatc
 
 def test_every_condition_needs_its_points():
     """Zipping conditions with fewer point sets would silently drop the boundary term."""
-    prob = pinn.heat_problem(grid_shape=(5, 5))
+    prob = pinn.problems.heat_problem(grid_shape=(5, 5))
     u = lambda x: x[:, :1] * x[:, 1:]  # noqa: E731
     points = pinn.sample(prob.domain, 8, "uniform", 0)
     conds = [fn(4, i) for i, (_, fn, _) in enumerate(prob.conditions)]
@@ -344,7 +346,7 @@ def test_every_condition_needs_its_points():
 
 
 def test_relative_l2_is_normalized_by_the_reference_and_is_a_number_or_none():
-    prob = pinn.heat_problem(alpha=0.5, grid_shape=(9, 7))
+    prob = pinn.problems.heat_problem(alpha=0.5, grid_shape=(9, 7))
     ref = prob.reference(prob.grid)
 
     def u(x):  # 3 u_ref + 0.1: not proportional, so no normalization gives the same number
@@ -380,7 +382,7 @@ def test_problems_are_built_with_keywords_and_checked():
 
 
 def test_an_inverse_problem_reads_its_unknowns_and_fits_its_data():
-    prob = pinn.burgers_inverse_problem(n_observations=16, initial=0.05)
+    prob = pinn.problems.burgers_inverse_problem(n_observations=16, initial=0.05)
     assert [u.name for u in prob.unknowns] == ["viscosity"] and prob.pde is None
     x = pts(32)
     with pytest.raises(ValueError, match="no PDE yet.*bind_unknowns"):  # never the truth
@@ -419,11 +421,11 @@ def test_an_inverse_problem_reads_its_unknowns_and_fits_its_data():
 
 
 def test_a_new_equation_is_one_pde_line_and_one_problem_factory():
-    """pinn.advection (one PDE line) and pinn.advection_problem: the exact solution
+    """pinn.pdes.advection (one PDE line) and pinn.problems.advection_problem: the exact solution
     sin(pi (x - c t)) zeroes every loss term, the numpy reference agrees with it, and the
     output transform meets the initial condition whatever the network says."""
     c = 0.5
-    prob = pinn.advection_problem(c=c, grid_shape=(9, 5))
+    prob = pinn.problems.advection_problem(c=c, grid_shape=(9, 5))
     exact = lambda x: tf.sin(math.pi * (x[:, :1] - c * x[:, 1:]))  # noqa: E731
     x = tf.constant(pinn.sample(prob.domain, 64, "sobol", 0), tf.float64)
     conds = [tf.constant(fn(16, 1), tf.float64) for _, fn, _ in prob.conditions]
@@ -438,14 +440,14 @@ def test_a_new_equation_is_one_pde_line_and_one_problem_factory():
     u = pinn.solution_fn(prob, lambda x: 7.0 + x[:, :1] ** 2)
     np.testing.assert_allclose(u(x0), np.sin(np.pi * x0[:, :1]), atol=1e-12)
     with pytest.raises(ValueError, match="advection_problem.c must be > 0"):
-        pinn.advection_problem(c=-1.0)
+        pinn.problems.advection_problem(c=-1.0)
 
 
 def test_clock_leaves_out_paused_time_and_time_to_error_reads_the_curve(monkeypatch):
     from hogrod.pinn import training
     now = [100.0]
     monkeypatch.setattr(training.time, "perf_counter", lambda: now[0])
-    clock = pinn.Clock(offset=5.0)  # a resumed run's earlier 5 s
+    clock = pinn.training.Clock(offset=5.0)  # a resumed run's earlier 5 s
     now[0] += 2.0
     with clock.paused():
         now[0] += 3.0

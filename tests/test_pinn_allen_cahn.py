@@ -21,17 +21,18 @@ def test_spectral_reference_solves_the_reaction_ode_without_diffusion():
         u0 = x ** 2 * np.cos(np.pi * x)
         e = math.exp(r * t)
         exact = u0 * e / np.sqrt(1 + u0 ** 2 * (e * e - 1))
-        got = pinn.allen_cahn_spectral(x, np.full(modes, t), 0.0, r, modes=modes, dt=1e-3)
+        got = pinn.reference.allen_cahn_spectral(x, np.full(modes, t), 0.0, r, modes=modes, dt=1e-3)
         np.testing.assert_allclose(got, exact, atol=1e-8)
     with pytest.raises(ValueError, match="x in \\[-1, 1\\]"):
-        pinn.allen_cahn_spectral([1.5], [0.1])
+        pinn.reference.allen_cahn_spectral([1.5], [0.1])
 
 
 def test_chained_periodic_and_fourier_embedding_is_periodic_in_x():
     keras.utils.set_random_seed(0)
-    net = pinn.modified_mlp(2, 8, 2, dtype="float64", embedding=lambda dtype: pinn.embedding_chain(
-        [lambda dtype: pinn.periodic_embedding({0: 2.0}, dtype=dtype),
-         lambda dtype: pinn.fourier_features(8, 1.0, dtype=dtype)], dtype=dtype))
+    net = pinn.modified_mlp(2, 8, 2, dtype="float64", embedding=lambda dtype: (
+        pinn.networks.embedding_chain(
+            [lambda dtype: pinn.networks.periodic_embedding({0: 2.0}, dtype=dtype),
+             lambda dtype: pinn.networks.fourier_features(8, 1.0, dtype=dtype)], dtype=dtype)))
     x = np.random.default_rng(0).uniform(-1, 1, (20, 2))
     shifted = x + np.array([2.0, 0.0])
     np.testing.assert_allclose(net(x).numpy(), net(shifted).numpy(), rtol=0, atol=1e-12)
@@ -39,11 +40,11 @@ def test_chained_periodic_and_fourier_embedding_is_periodic_in_x():
     np.testing.assert_array_equal(fourier.b.numpy(), fourier.frequencies(3))  # not zeros
     assert np.abs(net(x + np.array([0.0, 0.5])).numpy() - net(x).numpy()).max() > 1e-6
     with pytest.raises(ValueError, match="embedding_chain.embeddings"):
-        pinn.embedding_chain([])
+        pinn.networks.embedding_chain([])
 
 
 def test_combined_weights_are_their_parts():
-    prob = pinn.allen_cahn_problem(hard_constraints=False, boundary_term=False,
+    prob = pinn.problems.allen_cahn_problem(hard_constraints=False, boundary_term=False,
                                    grid_shape=(3, 3))
     assert [name for name, _, _ in prob.conditions] == ["initial"]
     keras.utils.set_random_seed(0)
@@ -52,7 +53,8 @@ def test_combined_weights_are_their_parts():
     pts = tf.constant(np.stack([rng.uniform(-1, 1, 512), rng.uniform(0, 1, 512)], 1))
     cond = [tf.constant(prob.conditions[0][1](16, 1), tf.float64)]
     args = (prob, net, pts, cond, net.trainable_variables)
-    both = pinn.combined_weights(*args, schemes=[pinn.grad_norm_weights, pinn.causal_weights])
+    both = pinn.weighting.combined_weights(*args,
+                                           schemes=[pinn.grad_norm_weights, pinn.causal_weights])
     grad, causal = pinn.grad_norm_weights(*args), pinn.causal_weights(*args, chunks=32)
     assert set(both.weights) == {"initial"} and set(both.reducers) == {"residual"}
     assert both.every == grad.every and both.update is not None
@@ -62,4 +64,4 @@ def test_combined_weights_are_their_parts():
     plain = pinn.pinn_loss(prob, net, pts, cond)()
     assert abs(float(combined["residual"]) - float(plain["residual"])) > 1e-9  # causal acts
     with pytest.raises(ValueError, match="reducers of \\['residual'\\]"):
-        pinn.combined_weights(*args, schemes=[pinn.causal_weights, pinn.causal_weights])
+        pinn.weighting.combined_weights(*args, schemes=[pinn.causal_weights, pinn.causal_weights])

@@ -21,11 +21,12 @@ def coefficients(dim=DIM, seed=0):
 
 def test_residual_vanishes_on_the_analytic_solution():
     """The hand-derived Laplacian against reverse-over-reverse autodiff, float64."""
-    prob = pinn.poisson_nd_problem(dim=DIM, laplacian=pinn.exact_laplacian, n_test=10)
+    prob = pinn.problems.poisson_nd_problem(dim=DIM, laplacian=pinn.pdes.exact_laplacian,
+                                            n_test=10)
     x, c = points(30), coefficients()
-    solution = lambda z: pinn.two_body_solution(z, c)  # noqa: E731
+    solution = lambda z: pinn.problems.two_body_solution(z, c)  # noqa: E731
     np.testing.assert_allclose(pinn.residual(prob.pde, solution, x), 0.0, atol=1e-12)
-    wrong = lambda z: pinn.two_body_solution(z, c + 0.1)  # noqa: E731
+    wrong = lambda z: pinn.problems.two_body_solution(z, c + 0.1)  # noqa: E731
     assert np.abs(pinn.residual(prob.pde, wrong, x)).max() > 1e-2
     np.testing.assert_allclose(prob.reference(x.numpy()), solution(x).numpy(), rtol=1e-15)
     assert prob.transform(x, tf.ones([30, 1], tf.float64)).shape == (30, 1)
@@ -34,11 +35,12 @@ def test_residual_vanishes_on_the_analytic_solution():
 def test_randomized_residual_is_unbiased_with_a_new_seed_each_step():
     """The mean of the compiled randomized residual over calls matches the exact one within
     5 standard errors (its spread over the calls); one trace for every call."""
-    exact = pinn.poisson_nd_problem(dim=DIM, laplacian=pinn.exact_laplacian, n_test=10)
-    random = pinn.poisson_nd_problem(
-        dim=DIM, n_test=10, laplacian=lambda: pinn.randomized_laplacian(num_probes=4))
+    exact = pinn.problems.poisson_nd_problem(dim=DIM, laplacian=pinn.pdes.exact_laplacian,
+                                             n_test=10)
+    random = pinn.problems.poisson_nd_problem(
+        dim=DIM, n_test=10, laplacian=lambda: pinn.pdes.randomized_laplacian(num_probes=4))
     x, c = points(12), coefficients()
-    wrong = lambda z: pinn.two_body_solution(z, c + 1.0)  # noqa: E731
+    wrong = lambda z: pinn.problems.two_body_solution(z, c + 1.0)  # noqa: E731
     step = tf.function(lambda: pinn.residual(random.pde, wrong, x))
     draws = np.stack([step().numpy() for _ in range(100)])
     assert step.experimental_get_tracing_count() == 1
@@ -62,15 +64,15 @@ def test_points_are_uniform_in_a_high_dimensional_ball():
 @pytest.mark.parametrize("kwargs,error,match", [
     ({"laplacian": "hutchinson"}, TypeError, "poisson_nd_problem.laplacian"),
     ({"laplacian": lambda: 3}, TypeError, "poisson_nd_problem.laplacian"),
-    ({"laplacian": lambda: pinn.randomized_laplacian(method="sdgd")}, ValueError,
+    ({"laplacian": lambda: pinn.pdes.randomized_laplacian(method="sdgd")}, ValueError,
      "randomized_laplacian.method"),
-    ({"laplacian": lambda: pinn.randomized_laplacian(num_probes=0)}, ValueError,
+    ({"laplacian": lambda: pinn.pdes.randomized_laplacian(num_probes=0)}, ValueError,
      "randomized_laplacian.num_probes"),
     ({"dim": 1}, ValueError, "poisson_nd_problem.dim"),
 ])
 def test_bad_bindings_are_clear_errors(kwargs, error, match):
     with pytest.raises(error, match=match):
-        pinn.poisson_nd_problem(**{"n_test": 10, **kwargs})
+        pinn.problems.poisson_nd_problem(**{"n_test": 10, **kwargs})
 
 
 def test_the_highdim_benchmark_times_both_laplacians_and_their_ratio(tmp_path):
@@ -93,7 +95,7 @@ def test_fresh_points_change_every_k_steps_and_the_step_traces_once():
     import keras
     from experiments import pinn as exp
     from hogrod import train
-    ball = pinn.poisson_nd_problem(dim=DIM, n_test=10)
+    ball = pinn.problems.poisson_nd_problem(dim=DIM, n_test=10)
     strategy = tf.distribute.get_strategy()
     stream = exp.fresh_batches(strategy, ball, 8, 4, "sobol", 0, tf.float32, every=2)
     pts = [next(stream)[0].numpy() for _ in range(6)]
@@ -103,7 +105,7 @@ def test_fresh_points_change_every_k_steps_and_the_step_traces_once():
     resumed = exp.fresh_batches(strategy, ball, 8, 4, "sobol", 0, tf.float32, every=2,
                                 start=3)
     np.testing.assert_array_equal(next(resumed)[0].numpy(), pts[3])
-    prob = pinn.advection_problem(grid_shape=(3, 3))
+    prob = pinn.problems.advection_problem(grid_shape=(3, 3))
     net = exp.tanh_mlp(2, 4, 1, "float32")
     points, cond = exp.collocation(prob, 8, 4, "sobol", 0, tf.float32)
     loss_fn = pinn.pinn_loss(prob, pinn.solution_fn(prob, net), points, cond)
@@ -120,7 +122,7 @@ def test_residual_on_conditions_appends_every_condition_point_as_deepxde_does():
     `PDE`/`TimePDE` fit the residual on `train_x_all`: domain, boundary and initial points);
     the fresh-point stream draws the same set."""
     from experiments import pinn as exp
-    prob = pinn.advection_problem(grid_shape=(3, 3))
+    prob = pinn.problems.advection_problem(grid_shape=(3, 3))
     plain, cond = exp.collocation(prob, 8, {"inflow": 5}, "sobol", 0, tf.float64)
     points, cond_too = exp.collocation(prob, 8, {"inflow": 5}, "sobol", 0,
                                        tf.float64, residual_on_conditions=True)
@@ -142,7 +144,7 @@ def test_residual_on_conditions_appends_every_condition_point_as_deepxde_does():
 ])
 def test_bad_resampling_bindings_are_clear_errors(tmp_path, kwargs, match):
     from experiments import pinn as exp
-    problem = lambda: pinn.poisson_nd_problem(dim=DIM, n_test=10)  # noqa: E731
+    problem = lambda: pinn.problems.poisson_nd_problem(dim=DIM, n_test=10)  # noqa: E731
     with pytest.raises(ValueError, match=match):
         exp.pinn_experiment(str(tmp_path), problem=problem, width=4, depth=1, n_collocation=8,
-                            adam_steps=1, lbfgs_iterations=0, **kwargs)
+                            adam_steps=1, lbfgs_maxiter=0, **kwargs)

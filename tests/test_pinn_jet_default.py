@@ -34,16 +34,16 @@ def _sines(x):
 
 # name: (PDE, input dim, outputs, the residual from a full `partials` dict, written here)
 CASES = {
-    "burgers": (pinn.burgers(0.03), 2, 1,
+    "burgers": (pinn.pdes.burgers(0.03), 2, 1,
                 lambda x, d: d[(1,)] + d[()] * d[(0,)] - 0.03 * d[(0, 0)]),
-    "heat": (pinn.heat(2, 0.7), 3, 1, lambda x, d: d[(2,)] - 0.7 * _lap(d, 2)),
-    "wave": (pinn.wave(1.5), 2, 1, lambda x, d: d[(1, 1)] - 2.25 * d[(0, 0)]),
-    "poisson": (pinn.poisson(2), 2, 1,
+    "heat": (pinn.pdes.heat(2, 0.7), 3, 1, lambda x, d: d[(2,)] - 0.7 * _lap(d, 2)),
+    "wave": (pinn.pdes.wave(1.5), 2, 1, lambda x, d: d[(1, 1)] - 2.25 * d[(0, 0)]),
+    "poisson": (pinn.pdes.poisson(2), 2, 1,
                 lambda x, d: _lap(d, 2) + 2 * math.pi ** 2 * _sines(x)),
-    "allen_cahn": (pinn.allen_cahn(1e-3, 5.0), 2, 1,
+    "allen_cahn": (pinn.pdes.allen_cahn(1e-3, 5.0), 2, 1,
                    lambda x, d: d[(1,)] - 1e-3 * d[(0, 0)] + 5.0 * (d[()] ** 3 - d[()])),
-    "advection": (pinn.advection(0.8), 2, 1, lambda x, d: d[(1,)] + 0.8 * d[(0,)]),
-    "helmholtz": (pinn.helmholtz(2.0, 2), 2, 1,
+    "advection": (pinn.pdes.advection(0.8), 2, 1, lambda x, d: d[(1,)] + 0.8 * d[(0,)]),
+    "helmholtz": (pinn.pdes.helmholtz(2.0, 2), 2, 1,
                   lambda x, d: _lap(d, 2) + 4.0 * d[()] - (4.0 - 2 * math.pi ** 2) * _sines(x)),
     "pinnacle_ns": (P.navier_stokes(0.01, "ns"), 2, 3, None),
     "pinnacle_heat2d_ms": (P.pinnacle_heat2d_multiscale().pde, 3, 1, None),
@@ -122,13 +122,17 @@ def _path_taken(monkeypatch, pde, u_fn, x, **kw):
 
 
 def test_the_jet_is_taken_for_a_tanh_mlp_and_partials_otherwise(monkeypatch):
-    pde, x = pinn.burgers(0.03), _x(2)
+    pde, x = pinn.pdes.burgers(0.03), _x(2)
     net = _net(2)
     assert _path_taken(monkeypatch, pde, net, x)[0] == "jet"
     assert _path_taken(monkeypatch, pde, net, x, use_jet=False)[0] == "partials"
-    monkeypatch.setattr(pdes, "operator_jet", lambda: (False, False))  # the gin opt-out
-    assert _path_taken(monkeypatch, pde, net, x)[0] == "partials"
-    monkeypatch.undo()
+    # pinn_loss passes the experiment's pinn_experiment.use_jet down to the residual
+    problem = pinn.Problem(name="b", pde=pde, domain=pinn.Box((-1.0, -1.0), (1.0, 1.0)))
+    for use_jet, path in ((True, "jet"), (False, "partials")):
+        calls = _spy(monkeypatch)
+        pinn.pinn_loss(problem, net, x, [], use_jet=use_jet)()
+        assert calls[path] == 1 and sum(calls.values()) == 1
+        monkeypatch.undo()
     transform = lambda z: z[:, 1:2] * net(z)  # noqa: E731  an output transform
     emb = networks.mlp_network(2, 4, 1, embedding=lambda dtype=None: networks.FourierFeatures(
         3, dtype=dtype), dtype="float64")
@@ -144,7 +148,7 @@ def test_the_jet_is_taken_for_a_tanh_mlp_and_partials_otherwise(monkeypatch):
 def test_a_float32_net_at_float64_points_behaves_as_partials(monkeypatch):
     """Keras casts x to the net's float32; `partials` then meets float64 u_x and float32 u
     in Burgers' u u_x and raises: the default path must do the same, not run the jet."""
-    pde, net, x = pinn.burgers(0.03), _net(2, dtype="float32"), _x(2)
+    pde, net, x = pinn.pdes.burgers(0.03), _net(2, dtype="float32"), _x(2)
     assert not jet.applies(net, tf.float64) and jet.applies(net, tf.float32)
     calls = _spy(monkeypatch)
     with pytest.raises(tf.errors.InvalidArgumentError, match="double"):
@@ -157,7 +161,7 @@ def test_a_float32_net_at_float64_points_behaves_as_partials(monkeypatch):
 
 def test_a_callable_coefficient_uses_the_generic_jet():
     nu = tf.Variable(0.05, dtype=tf.float64)
-    pde, net, x = pinn.burgers(lambda: nu), _net(2), _x(2)
+    pde, net, x = pinn.pdes.burgers(lambda: nu), _net(2), _x(2)
     assert pde.linear is None and pdes.jet_applies(pde, net, x)
     r, g = _value_and_grads(lambda: pinn.residual(pde, net, x), net)
 
@@ -170,7 +174,7 @@ def test_a_callable_coefficient_uses_the_generic_jet():
 
 def test_gpinn_jacobian_in_x_and_its_weight_gradient_through_the_jet():
     """Second order through the hand-written backward: d residual / dx, then d / d weights."""
-    pde, net, x = pinn.burgers(0.03), _net(2), _x(2)
+    pde, net, x = pinn.pdes.burgers(0.03), _net(2), _x(2)
 
     def gpinn(use_jet):
         def f():
@@ -178,7 +182,7 @@ def test_gpinn_jacobian_in_x_and_its_weight_gradient_through_the_jet():
                                         x)
             return jac[:, 0, :]
         return f
-    r, g = _value_and_grads(gpinn(None), net)
+    r, g = _value_and_grads(gpinn(True), net)
     r_ref, g_ref = _value_and_grads(gpinn(False), net)
     _assert_close([r] + g, [r_ref] + g_ref, tol=1e-11)
 

@@ -57,7 +57,7 @@ def test_estimates_are_unbiased_with_the_predicted_error(setup, method, probes):
 
 def test_sample_variance_matches_the_rademacher_formula(setup):
     net, x, hess = setup
-    samples = pinn.laplacian_probes(net, x[:20], 4000, seed=1).numpy()[..., 0]
+    samples = pinn.stochastic.laplacian_probes(net, x[:20], 4000, seed=1).numpy()[..., 0]
     np.testing.assert_allclose(samples.var(0), probe_variance(hess[:20], "hutchinson", 1),
                                rtol=0.2)
     se = samples.std(0) / np.sqrt(4000)  # the mean of many probes converges to the exact
@@ -101,8 +101,8 @@ def test_seeds_and_a_compiled_step_under_a_parameter_tape(setup):
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(num_probes=0), "num_probes must be a positive integer"),
-    (dict(num_probes=2.0), "num_probes must be a positive integer"),
+    (dict(num_probes=0), "num_probes must be an integer >= 1"),
+    (dict(num_probes=2.0), "num_probes must be an integer >= 1"),
     (dict(num_probes=2, method="rademacher"), "method must be one of"),
     (dict(num_probes=DIM + 1, method="stde"), "num_probes = 6 is more"),
     (dict(num_probes=2, seed=1.5), "seed must be an integer"),

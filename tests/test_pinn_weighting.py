@@ -48,8 +48,8 @@ def test_ntk_weights_of_a_linear_model_are_the_hand_computed_trace_ratios():
     target = {"residual": (k_rr + k_bb) / k_rr, "left": (k_rr + k_bb) / k_bb}
     for name in target:  # one moving-average step from 1
         np.testing.assert_allclose(got[name], 0.9 * 1.0 + 0.1 * target[name], rtol=1e-12)
-    np.testing.assert_allclose(float(pinn.ntk_trace(net, conds[0], net.trainable_variables)),
-                               k_bb, rtol=1e-12)
+    np.testing.assert_allclose(
+        float(pinn.weighting.ntk_trace(net, conds[0], net.trainable_variables)), k_bb, rtol=1e-12)
     loss = pinn.pinn_loss(prob, net, line_points(), conds, scheme.weights)()
     plain = pinn.pinn_loss(prob, net, line_points(), conds)()
     np.testing.assert_allclose(float(loss["left"]), got["left"] * float(plain["left"]),
@@ -96,7 +96,7 @@ def heat_u(x):
 
 def test_causal_residual_is_the_papers_chunk_weighted_mean():
     alpha, eps, chunks = 0.1, 3.0, 4
-    prob = pinn.heat_problem(alpha=alpha, grid_shape=(3, 3))
+    prob = pinn.problems.heat_problem(alpha=alpha, grid_shape=(3, 3))
     x = pinn.sample(prob.domain, 200, "uniform", 0).astype(np.float64)
     conds = [fn(8, i).astype(np.float64) for i, (_, fn, _) in enumerate(prob.conditions)]
     scheme = pinn.causal_weights(prob, heat_u, x, conds, [], eps=eps, chunks=chunks)
@@ -111,12 +111,12 @@ def test_causal_residual_is_the_papers_chunk_weighted_mean():
 
 def test_causal_chunk_weights_are_monotone_and_carry_no_gradient():
     losses = tf.constant(np.random.default_rng(0).uniform(0, 2, 16))
-    w = pinn.causal_chunk_weights(losses, 0.7).numpy()
+    w = pinn.weighting.causal_chunk_weights(losses, 0.7).numpy()
     np.testing.assert_allclose(w, np.exp(-0.7 * (np.cumsum(losses) - losses)), rtol=1e-12)
     assert w[0] == 1.0 and np.all(np.diff(w) <= 0)
     # the causal residual's gradient is sum_i w_i grad L_r(t_i) / M with w held fixed: each
     # chunk's gradient from pinn_loss on that chunk's points alone
-    prob = pinn.heat_problem(alpha=0.1, grid_shape=(3, 3))
+    prob = pinn.problems.heat_problem(alpha=0.1, grid_shape=(3, 3))
     net = mlp(2, 4)
     x = pinn.sample(prob.domain, 60, "uniform", 1).astype(np.float64)
     conds = [fn(4, i).astype(np.float64) for i, (_, fn, _) in enumerate(prob.conditions)]
@@ -169,7 +169,7 @@ def test_self_adaptive_weights_rise_where_residuals_are_large_after_an_ascent_st
 def test_gpinn_term_matches_finite_differences_of_the_residual():
     """"gpinn" = sum_j w_j mean((d r / d x_j)^2), d r / d x_j by float64 central differences
     of the residual of a tanh network on the heat equation."""
-    prob, net = pinn.heat_problem(alpha=0.3, grid_shape=(3, 3)), mlp(2, 5)
+    prob, net = pinn.problems.heat_problem(alpha=0.3, grid_shape=(3, 3)), mlp(2, 5)
     x = pinn.sample(prob.domain, 16, "sobol", 0).astype(np.float64)
     conds = [fn(4, i).astype(np.float64) for i, (_, fn, _) in enumerate(prob.conditions)]
     gpinn = {0: 0.3, 1: 0.02}
@@ -210,13 +210,13 @@ def test_gpinn_term_matches_finite_differences_of_the_residual():
 
 def test_a_scheme_on_a_problem_without_the_terms_it_needs_is_a_named_error():
     net = mlp(2, 0)
-    poisson = pinn.poisson_problem(grid_points=3)
-    x = pinn.sample(poisson.domain, 40, "uniform", 0)
-    conds = [fn(8, 0) for _, fn, _ in poisson.conditions]
+    poisson = pinn.problems.poisson_problem(grid_points=3)
+    x = pinn.sample(poisson.domain, 40, "uniform", 0, dtype=np.float64)
+    conds = [fn(8, 0).astype(np.float64) for _, fn, _ in poisson.conditions]
     with pytest.raises(ValueError, match=r"no time coordinate \(Problem.time_dependent is "
                                          r"False\).*pinn_experiment.weighting"):
         pinn.causal_weights(poisson, net, x, conds, [])
-    burgers = pinn.burgers_problem(grid_shape=(3, 3))  # hard conditions: the residual alone
+    burgers = pinn.problems.burgers_problem(grid_shape=(3, 3))  # hard conditions: residual alone
     for scheme in (pinn.ntk_weights, pinn.grad_norm_weights):
         with pytest.raises(ValueError, match=r"residual as its only loss term.*"
                                              r"burgers_problem.hard_constraints = False"):
@@ -240,7 +240,7 @@ def test_self_adaptive_config_trains_and_checkpoints_its_weights(tmp_path):
     _, m = harness.run(exp.pinn_experiment, ["configs/pinn/burgers_sa.gin"], [
         "pinn_experiment.width = 8", "pinn_experiment.depth = 2",
         "pinn_experiment.n_collocation = 128", "pinn_experiment.n_condition = 32",
-        "pinn_experiment.adam_steps = 3", "pinn_experiment.lbfgs_iterations = 0",
+        "pinn_experiment.adam_steps = 3", "pinn_experiment.lbfgs_maxiter = 0",
         "burgers_problem.grid_shape = (8, 4)"], str(tmp_path))
     assert np.isfinite(m["relative_l2"]) and {"term_residual", "term_initial"} <= set(m)
     saved = [n for n, _ in tf.train.list_variables(str(tmp_path / "ckpt"))]
@@ -250,7 +250,7 @@ def test_self_adaptive_config_trains_and_checkpoints_its_weights(tmp_path):
 
 def test_the_binary_takes_none_or_a_scheme_and_names_bad_choices():
     from experiments import pinn as exp
-    prob, net = pinn.heat_problem(grid_shape=(3, 3)), mlp(2, 0)
+    prob, net = pinn.problems.heat_problem(grid_shape=(3, 3)), mlp(2, 0)
     x = tf.constant(pinn.sample(prob.domain, 128, "sobol", 0), tf.float64)  # 4 per time chunk
     conds = [tf.constant(fn(4, i), tf.float64) for i, (_, fn, _) in enumerate(prob.conditions)]
     args = (prob, net, x, conds, net.trainable_variables)
@@ -289,7 +289,7 @@ def test_grad_norm_balance_weights_of_a_linear_model_are_the_hand_computed_norm_
         mean = (norms["residual"] + norms["left"]) / 2
         return {n: 0.9 * 1.0 + 0.1 * mean / v for n, v in norms.items()}
 
-    scheme = pinn.grad_norm_balance_weights(*args, alpha=0.9, every=5)
+    scheme = pinn.weighting.grad_norm_balance_weights(*args, alpha=0.9, every=5)
     assert scheme.every == 5 and set(scheme.weights) == {"residual", "left"}
     got = {k: float(v) for k, v in scheme.update().items()}
     for name, want in expected(1.0).items():
@@ -297,13 +297,13 @@ def test_grad_norm_balance_weights_of_a_linear_model_are_the_hand_computed_norm_
 
     def quadruple(problem, u_fn, points, condition_points, variables, gpinn=None):
         return pinn.Weighting(reducers={"residual": lambda x, sq: 4.0 * tf.reduce_mean(sq)})
-    both = pinn.combined_weights(*args, schemes=[
-        quadruple, functools.partial(pinn.grad_norm_balance_weights, every=5)])
+    both = pinn.weighting.combined_weights(*args, schemes=[
+        quadruple, functools.partial(pinn.weighting.grad_norm_balance_weights, every=5)])
     got = {k: float(v) for k, v in both.update().items()}
     for name, want in expected(4.0).items():
         np.testing.assert_allclose(got[name], want, rtol=1e-12)
     with pytest.raises(ValueError, match="grad_norm_balance_weights.alpha"):
-        pinn.grad_norm_balance_weights(*args, alpha=1.0)
+        pinn.weighting.grad_norm_balance_weights(*args, alpha=1.0)
 
 
 def test_annealed_causal_eps_rises_only_once_every_chunk_is_open():
@@ -311,11 +311,11 @@ def test_annealed_causal_eps_rises_only_once_every_chunk_is_open():
     is above tol = 0.99 (the next loss uses eps 0.1), at 0.1 it is below (eps stays); each
     loss equals the paper's chunk-weighted mean at the eps it was computed with (numpy)."""
     alpha, chunks, schedule = 0.1, 4, (1e-3, 0.1, 10.0)
-    prob = pinn.heat_problem(alpha=alpha, grid_shape=(3, 3))
+    prob = pinn.problems.heat_problem(alpha=alpha, grid_shape=(3, 3))
     x = pinn.sample(prob.domain, 200, "uniform", 0).astype(np.float64)
     conds = [fn(8, i).astype(np.float64) for i, (_, fn, _) in enumerate(prob.conditions)]
-    scheme = pinn.annealed_causal_weights(prob, heat_u, x, conds, [], eps=schedule, tol=0.99,
-                                          chunks=chunks)
+    scheme = pinn.weighting.annealed_causal_weights(prob, heat_u, x, conds, [], eps=schedule,
+                                                    tol=0.99, chunks=chunks)
     loss = pinn.pinn_loss(prob, heat_u, x, conds, reducers=scheme.reducers)
     r2 = (x[:, 0] + alpha * np.pi ** 2 * np.sin(np.pi * x[:, 0])) ** 2
     chunk = np.minimum((x[:, 1] * chunks).astype(int), chunks - 1)
@@ -333,4 +333,4 @@ def test_annealed_causal_eps_rises_only_once_every_chunk_is_open():
     assert int(index) == 2  # the last eps stays
     for bad in [(), (1.0, 0.1), (1.0, float("nan"))]:
         with pytest.raises(ValueError, match="annealed_causal_weights.eps"):
-            pinn.annealed_causal_weights(prob, heat_u, x, conds, [], eps=bad)
+            pinn.weighting.annealed_causal_weights(prob, heat_u, x, conds, [], eps=bad)

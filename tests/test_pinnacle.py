@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from hogrod import pinn
 from hogrod.pinn import pinnacle as P
+from hogrod.pinn import pinnacle_data
 
 F64 = tf.float64
 
@@ -217,7 +218,7 @@ def test_reader_steady_layout_and_its_errors(tmp_path):
 def test_the_default_data_dir_is_shared_data_beside_the_repository_and_a_binding_moves_it(
         tmp_path):
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    assert P.pinnacle_data_dir() == os.path.normpath(
+    assert pinnacle_data.pinnacle_data_dir() == os.path.normpath(
         os.path.join(repo, "..", "shared", "data", "pinnacle"))
     _steady_file(tmp_path, 3, name="lid_driven_a4.dat")
     gin.bind_parameter("pinnacle_data_dir.directory", str(tmp_path))
@@ -241,13 +242,13 @@ def test_l2re_is_pinnacles_pooled_relative_error_without_nan_rows():
     keep[[3, 17]] = False
     diff = (pred - ref)[keep]
     expect = np.sqrt((diff ** 2).mean()) / np.sqrt((ref[keep] ** 2).mean())
-    assert P.l2re(ref, pred) == pytest.approx(expect, rel=1e-12)
-    assert P.l2re(ref[keep], pred[keep]) == pytest.approx(
+    assert pinnacle_data.l2re(ref, pred) == pytest.approx(expect, rel=1e-12)
+    assert pinnacle_data.l2re(ref[keep], pred[keep]) == pytest.approx(
         np.linalg.norm(diff) / np.linalg.norm(ref[keep]), rel=1e-12)
     with pytest.raises(ValueError, match="shapes"):
-        P.l2re(ref, pred[:, :2])
+        pinnacle_data.l2re(ref, pred[:, :2])
     with pytest.raises(ValueError, match="every row"):
-        P.l2re(np.full((2, 1), np.nan), np.zeros((2, 1)))
+        pinnacle_data.l2re(np.full((2, 1), np.nan), np.zeros((2, 1)))
 
 
 # ---------------------------------------------------------------- conditions and the binary

@@ -114,7 +114,7 @@ def test_binaries_take_their_strategy_from_gin_and_agree_with_one_device(tmp_pat
         (pinn.pinn_experiment, ["configs/pinn/heat.gin"],
          ["pinn_experiment.width = 16", "pinn_experiment.depth = 2",
           "pinn_experiment.n_collocation = 512", "pinn_experiment.n_condition = 64",
-          "pinn_experiment.adam_steps = 20", "pinn_experiment.lbfgs_iterations = 20",
+          "pinn_experiment.adam_steps = 20", "pinn_experiment.lbfgs_maxiter = 20",
           "pinn_experiment.dtype = 'float64'"], ["relative_l2", "relative_l2_after_adam"]),
         (hessian_spectrum.hessian_spectrum, ["configs/curvature/spectrum_mlp.gin"],
          ["hessian_spectrum.hidden = (8,)", "hessian_spectrum.steps = 20",

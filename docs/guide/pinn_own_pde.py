@@ -62,7 +62,7 @@ def make_problem():
 
 def main(quick=False):
     keras.utils.set_random_seed(0)
-    adam_steps, lbfgs_iterations, n_points, n_boundary = (
+    adam_steps, lbfgs_maxiter, n_points, n_boundary = (
         (200, 150, 128, 32) if quick else (2000, 10000, 2000, 256))
 
     # the PDE is right if the exact solution leaves no residual (float64 points)
@@ -75,17 +75,17 @@ def main(quick=False):
     u = pinn.solution_fn(problem, net)      # the net, through problem.transform if there is one
     points = problem.domain.interior(n_points, seed=0)
     condition_points = [points_fn(n_boundary, seed=1) for _, points_fn, _ in problem.conditions]
-    loss_fn = pinn.pinn_loss(problem, u, points, condition_points, weights={"boundary": 10.0})
-    # loss_fn() -> {"residual": scalar, "boundary": scalar}, the weights already applied
+    objective = pinn.pinn_loss(problem, u, points, condition_points, weights={"boundary": 10.0})
+    # objective() -> {"residual": scalar, "boundary": scalar}, the weights already applied
 
-    step = hogrod.train.make_train_step(loss_fn, keras.optimizers.Adam(1e-3),
+    step = hogrod.train.make_train_step(objective, keras.optimizers.Adam(1e-3),
                                         net.trainable_variables)
     step(None)  # make_train_step's step takes a batch; pinn_loss ignores None (all points)
     for _ in range(adam_steps - 1):
         logs = step(None)
     after_adam = pinn.relative_l2(problem, u)
-    final_loss, iterations, seconds = pinn.lbfgs(loss_fn, net.trainable_variables,
-                                                 max_iterations=lbfgs_iterations)
+    final_loss, iterations, seconds = pinn.lbfgs(objective, net.trainable_variables,
+                                                 maxiter=lbfgs_maxiter)
     error = pinn.relative_l2(problem, u)                # a float (None without a reference)
     pred = pinn.predict_on_grid(problem, u)             # numpy [n, 1] on problem.grid
     assert pred.shape == (len(problem.grid), 1)

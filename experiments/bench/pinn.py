@@ -4,12 +4,12 @@ One evaluation = u, u_x, u_t, u_xx of a tanh MLP (Raissi's 8 x 20) at every poin
 mean squared residual, and its gradient with respect to the weights. Candidates, in the
 same run on the same weights and points, interleaved:
 - hogrod: `pinn.residual` in a `tf.function`, exactly `pinn_experiment`'s default training
-  step: its default derivative path, the operator jet (`pinn.pdes.operator_jet`: u, u_x and
+  step: its default derivative path, the operator jet (`pinn.residual`'s `use_jet`: u, u_x and
   Burgers' declared linear part u_t - nu u_xx as one channel, `PDE.linear`) in an inner
   XLA-compiled function; `hogrod_xla`: the whole step under XLA (`make_train_step.jit_compile`);
   `hogrod_unfolded`: the generic jet of the wanted partials (u, u_x, u_t, u_xx: nu a
   callable, so nothing is folded); the default without the inner XLA is `hogrod_jet`
-  below (`operator_jet.jit_compile = False`);
+  below (`residual(..., jit_compile=False)`, `pinn_experiment.jet_jit_compile = False`);
 - hogrod_partials: the nested-tape `hogrod.pinn.partials` (the default before the jet, and
   the fallback for any other network or PDE: `residual(..., use_jet=False)`), and the same
   under XLA (`hogrod_partials_xla`);
@@ -65,13 +65,13 @@ def make_net(width, depth):
     return dense_net((2,) + (width,) * depth + (1,), "tanh")
 
 
-def hogrod_candidate(net, x, jit_compile=False, use_jet=None, fold=True):
+def hogrod_candidate(net, x, jit_compile=False, use_jet=True, fold=True):
     """`pinn.residual` in a `tf.function`: with the defaults, what `pinn_experiment`'s default
     training step does (the operator jet in its inner XLA function, Burgers' u_t - nu u_xx
     one channel); use_jet=False: the nested-tape `partials`; jit_compile: the whole step
     under XLA; fold=False: nu as a callable, so u_t and u_xx are two channels (the generic
     jet of any PDE's wanted partials)."""
-    pde = pinn.burgers(NU if fold else (lambda: NU))
+    pde = pinn.pdes.burgers(NU if fold else (lambda: NU))
 
     @tf.function(jit_compile=jit_compile)
     def run():

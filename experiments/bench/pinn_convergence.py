@@ -37,17 +37,17 @@ from experiments.bench.runs import run_pinn_binary
 from hogrod import harness, pinn
 
 
-def deepxde_setup(adam_steps, lbfgs_iterations):
+def deepxde_setup(adam_steps, lbfgs_maxiter):
     """experiments/pinn.py bindings for DeepXDE's example setup and schedule."""
     return ["pinn_experiment.problem = @burgers_problem",
             "burgers_problem.hard_constraints = False",
             "pinn_experiment.width = 20", "pinn_experiment.depth = 3",
             "pinn_experiment.n_collocation = 2540", "pinn_experiment.n_condition = 160",
             f"pinn_experiment.adam_steps = {adam_steps}", "pinn_experiment.adam_lr = 1e-3",
-            f"pinn_experiment.lbfgs_iterations = {lbfgs_iterations}"]
+            f"pinn_experiment.lbfgs_maxiter = {lbfgs_maxiter}"]
 
 
-def deepxde_run(adam_steps, lbfgs_iterations, error_every, thresholds, seed,
+def deepxde_run(adam_steps, lbfgs_maxiter, error_every, thresholds, seed,
                 first_lbfgs_budget=500):
     os.environ.setdefault("DDE_BACKEND", "tensorflow")
     try:
@@ -56,7 +56,7 @@ def deepxde_run(adam_steps, lbfgs_iterations, error_every, thresholds, seed,
         logging.warning("deepxde unavailable (%s): no DeepXDE baseline", e)
         return None
     dde.config.set_random_seed(seed)
-    problem = pinn.burgers_problem()
+    problem = pinn.problems.burgers_problem()
     grid, ref = problem.grid, problem.reference(problem.grid)
 
     def error():
@@ -77,12 +77,12 @@ def deepxde_run(adam_steps, lbfgs_iterations, error_every, thresholds, seed,
         logging.info("deepxde adam %d: %.1f s, relative L2 %.3e", done, seconds, history[-1][3])
     # DeepXDE's L-BFGS is one graph call with no progress to observe; so run it with doubling
     # iteration budgets, each from the weights Adam left, until the last threshold is
-    # reached or the budget hits `lbfgs_iterations`: a budget's time is what a run stopped
+    # reached or the budget hits `lbfgs_maxiter`: a budget's time is what a run stopped
     # there would have taken, and the first budget below a threshold brackets its time.
     after_adam, adam_seconds = model.net.get_weights(), seconds
     budget = first_lbfgs_budget
     while True:
-        budget = min(budget, lbfgs_iterations)
+        budget = min(budget, lbfgs_maxiter)
         model.net.set_weights(after_adam)
         dde.optimizers.config.set_LBFGS_options(maxiter=budget)
         model.compile("L-BFGS")
@@ -91,7 +91,7 @@ def deepxde_run(adam_steps, lbfgs_iterations, error_every, thresholds, seed,
         history.append([adam_seconds + time.perf_counter() - t0, "lbfgs", budget, error()])
         logging.info("deepxde L-BFGS budget %d: %.1f s, relative L2 %.3e", budget,
                      history[-1][0], history[-1][3])
-        if history[-1][3] <= min(thresholds) or budget >= lbfgs_iterations:
+        if history[-1][3] <= min(thresholds) or budget >= lbfgs_maxiter:
             break
         budget *= 2
     seconds = history[-1][0]
@@ -102,13 +102,13 @@ def deepxde_run(adam_steps, lbfgs_iterations, error_every, thresholds, seed,
 
 @gin.configurable
 def bench_pinn_convergence(output_dir, error_every=500, thresholds=(1e-2, 1e-3),
-                           dde_adam_steps=15000, dde_lbfgs_iterations=15000,
+                           dde_adam_steps=15000, dde_lbfgs_maxiter=15000,
                            hogrod_runs=("deepxde_setup", "burgers_gin"), seed=0):
     """Args:
       hogrod_runs: "deepxde_setup" (DeepXDE's net, points and schedule) and/or "burgers_gin"
         (configs/pinn/burgers.gin). Each is a full `experiments/pinn.py` run, in its own
         process, in `<output_dir>/<name>`, with its own config files there.
-      dde_adam_steps, dde_lbfgs_iterations: the example's schedule (also hogrod's in the
+      dde_adam_steps, dde_lbfgs_maxiter: the example's schedule (also hogrod's in the
         "deepxde_setup" run).
     """
     results = {}
@@ -117,14 +117,14 @@ def bench_pinn_convergence(output_dir, error_every=500, thresholds=(1e-2, 1e-3),
             raise ValueError("bench_pinn_convergence.hogrod_runs holds 'deepxde_setup' and/or "
                              f"'burgers_gin', got {name!r}")
         files = ["configs/pinn/burgers.gin"] if name == "burgers_gin" else ["configs/pinn/base.gin"]
-        params = (deepxde_setup(dde_adam_steps, dde_lbfgs_iterations)
+        params = (deepxde_setup(dde_adam_steps, dde_lbfgs_maxiter)
                   if name == "deepxde_setup" else []) + [
             f"pinn_experiment.error_every = {error_every}", f"pinn_experiment.seed = {seed}"]
         r = run_pinn_binary(files, params, os.path.abspath(os.path.join(output_dir, name)))
         results[f"hogrod_{name}"] = dict(r, **{
             f"seconds_to_{t:g}": pinn.seconds_to_error(r["error_history"], t)
             for t in thresholds})
-    baseline = deepxde_run(dde_adam_steps, dde_lbfgs_iterations, error_every, thresholds, seed)
+    baseline = deepxde_run(dde_adam_steps, dde_lbfgs_maxiter, error_every, thresholds, seed)
     if baseline is not None:
         results["deepxde"] = baseline
     m = {}

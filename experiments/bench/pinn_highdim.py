@@ -24,7 +24,7 @@ from hogrod.pinn import training
 def step_seconds(dim, laplacian, points=1000, width=128, depth=3, steps=10, seed=0):
     """(first call seconds: tracing and one step, median seconds per later step)."""
     keras.utils.set_random_seed(seed)
-    prob = pinn.poisson_nd_problem(dim=dim, laplacian=laplacian, n_test=10)
+    prob = pinn.problems.poisson_nd_problem(dim=dim, laplacian=laplacian, n_test=10)
     net = keras.Sequential([keras.Input((dim,))] + [
         keras.layers.Dense(width, activation="tanh") for _ in range(depth)]
         + [keras.layers.Dense(1)])
@@ -49,9 +49,9 @@ def bench_pinn_highdim(output_dir, dims=(10, 100, 1000), exact_dims=(10, 100), p
     del output_dir  # metrics.json is written by the harness
     results = {}
     for dim in dims:
-        ops = {f"hutchinson_{probes}": lambda: pinn.randomized_laplacian(probes)}
+        ops = {f"hutchinson_{probes}": lambda: pinn.pdes.randomized_laplacian(probes)}
         if dim in exact_dims:
-            ops["exact"] = pinn.exact_laplacian
+            ops["exact"] = pinn.pdes.exact_laplacian
         for name, op in ops.items():
             first, per_step = step_seconds(dim, op, points, steps=steps)
             results[f"d{dim}_{name}_step_s"] = per_step

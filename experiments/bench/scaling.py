@@ -62,7 +62,7 @@ def build(family, strategy):
         it = iter(strategy.experimental_distribute_dataset(data))
         return lambda: step.critic_step(next(it)), 512
     if family == "pinn":
-        problem = pinn.burgers_problem(hard_constraints=False)
+        problem = pinn.problems.burgers_problem(hard_constraints=False)
         points = tf.constant(pinn.sample(problem.domain, 8192, "sobol", 0), tf.float32)
         conds = [tf.constant(fn(512, 1 + i), tf.float32)
                  for i, (_, fn, _) in enumerate(problem.conditions)]

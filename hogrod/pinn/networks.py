@@ -21,28 +21,17 @@ drawn in float64 and cast once; Python-number hyperparameters multiply tensors d
 """
 
 import math
-import numbers
 
 import gin
 import keras
 import numpy as np
 import tensorflow as tf
 
+from hogrod import checks
+
 __all__ = ["FourierFeatures", "PeriodicEmbedding", "FactorizedDense", "fourier_features",
            "periodic_embedding", "mlp_network", "modified_mlp", "EmbeddingChain",
            "embedding_chain"]
-
-
-def _positive_int(value, name):
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def _positive_float(value, name):
-    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not value > 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-    return float(value)
 
 
 class OutputScale(keras.layers.Layer):
@@ -51,7 +40,7 @@ class OutputScale(keras.layers.Layer):
 
     def __init__(self, scale, **kwargs):
         super().__init__(**kwargs)
-        self.scale = _positive_float(scale, "OutputScale scale")
+        self.scale = checks.positive(scale, "scale", "OutputScale")
 
     def call(self, x):
         return x * self.scale
@@ -69,11 +58,9 @@ class FourierFeatures(keras.layers.Layer):
 
     def __init__(self, num_features=64, sigma=1.0, seed=0, **kwargs):
         super().__init__(**kwargs)
-        self.num_features = _positive_int(num_features, "FourierFeatures.num_features")
-        self.sigma = _positive_float(sigma, "FourierFeatures.sigma")
-        if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
-            raise ValueError(f"FourierFeatures.seed must be an integer, got {seed!r}")
-        self.seed = int(seed)
+        self.num_features = checks.integer(num_features, "num_features", "FourierFeatures", least=1)
+        self.sigma = checks.positive(sigma, "sigma", "FourierFeatures")
+        self.seed = checks.seed(seed, "seed", "FourierFeatures")
 
     def frequencies(self, dim):
         """B as a float64 numpy array [dim, num_features]."""
@@ -113,12 +100,10 @@ class PeriodicEmbedding(keras.layers.Layer):
             raise ValueError("PeriodicEmbedding.periods must be a non-empty dict {coordinate "
                              f"index: period}}, got {periods!r}")
         for i, p in periods.items():
-            if not isinstance(i, numbers.Integral) or isinstance(i, bool) or i < 0:
-                raise ValueError(f"PeriodicEmbedding.periods: coordinate {i!r} must be a "
-                                 "non-negative integer")
-            _positive_float(p, f"PeriodicEmbedding.periods[{i}]")
+            checks.integer(i, f"periods: coordinate {i!r}", "PeriodicEmbedding")
+            checks.positive(p, f"periods[{i}]", "PeriodicEmbedding")
         self.periods = {int(i): float(p) for i, p in periods.items()}
-        self.harmonics = _positive_int(harmonics, "PeriodicEmbedding.harmonics")
+        self.harmonics = checks.integer(harmonics, "harmonics", "PeriodicEmbedding", least=1)
 
     def build(self, input_shape):
         dim = input_shape[-1]
@@ -154,12 +139,10 @@ class FactorizedDense(keras.layers.Layer):
     def __init__(self, units, activation=None, mu=1.0, sigma=0.1,
                  kernel_initializer="glorot_normal", **kwargs):
         super().__init__(**kwargs)
-        self.units = _positive_int(units, "FactorizedDense.units")
+        self.units = checks.integer(units, "units", "FactorizedDense", least=1)
         self.activation = keras.activations.get(activation)
-        if not isinstance(mu, numbers.Real) or isinstance(mu, bool):
-            raise ValueError(f"FactorizedDense.mu must be a number, got {mu!r}")
-        self.mu = float(mu)
-        self.sigma = _positive_float(sigma, "FactorizedDense.sigma")
+        self.mu = checks.number(mu, "mu", "FactorizedDense")
+        self.sigma = checks.positive(sigma, "sigma", "FactorizedDense")
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
 
     def build(self, input_shape):
@@ -275,9 +258,8 @@ def _embedding(embedding, dtype):
 
 
 def _check(input_dim, width, depth, what):
-    _positive_int(input_dim, f"{what} input_dim")
-    _positive_int(width, f"{what} width")
-    _positive_int(depth, f"{what} depth")
+    for arg, value in (("input_dim", input_dim), ("width", width), ("depth", depth)):
+        checks.integer(value, arg, what, least=1)
 
 
 def _embedded_input(input_dim, embedding, dtype):
@@ -300,9 +282,10 @@ def mlp_network(input_dim, width=20, depth=8, outputs=1, activation="tanh", embe
     x, h = _embedded_input(input_dim, embedding, dtype)
     for _ in range(depth):
         h = _dense(width, activation, factorization, dtype)(h)
-    out = _dense(_positive_int(outputs, "outputs"), None, factorization, dtype)(h)
+    out = _dense(checks.integer(outputs, "outputs", "mlp_network", least=1), None, factorization,
+                 dtype)(h)
     if output_scale is not None:
-        out = OutputScale(_positive_float(output_scale, "mlp_network.output_scale"),
+        out = OutputScale(checks.positive(output_scale, "mlp_network.output_scale", "mlp_network"),
                           dtype=dtype)(out)
     return keras.Model(x, out, name=name)
 
@@ -325,5 +308,6 @@ def modified_mlp(input_dim, width=20, depth=8, outputs=1, activation="tanh", emb
         z = _dense(width, activation, factorization, dtype, f"gate_{k}")(h)
         h = keras.layers.Lambda(lambda a: (1.0 - a[0]) * a[1] + a[0] * a[2], dtype=dtype,
                                 name=f"mix_{k}")([z, u, v])
-    out = _dense(_positive_int(outputs, "outputs"), None, factorization, dtype, "head")(h)
+    out = _dense(checks.integer(outputs, "outputs", "modified_mlp", least=1), None, factorization,
+                 dtype, "head")(h)
     return keras.Model(x, out, name=name)

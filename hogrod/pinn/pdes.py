@@ -8,7 +8,9 @@ lines, no subclassing:
 A residual's partials come from the operator jet (`jet.jet_partials`: one forward pass of
 u, its first partials and each second partial or declared linear combination, `PDE.linear`)
 where it applies (a Dense tanh MLP, orders <= 2, `jet_applies`), else from `partials`
-(nested tapes); `operator_jet` (gin) sets the default, `residual(..., use_jet=False)` one call.
+(nested tapes); `residual(..., use_jet=False)` takes `partials` always. `pinn_loss` passes
+these arguments down from the experiment's bindings (`pinn_experiment.use_jet`,
+`pinn_experiment.jet_jit_compile`).
 
 A problem to solve is one factory in `problems.py` (`advection` and
 `advection_problem` are such a pair). Coordinates: space first, time last (x, t) for
@@ -22,10 +24,11 @@ import numbers
 import gin
 import tensorflow as tf
 
+from hogrod import checks
 from hogrod.pinn import jet
 from hogrod.pinn.operators import laplacian, partials
 
-__all__ = ["PDE", "residual", "operator_jet", "jet_applies", "burgers", "poisson", "heat",
+__all__ = ["PDE", "residual", "jet_applies", "burgers", "poisson", "heat",
            "wave", "allen_cahn", "helmholtz", "advection", "LaplacianOperator",
            "exact_laplacian", "randomized_laplacian"]
 
@@ -37,22 +40,6 @@ __all__ = ["PDE", "residual", "operator_jet", "jet_applies", "burgers", "poisson
 # channel in place of two), `partials` sums them.
 PDE = collections.namedtuple("PDE", ["wanted", "residual", "uses_network", "linear"],
                              defaults=(False, None))
-
-
-@gin.configurable
-def operator_jet(enabled=True, jit_compile=True):
-    """The default derivative path of `residual`: (enabled, jit_compile).
-
-    enabled: compute a PDE's partials by the forward operator jet (`jet.jet_partials`: one
-        pass carrying u, its first partials and each wanted second partial or `PDE.linear`
-        combination) wherever it applies (`jet_applies`), else by `partials` (nested tapes);
-        False: `partials` always (`operator_jet.enabled = False` in gin).
-    jit_compile: inside a `tf.function` (a train step), evaluate the jet in an inner
-        XLA-compiled function (bench_pinn: 1.8x DeepXDE with it, 1.2x without; the whole
-        step under XLA is slower on the `partials` fallback, so only the jet is compiled).
-        Eager calls never compile: XLA's compile per new shape costs seconds that one
-        evaluation does not win back."""
-    return bool(enabled), bool(jit_compile)
 
 
 def jet_applies(pde, u_fn, x):
@@ -75,16 +62,35 @@ def _partials_path(pde, u_fn, x):
     return out
 
 
-def residual(pde, u_fn, x, use_jet=None):
-    """The residual of `pde` for network `u_fn` at points x, [batch, m].
+def residual(pde, u_fn, x, use_jet=True, jit_compile=True):
+    """The residual of `pde` for the network `u_fn` at the points x.
 
-    use_jet: None: `operator_jet`'s default; False: `partials` (nested tapes); True: the jet
-    where it applies (`jet_applies`), else `partials`. Both can be differentiated again in
-    x (gPINN's terms) and in the weights."""
+    Both derivative paths can be differentiated again in x (gPINN's terms) and in the
+    weights, and agree to rounding.
+
+    Args:
+      pde: a `PDE`.
+      u_fn: the network (or the solution through a hard-constraint transform), [batch, dim]
+        -> [batch, m].
+      x: the points, [batch, dim], of the network's dtype.
+      use_jet: True: the partials by the forward operator jet (`jet.jet_partials`: one pass
+        carrying u, its first partials and each wanted second partial or `PDE.linear`
+        combination) wherever it applies (`jet_applies`), else by `partials` (nested
+        tapes); False: `partials` always.
+      jit_compile: inside a `tf.function` (a train step), evaluate the jet in an inner
+        XLA-compiled function (bench_pinn: 1.8x DeepXDE with it, 1.2x without; the whole
+        step under XLA is slower on the `partials` fallback, so only the jet is compiled).
+        Eager calls never compile: XLA's compile per new shape costs seconds that one
+        evaluation does not win back.
+    Returns:
+      The residual, [batch, m].
+    Raises:
+      ValueError: the residual function gives another shape.
+    """
     x = tf.convert_to_tensor(x)
-    enabled, jit_compile = operator_jet()
-    if use_jet is None:
-        use_jet = enabled
+    if not isinstance(use_jet, bool) or not isinstance(jit_compile, bool):
+        raise checks.ArgumentError(f"residual: use_jet and jit_compile must be True or False, got "
+                                   f"{use_jet!r} and {jit_compile!r}")
     jet.check_linear(x, pde.linear)
     if not (pde.wanted or pde.linear):
         d = {}
@@ -197,12 +203,10 @@ def randomized_laplacian(num_probes=16, method="hutchinson", seed=0):
     at every call: an int64 counter variable starting at `seed`, moved by the call itself,
     so a compiled train step draws new probes each step without retracing."""
     from hogrod.pinn.stochastic import METHODS, stochastic_laplacian  # stochastic imports autodiff
-    if method not in METHODS:
-        raise ValueError(f"randomized_laplacian.method must be one of {METHODS}, got "
-                         f"{method!r}")
-    if not isinstance(num_probes, int) or isinstance(num_probes, bool) or num_probes < 1:
-        raise ValueError(f"randomized_laplacian.num_probes must be a positive integer, got "
-                         f"{num_probes!r}")
+    checks.choice(method, METHODS, "randomized_laplacian.method", "randomized_laplacian")
+    checks.integer(num_probes, "randomized_laplacian.num_probes", "randomized_laplacian",
+                   least=1)
+    seed = checks.seed(seed, "randomized_laplacian.seed", "randomized_laplacian")
     counter = tf.Variable(int(seed), dtype=tf.int64, trainable=False, name="laplacian_seed",
                           aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
 

@@ -23,16 +23,16 @@ is operator(u_fn, x) - target(x)). The point counts per condition (PINNacle's 2,
 boundary points shared by the pieces of the boundary in proportion to their length) are in
 the configs, `configs/pinn/pinnacle/`.
 
-Reference files are COMSOL exports read by `read_reference` from `pinnacle_data_dir()`
+Reference files are COMSOL exports read by `pinnacle_data.read_reference` from `pinnacle_data_dir()`
 (`../shared/data/pinnacle` beside the repository by default; each factory's `path`
 binding overrides it); the evaluation points are the file's points (PINNacle's test set).
 The closed-form cases are evaluated, as PINNacle does, on 2,500 grid points in 2-D and
-20,000 interior points otherwise (Hammersley here). `l2re` is PINNacle's metric.
+20,000 interior points otherwise (Hammersley here). `pinnacle_data.l2re` is PINNacle's
+metric.
 """
 
 import math
 import os
-import re
 
 import gin
 import numpy as np
@@ -41,112 +41,14 @@ import tensorflow as tf
 from hogrod.pinn import pdes
 from hogrod.pinn.geometry import Box, Disk, Geometry, difference, sample, union
 from hogrod.pinn.operators import laplacian, partials
+from hogrod.pinn.pinnacle_data import TabulatedReference, pinnacle_data_dir, read_reference
 from hogrod.pinn.problems import Condition, Problem
 
-__all__ = ["read_reference", "l2re", "pinnacle_data_dir", "pinnacle_burgers1d",
-           "pinnacle_poisson2d_classic", "pinnacle_poisson_boltzmann2d",
+__all__ = ["pinnacle_burgers1d", "pinnacle_poisson2d_classic", "pinnacle_poisson_boltzmann2d",
            "pinnacle_heat2d_longtime", "pinnacle_ns2d_liddriven", "pinnacle_ns2d_backstep",
            "pinnacle_heat2d_multiscale", "pinnacle_wave1d", "pinnacle_poisson_nd",
-           "pinnacle_heat_nd"]
-
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT_DATA_DIR = os.path.join(REPO_ROOT, os.pardir, "shared", "data", "pinnacle")
-
-
-# ---------------------------------------------------------------------------- the metric
-
-def l2re(y_true, y_pred):
-    """PINNacle's relative L2 error: sqrt(mean((pred - ref)^2)) / sqrt(mean(ref^2)) over the
-    rows of `y_true` [n, m] without NaN, all m outputs pooled."""
-    ref, pred = np.asarray(y_true, np.float64), np.asarray(y_pred, np.float64)
-    if ref.ndim != 2 or pred.shape != ref.shape:
-        raise ValueError(f"l2re: y_true and y_pred must both be [n, m], got shapes {ref.shape} "
-                         f"and {pred.shape}")
-    keep = ~np.isnan(ref).any(axis=1)
-    if not keep.any():
-        raise ValueError("l2re: every row of the reference holds a NaN: nothing to compare")
-    ref, pred = ref[keep], pred[keep]
-    if np.isnan(pred).any():
-        raise ValueError("l2re: the prediction holds NaN where the reference is defined")
-    return float(np.sqrt(np.mean((pred - ref) ** 2)) / np.sqrt(np.mean(ref ** 2)))
-
-
-# ---------------------------------------------------------------------------- reference files
-
-@gin.configurable
-def pinnacle_data_dir(directory=None):
-    """The folder of PINNacle's reference files: `directory`, else ../shared/data/pinnacle
-    beside the repository root."""
-    return os.path.normpath(DEFAULT_DATA_DIR if directory is None else directory)
-
-
-def _header_times(path):
-    """The snapshot times of a COMSOL header (`... @ t=0.1 ...`), or None without them."""
-    with open(path) as f:
-        for line in f:
-            if not line.startswith("%"):
-                return None
-            if "@" in line and "t=" in line:
-                return np.array([float(m) for m in re.findall(r"t=([-+0-9.eE]+)", line)])
-    return None
-
-
-def _layout(space, outputs, times):
-    cols = ", ".join(space)
-    if times is None:
-        return f"{cols}, {', '.join(outputs)} ({len(space) + len(outputs)} columns)"
-    n = len(space) + len(times) * len(outputs)
-    return (f"{cols}, then ({', '.join(outputs)}) at each of the {len(times)} times t = "
-            f"{times[0]:g}, {times[1]:g}, ..., {times[-1]:g} ({n} columns)")
-
-
-def read_reference(path, space, outputs, times=None):
-    """(points [rows, dim], values [rows, m]) from a PINNacle (COMSOL) reference file.
-
-    space: the names of the spatial columns ("x", "y"); outputs: the names of the solution
-    components ("u", "v", "p"). A steady file has the columns space..., outputs...; a
-    time-dependent one (`times`: the snapshot times) has the space columns, then for each
-    time its outputs, and becomes one row per (point, time), (space..., t) with t last,
-    the times of a point together. The times in the file's header, when it has them, must
-    be `times`."""
-    space, outputs = tuple(space), tuple(outputs)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(
-            f"PINNacle reference file {path} not found: copy {os.path.basename(path)} from "
-            f"the folder ref/ of github.com/i207M/PINNacle to {os.path.dirname(path)}, or bind "
-            "pinnacle_data_dir.directory (or the case's `path`) to where it is")
-    data = np.loadtxt(path, comments="%", ndmin=2)
-    expected = len(space) + (1 if times is None else len(times)) * len(outputs)
-    if data.shape[1] != expected:
-        raise ValueError(f"{path}: {data.shape[1]} columns, but this case reads "
-                         f"{_layout(space, outputs, times)}")
-    if times is None:
-        return data[:, :len(space)], data[:, len(space):]
-    times = np.asarray(times, np.float64)
-    found = _header_times(path)
-    if found is not None and (len(found) != len(times) * len(outputs) or not np.allclose(
-            found[::len(outputs)], times, rtol=1e-6, atol=1e-9)):
-        raise ValueError(f"{path}: its header's times {found[:4]}... ({len(found)} columns) "
-                         f"are not this case's {_layout(space, outputs, times)}")
-    n, nt = len(data), len(times)
-    points = np.concatenate([np.repeat(data[:, :len(space)], nt, axis=0),
-                             np.tile(times, n)[:, None]], axis=1)
-    values = data[:, len(space):].reshape(n * nt, len(outputs))
-    return points, values
-
-
-class _Tabulated:
-    """A reference known at a file's points only (the problem's grid)."""
-
-    def __init__(self, path, points, values):
-        self.path, self.points, self.values = path, points, values
-
-    def __call__(self, x):
-        x = np.asarray(x)
-        if x.shape != self.points.shape or not np.allclose(x, self.points, rtol=0, atol=1e-6):
-            raise ValueError(f"the reference from {self.path} is known at its {len(self.points)}"
-                             f" points only (problem.grid), not at points of shape {x.shape}")
-        return self.values
+           "pinnacle_heat_nd", "navier_stokes", "heat_multiscale_solution", "wave1d_solution",
+           "poisson_nd_solution", "heat_nd_solution"]
 
 
 def _file_problem(name, path, default_file, space, outputs, times=None, mesh=False, **kw):
@@ -154,7 +56,7 @@ def _file_problem(name, path, default_file, space, outputs, times=None, mesh=Fal
     path = os.path.join(pinnacle_data_dir(), default_file) if path is None else path
     points, values = read_reference(path, space, outputs, times)
     shape = (len(points) // len(times), len(times)) if mesh else None
-    return Problem(name=name, reference=_Tabulated(path, points, values), grid=points,
+    return Problem(name=name, reference=TabulatedReference(path, points, values), grid=points,
                    grid_shape=shape, **kw)
 
 

@@ -6,10 +6,13 @@ A `Problem` (built with keywords) bundles what a PINN run needs:
 - `conditions`: (name, points_fn(n, seed) -> x, target_fn(x) -> u) triples, each a soft
   penalty term mean((u(x) - target(x))^2), or `Condition`s, whose misfit is
   operator(u_fn, x) - target(x) (one output component, a normal derivative);
-  `condition_misfit` computes either;
+  `condition_misfit` computes either. `points_fn` is numpy code (it runs once, before
+  training: numpy [n, dim]); `target_fn` is TensorFlow code (`tf.sin`, not `np.sin`): it
+  runs inside the compiled train step on symbolic tensors, which numpy cannot read;
 - `transform`: optional hard constraint, `transform(x, net_out) -> u`, built so that u
   satisfies the initial/boundary conditions exactly (then `conditions` can be empty);
-- `reference`: numpy `reference(x) -> u` or None; `grid`, `grid_shape`: evaluation points;
+- `reference`: numpy code `reference(x) -> u` on numpy points [n, dim] (run outside
+  training, on the grid) or None; `grid`, `grid_shape`: evaluation points;
 - `time_dependent`: the last coordinate is time (what causal weighting needs).
 
 An inverse problem is a `Problem` too: its `unknowns` are the PDE coefficients learned with
@@ -32,14 +35,15 @@ import gin
 import numpy as np
 import tensorflow as tf
 
+from hogrod import checks
 from hogrod.pinn import pdes, reference
 from hogrod.pinn.geometry import Box, Disk, sample
 
 __all__ = ["Problem", "Unknown", "Observations", "bind_unknowns", "unknowns_report",
-           "burgers_problem", "burgers_inverse_problem", "poisson_problem", "heat_problem",
-           "wave_problem", "helmholtz_problem", "allen_cahn_problem", "advection_problem"]
-__all__ += ["poisson_nd_problem", "two_body_solution", "two_body_laplacian"]
-__all__ += ["Condition", "condition_misfit"]
+           "Condition", "condition_misfit", "burgers_problem", "burgers_inverse_problem",
+           "poisson_problem", "heat_problem", "wave_problem", "helmholtz_problem",
+           "allen_cahn_problem", "advection_problem", "poisson_nd_problem",
+           "two_body_solution", "two_body_laplacian"]
 
 
 class Unknown(NamedTuple):
@@ -101,12 +105,39 @@ class Condition(tuple):
         return (Condition, (self[0], self[1], self.target, self.operator))
 
 
+def _target(name, target_fn, x):
+    """target_fn(x), or an error naming the condition where it is numpy code meeting the
+    symbolic points of a compiled step."""
+    try:
+        return target_fn(x)
+    except NotImplementedError as e:
+        if "symbolic" not in str(e):
+            raise
+        raise TypeError(f"condition {name!r}: its target_fn {target_fn!r} runs numpy on the "
+                        "points, but it runs inside the compiled train step, where the points "
+                        "are symbolic tensors: write it with TensorFlow ops (tf.sin, not "
+                        f"np.sin) ({e})") from e
+
+
 def condition_misfit(condition, u_fn, x):
-    """[n, k]: u_fn(x) - target(x) for a (name, points_fn, target_fn) triple,
-    operator(u_fn, x) - target(x) for a `Condition`."""
+    """The pointwise misfit of one condition.
+
+    Args:
+      condition: a (name, points_fn, target_fn) triple or a `Condition`; `target_fn` is
+        TensorFlow code.
+      u_fn: the solution, [n, dim] -> [n, m].
+      x: the condition's points, [n, dim].
+    Returns:
+      [n, k]: u_fn(x) - target(x) for a triple, operator(u_fn, x) - target(x) for a
+      `Condition`.
+    Raises:
+      ValueError: a `Condition`'s operator and target differ in shape.
+      TypeError: the target is numpy code called on symbolic points (in a compiled step).
+    """
     if not isinstance(condition, Condition):
-        return u_fn(x) - condition[2](x)
-    value, target = condition.operator(u_fn, x), condition.target(x)
+        return u_fn(x) - _target(condition[0], condition[2], x)
+    value = condition.operator(u_fn, x)
+    target = _target(condition[0], condition.target, x)
     if value.shape.rank != 2 or not value.shape.is_compatible_with(target.shape):
         raise ValueError(f"condition {condition[0]!r}: its operator gives shape {value.shape} "
                          f"but its target {target.shape}; both must be [n, k]")
@@ -423,8 +454,7 @@ def poisson_nd_problem(dim=100, laplacian=pdes.exact_laplacian, n_test=2000, see
     backward passes) or @randomized_laplacian (its bindings: num_probes, method; a new seed
     at every evaluation). The relative L2 error is measured on `n_test` held-out uniform
     points of the ball (the grid; seed + 1000, apart from training's Sobol points)."""
-    if not isinstance(dim, int) or isinstance(dim, bool) or dim < 2:
-        raise ValueError(f"poisson_nd_problem.dim must be an integer >= 2, got {dim!r}")
+    checks.integer(dim, "poisson_nd_problem.dim", "poisson_nd_problem", least=2)
     op = pdes.check_laplacian(laplacian, "poisson_nd_problem.laplacian")
     c = np.random.default_rng(seed).standard_normal(dim - 1)
     pde = pdes.PDE([], lambda x, d, u_fn: op.apply(u_fn, x) - two_body_laplacian(x, c),

@@ -30,7 +30,7 @@ import numbers
 
 import tensorflow as tf
 
-from hogrod import autodiff
+from hogrod import autodiff, checks
 
 __all__ = ["stochastic_laplacian", "laplacian_probes", "METHODS"]
 
@@ -42,13 +42,8 @@ _SALT = {m: i for i, m in enumerate(METHODS)}  # distinct probes per method for 
 
 
 def _check(x, num_probes, method, seed):
-    if method not in METHODS:
-        raise ValueError(f"stochastic_laplacian: method must be one of {METHODS}, got "
-                         f"{method!r}")
-    if (not isinstance(num_probes, numbers.Integral) or isinstance(num_probes, bool)
-            or num_probes < 1):
-        raise ValueError(f"stochastic_laplacian: num_probes must be a positive integer, got "
-                         f"{num_probes!r}")
+    checks.choice(method, METHODS, "method", "stochastic_laplacian")
+    checks.integer(num_probes, "num_probes", "stochastic_laplacian", least=1)
     x = tf.convert_to_tensor(x)
     if x.shape.rank != 2 or x.shape[-1] is None:
         raise ValueError(f"stochastic_laplacian: x must have shape [batch, dim] with a known "

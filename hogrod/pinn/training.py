@@ -1,11 +1,11 @@
 """PINN losses and the standard recipe: Adam (hogrod.train), then L-BFGS (scipy) to convergence.
 
-`pinn_loss(problem, u_fn, points, condition_points, weights)` returns the loss function of
-named terms (`term_names`: "residual", one per condition, "data" for an inverse problem and
+`pinn_loss(problem, u_fn, points, condition_points, weights)` returns the objective of named
+terms (`term_names`: "residual", one per condition, "data" for an inverse problem and
 "gpinn" for gradient-enhanced PINNs) that `hogrod.train.make_train_step` takes;
 `pointwise_terms` gives each term's pointwise values before the mean (what the weighting
 schemes of `weighting.py` look at).
-`lbfgs(loss, variables)` runs scipy's L-BFGS-B on a compiled float64 value-and-gradient of
+`lbfgs(objective, variables)` runs scipy's L-BFGS-B on a compiled float64 value-and-gradient of
 the same terms; `relative_l2` measures a solution against the problem's reference
 (a float, or None without one); `predict_on_grid` evaluates it on the problem's grid.
 `Clock` counts training seconds without the evaluations; `seconds_to_error` reads the time
@@ -24,12 +24,13 @@ import tensorflow as tf
 from absl import logging
 
 import hogrod
+from hogrod import checks
 from hogrod.pinn.pdes import residual
 from hogrod.pinn.problems import condition_misfit
 from hogrod.train import objective_terms, weighted_total
 
 __all__ = ["solution_fn", "term_names", "Term", "pointwise_terms", "pinn_loss", "lbfgs",
-           "relative_l2", "predict_on_grid", "Clock", "seconds_to_error"]
+           "relative_l2", "reference_nan_rows", "predict_on_grid", "Clock", "seconds_to_error"]
 
 
 def solution_fn(problem, net):
@@ -90,7 +91,7 @@ class Term(NamedTuple):
     scale: float = 1.0
 
 
-def _gpinn_values(pde, u_fn, coords):
+def _gpinn_values(pde, u_fn, coords, derivatives):
     """x -> [n, m * k]: sqrt(w_j) d residual / d x_j for the k coordinates j, grouped by j.
 
     The network is applied pointwise, so the residual at a point depends on that point
@@ -98,59 +99,159 @@ def _gpinn_values(pde, u_fn, coords):
     roots = [math.sqrt(w) for w in coords.values()]
 
     def values(x):
-        jac = hogrod.batch_jacobian(lambda z: residual(pde, u_fn, z), x)  # [n, m, dim]
+        jac = hogrod.batch_jacobian(lambda z: residual(pde, u_fn, z, **derivatives),
+                                    x)  # [n, m, dim]
         return tf.concat([r * jac[:, :, j] for r, j in zip(roots, coords)], axis=1)
     return values
 
 
-def pointwise_terms(problem, u_fn, points, condition_points, gpinn=None):
-    """{name: Term} for `term_names(problem, gpinn)`: the residual at the collocation
-    points, each condition's misfit u - target at its points, the observations' misfit
-    ("data", inverse problems) and, with `gpinn` ({coordinate j: weight w_j}), the gPINN
-    term "gpinn" = sum_j w_j mean((d residual / d x_j)^2) at the collocation points (Yu,
-    Lu, Meng and Karniadakis 2022)."""
+def pointwise_terms(problem, u_fn, points, condition_points, gpinn=None, use_jet=True,
+                    jet_jit_compile=True):
+    """Each loss term's pointwise values before the mean (what weighting schemes look at).
+
+    The terms are the residual at the collocation points, each condition's misfit u -
+    target (`condition_misfit`) at its points, the observations' misfit ("data", inverse
+    problems) and, with `gpinn`, the gPINN term "gpinn" = sum_j w_j mean((d residual /
+    d x_j)^2) at the collocation points (Yu, Lu, Meng and Karniadakis 2022).
+
+    Args:
+      problem: a `Problem` with its PDE.
+      u_fn: the solution, [n, dim] -> [n, m] (`solution_fn`).
+      points: the collocation points, [n, dim].
+      condition_points: one set of points per condition, in order.
+      gpinn: None, or {coordinate j: weight w_j}.
+      use_jet: `residual`'s derivative path (the operator jet where it applies).
+      jet_jit_compile: `residual`'s `jit_compile` (the jet XLA-compiled in a tf.function).
+    Returns:
+      {name: Term} for `term_names(problem, gpinn)`, in that order.
+    """
     coords = _check_gpinn(problem, gpinn)
     pde = problem.pde
-    terms = {"residual": Term(points, lambda x: residual(pde, u_fn, x))}
+    derivatives = dict(use_jet=use_jet, jit_compile=jet_jit_compile)
+    terms = {"residual": Term(points, lambda x: residual(pde, u_fn, x, **derivatives))}
     for condition, x in zip(problem.conditions, condition_points):
         terms[condition[0]] = Term(x, lambda x, c=condition: condition_misfit(c, u_fn, x))
     if problem.data is not None:
         x, y = (tf.constant(a, points.dtype) for a in problem.data)
         terms["data"] = Term(x, lambda x, y=y: u_fn(x) - y)
     if coords:
-        terms["gpinn"] = Term(points, _gpinn_values(pde, u_fn, coords), float(len(coords)))
+        terms["gpinn"] = Term(points, _gpinn_values(pde, u_fn, coords, derivatives),
+                              float(len(coords)))
     return terms
 
 
-def pinn_loss(problem, u_fn, points, condition_points, weights=None, extra_terms=None,
-              gpinn=None, reducers=None):
-    """A `loss_fn(batch=None) -> {term: scalar}`: mean squared residual at the collocation
-    points, mean squared misfit of each condition at its points and, for an inverse problem
-    (`problem.data`), of the observations ("data"). `weights` scale terms ({name: w});
-    `extra_terms` adds terms ({name: fn() -> scalar}); `gpinn` ({coordinate j: w_j}) adds
-    the gradient-enhanced term "gpinn" = sum_j w_j mean((d residual / d x_j)^2);
-    `reducers` ({name: reduce(points, squares [n, m]) -> scalar}, from a weighting scheme:
-    causal or self-adaptive weights) replace a term's mean over its points.
+def _point_sets(problem, points, condition_points, names):
+    """[(what, points)]: every point set `pinn_loss` fits, named for messages."""
+    sets = [("the collocation points", points)] + [
+        (f"the {name!r} condition's points", x) for name, x in zip(names, condition_points)]
+    if problem.data is not None:
+        sets.append(("the observations' points (problem.data)",
+                     np.asarray(problem.data.points)))
+    return sets
 
-    `batch`, when given, is `(points, condition_points)`: this replica's shard of them under
-    a tf.distribute strategy (`hogrod.distribute.shard(strategy, (points, condition_points))`);
-    None uses the `points` and `condition_points` given here. Every replica fits all the
-    observations."""
+
+def _check_dtypes(problem, u_fn, sets):
+    """Every point set of the dtype the solution computes in (a float64 set with a float32
+    network fails deep inside the compiled step, on the first op mixing the two)."""
+    points = sets[0][1]
+    try:
+        out = tf.convert_to_tensor(u_fn(points[:1]))
+    except (TypeError, ValueError, tf.errors.InvalidArgumentError) as e:
+        raise TypeError(f"pinn_loss: u_fn fails on the collocation points (dtype "
+                        f"{points.dtype.name}) of problem {problem.name!r}; the points must "
+                        f"be of the network's dtype: {e}") from e
+    for what, x in sets:
+        if tf.is_tensor(x) and x.dtype != out.dtype:  # the observations are cast to it
+            raise TypeError(
+                f"pinn_loss: {what} of problem {problem.name!r} are {x.dtype.name} but "
+                f"the network computes in {out.dtype.name}: make them tf.constant(x, "
+                f"{out.dtype.name}) (or build the network with dtype={x.dtype.name!r})")
+
+
+def _check_inside(problem, sets):
+    """Every point of every set in the closed domain (`domain.inside`), to within the
+    rounding of the points' dtype."""
+    inside = getattr(problem.domain, "inside", None)
+    if inside is None:  # a geometry of one's own with only `dim`: nothing to ask
+        return
+    for what, x in sets:
+        if tf.is_tensor(x) and not hasattr(x, "numpy"):  # symbolic: no values to check
+            continue
+        x64 = np.asarray(x, np.float64)
+        if not len(x64):
+            continue
+        eps = np.finfo(np.asarray(x).dtype).eps if np.asarray(x).dtype.kind == "f" else 0.0
+        tol = max(1e-9, 16 * eps) * max(1.0, float(np.abs(x64).max()))
+        outside = ~np.asarray(inside(x64, tol=tol), bool)
+        if outside.any():
+            raise ValueError(
+                f"pinn_loss: {what}: {int(outside.sum())} of {len(x64)} lie outside the "
+                f"domain of problem {problem.name!r} ({problem.domain!r}), e.g. "
+                f"{x64[np.argmax(outside)].tolist()}: draw them in the domain (pinn.sample, "
+                "the condition's points_fn), or pass check_domain=False to fit points outside "
+                "it on purpose")
+
+
+def pinn_loss(problem, u_fn, points, condition_points, weights=None, extra_terms=None,
+              gpinn=None, reducers=None, use_jet=True, jet_jit_compile=True,
+              check_domain=True):
+    """The PINN objective: a function `objective(batch=None) -> {term: scalar}`.
+
+    Its terms are the mean squared residual at the collocation points, the mean squared
+    misfit of each condition at its points and, for an inverse problem (`problem.data`),
+    of the observations ("data"), each times its weight. Every point set is checked when
+    this is called: its shape against the domain's dimension, its dtype against the
+    network's, and (with `check_domain`) its points against the domain.
+
+    Args:
+      problem: a `Problem` with its PDE (an inverse problem after `bind_unknowns`).
+      u_fn: the solution, [n, dim] -> [n, m] (`solution_fn(problem, net)`).
+      points: the collocation points, [n, dim], of the network's dtype.
+      condition_points: one set of points per condition of the problem, in order.
+      weights: None, or {term name: weight} scaling terms (the others 1).
+      extra_terms: None, or {name: fn() -> scalar}, terms added as they are.
+      gpinn: None, or {coordinate j: w_j}: adds the gradient-enhanced term "gpinn" = sum_j
+        w_j mean((d residual / d x_j)^2).
+      reducers: None, or {name: reduce(points, squares [n, m]) -> scalar} (from a weighting
+        scheme: causal or self-adaptive weights), replacing a term's mean over its points.
+      use_jet: `residual`'s derivative path: True, the operator jet where it applies;
+        False, nested tapes (`partials`) always.
+      jet_jit_compile: `residual`'s `jit_compile`: the jet XLA-compiled inside a
+        tf.function.
+      check_domain: check that every point set lies in `problem.domain` (its `inside`;
+        domains without one are not checked); False fits points outside it on purpose.
+    Returns:
+      `objective(batch=None)`. `batch`, when given, is `(points, condition_points)`: this
+      replica's shard of them under a tf.distribute strategy
+      (`hogrod.distribute.shard(strategy, (points, condition_points))`); None uses the
+      points given here. Every replica fits all the observations.
+    Raises:
+      ValueError: no PDE yet, a point set of the wrong shape or outside the domain, or
+        weights or reducers for terms the problem does not have.
+      TypeError: a point set of another dtype than the network's.
+    """
     if problem.pde is None:
         raise ValueError(f"pinn_loss: problem {problem.name!r} has unknowns "
                          f"{[u.name for u in problem.unknowns]} and no PDE yet: build it from "
                          "training variables with pinn.bind_unknowns(problem, {name: "
                          "unknown.variable(dtype)})")
+    for arg, value in (("use_jet", use_jet), ("jet_jit_compile", jet_jit_compile),
+                       ("check_domain", check_domain)):
+        if not isinstance(value, bool):
+            raise checks.ArgumentError(f"pinn_loss: {arg} must be True or False, got {value!r}")
     points = tf.convert_to_tensor(points)
     condition_points = [tf.convert_to_tensor(x) for x in condition_points]
     names = [name for name, _, _ in problem.conditions]
     _check_one_set_per_condition(problem, names, condition_points)
     dim = problem.domain.dim
-    for what, x in [("collocation points", points)] + [
-            (f"the {name!r} condition's points", x) for name, x in zip(names, condition_points)]:
-        if x.shape.rank != 2 or x.shape[-1] != dim:
-            raise ValueError(f"{what} must have shape [n, {dim}] for the {dim}-D domain of "
-                             f"problem {problem.name!r}, got {x.shape}")
+    sets = _point_sets(problem, points, condition_points, names)
+    for what, x in sets:
+        if len(x.shape) != 2 or x.shape[-1] != dim:
+            raise ValueError(f"pinn_loss: {what} must have shape [n, {dim}] for the "
+                             f"{dim}-D domain of problem {problem.name!r}, got {x.shape}")
+    _check_dtypes(problem, u_fn, sets)
+    if check_domain:
+        _check_inside(problem, sets)
     all_names = term_names(problem, gpinn)
     weights = dict(weights or {})
     unknown = set(weights) - set(all_names) - set(extra_terms or {})
@@ -162,9 +263,10 @@ def pinn_loss(problem, u_fn, points, condition_points, weights=None, extra_terms
         raise ValueError(f"reducers for unknown PINN loss terms "
                          f"{sorted(set(reducers) - set(all_names))}; the terms of problem "
                          f"{problem.name!r} are {all_names}")
-    pointwise = pointwise_terms(problem, u_fn, points, condition_points, gpinn)
+    pointwise = pointwise_terms(problem, u_fn, points, condition_points, gpinn, use_jet,
+                                jet_jit_compile)
 
-    def loss_fn(batch=None):
+    def objective(batch=None):
         pts, cond_pts = (points, condition_points) if batch is None else batch
         _check_one_set_per_condition(problem, names, cond_pts, "the batch's condition points")
         at = dict(zip(names, cond_pts), residual=pts, gpinn=pts)
@@ -178,29 +280,48 @@ def pinn_loss(problem, u_fn, points, condition_points, weights=None, extra_terms
         for name, fn in (extra_terms or {}).items():
             terms[name] = fn()
         return {k: weights.get(k, 1.0) * v for k, v in terms.items()}
-    return loss_fn
+    return objective
 
 
-def lbfgs(loss_fn, variables, max_iterations=10000, tolerance=1e-12, history_size=50,
+def lbfgs(objective, variables, maxiter=10000, tol=1e-12, history_size=50,
           callback_every=500, strategy=None, batch=None, callback=None, jit_compile=False):
-    """Minimize the objective `loss_fn(batch) -> scalar or {term: scalar}` over `variables`
-    with scipy's L-BFGS-B: the sum of its terms, as `make_train_step` minimizes it (terms
-    named "monitor/..." are not minimized).
+    """Minimize `objective` over `variables` with scipy's L-BFGS-B.
 
-    The value and gradient are one compiled function of a flat float64 vector; returns
-    (final loss, iterations, seconds). With a `strategy`, `batch` is the sharded points
-    (`hogrod.distribute.shard`): each replica differentiates its shard's terms and the
-    value and gradient are averaged over replicas (equal shards: the full-batch ones).
-    `callback(iteration)` runs every `callback_every` iterations with the variables set to
-    the current iterate (error curves); its time is not counted in the returned seconds.
-    `jit_compile`: compile each replica's value and gradient with XLA."""
+    The value minimized is the sum of the objective's terms, as `make_train_step`
+    minimizes it (terms named "monitor/..." are not minimized); the value and gradient are
+    one compiled function of a flat float64 vector. With a `strategy`, each replica
+    differentiates its shard's terms and the value and gradient are averaged over
+    replicas (equal shards: the full-batch ones).
+
+    Args:
+      objective: `objective(batch) -> scalar or {term: scalar}` (`pinn_loss`'s).
+      variables: the variables to move; left at the solution.
+      maxiter: the most L-BFGS iterations (scipy may stop earlier, at `tol`); at most
+        1.25 maxiter evaluations.
+      tol: scipy's `ftol` and `gtol`.
+      history_size: the number of correction pairs kept (scipy's `maxcor`).
+      callback_every: iterations between progress logs and `callback` calls.
+      strategy: None, or the tf.distribute strategy `batch` is sharded for.
+      batch: what `objective` is called with (None: its own points; under a strategy the
+        sharded points, `hogrod.distribute.shard`).
+      callback: None, or `callback(iteration)`, run with the variables set to the current
+        iterate (error curves); its time is not counted in the returned seconds.
+      jit_compile: compile each replica's value and gradient with XLA.
+    Returns:
+      (final value, iterations, seconds).
+    """
+    checks.function(objective, "objective", "lbfgs", "objective(batch) -> scalar or dict")
+    maxiter = checks.integer(maxiter, "maxiter", "lbfgs", least=1)
+    tol = checks.nonnegative(tol, "tol", "lbfgs")
+    history_size = checks.integer(history_size, "history_size", "lbfgs", least=1)
+    callback_every = checks.integer(callback_every, "callback_every", "lbfgs", least=1)
     variables = list(variables)
     shapes = [v.shape for v in variables]
     sizes = [int(np.prod(s)) for s in shapes]
 
     def replica_value_and_grad(b):
         return hogrod.value_and_grad(
-            lambda: weighted_total(objective_terms(loss_fn(b)), {}), variables)
+            lambda: weighted_total(objective_terms(objective(b)), {}), variables)
 
     if jit_compile:
         replica_value_and_grad = tf.function(replica_value_and_grad, jit_compile=True)
@@ -244,22 +365,60 @@ def lbfgs(loss_fn, variables, max_iterations=10000, tolerance=1e-12, history_siz
     x0 = np.concatenate([v.numpy().ravel() for v in variables]).astype(np.float64)
     result = scipy.optimize.minimize(
         fun, x0, jac=True, method="L-BFGS-B", callback=on_iteration,
-        options={"maxiter": max_iterations, "maxfun": int(max_iterations * 1.25),
-                 "maxcor": history_size, "ftol": tolerance, "gtol": tolerance})
+        options={"maxiter": maxiter, "maxfun": int(maxiter * 1.25),
+                 "maxcor": history_size, "ftol": tol, "gtol": tol})
     assign(tf.constant(result.x))  # leave the variables at the solution
     return float(result.fun), int(result.nit), time.perf_counter() - start - outside[0]
 
 
 def predict_on_grid(problem, u_fn, dtype=tf.float32):
-    """u on the problem's grid, numpy [grid points, m] (evaluated in chunks)."""
+    """The solution on the problem's grid, evaluated in chunks of 8192 points.
+
+    Args:
+      problem: a `Problem` with a grid.
+      u_fn: the solution, [n, dim] -> [n, m].
+      dtype: the network's dtype (the grid is converted to it).
+    Returns:
+      numpy [grid points, m].
+    """
     grid = problem.grid
     return np.concatenate([u_fn(tf.constant(grid[i:i + 8192], dtype)).numpy()
                            for i in range(0, len(grid), 8192)])
 
 
+def reference_nan_rows(problem):
+    """How many grid points the problem's reference leaves undefined (a row holding NaN: a
+    PINNacle file's point where the export has no solution); `relative_l2` and `l2re`
+    leave them out.
+
+    Args:
+      problem: a `Problem`.
+    Returns:
+      The number of rows of `problem.reference(problem.grid)` holding a NaN; 0 without a
+      reference.
+    """
+    if problem.reference is None:
+        return 0
+    ref = np.asarray(problem.reference(problem.grid), np.float64)
+    return int(np.isnan(ref.reshape(len(ref), -1)).any(axis=1).sum())
+
+
 def relative_l2(problem, u_fn, dtype=tf.float32):
-    """||u - u_ref|| / ||u_ref|| on the problem's grid, a float; None if the problem has no
-    reference solution."""
+    """||u - u_ref|| / ||u_ref|| on the problem's grid, over every output.
+
+    Rows where the reference holds NaN are left out, as `l2re` leaves them out
+    (`reference_nan_rows` counts them).
+
+    Args:
+      problem: a `Problem` with a grid.
+      u_fn: the solution, [n, dim] -> [n, m].
+      dtype: the network's dtype.
+    Returns:
+      A float; None if the problem has no reference solution.
+    Raises:
+      ValueError: the solution and the reference differ in shape, or the reference is NaN
+        everywhere.
+    """
     if problem.reference is None:
         return None
     pred = predict_on_grid(problem, u_fn, dtype)
@@ -267,6 +426,11 @@ def relative_l2(problem, u_fn, dtype=tf.float32):
     if pred.shape != ref.shape:
         raise ValueError(f"relative_l2: the solution has shape {pred.shape} on the grid of "
                          f"problem {problem.name!r} but its reference has shape {ref.shape}")
+    keep = ~np.isnan(ref.reshape(len(ref), -1)).any(axis=1)
+    if not keep.any():
+        raise ValueError(f"relative_l2: the reference of problem {problem.name!r} is NaN at "
+                         "every grid point: nothing to compare")
+    pred, ref = pred[keep], ref[keep]
     return float(np.linalg.norm(pred - ref) / np.linalg.norm(ref))
 
 

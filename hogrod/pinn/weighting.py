@@ -32,6 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 import hogrod
+from hogrod import checks
 from hogrod.pinn import training
 
 __all__ = ["Weighting", "annealing_weights", "grad_norm_weights", "balance_grad_norms",
@@ -53,16 +54,11 @@ class Weighting:
     ascent_lr: float = 0.0
 
 
-def _check_every(every, where):
-    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
-        raise ValueError(f"{where}.every must be an integer >= 1 (steps between updates), got "
-                         f"{every!r}")
-
-
-def _check_alpha(alpha, where):
-    if not 0.0 <= alpha < 1.0:
-        raise ValueError(f"{where}.alpha (the moving average's weight on the old value) must "
-                         f"be in [0, 1), got {alpha!r}")
+def _check_every_alpha(every, alpha, where):
+    """`every` (steps between updates) and `alpha` (the moving average's weight on the old
+    value), named by their gin bindings."""
+    checks.integer(every, f"{where}.every", where, least=1)
+    checks.number(alpha, f"{where}.alpha", where, 0.0, 1.0, high_open=True)
 
 
 def _terms_to_balance(problem, gpinn, where):
@@ -119,8 +115,7 @@ def grad_norm_weights(problem, u_fn, points, condition_points, variables, gpinn=
     (the residual's weight stays 1), so terms whose gradients are small next to the
     residual's are weighed up."""
     where = "grad_norm_weights"
-    _check_every(every, where)
-    _check_alpha(alpha, where)
+    _check_every_alpha(every, alpha, where)
     names = _terms_to_balance(problem, gpinn, where)[1:]
     unweighted = training.pinn_loss(problem, u_fn, points, condition_points, gpinn=gpinn)
     weights, update = annealing_weights(unweighted, variables, names, alpha,
@@ -173,8 +168,7 @@ def grad_norm_balance_weights(problem, u_fn, points, condition_points, variables
     (causal weights), applied to the terms whose gradient norms are measured, as jaxpi
     measures the causally weighted residual; `combined_weights` passes them."""
     where = "grad_norm_balance_weights"
-    _check_every(every, where)
-    _check_alpha(alpha, where)
+    _check_every_alpha(every, alpha, where)
     names = _terms_to_balance(problem, gpinn, where)
     unweighted = training.pinn_loss(problem, u_fn, points, condition_points, gpinn=gpinn,
                                     reducers=reducers)
@@ -229,10 +223,8 @@ def ntk_weights(problem, u_fn, points, condition_points, variables, gpinn=None, 
     multiplies its trace as it multiplies its mean. `chunk`: points per Jacobian; `update()`
     runs the compiled Jacobians chunk by chunk."""
     where = "ntk_weights"
-    _check_every(every, where)
-    _check_alpha(alpha, where)
-    if not isinstance(chunk, int) or chunk < 1:
-        raise ValueError(f"ntk_weights.chunk must be an integer >= 1, got {chunk!r}")
+    _check_every_alpha(every, alpha, where)
+    checks.integer(chunk, f"{where}.chunk", where, least=1)
     names = _terms_to_balance(problem, gpinn, where)
     terms = training.pointwise_terms(problem, u_fn, tf.convert_to_tensor(points),
                                      [tf.convert_to_tensor(x) for x in condition_points], gpinn)
@@ -276,8 +268,7 @@ def _causal_chunks(problem, points, chunks, where):
             "is False), and causal weighting splits the collocation points by time (the last "
             "coordinate); choose another pinn_experiment.weighting, or give the problem time "
             "as its last coordinate and time_dependent=True")
-    if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
-        raise ValueError(f"{where}.chunks must be an integer >= 1, got {chunks!r}")
+    checks.integer(chunks, f"{where}.chunks", where, least=1)
     t0, t1 = float(problem.domain.low[-1]), float(problem.domain.high[-1])
 
     def chunk_of(t):
@@ -306,8 +297,7 @@ def causal_weights(problem, u_fn, points, condition_points, variables, gpinn=Non
     the earlier ones are fitted. `eps` sets how strictly (the paper raises it over training;
     here it is one binding). Computed at every evaluation (`every` = 0: no update)."""
     where = "causal_weights"
-    if not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"{where}.eps must be a finite number >= 0, got {eps!r}")
+    checks.nonnegative(eps, f"{where}.eps", where)
     chunk_of = _causal_chunks(problem, points, chunks, where)
 
     def reduce(x, squares):
@@ -343,8 +333,7 @@ def annealed_causal_weights(problem, u_fn, points, condition_points, variables, 
             or list(eps) != sorted(eps)):
         raise ValueError(f"{where}.eps must be a non-empty increasing list of finite numbers "
                          f">= 0, got {eps!r}")
-    if not 0.0 < tol < 1.0:
-        raise ValueError(f"{where}.tol must be in (0, 1), got {tol!r}")
+    checks.probability(tol, f"{where}.tol", where, open_ends=True)
     chunk_of = _causal_chunks(problem, points, chunks, where)
     dtype = _points_dtype(points)
     schedule = tf.constant(list(eps), dtype)
@@ -389,10 +378,8 @@ def self_adaptive_weights(problem, u_fn, points, condition_points, variables, gp
     The weights belong to the training points: the batch must be the points given here
     (no sharding); L-BFGS keeps them fixed."""
     where = "self_adaptive_weights"
-    if mask not in _MASKS:
-        raise ValueError(f"{where}.mask must be one of {sorted(_MASKS)}, got {mask!r}")
-    if not learning_rate > 0:
-        raise ValueError(f"{where}.learning_rate must be > 0, got {learning_rate!r}")
+    checks.choice(mask, tuple(sorted(_MASKS)), f"{where}.mask", where)
+    checks.positive(learning_rate, f"{where}.learning_rate", where)
     available = training.term_names(problem, gpinn)
     if terms is None:
         terms = ["residual"] + [name for name, _, _ in problem.conditions]
