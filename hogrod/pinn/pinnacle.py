@@ -24,8 +24,8 @@ boundary points shared by the pieces of the boundary in proportion to their leng
 the configs, `configs/pinn/pinnacle/`.
 
 Reference files are COMSOL exports read by `read_reference` from `pinnacle_data_dir()`
-(`../shared/data/pinnacle` beside the repository by default; each factory's `path`
-binding overrides it); the evaluation points are the file's points (PINNacle's test set).
+(`$HOGROD_DATA/pinnacle` unless `pinnacle_data_dir.directory` is bound; each factory's
+`path` binding overrides both); the evaluation points are the file's points (PINNacle's test set).
 The closed-form cases are evaluated, as PINNacle does, on 2,500 grid points in 2-D and
 20,000 interior points otherwise (Hammersley here). `l2re` is PINNacle's metric.
 """
@@ -38,6 +38,7 @@ import gin
 import numpy as np
 import tensorflow as tf
 
+from hogrod import data as hogrod_data
 from hogrod.pinn import pdes
 from hogrod.pinn.geometry import Box, Disk, Geometry, difference, sample, union
 from hogrod.pinn.operators import laplacian, partials
@@ -49,8 +50,6 @@ __all__ = ["read_reference", "l2re", "pinnacle_data_dir", "pinnacle_burgers1d",
            "pinnacle_heat2d_multiscale", "pinnacle_wave1d", "pinnacle_poisson_nd",
            "pinnacle_heat_nd"]
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT_DATA_DIR = os.path.join(REPO_ROOT, os.pardir, "shared", "data", "pinnacle")
 
 
 # ---------------------------------------------------------------------------- the metric
@@ -75,9 +74,18 @@ def l2re(y_true, y_pred):
 
 @gin.configurable
 def pinnacle_data_dir(directory=None):
-    """The folder of PINNacle's reference files: `directory`, else ../shared/data/pinnacle
-    beside the repository root."""
-    return os.path.normpath(DEFAULT_DATA_DIR if directory is None else directory)
+    """The folder of PINNacle's reference files.
+
+    Args:
+      directory: the folder; None: `$HOGROD_DATA/pinnacle` (see `hogrod.data`).
+    Returns:
+      The folder's path, normalized.
+    Raises:
+      ValueError: `directory` is None and HOGROD_DATA is unset; the message names the
+        binding `pinnacle_data_dir.directory` and HOGROD_DATA.
+    """
+    return hogrod_data.data_dir(
+        "pinnacle", "pinnacle_data_dir.directory (or the case's `path`)", directory)
 
 
 def _header_times(path):
@@ -114,7 +122,8 @@ def read_reference(path, space, outputs, times=None):
         raise FileNotFoundError(
             f"PINNacle reference file {path} not found: copy {os.path.basename(path)} from "
             f"the folder ref/ of github.com/i207M/PINNacle to {os.path.dirname(path)}, or bind "
-            "pinnacle_data_dir.directory (or the case's `path`) to where it is")
+            "pinnacle_data_dir.directory (or the case's `path`) to where it is, or set "
+            f"{hogrod_data.ENV} to the folder holding pinnacle/")
     data = np.loadtxt(path, comments="%", ndmin=2)
     expected = len(space) + (1 if times is None else len(times)) * len(outputs)
     if data.shape[1] != expected:
