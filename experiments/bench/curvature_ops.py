@@ -134,7 +134,7 @@ def check_products(model, x, y, v, hessian, kfac, ekfac, rtol=1e-4):
 
 
 def main():
-    """The console command `hogrod-bench-curvature-ops` (see the module docstring)."""
+    """`python -m experiments.bench.curvature_ops` (see the module docstring)."""
     harness.main(bench_curvature_ops)
 
 

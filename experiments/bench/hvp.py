@@ -118,7 +118,7 @@ def bench_hvp(output_dir, widths=(64, 256, 256, 10), batch=256, repeats=100, war
 
 
 def main():
-    """The console command `hogrod-bench-hvp` (see the module docstring)."""
+    """`python -m experiments.bench.hvp` (see the module docstring)."""
     harness.main(bench_hvp)
 
 

@@ -252,7 +252,7 @@ def bench_hypergrad_cost(output_dir, features=20, train=100, validation=50, cond
 
 
 def main():
-    """The console command `hogrod-bench-hypergrad-cost` (see the module docstring)."""
+    """`python -m experiments.bench.hypergrad_cost` (see the module docstring)."""
     harness.main(bench_hypergrad_cost)
 
 

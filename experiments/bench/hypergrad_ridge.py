@@ -79,7 +79,7 @@ def bench_hypergrad_ridge(output_dir, features=20, train=100, validation=50, con
 
 
 def main():
-    """The console command `hogrod-bench-hypergrad-ridge` (see the module docstring)."""
+    """`python -m experiments.bench.hypergrad_ridge` (see the module docstring)."""
     harness.main(bench_hypergrad_ridge)
 
 

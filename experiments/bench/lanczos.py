@@ -60,7 +60,7 @@ def bench_lanczos(output_dir, widths=(100, 256, 256, 10), batch=512, k=20, tol=1
 
 
 def main():
-    """The console command `hogrod-bench-lanczos` (see the module docstring)."""
+    """`python -m experiments.bench.lanczos` (see the module docstring)."""
     harness.main(bench_lanczos)
 
 

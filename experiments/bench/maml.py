@@ -129,7 +129,7 @@ def bench_maml(output_dir, meta_batch=25, k=10, inner_lr=0.01, inner_steps=1, ro
 
 
 def main():
-    """The console command `hogrod-bench-maml` (see the module docstring)."""
+    """`python -m experiments.bench.maml` (see the module docstring)."""
     harness.main(bench_maml)
 
 

@@ -50,7 +50,7 @@ def bench_maml_memory(output_dir, inner_steps=(1, 5, 10), meta_batch=4, filters=
 
 
 def main():
-    """The console command `hogrod-bench-maml-memory` (see the module docstring)."""
+    """`python -m experiments.bench.maml_memory` (see the module docstring)."""
     harness.main(bench_maml_memory)
 
 

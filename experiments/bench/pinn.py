@@ -299,7 +299,7 @@ def bench_pinn(output_dir, points=10000, width=20, depth=8, rounds=10, calls_per
 
 
 def main():
-    """The console command `hogrod-bench-pinn` (see the module docstring)."""
+    """`python -m experiments.bench.pinn` (see the module docstring)."""
     harness.main(bench_pinn)
 
 

@@ -149,7 +149,7 @@ def bench_pinn_convergence(output_dir, error_every=500, thresholds=(1e-2, 1e-3),
 
 
 def main():
-    """The console command `hogrod-bench-pinn-convergence` (see the module docstring)."""
+    """`python -m experiments.bench.pinn_convergence` (see the module docstring)."""
     harness.main(bench_pinn_convergence)
 
 

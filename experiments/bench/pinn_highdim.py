@@ -65,7 +65,7 @@ def bench_pinn_highdim(output_dir, dims=(10, 100, 1000), exact_dims=(10, 100), p
 
 
 def main():
-    """The console command `hogrod-bench-pinn-highdim` (see the module docstring)."""
+    """`python -m experiments.bench.pinn_highdim` (see the module docstring)."""
     harness.main(bench_pinn_highdim)
 
 

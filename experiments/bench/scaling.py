@@ -173,7 +173,7 @@ def bench_scaling(output_dir, families=FAMILIES, replicas=(1, 2, 4), multi_worke
 
 
 def main():
-    """The console command `hogrod-bench-scaling` (see the module docstring)."""
+    """`python -m experiments.bench.scaling` (see the module docstring)."""
     harness.main(bench_scaling)
 
 

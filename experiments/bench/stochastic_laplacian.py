@@ -120,7 +120,7 @@ def bench_stochastic_laplacian(output_dir, dims=(10, 100, 1000), points=128, wid
 
 
 def main():
-    """The console command `hogrod-bench-stochastic-laplacian` (see the module docstring)."""
+    """`python -m experiments.bench.stochastic_laplacian` (see the module docstring)."""
     harness.main(bench_stochastic_laplacian)
 
 

@@ -125,7 +125,7 @@ def bench_wgan_gp(output_dir, width=512, depth=3, batch=256, lam=10.0, rounds=10
 
 
 def main():
-    """The console command `hogrod-bench-wgan-gp` (see the module docstring)."""
+    """`python -m experiments.bench.wgan_gp` (see the module docstring)."""
     harness.main(bench_wgan_gp)
 
 
