@@ -49,6 +49,15 @@ def _build_wheel(tmp_path):
     return wheel
 
 
+def _clean_env():
+    # nothing but the venv's own site-packages (and the .pth below): no checkout on
+    # PYTHONPATH, whose hogrod would be imported, or seen by pip as installed already
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME",
+                                                               "HOGROD_DATA",
+                                                               "TF_CPP_MIN_LOG_LEVEL")}
+    return dict(env, PYTHONNOUSERSITE="1")
+
+
 def _venv(tmp_path, wheel):
     """A venv without pip; the wheel installed by this interpreter's pip run as the venv's
     interpreter (`pip --python`: scripts and files land in the venv); then a .pth file that
@@ -58,9 +67,9 @@ def _venv(tmp_path, wheel):
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
     python = venv / "bin" / "python"
     _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
-          "--no-index", "-q", wheel])
-    site = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
-                ).stdout.strip()
+          "--no-index", "-q", wheel], env=_clean_env())
+    site = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                env=_clean_env()).stdout.strip()
     ours = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
     with open(os.path.join(site, "_hogrod_test_dependencies.pth"), "w") as f:
         f.write("\n".join(sorted(ours)) + "\n")
@@ -96,8 +105,7 @@ def test_the_wheel_installs_hogrod_alone_and_its_commands_run_from_anywhere(tmp_
     assert not glob.glob(str(venv / "bin" / "hogrod-bench*"))
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HOGROD_DATA",
-                                                               "TF_CPP_MIN_LOG_LEVEL")}
+    env = _clean_env()
     probe = _run([str(venv / "bin" / "python"), "-c",  # find_spec: no TensorFlow import
                   "import importlib.util as u, json; print(json.dumps([u.find_spec('hogrod')"
                   ".origin, u.find_spec('experiments') is None]))"], cwd=elsewhere, env=env)
