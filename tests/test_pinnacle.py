@@ -5,7 +5,6 @@ import copy
 import dataclasses
 import json
 import math
-import os
 
 import gin
 import numpy as np

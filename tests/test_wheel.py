@@ -16,15 +16,7 @@ import sys
 import sysconfig
 import zipfile
 
-import pytest
-
 from conftest import REPO_ROOT
-
-pytestmark = pytest.mark.skipif(
-    shutil.which("pip", path=os.path.dirname(sys.executable)) is None
-    and subprocess.run([sys.executable, "-m", "pip", "--version"],
-                       capture_output=True).returncode != 0,
-    reason="building the wheel needs pip in the running interpreter")
 
 
 def _run(argv, **kw):
