@@ -90,9 +90,14 @@ def started_as_binary(argv=None, orig_argv=None):
     orig_argv = getattr(sys, "orig_argv", []) if orig_argv is None else orig_argv
     if argv and os.path.basename(argv[0]).startswith("hogrod-"):
         return True
-    for flag, module in zip(orig_argv, orig_argv[1:]):
-        if flag == "-m":
-            return module.startswith(("experiments.", "hogrod.experiments."))
+    args = iter(orig_argv[1:])
+    for arg in args:  # the interpreter's options, up to the script, -c or -m
+        if arg in ("-W", "-X"):  # an option with its value apart
+            next(args, None)
+        elif arg == "-m":
+            return next(args, "").startswith(("experiments.", "hogrod.experiments."))
+        elif arg == "-c" or arg == "-" or not arg.startswith("-"):
+            return False
     return False
 
 

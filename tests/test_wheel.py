@@ -114,3 +114,15 @@ def test_the_wheel_installs_hogrod_alone_and_its_commands_run_from_anywhere(tmp_
     metrics = json.loads((elsewhere / "run" / "metrics.json").read_text())
     assert metrics["meta_iterations"] == 2, metrics
     assert "Could not find cuda drivers" not in out.stderr  # the start-up noise filter
+
+
+def test_only_a_binary_filters_tensorflows_start_up_noise():
+    """A console command or `python -m` of an experiment drops TF's start-up notices; any
+    other program importing hogrod (a test, a user's script or package) keeps its stderr."""
+    from hogrod.stderr_filter import started_as_binary
+    assert started_as_binary(["/venv/bin/hogrod-maml"], ["python", "/venv/bin/hogrod-maml"])
+    assert started_as_binary(["-m"], ["python", "-m", "experiments.maml", "--gin_file=a.gin"])
+    assert started_as_binary(["-m"], ["python", "-u", "-m", "hogrod.experiments.pinn"])
+    assert not started_as_binary(["-m"], ["python", "-m", "pytest", "-q"])
+    assert not started_as_binary(["-m"], ["python", "-m", "mine.experiments.run"])
+    assert not started_as_binary(["train.py"], ["python", "train.py", "-m", "experiments.x"])
