@@ -31,7 +31,7 @@ import tensorflow as tf
 from absl import logging
 
 import hogrod
-from experiments.models import binary_cross_entropy, cross_entropy, dense_net
+from hogrod.models import binary_cross_entropy, cross_entropy, dense_net
 from hogrod import curvature, distribute, harness, train
 
 matplotlib.use("Agg")

@@ -3,8 +3,8 @@
 The algorithm, the data and the model are gin references; a config file is a few includes:
 
     python -m experiments.maml --gin_file=configs/maml/sinusoid_maml.gin
-    python -m experiments.maml --gin_file=configs/maml/omniglot_5way_1shot.gin \
-        --gin_param="episode_data.data_dir='../shared/data/omniglot'"
+    HOGROD_DATA=../shared/data python -m experiments.maml \
+        --gin_file=configs/maml/omniglot_5way_1shot.gin   # or episode_data.data_dir='...'
 
 Outputs: metrics.json (query loss/accuracy after 0, 1, 10 steps on held-out tasks, with
 95% intervals; training steps/s and wall time), TensorBoard events, checkpoints (a re-run
@@ -27,8 +27,7 @@ from absl import logging
 
 import hogrod
 from hogrod import distribute, harness, meta, train
-from hogrod.meta.episodes import OMNIGLOT_ZIPS
-from experiments.models import cross_entropy, mlp, mse
+from hogrod.models import cross_entropy, mlp, mse
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -54,13 +53,7 @@ def sinusoid_data(seed, meta_batch_size=25, k_shot=10, eval_tasks=600, eval_k_qu
 def episode_data(seed, source="omniglot", data_dir=None, n_way=5, k_shot=1, k_query=15,
                  meta_batch_size=32, eval_tasks=600, image_size=28):
     """N-way K-shot episodes; source 'omniglot' (the zips in data_dir) or a tfds name."""
-    if source == "omniglot":
-        if data_dir is None:
-            raise ValueError(
-                "episode_data.data_dir must name the folder with Omniglot's two zips "
-                f"{list(OMNIGLOT_ZIPS)} (from https://github.com/brendenlake/omniglot, "
-                "folder python/); e.g. --gin_param=\"episode_data.data_dir = "
-                "'../shared/data/omniglot'\"")
+    if source == "omniglot":  # data_dir None: $HOGROD_DATA/omniglot, else a named error
         train_cls = meta.load_omniglot(data_dir, "train", image_size)
         test_cls = meta.load_omniglot(data_dir, "test", image_size)
     else:

@@ -37,7 +37,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from experiments.models import dense_net
+from hogrod.models import dense_net
 from hogrod import functional_call, harness, hypergrad, optim, train
 
 DIGIT_CLASSES = tuple(range(10))

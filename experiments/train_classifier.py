@@ -21,7 +21,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from absl import logging
 
-from experiments.models import classifier, cross_entropy
+from hogrod.models import classifier, cross_entropy
 from hogrod import distribute, harness, train
 
 matplotlib.use("Agg")

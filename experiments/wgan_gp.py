@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from experiments.models import relu_mlp as mlp
+from hogrod.models import relu_mlp as mlp
 from hogrod import distribute, gan, harness, train
 
 matplotlib.use("Agg")

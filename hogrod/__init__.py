@@ -12,6 +12,7 @@ and `hogrod.hypergrad` (hypergradients: unrolled, implicit, one-step).
 
 import importlib
 
+from hogrod import stderr_filter  # noqa: F401  (first, before TensorFlow: a binary's filter)
 from hogrod.autodiff import (batch_jacobian, derivatives, gnvp, grad, hessian, hvp, jacobian,
                              value_and_grad)
 from hogrod.functional import functional_call, model_state, trainable_values

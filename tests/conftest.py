@@ -1,8 +1,18 @@
-"""Test setup: two logical CPU devices (for tf.distribute tests), quiet TF, hypothesis profile."""
+"""Test setup: two logical CPU devices (for tf.distribute tests), quiet TF, hypothesis profile;
+the data sets (HOGROD_DATA) in ../shared/data beside the repository unless set."""
 
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED_DATA = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
+os.environ.setdefault("HOGROD_DATA", SHARED_DATA)  # subprocesses of tests inherit it
+
+
+def bench_config(name):
+    """The path of a benchmark's config, experiments/bench/configs/<name>.gin (benchmarks run
+    from the repository; their configs are not shipped), from any working directory."""
+    return os.path.join(REPO_ROOT, "experiments", "bench", "configs", f"{name}.gin")
 
 import hypothesis  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -18,10 +28,6 @@ hypothesis.settings.register_profile(
     "hogrod", deadline=None, max_examples=15, derandomize=True,
     suppress_health_check=[hypothesis.HealthCheck.too_slow])
 hypothesis.settings.load_profile("hogrod")
-
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED_DATA = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
-
 
 import gin  # noqa: E402
 import pytest  # noqa: E402

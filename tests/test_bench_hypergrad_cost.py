@@ -9,6 +9,7 @@ import json
 import numpy as np
 
 from hogrod import harness
+from conftest import bench_config
 
 TARGETS = (1e-3,)  # one target: each method is traced per target
 FEATURES = 6
@@ -16,7 +17,7 @@ FEATURES = 6
 
 def test_cost_binary_reports_smallest_k_and_consistent_counts(tmp_path):
     from experiments.bench import hypergrad_cost
-    _, m = harness.run(hypergrad_cost.bench_hypergrad_cost, ["configs/bench/hypergrad_cost.gin"],
+    _, m = harness.run(hypergrad_cost.bench_hypergrad_cost, [bench_config("hypergrad_cost")],
                        [f"bench_hypergrad_cost.features = {FEATURES}",
                         "bench_hypergrad_cost.train = 20", "bench_hypergrad_cost.validation = 8",
                         "bench_hypergrad_cost.condition = 10.0",

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from hogrod import gan
+from conftest import bench_config
 
 
 class LinearCritic(keras.Model):
@@ -253,7 +254,7 @@ def test_short_training_run_covers_more_modes_than_at_initialization(tmp_path):
 def test_bench_binary_runs(tmp_path):
     from experiments.bench import wgan_gp as bench_wgan_gp
     from hogrod import harness
-    _, m = harness.run(bench_wgan_gp.bench_wgan_gp, ["configs/bench/wgan_gp.gin"],
+    _, m = harness.run(bench_wgan_gp.bench_wgan_gp, [bench_config("wgan_gp")],
                        ["bench_wgan_gp.width = 8", "bench_wgan_gp.batch = 8",
                         "bench_wgan_gp.rounds = 1", "bench_wgan_gp.steps_per_round = 2",
                         "bench_wgan_gp.warmup = 1"], str(tmp_path))

@@ -12,7 +12,7 @@ import tensorflow as tf
 from hogrod import harness
 from experiments import hessian_spectrum as hs
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, bench_config
 
 LOGISTIC = "configs/curvature/inspect_logistic.gin"
 
@@ -179,18 +179,19 @@ def test_main_defines_its_flags_once_and_refuses_a_clashing_one():
 
 
 def test_console_command_runs_from_another_directory_with_a_shipped_config(tmp_path):
-    """What the `hogrod-hessian-inspect` script (the merged curvature binary's second name)
-    does (pyproject's [project.scripts]), run in an empty directory: progress at INFO shows,
-    TensorFlow's start-up noise does not. Every console command names an existing module."""
+    """What the `hogrod-hessian-spectrum` script does (pyproject's [project.scripts]), run in
+    an empty directory: progress at INFO shows, TensorFlow's start-up noise does not. Every
+    console command names an existing module of `hogrod.experiments` (experiments/)."""
     import tomllib
     with open(os.path.join(REPO_ROOT, "pyproject.toml"), "rb") as f:
         scripts = tomllib.load(f)["project"]["scripts"]
-    assert scripts["hogrod-hessian-inspect"] == "experiments.hessian_spectrum:main"
-    assert {"hogrod-maml", "hogrod-bench-hvp", "hogrod-bench-pinn-convergence"} <= set(scripts)
+    assert scripts["hogrod-hessian-spectrum"] == "hogrod.experiments.hessian_spectrum:main"
+    assert "hogrod-maml" in scripts
     for target in scripts.values():
         module = target.split(":")[0]
-        assert os.path.exists(os.path.join(REPO_ROOT, *module.split(".")) + ".py")
-    script = ("import sys; sys.argv[0] = 'hogrod-hessian-inspect'; "
+        assert module.startswith("hogrod.experiments.")
+        assert os.path.exists(os.path.join(REPO_ROOT, "experiments", module.split(".")[2] + ".py"))
+    script = ("import sys; sys.argv[0] = 'hogrod-hessian-spectrum'; "
               "from experiments.hessian_spectrum import main; main()")
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=REPO_ROOT)
@@ -210,7 +211,7 @@ def test_console_command_runs_from_another_directory_with_a_shipped_config(tmp_p
 
 def test_bench_hvp_binary_runs_and_checks_agreement(tmp_path):
     from experiments.bench import hvp
-    _, metrics = harness.run(hvp.bench_hvp, ["configs/bench/hvp.gin"],
+    _, metrics = harness.run(hvp.bench_hvp, [bench_config("hvp")],
                              ["bench_hvp.widths = (4, 8, 3)", "bench_hvp.batch = 5",
                               "bench_hvp.repeats = 2", "bench_hvp.warmup = 1"], str(tmp_path))
     assert metrics["ratio_hvp_reverse_over_reverse_over_grad"] > 0
@@ -219,19 +220,22 @@ def test_bench_hvp_binary_runs_and_checks_agreement(tmp_path):
 
 def test_bench_maml_binary_runs(tmp_path):
     from experiments.bench import maml as bench_maml
-    _, metrics = harness.run(bench_maml.bench_maml, ["configs/bench/maml.gin"],
+    _, metrics = harness.run(bench_maml.bench_maml, [bench_config("maml")],
                              ["bench_maml.meta_batch = 2", "bench_maml.rounds = 1",
                               "bench_maml.steps_per_round = 2", "bench_maml.warmup = 1"],
                              str(tmp_path))
     assert metrics["steps_per_s_hogrod"] > 0
 
 
-def test_a_bad_input_raised_during_the_run_exits_2_with_its_message_alone(tmp_path, capsys):
+def test_a_bad_input_raised_during_the_run_exits_2_with_its_message_alone(tmp_path, capsys,
+                                                                          monkeypatch):
     from experiments import maml
+    monkeypatch.delenv("HOGROD_DATA", raising=False)  # no data: data_dir None is an error
     code = harness.run_cli(maml.maml_experiment, ["configs/maml/omniglot_5way_1shot.gin"],
                            ["episode_data.data_dir = None"], str(tmp_path))
     err = capsys.readouterr().err
     assert code == 2 and "episode_data.data_dir" in err and "Traceback" not in err
+    assert "HOGROD_DATA" in err
     with pytest.raises(ValueError, match="episode_data.data_dir"):  # --verbosity=1
         harness.run_cli(maml.maml_experiment, ["configs/maml/omniglot_5way_1shot.gin"],
                         ["episode_data.data_dir = None"], str(tmp_path), show_traceback=True)

@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 from hogrod import pinn
+from conftest import bench_config
 
 
 def pts(n=20, seed=0, low=(-1.0, 0.0), high=(1.0, 1.0)):
@@ -270,7 +271,7 @@ def test_annealing_weights_move_to_the_balancing_ratio():
 def test_bench_binary_checks_agreement_and_runs(tmp_path):
     from experiments.bench import pinn as bench_pinn
     from hogrod import harness
-    _, m = harness.run(bench_pinn.bench_pinn, ["configs/bench/pinn.gin"],
+    _, m = harness.run(bench_pinn.bench_pinn, [bench_config("pinn")],
                        ["bench_pinn.points = 64", "bench_pinn.depth = 2", "bench_pinn.rounds = 1",
                         "bench_pinn.calls_per_round = 1", "bench_pinn.warmup = 1"], str(tmp_path))
     assert m["evals_per_s_hogrod"] > 0 and m["evals_per_s_hogrod_xla"] > 0
@@ -288,7 +289,7 @@ def test_bench_binary_checks_agreement_and_runs(tmp_path):
 def test_convergence_benchmark_records_error_curves(tmp_path):
     from experiments.bench import pinn_convergence as bench
     from hogrod import harness
-    _, m = harness.run(bench.bench_pinn_convergence, ["configs/bench/pinn_convergence.gin"], [
+    _, m = harness.run(bench.bench_pinn_convergence, [bench_config("pinn_convergence")], [
         "bench_pinn_convergence.dde_adam_steps = 40",
         "bench_pinn_convergence.dde_lbfgs_maxiter = 20",
         "bench_pinn_convergence.error_every = 20",

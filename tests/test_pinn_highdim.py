@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 from hogrod import pinn
+from conftest import bench_config
 
 DIM = 4
 
@@ -78,7 +79,7 @@ def test_bad_bindings_are_clear_errors(kwargs, error, match):
 def test_the_highdim_benchmark_times_both_laplacians_and_their_ratio(tmp_path):
     from experiments.bench import pinn_highdim
     from hogrod import harness
-    _, m = harness.run(pinn_highdim.bench_pinn_highdim, ["configs/bench/pinn_highdim.gin"], [
+    _, m = harness.run(pinn_highdim.bench_pinn_highdim, [bench_config("pinn_highdim")], [
         "bench_pinn_highdim.dims = (3,)", "bench_pinn_highdim.exact_dims = (3,)",
         "bench_pinn_highdim.points = 16", "bench_pinn_highdim.steps = 1",
         "bench_pinn_highdim.probes = 2"], str(tmp_path))

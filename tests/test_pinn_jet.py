@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from experiments.models import dense_net
+from hogrod.models import dense_net
 from hogrod import pinn
 from hogrod.pinn.jet import tanh_mlp_jet
 

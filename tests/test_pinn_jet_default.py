@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import hogrod
-from experiments.models import dense_net
+from hogrod.models import dense_net
 from hogrod import pinn
 from hogrod.pinn import jet, networks, pdes
 from hogrod.pinn import pinnacle as P

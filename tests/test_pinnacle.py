@@ -5,7 +5,6 @@ import copy
 import dataclasses
 import json
 import math
-import os
 
 import gin
 import numpy as np
@@ -215,11 +214,12 @@ def test_reader_steady_layout_and_its_errors(tmp_path):
         P.pinnacle_ns2d_liddriven(path=missing)
 
 
-def test_the_default_data_dir_is_shared_data_beside_the_repository_and_a_binding_moves_it(
-        tmp_path):
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    assert pinnacle_data.pinnacle_data_dir() == os.path.normpath(
-        os.path.join(repo, "..", "shared", "data", "pinnacle"))
+def test_the_default_data_dir_is_hogrod_data_and_a_binding_moves_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOGROD_DATA", str(tmp_path / "data"))
+    assert pinnacle_data.pinnacle_data_dir() == str(tmp_path / "data" / "pinnacle")
+    monkeypatch.delenv("HOGROD_DATA")
+    with pytest.raises(ValueError, match=r"pinnacle_data_dir\.directory.*HOGROD_DATA"):
+        P.pinnacle_ns2d_liddriven()
     _steady_file(tmp_path, 3, name="lid_driven_a4.dat")
     gin.bind_parameter("pinnacle_data_dir.directory", str(tmp_path))
     assert P.pinnacle_ns2d_liddriven().grid.shape == (5, 2)

@@ -9,8 +9,7 @@ import types
 import numpy as np
 import pytest
 
-from experiments import models
-from experiments.bench import pinnacle_table, runs
+from experiments.bench import peers, pinnacle_table, runs
 from hogrod import pinn
 
 
@@ -87,7 +86,7 @@ def _wave_stand_in(a=4, t_max=1.0, counts=(512, 512, 1024)):
     rng = np.random.default_rng(0)
     on_t0 = lambda x: np.isclose(x[:, 1], 0)                            # noqa: E731
     on_x01 = lambda x: np.isclose(x[:, 0], 0) | np.isclose(x[:, 0], 1)  # noqa: E731
-    ref = lambda x: models.pinnacle_wave1d_ref_sol(x, a)                # noqa: E731
+    ref = lambda x: peers.pinnacle_wave1d_ref_sol(x, a)                # noqa: E731
     bottom = np.stack([rng.random(counts[0]), np.zeros(counts[0])], 1)
     sides = np.stack([rng.integers(0, 2, counts[2]).astype(float), rng.random(counts[2])], 1)
     inside = lambda x: ((x >= 0) & (x <= [1, t_max])).all(1)            # noqa: E731
@@ -104,8 +103,8 @@ WAVE_COUNTS = {"initial_velocity": 512, "initial": 512, "boundary": 1024}
 
 def test_deepxde_peer_check_accepts_the_same_wave_and_names_each_difference():
     prob = pinn.pinnacle.pinnacle_wave1d(test_points=100)
-    check = lambda data, counts=WAVE_COUNTS, n=8192, sol=models.pinnacle_wave1d_ref_sol: (  # noqa
-        models.check_deepxde_peer(data, prob, WAVE_TERMS, n, counts, "wave1d_c.gin", sol))
+    check = lambda data, counts=WAVE_COUNTS, n=8192, sol=peers.pinnacle_wave1d_ref_sol: (  # noqa
+        peers.check_deepxde_peer(data, prob, WAVE_TERMS, n, counts, "wave1d_c.gin", sol))
     check(_wave_stand_in())
     with pytest.raises(ValueError, match="n_collocation"):
         check(_wave_stand_in(), n=4096)
@@ -116,16 +115,16 @@ def test_deepxde_peer_check_accepts_the_same_wave_and_names_each_difference():
     with pytest.raises(ValueError, match="'initial': DeepXDE's target"):
         check(_wave_stand_in(a=3))
     with pytest.raises(ValueError, match="solution"):
-        check(_wave_stand_in(), sol=lambda x: models.pinnacle_wave1d_ref_sol(x, 3))
+        check(_wave_stand_in(), sol=lambda x: peers.pinnacle_wave1d_ref_sol(x, 3))
 
 
 def test_deepxde_glorot_normal_differs_by_layer_and_seed():
     # DeepXDE calls the initializer once per layer: same-shaped layers must differ, seeds
     # must differ, a seed must reproduce, and the scale is Glorot's sqrt(2 / (in + out))
     draw = lambda init: np.asarray(init((100, 100)))  # noqa: E731
-    a = models.deepxde_glorot_normal(0)
+    a = peers.deepxde_glorot_normal(0)
     first, second = draw(a), draw(a)
     assert np.abs(first - second).max() > 0.1
-    assert np.abs(first - draw(models.deepxde_glorot_normal(1))).max() > 0.1
-    np.testing.assert_array_equal(first, draw(models.deepxde_glorot_normal(0)))
+    assert np.abs(first - draw(peers.deepxde_glorot_normal(1))).max() > 0.1
+    np.testing.assert_array_equal(first, draw(peers.deepxde_glorot_normal(0)))
     assert np.std(np.concatenate([first, second])) == pytest.approx(0.1, rel=0.05)

@@ -9,7 +9,7 @@ import tensorflow as tf
 from sklearn.datasets import load_digits
 
 from experiments import reweight as rw
-from experiments.models import dense_net
+from hogrod.models import dense_net
 from hogrod import harness
 
 LR = 0.3

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, bench_config
 from hogrod import distribute, gan, train
 from scale_out_fixtures import FAMILIES, flat, gan_step, mlp
 from train_fixtures import GLOBAL_BATCH, make_problem, weights
@@ -140,7 +140,7 @@ def test_binaries_take_their_strategy_from_gin_and_agree_with_one_device(tmp_pat
 def test_scaling_benchmark_measures_each_replica_count_in_its_own_process(tmp_path):
     from experiments.bench import scaling
     from hogrod import harness
-    _, m = harness.run(scaling.bench_scaling, ["configs/bench/scaling.gin"], [
+    _, m = harness.run(scaling.bench_scaling, [bench_config("scaling")], [
         "bench_scaling.families = ('curvature',)", "bench_scaling.replicas = (1, 2)",
         "bench_scaling.multi_worker = False", "bench_scaling.steps = 1",
         "bench_scaling.rounds = 1", "bench_scaling.warmup = 1"], str(tmp_path))

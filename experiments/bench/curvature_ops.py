@@ -7,7 +7,7 @@ MC Fisher 5.7x, K-FAC matvec 1.07x, K-FAC factors 2.3x, EK-FAC matvec 2.0x. Setu
 recomputation of factors at fixed weights with the compiled code already traced
 (`refresh()`); EK-FAC's setup includes the eigendecompositions and the eigenvalue correction.
 
-    python -m experiments.bench.curvature_ops --gin_file=configs/bench/curvature_ops.gin
+    python -m experiments.bench.curvature_ops --gin_file=experiments/bench/configs/curvature_ops.gin
 """
 
 import gin
@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from experiments.bench.timing import interleaved_rates
-from experiments.models import cross_entropy, dense_net
+from hogrod.models import cross_entropy, dense_net
 from hogrod import curvature, harness
 
 PUBLISHED = {"hessian_matvec": 5.3, "ggn_matvec": 4.1, "empirical_fisher_matvec": 4.4,
@@ -134,7 +134,7 @@ def check_products(model, x, y, v, hessian, kfac, ekfac, rtol=1e-4):
 
 
 def main():
-    """The console command `hogrod-bench-curvature-ops` (see the module docstring)."""
+    """`python -m experiments.bench.curvature_ops` (see the module docstring)."""
     harness.main(bench_curvature_ops)
 
 

@@ -5,7 +5,7 @@ cross-entropy, batch 256, float32. Every candidate is compiled (tf.function, opt
 with XLA; jax.jit), warmed up, then timed in interleaved rounds (one call of each per
 round, so machine noise hits all alike); the medians and their ratios are reported:
 
-    python -m experiments.bench.hvp --gin_file=configs/bench/hvp.gin
+    python -m experiments.bench.hvp --gin_file=experiments/bench/configs/hvp.gin
 
 Targets: hogrod's HVP <= 2.0x its own gradient, and <= 1.0x JAX's `jit(jvp(grad))` HVP
 (JAX comes with the `bench` extra; without it the JAX rows are left out).
@@ -19,7 +19,7 @@ from absl import logging
 
 import hogrod
 from experiments.bench.timing import interleaved_rates
-from experiments.models import cross_entropy, dense_net
+from hogrod.models import cross_entropy, dense_net
 from hogrod import harness
 
 
@@ -118,7 +118,7 @@ def bench_hvp(output_dir, widths=(64, 256, 256, 10), batch=256, repeats=100, war
 
 
 def main():
-    """The console command `hogrod-bench-hvp` (see the module docstring)."""
+    """`python -m experiments.bench.hvp` (see the module docstring)."""
     harness.main(bench_hvp)
 
 

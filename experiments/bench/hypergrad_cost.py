@@ -35,7 +35,8 @@ at the smallest K (the floor, measured in the same run). (The allocator's own co
 `tf.config.experimental.get_memory_info("CPU:0")`, does not see this loop's small
 per-step tensors on CPU: it reported 0 for every K.)
 
-    python -m experiments.bench.hypergrad_cost --gin_file=configs/bench/hypergrad_cost.gin
+    python -m experiments.bench.hypergrad_cost \
+        --gin_file=experiments/bench/configs/hypergrad_cost.gin
 """
 
 import json
@@ -49,7 +50,7 @@ import numpy as np
 import tensorflow as tf
 
 from experiments.bench import timing
-from experiments.models import ridge_exact_hypergradient, ridge_hyperproblem, ridge_losses
+from experiments.bench.peers import ridge_exact_hypergradient, ridge_hyperproblem, ridge_losses
 from hogrod import harness, hypergrad, linalg, optim
 
 
@@ -251,7 +252,7 @@ def bench_hypergrad_cost(output_dir, features=20, train=100, validation=50, cond
 
 
 def main():
-    """The console command `hogrod-bench-hypergrad-cost` (see the module docstring)."""
+    """`python -m experiments.bench.hypergrad_cost` (see the module docstring)."""
     harness.main(bench_hypergrad_cost)
 
 

@@ -9,7 +9,8 @@ implicit-CG, unrolled (K steps of GD from 0) and implicit-Neumann (terms), each 
 seconds (a `tf.function`, timed on its second call) and Hessian-vector products (unrolled:
 one per step, backpropagated; Neumann: one per term; CG: its iterations).
 
-    python -m experiments.bench.hypergrad_ridge --gin_file=configs/bench/hypergrad_ridge.gin
+    python -m experiments.bench.hypergrad_ridge \
+        --gin_file=experiments/bench/configs/hypergrad_ridge.gin
 """
 
 import time
@@ -18,7 +19,7 @@ import gin
 import numpy as np
 import tensorflow as tf
 
-from experiments.models import ridge_exact_hypergradient, ridge_hyperproblem, ridge_losses
+from experiments.bench.peers import ridge_exact_hypergradient, ridge_hyperproblem, ridge_losses
 from hogrod import harness, hypergrad, linalg, optim
 
 
@@ -78,7 +79,7 @@ def bench_hypergrad_ridge(output_dir, features=20, train=100, validation=50, con
 
 
 def main():
-    """The console command `hogrod-bench-hypergrad-ridge` (see the module docstring)."""
+    """`python -m experiments.bench.hypergrad_ridge` (see the module docstring)."""
     harness.main(bench_hypergrad_ridge)
 
 

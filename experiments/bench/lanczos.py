@@ -5,7 +5,7 @@ The reference is Lanczos run to residual 1e-10. Lanczos is counted at the smalle
 dimension (steps of 5) whose top-k are all within `tol` relative of it; power iteration at
 the loosest per-eigenvalue stopping tolerance (1e-3 ... 1e-7) that gets all within `tol`.
 
-    python -m experiments.bench.lanczos --gin_file=configs/bench/lanczos.gin
+    python -m experiments.bench.lanczos --gin_file=experiments/bench/configs/lanczos.gin
 """
 
 import time
@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from experiments.models import cross_entropy, dense_net
+from hogrod.models import cross_entropy, dense_net
 from hogrod import curvature, harness
 
 
@@ -60,7 +60,7 @@ def bench_lanczos(output_dir, widths=(100, 256, 256, 10), batch=512, k=20, tol=1
 
 
 def main():
-    """The console command `hogrod-bench-lanczos` (see the module docstring)."""
+    """`python -m experiments.bench.lanczos` (see the module docstring)."""
     harness.main(bench_lanczos)
 
 

@@ -6,7 +6,7 @@ second-order MAML, Adam 1e-3. hogrod: `hogrod.meta.maml` + `hogrod.train.make_tr
 inner step, `torch.func.vmap` over tasks, `functional_call` for the forward pass, the
 recipe of the torch.func MAML tutorial. Both timed in the same run, interleaved in rounds:
 
-    python -m experiments.bench.maml --gin_file=configs/bench/maml.gin
+    python -m experiments.bench.maml --gin_file=experiments/bench/configs/maml.gin
 
 Before timing, both start from the same weights and take the meta-gradient of the same
 meta-batch; the binary reports their relative difference and stops if it exceeds 1e-4, so
@@ -22,7 +22,7 @@ import tensorflow as tf
 from absl import logging
 
 from experiments.bench.timing import interleaved_rates
-from experiments.models import mlp, mse
+from hogrod.models import mlp, mse
 import hogrod
 from hogrod import harness, meta, train
 
@@ -129,7 +129,7 @@ def bench_maml(output_dir, meta_batch=25, k=10, inner_lr=0.01, inner_steps=1, ro
 
 
 def main():
-    """The console command `hogrod-bench-maml` (see the module docstring)."""
+    """`python -m experiments.bench.maml` (see the module docstring)."""
     harness.main(bench_maml)
 
 

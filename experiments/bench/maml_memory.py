@@ -7,7 +7,7 @@ peak (`tf.config.experimental.get_memory_info`) over one compiled meta-step on M
 Omniglot network (5-way 1-shot, 15 queries, random images), tasks run sequentially in
 both cases so only recomputation differs; the vectorized default is reported too.
 
-    python -m experiments.bench.maml_memory --gin_file=configs/bench/maml_memory.gin
+    python -m experiments.bench.maml_memory --gin_file=experiments/bench/configs/maml_memory.gin
 """
 
 import gin
@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from experiments.models import conv4, cross_entropy
+from hogrod.models import conv4, cross_entropy
 from hogrod import harness, meta, train
 
 
@@ -50,7 +50,7 @@ def bench_maml_memory(output_dir, inner_steps=(1, 5, 10), meta_batch=4, filters=
 
 
 def main():
-    """The console command `hogrod-bench-maml-memory` (see the module docstring)."""
+    """`python -m experiments.bench.maml_memory` (see the module docstring)."""
     harness.main(bench_maml_memory)
 
 

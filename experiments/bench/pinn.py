@@ -27,7 +27,7 @@ same run on the same weights and points, interleaved:
   backward buys) and under XLA in the [points, width] layout (`hogrod_jet_rows_xla`: what
   the layout buys).
 
-    python -m experiments.bench.pinn --gin_file=configs/bench/pinn.gin
+    python -m experiments.bench.pinn --gin_file=experiments/bench/configs/pinn.gin
 
 Reported: evaluations/s (median of the rounds, and the best round: `best_*`, what a loaded
 machine disturbs least), each gradient's error against hogrod_partials', and the ratios.
@@ -53,7 +53,7 @@ from absl import logging
 
 import hogrod
 from experiments.bench.timing import floor_metrics, interleaved_samples, matmul_floor
-from experiments.models import dense_net
+from hogrod.models import dense_net
 from hogrod import harness, pinn
 from hogrod.pinn.jet import tanh_mlp_jet
 
@@ -299,7 +299,7 @@ def bench_pinn(output_dir, points=10000, width=20, depth=8, rounds=10, calls_per
 
 
 def main():
-    """The console command `hogrod-bench-pinn` (see the module docstring)."""
+    """`python -m experiments.bench.pinn` (see the module docstring)."""
     harness.main(bench_pinn)
 
 

@@ -17,7 +17,8 @@ steps/iterations (their `error_history`); the times to the thresholds are read o
 curves here (`pinn.seconds_to_error`). The error is against the Cole-Hopf reference on the
 256 x 100 grid.
 
-    python -m experiments.bench.pinn_convergence --gin_file=configs/bench/pinn_convergence.gin
+    python -m experiments.bench.pinn_convergence \
+        --gin_file=experiments/bench/configs/pinn_convergence.gin
 
 Reported: training seconds to each threshold (None: not reached), final errors, and the
 ratios DeepXDE seconds / hogrod seconds. DeepXDE's time to a threshold reached in L-BFGS is
@@ -32,7 +33,7 @@ import gin
 import numpy as np
 from absl import logging
 
-from experiments import models
+from experiments.bench import peers
 from experiments.bench.runs import run_pinn_binary
 from hogrod import harness, pinn
 
@@ -63,10 +64,10 @@ def deepxde_run(adam_steps, lbfgs_maxiter, error_every, thresholds, seed,
         pred = model.predict(grid)
         return float(np.linalg.norm(pred - ref) / np.linalg.norm(ref))
 
-    data = models.deepxde_burgers_data(dde, 2540, 80, 160)
+    data = peers.deepxde_burgers_data(dde, 2540, 80, 160)
     # DeepXDE's "Glorot normal" string gives every hidden layer the same weights under Keras 3
     model = dde.Model(data, dde.nn.FNN([2] + [20] * 3 + [1], "tanh",
-                                       models.deepxde_glorot_normal(seed)))
+                                       peers.deepxde_glorot_normal(seed)))
     model.compile("adam", lr=1e-3)
     history, seconds = [], 0.0
     for done in range(error_every, adam_steps + 1, error_every):
@@ -148,7 +149,7 @@ def bench_pinn_convergence(output_dir, error_every=500, thresholds=(1e-2, 1e-3),
 
 
 def main():
-    """The console command `hogrod-bench-pinn-convergence` (see the module docstring)."""
+    """`python -m experiments.bench.pinn_convergence` (see the module docstring)."""
     harness.main(bench_pinn_convergence)
 
 

@@ -1,7 +1,7 @@
 """Seconds per Adam step of the high-dimensional Poisson PINN (`poisson_nd_problem`): the
 randomized Laplacian against the exact one, per dimension.
 
-    python -m experiments.bench.pinn_highdim --gin_file=configs/bench/pinn_highdim.gin
+    python -m experiments.bench.pinn_highdim --gin_file=experiments/bench/configs/pinn_highdim.gin
 
 The step is `pinn_experiment`'s (tanh MLP, the residual's loss and gradient, Adam), compiled
 once; tracing seconds (the first call) are reported apart. The exact Laplacian traces one
@@ -65,7 +65,7 @@ def bench_pinn_highdim(output_dir, dims=(10, 100, 1000), exact_dims=(10, 100), p
 
 
 def main():
-    """The console command `hogrod-bench-pinn-highdim` (see the module docstring)."""
+    """`python -m experiments.bench.pinn_highdim` (see the module docstring)."""
     harness.main(bench_pinn_highdim)
 
 

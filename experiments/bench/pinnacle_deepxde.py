@@ -3,11 +3,11 @@ in the same protocol, seed for seed, and hogrod's seconds per Adam step per PINN
 with and without XLA.
 
 DeepXDE (TensorFlow backend, DDE_BACKEND=tensorflow) runs each case as PINNacle builds it
-(`experiments.models.deepxde_burgers_data`, `deepxde_poisson2d_classic_data`,
+(`experiments.bench.peers.deepxde_burgers_data`, `deepxde_poisson2d_classic_data`,
 `deepxde_wave1d_data`: PINNacle's src/pde/ definitions, soft conditions, Hammersley points),
 a 5 x 100 tanh FNN (Glorot normal), Adam 1e-3. hogrod runs `experiments/pinn.py` with
 `configs/pinn/pinnacle/<case>.gin` (the same protocol) in its own process. Before DeepXDE
-trains, `models.check_deepxde_peer` checks that its problem is hogrod's: the same domain,
+trains, `peers.check_deepxde_peer` checks that its problem is hogrod's: the same domain,
 point counts (those of the case's config), condition targets and (Wave) solution; a
 mismatch is an error naming the config. Both stop after `iterations` Adam steps (PINNacle:
 20,000) with the same seed, and both are scored by PINNacle's L2RE on the case's
@@ -24,7 +24,8 @@ counted) from Adam step n1 = iterations / 10 to the last one it records; and one
 Finished runs are kept (`<output_dir>/<case>/seed<k>/`): a re-run with the same output_dir
 resumes where it stopped.
 
-    python -m experiments.bench.pinnacle_deepxde --gin_file=configs/bench/pinnacle_deepxde.gin
+    python -m experiments.bench.pinnacle_deepxde \
+        --gin_file=experiments/bench/configs/pinnacle_deepxde.gin
 """
 
 import json
@@ -35,7 +36,7 @@ import gin
 import numpy as np
 from absl import logging
 
-from experiments import models
+from experiments.bench import peers
 from experiments.bench import runs
 from hogrod import harness, pinn
 
@@ -43,17 +44,17 @@ PINNACLE_CONFIGS = "configs/pinn/pinnacle"
 
 
 def _burgers(dde, n_collocation, n_condition):
-    return models.deepxde_burgers_data(dde, n_collocation, n_condition["boundary"],
+    return peers.deepxde_burgers_data(dde, n_collocation, n_condition["boundary"],
                                        n_condition["initial"], train_distribution="Hammersley")
 
 
 def _poisson(dde, n_collocation, n_condition):
-    return models.deepxde_poisson2d_classic_data(dde, n_collocation,
+    return peers.deepxde_poisson2d_classic_data(dde, n_collocation,
                                                  sum(n_condition.values()))
 
 
 def _wave(dde, n_collocation, n_condition):
-    return models.deepxde_wave1d_data(dde, n_collocation, sum(n_condition.values()))
+    return peers.deepxde_wave1d_data(dde, n_collocation, sum(n_condition.values()))
 
 
 # case: (DeepXDE data builder, hogrod problem factory, [(hogrod term, sign)] in DeepXDE's
@@ -65,7 +66,7 @@ PEERS = {
                     [("rectangle", 1), ("circles", 1)], None),
     "wave1d_c": (_wave, pinn.pinnacle.pinnacle_wave1d,
                  [("initial_velocity", -1), ("initial", 1), ("boundary", 1)],
-                 models.pinnacle_wave1d_ref_sol),
+                 peers.pinnacle_wave1d_ref_sol),
 }
 
 
@@ -101,11 +102,11 @@ def deepxde_vanilla(case, iterations, seed, warmup=10):
     dde.config.set_random_seed(seed)
     data = build(dde, n_collocation, n_condition)
     prob = factory()
-    models.check_deepxde_peer(data, prob, terms, n_collocation, n_condition,
+    peers.check_deepxde_peer(data, prob, terms, n_collocation, n_condition,
                               f"{PINNACLE_CONFIGS}/{case}.gin", solution=solution, seed=seed)
     dim = prob.domain.dim
     model = dde.Model(data, dde.nn.FNN([dim] + [100] * 5 + [1], "tanh",
-                                       models.deepxde_glorot_normal(seed)))
+                                       peers.deepxde_glorot_normal(seed)))
     model.compile("adam", lr=1e-3)
     model.train(iterations=warmup, display_every=max(warmup, 1), verbose=0)
     t0 = time.perf_counter()

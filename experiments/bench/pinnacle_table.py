@@ -14,7 +14,8 @@ fail are listed there and make the binary exit with an error after the table is 
 PINNacle's full protocol (10 cases x 2 methods x 3 seeds x 20,000 iterations) is about 100
 CPU-hours on 2 cores; with a GPU (or one node of a cluster) it is this one command:
 
-    python -m experiments.bench.pinnacle_table --gin_file=configs/bench/pinnacle_table.gin
+    python -m experiments.bench.pinnacle_table \
+        --gin_file=experiments/bench/configs/pinnacle_table.gin
 """
 
 import math

@@ -1,6 +1,6 @@
 """Steps/s and examples/s of every family's step for 1, 2 and 4 replicas.
 
-    python -m experiments.bench.scaling --gin_file=configs/bench/scaling.gin
+    python -m experiments.bench.scaling --gin_file=experiments/bench/configs/scaling.gin
 
 Each replica count runs in its own process (TensorFlow fixes the logical devices at start):
 MirroredStrategy over that many devices (GPUs when the machine has enough, else logical
@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from experiments.models import cross_entropy, dense_net, mse
+from hogrod.models import cross_entropy, dense_net, mse
 from hogrod import curvature, distribute, gan, harness, meta, pinn, train
 from hogrod.pinn import training as pinn_training
 
@@ -173,7 +173,7 @@ def bench_scaling(output_dir, families=FAMILIES, replicas=(1, 2, 4), multi_worke
 
 
 def main():
-    """The console command `hogrod-bench-scaling` (see the module docstring)."""
+    """`python -m experiments.bench.scaling` (see the module docstring)."""
     harness.main(bench_scaling)
 
 

@@ -2,7 +2,7 @@
 the randomized estimators, for d = 10, 100, 1000.
 
     python -m experiments.bench.stochastic_laplacian \
-        --gin_file=configs/bench/stochastic_laplacian.gin
+        --gin_file=experiments/bench/configs/stochastic_laplacian.gin
 
 Candidates, in the same run on the same network and points, interleaved (`timing`):
 - "exact": `pinn.partials` of every (i, i), summed by `pinn.laplacian` (one backward pass
@@ -27,7 +27,7 @@ import tensorflow as tf
 from absl import logging
 
 from experiments.bench.timing import interleaved_rates
-from experiments.models import dense_net
+from hogrod.models import dense_net
 from hogrod import harness, pinn
 
 
@@ -120,7 +120,7 @@ def bench_stochastic_laplacian(output_dir, dims=(10, 100, 1000), points=128, wid
 
 
 def main():
-    """The console command `hogrod-bench-stochastic-laplacian` (see the module docstring)."""
+    """`python -m experiments.bench.stochastic_laplacian` (see the module docstring)."""
     harness.main(bench_stochastic_laplacian)
 
 

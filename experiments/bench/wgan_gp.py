@@ -6,7 +6,7 @@ critic, 2-512-512-512-2 generator) and batch (256) in all three. The eager step 
 straightforward hand-written TF2 code; the PyTorch step uses `torch.autograd.grad(...,
 create_graph=True)` (the `bench` extra). Interleaved rounds, medians:
 
-    python -m experiments.bench.wgan_gp --gin_file=configs/bench/wgan_gp.gin
+    python -m experiments.bench.wgan_gp --gin_file=experiments/bench/configs/wgan_gp.gin
 
 Targets: >= 5x the eager step, >= 1.5x PyTorch.
 
@@ -27,7 +27,7 @@ import tensorflow as tf
 from absl import logging
 
 from experiments.bench.timing import floor_metrics, interleaved_rates, matmul_floor
-from experiments.models import relu_mlp as mlp
+from hogrod.models import relu_mlp as mlp
 from hogrod import gan, harness
 
 
@@ -125,7 +125,7 @@ def bench_wgan_gp(output_dir, width=512, depth=3, batch=256, lam=10.0, rounds=10
 
 
 def main():
-    """The console command `hogrod-bench-wgan-gp` (see the module docstring)."""
+    """`python -m experiments.bench.wgan_gp` (see the module docstring)."""
     harness.main(bench_wgan_gp)
 
 

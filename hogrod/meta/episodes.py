@@ -22,6 +22,8 @@ import gin
 import numpy as np
 import tensorflow as tf
 
+from hogrod import data as hogrod_data
+
 __all__ = ["ImageClasses", "load_omniglot", "load_tfds_classes", "episodes", "OMNIGLOT_ZIPS"]
 
 ImageClasses = collections.namedtuple("ImageClasses", ["images", "offsets", "rotations"])
@@ -37,8 +39,9 @@ def _check_omniglot_dir(data_dir):
     if missing:
         raise FileNotFoundError(
             f"Omniglot data dir '{data_dir}' lacks {missing}: set the binding "
-            f"episode_data.data_dir (or load_omniglot's data_dir) to a folder holding the two "
-            f"original zips {list(OMNIGLOT_ZIPS)}, from {OMNIGLOT_SOURCE}")
+            f"episode_data.data_dir (or load_omniglot's data_dir), or {hogrod_data.ENV} (its "
+            f"omniglot/ folder), to a folder holding the two original zips "
+            f"{list(OMNIGLOT_ZIPS)}, from {OMNIGLOT_SOURCE}")
 
 
 def _read_omniglot(data_dir, size):
@@ -72,14 +75,19 @@ def _read_zip(path, size, Image):
 
 
 @gin.configurable
-def load_omniglot(data_dir, split="train", image_size=28, train_characters=1200, seed=1,
+def load_omniglot(data_dir=None, split="train", image_size=28, train_characters=1200, seed=1,
                   cache_dir=None):
     """Omniglot from the original zips in `data_dir`, split as in the MAML paper.
+
+    `data_dir` None is `$HOGROD_DATA/omniglot` (see `hogrod.data`); with neither, a
+    ValueError names the binding `episode_data.data_dir` and HOGROD_DATA.
 
     Decoding 32,460 PNGs takes a minute; the resized array is cached as
     `<cache_dir>/omniglot_<size>.npz` (default ~/.cache/hogrod), never in the repository.
     Images are inverted so strokes are 1 and background 0.
     """
+    data_dir = hogrod_data.data_dir(
+        "omniglot", "episode_data.data_dir (or load_omniglot's data_dir)", data_dir)
     cache_dir = cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "hogrod")
     cache = os.path.join(cache_dir, f"omniglot_{image_size}.npz")
     _check_omniglot_dir(data_dir)  # a wrong data_dir is an error even when a cache exists

@@ -23,9 +23,9 @@ is operator(u_fn, x) - target(x)). The point counts per condition (PINNacle's 2,
 boundary points shared by the pieces of the boundary in proportion to their length) are in
 the configs, `configs/pinn/pinnacle/`.
 
-Reference files are COMSOL exports read by `pinnacle_data.read_reference` from `pinnacle_data_dir()`
-(`../shared/data/pinnacle` beside the repository by default; each factory's `path`
-binding overrides it); the evaluation points are the file's points (PINNacle's test set).
+Reference files are COMSOL exports read by `pinnacle_data.read_reference` from
+`pinnacle_data_dir()` (`$HOGROD_DATA/pinnacle` unless `pinnacle_data_dir.directory` is
+bound; each factory's `path` binding overrides both); the evaluation points are the file's points (PINNacle's test set).
 The closed-form cases are evaluated, as PINNacle does, on 2,500 grid points in 2-D and
 20,000 interior points otherwise (Hammersley here). `pinnacle_data.l2re` is PINNacle's
 metric.

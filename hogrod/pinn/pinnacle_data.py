@@ -11,10 +11,10 @@ import re
 import gin
 import numpy as np
 
+from hogrod import data as hogrod_data
+
 __all__ = ["l2re", "read_reference", "pinnacle_data_dir", "TabulatedReference"]
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT_DATA_DIR = os.path.join(REPO_ROOT, os.pardir, "shared", "data", "pinnacle")
 
 
 # ---------------------------------------------------------------------------- the metric
@@ -39,9 +39,18 @@ def l2re(y_true, y_pred):
 
 @gin.configurable
 def pinnacle_data_dir(directory=None):
-    """The folder of PINNacle's reference files: `directory`, else ../shared/data/pinnacle
-    beside the repository root."""
-    return os.path.normpath(DEFAULT_DATA_DIR if directory is None else directory)
+    """The folder of PINNacle's reference files.
+
+    Args:
+      directory: the folder; None: `$HOGROD_DATA/pinnacle` (see `hogrod.data`).
+    Returns:
+      The folder's path, normalized.
+    Raises:
+      ValueError: `directory` is None and HOGROD_DATA is unset; the message names the
+        binding `pinnacle_data_dir.directory` and HOGROD_DATA.
+    """
+    return hogrod_data.data_dir(
+        "pinnacle", "pinnacle_data_dir.directory (or the case's `path`)", directory)
 
 
 def _header_times(path):
@@ -111,7 +120,8 @@ def read_reference(path, space, outputs, times=None):
         raise FileNotFoundError(
             f"PINNacle reference file {path} not found: copy {os.path.basename(path)} from "
             f"the folder ref/ of github.com/i207M/PINNacle to {os.path.dirname(path)}, or bind "
-            "pinnacle_data_dir.directory (or the case's `path`) to where it is")
+            "pinnacle_data_dir.directory (or the case's `path`) to where it is, or set "
+            f"{hogrod_data.ENV} to the folder holding pinnacle/")
     try:
         data = np.loadtxt(path, comments="%", ndmin=2)
     except ValueError as e:  # numpy names the data row, not the file or its line

@@ -1,100 +1,15 @@
-"""The models and losses the experiment and benchmark binaries share.
-
-Binaries import from here, never from one another. `mlp` and `conv4` are gin configurables
-(`@mlp`, `@conv4` in the MAML configs); the rest are plain functions a binary calls with
-its own gin parameters.
+"""What the benchmarks compare hogrod with, beside the benchmarks (never installed): the
+ridge hyperproblem of the hypergradient benchmarks with its closed-form hypergradient, and
+the DeepXDE peers of the PINN benchmarks (`deepxde_*_data`, `check_deepxde_peer`,
+`deepxde_glorot_normal`: DeepXDE's `"Glorot normal"` under Keras 3 gives every layer and seed
+the same weights).
 """
 
 import math
-import numbers
 
-import gin
 import keras
 import numpy as np
 import tensorflow as tf
-
-
-def _check_widths(widths, name):
-    widths = tuple(widths)
-    if len(widths) < 2 or not all(isinstance(w, numbers.Integral) and not isinstance(w, bool)
-                                  and w >= 1 for w in widths):
-        raise ValueError(f"{name} must be (inputs, hidden..., outputs), at least two positive "
-                         f"integers, got {widths!r}")
-    return widths
-
-
-def dense_net(widths, activation="tanh", dtype=None, name=None, head_name=None,
-              kernel_initializer="glorot_uniform"):
-    """A Keras MLP: `widths` = (inputs, hidden widths..., outputs), `activation` after every
-    hidden layer, a linear output layer (named `head_name` when given).
-
-    dtype: the inputs' and every layer's dtype (None: Keras's default policy)."""
-    widths = _check_widths(widths, "dense_net widths")
-    layers = [keras.Input((widths[0],), dtype=dtype)]
-    layers += [keras.layers.Dense(w, activation=activation, kernel_initializer=kernel_initializer,
-                                  dtype=dtype) for w in widths[1:-1]]
-    layers += [keras.layers.Dense(widths[-1], kernel_initializer=kernel_initializer, dtype=dtype,
-                                  name=head_name)]
-    return keras.Sequential(layers, name=name)
-
-
-def relu_mlp(inputs, outputs, width, depth, name=None):
-    """The toy-GAN generator/critic: `depth` ReLU layers of `width` (WGAN-GP's 2-512-512-512)."""
-    return dense_net((inputs,) + (width,) * depth + (outputs,), "relu", name=name)
-
-
-@gin.configurable
-def mlp(input_dim=1, widths=(40, 40), outputs=1, activation="relu", init_stddev=None):
-    """The sinusoid network of Finn et al.: 1-40-40-1, ReLU.
-
-    init_stddev: kernels from a truncated normal with this deviation and zero biases, as
-    Finn et al.'s code (0.01); None: Keras's Glorot uniform."""
-    init = ("glorot_uniform" if init_stddev is None
-            else keras.initializers.TruncatedNormal(stddev=init_stddev))
-    return dense_net((input_dim, *widths, outputs), activation, kernel_initializer=init)
-
-
-@gin.configurable
-def conv4(image_size=28, channels=1, filters=64, n_way=5):
-    """MAML's Omniglot network: 4 x (3x3 conv stride 2, BatchNorm, ReLU), then linear."""
-    layers = [keras.Input((image_size, image_size, channels))]
-    for _ in range(4):
-        layers += [keras.layers.Conv2D(filters, 3, strides=2, padding="same"),
-                   keras.layers.BatchNormalization(), keras.layers.ReLU()]
-    layers += [keras.layers.Flatten(), keras.layers.Dense(n_way)]
-    return keras.Sequential(layers)
-
-
-def classifier(input_shape, num_classes, conv_filters, hidden):
-    """An image classifier: a backbone (stride-2 3x3 ReLU convs, then ReLU dense layers) and a
-    linear head named "head", kept in float32 under a mixed-precision policy."""
-    backbone = [keras.Input(input_shape)]
-    backbone += [keras.layers.Conv2D(f, 3, strides=2, activation="relu") for f in conv_filters]
-    backbone += [keras.layers.Flatten()]
-    backbone += [keras.layers.Dense(h, activation="relu") for h in hidden]
-    return keras.Sequential(backbone + [keras.layers.Dense(num_classes, name="head",
-                                                           dtype="float32")])
-
-
-def mse(y, pred):
-    """Mean squared error over every element."""
-    return tf.reduce_mean((y - pred) ** 2)
-
-
-def cross_entropy(y, logits):
-    """Mean softmax cross-entropy of integer labels `y` under `logits` [batch, classes]."""
-    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-        labels=tf.cast(y, tf.int32), logits=logits))
-
-
-def binary_cross_entropy(y, logits):
-    """Mean logistic loss of 0/1 labels `y` under one logit per example ([batch, 1]): the
-    logistic-regression form (its Hessian has a closed form)."""
-    if logits.shape.rank != 2 or logits.shape[-1] != 1:
-        raise ValueError(f"binary_cross_entropy wants logits of shape [batch, 1], got "
-                         f"{logits.shape}")
-    return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
-        tf.cast(y, logits.dtype), logits[:, 0]))
 
 
 def ridge_hyperproblem(features, train, validation, condition, seed):
@@ -250,8 +165,9 @@ def check_deepxde_peer(data, prob, terms, n_collocation, n_condition, where, sol
     - the same domain: DeepXDE's `geom.inside` equals `prob.domain.inside` at 4,000 random
       points of hogrod's bounding box enlarged twice about its centre;
     - the same point counts: `data.num_domain` = n_collocation, `data.num_boundary` = the
-      sum of n_condition (DeepXDE's boundary and initial points), and each condition's DeepXDE share within 4 binomial standard
-      deviations of n_condition's (DeepXDE draws a boundary's pieces at random);
+      sum of n_condition (DeepXDE's boundary and initial points), and each condition's
+      DeepXDE share within 4 binomial standard deviations of n_condition's (DeepXDE draws a
+      boundary's pieces at random);
     - the same conditions: `terms` = [(hogrod condition name, sign)] in DeepXDE's `bcs`
       order; DeepXDE's target at its points equals sign x hogrod's there (sign -1 where
       DeepXDE's Neumann condition on an outward normal -e_j is hogrod's on d/dx_j), and

@@ -1,0 +1,207 @@
+"""Backbones and losses for experiments: the networks of the papers hogrod reproduces and the
+losses they train with.
+
+- `dense_net(widths, activation)`: a Keras MLP; `relu_mlp` (the toy-GAN generator and
+  critic) and `mlp` (Finn et al.'s sinusoid network) are dense nets with fixed choices.
+- `conv4`: MAML's Omniglot network (4 x conv, BatchNorm, ReLU, then linear).
+- `classifier`: a convolutional image classifier with a float32 head named "head".
+- Losses in Keras's form `loss(y_true, y_pred) -> scalar`: `mse`, `cross_entropy` (integer
+  labels, logits), `binary_cross_entropy` (0/1 labels, one logit per example).
+
+`mlp` and `conv4` are gin configurables (`maml_experiment.model = @mlp`, `conv4.filters =
+32`); the rest take arguments only.
+"""
+
+import gin
+import keras
+import tensorflow as tf
+
+from hogrod import checks
+
+__all__ = ["dense_net", "relu_mlp", "mlp", "conv4", "classifier", "mse", "cross_entropy",
+           "binary_cross_entropy"]
+
+
+def _widths(widths, arg, where):
+    try:
+        widths = tuple(widths)
+    except TypeError:
+        widths = None
+    if widths is None or len(widths) < 2:
+        raise checks.ArgumentError(f"{where}: {arg} must be (inputs, hidden..., outputs), at "
+                                   f"least two positive integers, got {widths!r}")
+    return tuple(checks.integer(w, f"{arg}[{i}]", where, least=1) for i, w in enumerate(widths))
+
+
+def dense_net(widths, activation="tanh", dtype=None, name=None, head_name=None,
+              kernel_initializer="glorot_uniform"):
+    """A Keras MLP: `activation` after every hidden layer, a linear output layer.
+
+    Args:
+      widths: (inputs, hidden widths..., outputs), positive integers, at least two.
+      activation: the hidden layers' activation (a Keras activation name or callable).
+      dtype: the inputs' and every layer's dtype (None: Keras's default policy).
+      name: the model's name (None: Keras's).
+      head_name: the output layer's name (None: Keras's).
+      kernel_initializer: every layer's kernel initializer.
+    Returns:
+      A built `keras.Sequential`.
+    Raises:
+      ArgumentError: `widths` is not at least two positive integers.
+    """
+    widths = _widths(widths, "widths", "dense_net")
+    layers = [keras.Input((widths[0],), dtype=dtype)]
+    layers += [keras.layers.Dense(w, activation=activation, kernel_initializer=kernel_initializer,
+                                  dtype=dtype) for w in widths[1:-1]]
+    layers += [keras.layers.Dense(widths[-1], kernel_initializer=kernel_initializer, dtype=dtype,
+                                  name=head_name)]
+    return keras.Sequential(layers, name=name)
+
+
+def relu_mlp(inputs, outputs, width, depth, name=None):
+    """The toy-GAN generator or critic: `depth` ReLU layers of `width` (WGAN-GP's 2-512-512-512).
+
+    Args:
+      inputs: the input dimension.
+      outputs: the output dimension.
+      width: each hidden layer's width.
+      depth: the number of hidden layers (0: a linear map).
+      name: the model's name.
+    Returns:
+      A built `keras.Sequential` (see `dense_net`).
+    Raises:
+      ArgumentError: a size is not a positive integer (`depth` may be 0).
+    """
+    depth = checks.integer(depth, "depth", "relu_mlp", least=0)
+    sizes = [checks.integer(v, arg, "relu_mlp", least=1)
+             for v, arg in ((inputs, "inputs"), (width, "width"), (outputs, "outputs"))]
+    return dense_net((sizes[0],) + (sizes[1],) * depth + (sizes[2],), "relu", name=name)
+
+
+@gin.configurable
+def mlp(input_dim=1, widths=(40, 40), outputs=1, activation="relu", init_stddev=None):
+    """The sinusoid network of Finn et al.: 1-40-40-1, ReLU.
+
+    Args:
+      input_dim: the input dimension.
+      widths: the hidden widths.
+      outputs: the output dimension.
+      activation: the hidden layers' activation.
+      init_stddev: kernels from a truncated normal with this deviation and zero biases, as
+        Finn et al.'s code (0.01); None: Keras's Glorot uniform.
+    Returns:
+      A built `keras.Sequential` (see `dense_net`).
+    Raises:
+      ArgumentError: a width is not a positive integer, or `init_stddev` not positive.
+    """
+    if init_stddev is None:
+        init = "glorot_uniform"
+    else:
+        init = keras.initializers.TruncatedNormal(
+            stddev=checks.positive(init_stddev, "mlp.init_stddev", "mlp"))
+    try:
+        hidden = tuple(widths)
+    except TypeError:
+        raise checks.ArgumentError(f"mlp: mlp.widths must be a sequence of hidden widths, got "
+                                   f"{widths!r}") from None
+    return dense_net(_widths((input_dim, *hidden, outputs), "(input_dim, *widths, outputs)",
+                             "mlp"), activation, kernel_initializer=init)
+
+
+@gin.configurable
+def conv4(image_size=28, channels=1, filters=64, n_way=5):
+    """MAML's Omniglot network: 4 x (3x3 conv stride 2, BatchNorm, ReLU), then linear.
+
+    Args:
+      image_size: the input images' height and width.
+      channels: the input images' channels.
+      filters: each convolution's filters.
+      n_way: the number of classes (the output width).
+    Returns:
+      A built `keras.Sequential` of input [batch, image_size, image_size, channels] and
+      output logits [batch, n_way].
+    Raises:
+      ArgumentError: a size is not a positive integer.
+    """
+    image_size, channels, filters, n_way = (
+        checks.integer(v, f"conv4.{arg}", "conv4", least=1)
+        for v, arg in ((image_size, "image_size"), (channels, "channels"),
+                       (filters, "filters"), (n_way, "n_way")))
+    layers = [keras.Input((image_size, image_size, channels))]
+    for _ in range(4):
+        layers += [keras.layers.Conv2D(filters, 3, strides=2, padding="same"),
+                   keras.layers.BatchNormalization(), keras.layers.ReLU()]
+    layers += [keras.layers.Flatten(), keras.layers.Dense(n_way)]
+    return keras.Sequential(layers)
+
+
+def classifier(input_shape, num_classes, conv_filters, hidden):
+    """An image classifier: a backbone (stride-2 3x3 ReLU convs, then ReLU dense layers) and
+    a linear head named "head", kept in float32 under a mixed-precision policy.
+
+    Args:
+      input_shape: one example's shape (height, width, channels), or (features,) without
+        convolutions.
+      num_classes: the head's width.
+      conv_filters: each convolution's filters, in order (empty: none).
+      hidden: each dense layer's width, in order (empty: none).
+    Returns:
+      A built `keras.Sequential` giving logits [batch, num_classes].
+    Raises:
+      ArgumentError: a width or count is not a positive integer.
+    """
+    num_classes = checks.integer(num_classes, "num_classes", "classifier", least=1)
+    conv_filters = [checks.integer(f, f"conv_filters[{i}]", "classifier", least=1)
+                    for i, f in enumerate(conv_filters)]
+    hidden = [checks.integer(h, f"hidden[{i}]", "classifier", least=1)
+              for i, h in enumerate(hidden)]
+    backbone = [keras.Input(tuple(input_shape))]
+    backbone += [keras.layers.Conv2D(f, 3, strides=2, activation="relu") for f in conv_filters]
+    backbone += [keras.layers.Flatten()]
+    backbone += [keras.layers.Dense(h, activation="relu") for h in hidden]
+    return keras.Sequential(backbone + [keras.layers.Dense(num_classes, name="head",
+                                                           dtype="float32")])
+
+
+def mse(y_true, y_pred):
+    """Mean squared error over every element.
+
+    Args:
+      y_true: the targets.
+      y_pred: the predictions, y_true's shape.
+    Returns:
+      A scalar, y_pred's dtype.
+    """
+    return tf.reduce_mean((y_true - y_pred) ** 2)
+
+
+def cross_entropy(y_true, y_pred):
+    """Mean softmax cross-entropy of integer labels under logits.
+
+    Args:
+      y_true: integer labels [batch].
+      y_pred: logits [batch, classes].
+    Returns:
+      A scalar, the logits' dtype.
+    """
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=tf.cast(y_true, tf.int32), logits=y_pred))
+
+
+def binary_cross_entropy(y_true, y_pred):
+    """Mean logistic loss of 0/1 labels under one logit per example: the logistic-regression
+    form (its Hessian has a closed form).
+
+    Args:
+      y_true: 0/1 labels [batch].
+      y_pred: logits [batch, 1].
+    Returns:
+      A scalar, the logits' dtype.
+    Raises:
+      ValueError: the logits are not [batch, 1].
+    """
+    if y_pred.shape.rank != 2 or y_pred.shape[-1] != 1:
+        raise ValueError(f"binary_cross_entropy wants logits y_pred of shape [batch, 1], got "
+                         f"{y_pred.shape}")
+    return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+        tf.cast(y_true, y_pred.dtype), y_pred[:, 0]))
