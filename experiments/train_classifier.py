@@ -114,7 +114,7 @@ def train_classifier(output_dir, dataset="mnist", data_dir=None, conv_filters=()
             opts = {"optimizer": opt}
             step_args = dict(optimizer=opt, variables=model.trainable_variables)
 
-    def loss_fn(batch):
+    def objective(batch):
         x, y = batch
         logits = tf.cast(model(x, training=True), tf.float32)
         terms = {"ce": cross_entropy(y, logits)}
@@ -128,7 +128,7 @@ def train_classifier(output_dir, dataset="mnist", data_dir=None, conv_filters=()
         transforms.append(train.clip_by_global_norm(clip_norm))
     if clip_value:
         transforms.append(train.clip_by_value(clip_value))
-    step = train.make_train_step(loss_fn, transform=train.chain(*transforms), strategy=strategy,
+    step = train.make_train_step(objective, transform=train.chain(*transforms), strategy=strategy,
                                  **step_args)
     iterator = iter(strategy.experimental_distribute_dataset(info_ds))
     ckpt = train.Checkpointer(output_dir, model=model, data=iterator, **opts)

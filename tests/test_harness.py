@@ -179,18 +179,18 @@ def test_main_defines_its_flags_once_and_refuses_a_clashing_one():
 
 
 def test_console_command_runs_from_another_directory_with_a_shipped_config(tmp_path):
-    """What the `hogrod-hessian-inspect` script (the merged curvature binary's second name)
-    does (pyproject's [project.scripts]), run in an empty directory: progress at INFO shows,
+    """What the `hogrod-hessian-spectrum` script does (pyproject's [project.scripts]), run in
+    an empty directory: progress at INFO shows,
     TensorFlow's start-up noise does not. Every console command names an existing module."""
     import tomllib
     with open(os.path.join(REPO_ROOT, "pyproject.toml"), "rb") as f:
         scripts = tomllib.load(f)["project"]["scripts"]
-    assert scripts["hogrod-hessian-inspect"] == "experiments.hessian_spectrum:main"
+    assert scripts["hogrod-hessian-spectrum"] == "experiments.hessian_spectrum:main"
     assert {"hogrod-maml", "hogrod-bench-hvp", "hogrod-bench-pinn-convergence"} <= set(scripts)
     for target in scripts.values():
         module = target.split(":")[0]
         assert os.path.exists(os.path.join(REPO_ROOT, *module.split(".")) + ".py")
-    script = ("import sys; sys.argv[0] = 'hogrod-hessian-inspect'; "
+    script = ("import sys; sys.argv[0] = 'hogrod-hessian-spectrum'; "
               "from experiments.hessian_spectrum import main; main()")
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=REPO_ROOT)

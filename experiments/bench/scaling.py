@@ -69,8 +69,8 @@ def build(family, strategy):
         with strategy.scope():
             net = _mlp(2, 1, 20, 8)
             opt = keras.optimizers.Adam(1e-3)
-        loss_fn = pinn_training.pinn_loss(problem, net, points, conds)
-        step = train.make_train_step(loss_fn, opt, net.trainable_variables, strategy=strategy)
+        objective = pinn_training.pinn_loss(problem, net, points, conds)
+        step = train.make_train_step(objective, opt, net.trainable_variables, strategy=strategy)
         batch = distribute.shard(strategy, (points, conds))
         return lambda: step(batch), 8192
     if family == "curvature":

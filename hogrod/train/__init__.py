@@ -1,6 +1,6 @@
 """The custom-training-loop toolkit every hogrod trainer is built on.
 
-- `make_train_step(loss_fn, optimizer, variables, weights=, transform=, accumulation_steps=,
+- `make_train_step(objective, optimizer, variables, weights=, transform=, accumulation_steps=,
   strategy=)`: one compiled step over named loss terms (`step.py`).
 - transforms: `chain`, `clip_by_global_norm`, `clip_by_value`, `zeros_for_unconnected`
   (`transforms.py`); per-variable-group optimizers are lists of (optimizer, variables).
@@ -19,7 +19,7 @@ from hogrod.train.step import build_optimizers, make_train_step, objective_terms
 from hogrod.train.transforms import (chain, clip_by_global_norm, clip_by_value, global_norm,
                                      zeros_for_unconnected)
 
-__all__ = ["make_train_step", "build_optimizers", "objective_terms", "weighted_total", "chain", "clip_by_global_norm",
-           "clip_by_value", "global_norm", "zeros_for_unconnected", "mixed_precision",
+__all__ = ["make_train_step", "build_optimizers", "objective_terms", "weighted_total", "chain",
+           "clip_by_global_norm", "clip_by_value", "global_norm", "zeros_for_unconnected", "mixed_precision",
            "precision_policy", "Checkpointer", "train_loop", "NonFiniteError",
            "CheckpointMismatchError", "saliency", "integrated_gradients"]
