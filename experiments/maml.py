@@ -167,14 +167,14 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
     ckpt = train.Checkpointer(output_dir, model=net, optimizer=optimizer, data=iterator,
                               **{f"algo_var_{i}": v for i, v in enumerate(algo.variables)},
                               **{f"algo_state_{i}": v for i, v in enumerate(algo.state)})
-    history = harness.read_history(output_dir, ckpt.latest_step())
+    history = train.read_history(output_dir, ckpt.latest_step())
 
     evaluate = meta.evaluator(algo, net, loss_fn, eval_steps, classification)
 
     def evaluate_now(i):
         logging.info("evaluating at meta-iteration %d on held-out tasks", i)
         result = evaluate(eval_tasks)
-        harness.record_eval(output_dir, history, dict(result, step=i))
+        train.record_eval(output_dir, history, dict(result, step=i))
         logging.info("eval at %d: %s", i, {k: round(v, 4) for k, v in result.items()
                                            if k.split("_")[-1].isdigit()})
         return result

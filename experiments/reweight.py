@@ -313,7 +313,7 @@ def train_one_seed(output_dir, seed, weighting, data, model_fn, steps, batch_siz
                         "weighted_loss": logs["loss"],
                         "positive_weight": logs["monitor/positive_weight"]})
         if i % checkpoint_every == 0 or i == steps:
-            harness.write_json(path, history)
+            train.write_json(path, history)
 
     stats = {}
     train.train_loop(step, iterator, steps, ckpt, output_dir, checkpoint_every=checkpoint_every,

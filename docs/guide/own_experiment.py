@@ -73,14 +73,14 @@ def own_regression(output_dir, steps=600, width=32, learning_rate=0.01, batch_si
     iterator = iter(strategy.experimental_distribute_dataset(dataset))
     ckpt = hogrod.train.Checkpointer(output_dir, model=model, optimizer=optimizer, data=iterator)
     resumed_from = ckpt.latest_step()
-    history = harness.read_history(output_dir, resumed_from)  # evaluations up to the checkpoint
+    history = hogrod.train.read_history(output_dir, resumed_from)  # evaluations up to the checkpoint
 
     def test_mse():
         return float(np.mean((model(x_test).numpy() - y_test) ** 2))
 
     def evaluate(i, logs):
         if i % eval_every == 0 or i == steps:
-            harness.record_eval(output_dir, history, {"step": i, "test_mse": test_mse()})
+            hogrod.train.record_eval(output_dir, history, {"step": i, "test_mse": test_mse()})
 
     logs = hogrod.train.train_loop(step, iterator, steps, ckpt, output_dir,
                                    checkpoint_every=checkpoint_every, callback=evaluate)

@@ -115,8 +115,11 @@ def measure(families, steps, rounds, warmup):
 
 
 @gin.configurable
-def bench_scaling(output_dir, families=FAMILIES, replicas=(1, 2, 4), multi_worker=True,
-                  steps=10, rounds=5, warmup=3, measure_only=False, timeout_s=900):
+def bench_scaling(output_dir, families: tuple[str, ...] = FAMILIES,
+                  replicas: tuple[harness.PositiveInt, ...] = (1, 2, 4), multi_worker: bool = True,
+                  steps: harness.PositiveInt = 10, rounds: harness.PositiveInt = 5,
+                  warmup: harness.Count = 3, measure_only: bool = False,
+                  timeout_s: harness.Positive = 900):
     """Args:
       replicas: MirroredStrategy replica counts, each measured in a child process.
       multi_worker: also measure a two-process MultiWorkerMirroredStrategy on loopback.

@@ -58,9 +58,9 @@ def _scores(critic, x):  # half precision is reduced in float32; float64 stays f
 
 
 @gin.configurable(denylist=["generator", "critic", "critic_optimizer", "generator_optimizer"])
-def make_wgan_gp_step(generator, critic, critic_optimizer, generator_optimizer, latent_dim,
-                      penalty=penalties.gradient_penalty, penalty_weight=10.0, n_critic=5,
-                      lazy_every=1, strategy=None):
+def make_wgan_gp_step(generator, critic, critic_optimizer, generator_optimizer, latent_dim: int,
+                      penalty=penalties.gradient_penalty, penalty_weight: float = 10.0,
+                      n_critic: int = 5, lazy_every: int = 1, strategy=None):
     """Returns `step(real_batches) -> logs`; `real_batches` is a tuple of `n_critic` batches.
 
     Args:

@@ -272,7 +272,7 @@ def _logs(terms, total, norm, groups):
 
 @gin.configurable(denylist=["objective", "optimizer", "variables"])
 def make_train_step(objective, optimizer, variables=None, weights=None, transform=None,
-                    accumulation_steps=1, strategy=None, jit_compile=False):
+                    accumulation_steps: int = 1, strategy=None, jit_compile: bool = False):
     """Build a compiled train step.
 
     Args:
