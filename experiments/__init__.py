@@ -6,9 +6,9 @@ drops the lines TensorFlow's C++ code writes to stderr on every start and whenev
 compiles, before it is imported: the "Could not find cuda drivers" and oneDNN /
 CPU-instruction notices, absl's "log messages before absl::InitializeLog()" banner, XLA's
 service and compilation notices, the cost estimator's "Not handling type DT_DOUBLE" and
-"Error in PredictCost()" (for float64 ops it cannot cost) and, on a machine without an NVIDIA driver, "failed call to
-cuInit" (also the one written at teardown). Every other line, warnings and errors included,
-passes unchanged. HOGROD_NATIVE_NOISE=1 keeps them all. Imported as a library (tests,
+"Error in PredictCost()" (for float64 ops it cannot cost) and, on a machine without an
+NVIDIA driver, "failed call to cuInit" (also the one written at teardown). Every other
+line, warnings and errors included, passes unchanged. HOGROD_NATIVE_NOISE=1 keeps them all. Imported as a library (tests,
 notebooks) it changes nothing.
 """
 

@@ -123,9 +123,12 @@ def plot_curves(path, history, accuracy):
 
 @gin.configurable
 def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, model=mlp,
-                    meta_iterations=70000, meta_lr=1e-3, eval_steps=(0, 1, 10),
-                    eval_every=5000, checkpoint_every=5000, clip_norm=None, seed=0,
-                    time_limit_s=None):
+                    meta_iterations: harness.Count = 70000, meta_lr: harness.Positive = 1e-3,
+                    eval_steps: tuple[harness.Count, ...] = (0, 1, 10),
+                    eval_every: harness.PositiveInt = 5000,
+                    checkpoint_every: harness.PositiveInt = 5000,
+                    clip_norm: harness.Positive | None = None, seed: harness.Count = 0,
+                    time_limit_s: harness.Positive | None = None):
     """Meta-train `algorithm` on `data` with `model`, evaluating on held-out tasks.
 
     Args:

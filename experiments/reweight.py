@@ -336,8 +336,11 @@ def train_one_seed(output_dir, seed, weighting, data, model_fn, steps, batch_siz
 
 @gin.configurable
 def reweight_experiment(output_dir, weighting=gin.REQUIRED, data=digits_imbalanced,
-                        model=reweight_model, steps=1000, batch_size=50, learning_rate=0.1,
-                        momentum=0.9, num_seeds=1, seed=0, checkpoint_every=500):
+                        model=reweight_model, steps: harness.Count = 1000,
+                        batch_size: harness.PositiveInt = 50,
+                        learning_rate: harness.Positive = 0.1, momentum: harness.Fraction = 0.9,
+                        num_seeds: harness.PositiveInt = 1, seed: harness.Count = 0,
+                        checkpoint_every: harness.PositiveInt = 500):
     """Train with `weighting` for `num_seeds` seeds and report test errors.
 
     Args:

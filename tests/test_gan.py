@@ -60,7 +60,8 @@ def test_gradient_penalty_is_taken_at_the_interpolates():
                                                     noise={"interpolation": e}), expect, rtol=1e-12)
     one_sided = np.mean(np.maximum(np.linalg.norm(x_hat, axis=1) - 1.0, 0.0) ** 2)
     np.testing.assert_allclose(gan.gradient_penalty(half_squared_norm, real, fake, one_sided=True,
-                                                    noise={"interpolation": e}), one_sided, rtol=1e-12)
+                                                    noise={"interpolation": e}), one_sided,
+                               rtol=1e-12)
 
 
 def float64_critic(seed=0):

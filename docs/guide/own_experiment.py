@@ -73,7 +73,8 @@ def own_regression(output_dir, steps=600, width=32, learning_rate=0.01, batch_si
     iterator = iter(strategy.experimental_distribute_dataset(dataset))
     ckpt = hogrod.train.Checkpointer(output_dir, model=model, optimizer=optimizer, data=iterator)
     resumed_from = ckpt.latest_step()
-    history = hogrod.train.read_history(output_dir, resumed_from)  # evaluations up to the checkpoint
+    # the evaluations up to the checkpoint
+    history = hogrod.train.read_history(output_dir, resumed_from)
 
     def test_mse():
         return float(np.mean((model(x_test).numpy() - y_test) ** 2))

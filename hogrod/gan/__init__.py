@@ -17,4 +17,5 @@ from hogrod.gan.wgan_gp import grouped, make_wgan_gp_step, with_noise
 
 __all__ = ["gradient_penalty", "lp_penalty", "r1_penalty", "r2_penalty", "dragan_penalty",
            "input_gradient_norm", "squared_input_gradient", "perturbation", "NOISE_KEYS",
-           "make_wgan_gp_step", "grouped", "with_noise", "TOY", "toy_batches", "sample_toy", "modes", "mode_metrics"]
+           "make_wgan_gp_step", "grouped", "with_noise", "TOY", "toy_batches", "sample_toy",
+           "modes", "mode_metrics"]

@@ -23,7 +23,7 @@ from hogrod.train.transforms import (chain, clip_by_global_norm, clip_by_value, 
                                      zeros_for_unconnected)
 
 __all__ = ["make_train_step", "build_optimizers", "objective_terms", "weighted_total", "chain",
-           "clip_by_global_norm", "clip_by_value", "global_norm", "zeros_for_unconnected", "mixed_precision",
-           "precision_policy", "Checkpointer", "train_loop", "NonFiniteError",
+           "clip_by_global_norm", "clip_by_value", "global_norm", "zeros_for_unconnected",
+           "mixed_precision", "precision_policy", "Checkpointer", "train_loop", "NonFiniteError",
            "CheckpointMismatchError", "EvalHistory", "read_history", "record_eval", "write_json",
            "saliency", "integrated_gradients"]
