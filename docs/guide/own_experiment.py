@@ -43,8 +43,11 @@ def data(n, noise, seed):
 
 
 @gin.configurable
-def own_regression(output_dir, steps=600, width=32, learning_rate=0.01, batch_size=32,
-                   n_train=256, noise=0.1, eval_every=100, checkpoint_every=100, seed=0):
+def own_regression(output_dir, steps: harness.PositiveInt = 600, width: harness.PositiveInt = 32,
+                   learning_rate: harness.Positive = 0.01, batch_size: harness.PositiveInt = 32,
+                   n_train: harness.PositiveInt = 256, noise: harness.NonNegative = 0.1,
+                   eval_every: harness.PositiveInt = 100,
+                   checkpoint_every: harness.PositiveInt = 100, seed: harness.Count = 0):
     """The experiment: a gin configurable `fn(output_dir) -> metrics dict`."""
     if steps < 1 or eval_every < 1:
         raise ValueError(f"own_regression.steps ({steps}) and .eval_every ({eval_every}) "
