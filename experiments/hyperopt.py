@@ -344,7 +344,7 @@ def plot_compare(output_dirs, out_dir):
 @gin.configurable
 def hyperopt_experiment(output_dir, method=gin.REQUIRED, data=hyperopt_digits,
                         outer_steps: harness.Count = 100, outer_lr: harness.Positive = 0.05,
-                        init_log_l2: float = -2.0, bias_l2: harness.NonNegative = 0.1,
+                        init_log_l2=-2.0, bias_l2: harness.NonNegative = 0.1,
                         warm_start: bool = True, checkpoint_every: harness.PositiveInt = 20,
                         seed: harness.Count = 0):
     """Minimize the validation loss over per-feature log L2 penalties (module docstring).
