@@ -168,11 +168,17 @@ def logistic_closed_form(x, p):
 
 
 @gin.configurable
-def hessian_spectrum(output_dir, dim=10, hidden=(40, 40), classes=3, n_examples=1024,
-                     optimizer="adam", batch_size=128, steps=500, learning_rate=1e-2,
-                     checkpoint_every=100, dtype="float32", estimates=True, top_k=5,
-                     hutchpp_matvecs=150, slq_iterations=80, slq_runs=5, layer=None,
-                     dense_check_max_params=3000, seed=0):
+def hessian_spectrum(output_dir, dim: harness.PositiveInt = 10,
+                     hidden: tuple[harness.PositiveInt, ...] = (40, 40),
+                     classes: harness.PositiveInt = 3, n_examples: harness.PositiveInt = 1024,
+                     optimizer: str = "adam", batch_size: harness.PositiveInt = 128,
+                     steps: harness.Count = 500, learning_rate: harness.Positive = 1e-2,
+                     checkpoint_every: harness.PositiveInt = 100, dtype: str = "float32",
+                     estimates: bool = True, top_k: harness.PositiveInt = 5,
+                     hutchpp_matvecs: harness.PositiveInt = 150,
+                     slq_iterations: harness.PositiveInt = 80, slq_runs: harness.PositiveInt = 5,
+                     layer=None, dense_check_max_params: harness.Count = 3000,
+                     seed: harness.Count = 0):
     """Train a tanh MLP (`dim`-`hidden`-outputs; one logit and the logistic loss when
     `classes` is 2, else softmax cross-entropy), then measure its Hessian.
 

@@ -342,9 +342,11 @@ def plot_compare(output_dirs, out_dir):
 # ---- the experiment ------------------------------------------------------------------------
 
 @gin.configurable
-def hyperopt_experiment(output_dir, method=gin.REQUIRED, data=hyperopt_digits, outer_steps=100,
-                        outer_lr=0.05, init_log_l2=-2.0, bias_l2=0.1, warm_start=True,
-                        checkpoint_every=20, seed=0):
+def hyperopt_experiment(output_dir, method=gin.REQUIRED, data=hyperopt_digits,
+                        outer_steps: harness.Count = 100, outer_lr: harness.Positive = 0.05,
+                        init_log_l2=-2.0, bias_l2: harness.NonNegative = 0.1,
+                        warm_start: bool = True, checkpoint_every: harness.PositiveInt = 20,
+                        seed: harness.Count = 0):
     """Minimize the validation loss over per-feature log L2 penalties (module docstring).
 
     Args:
@@ -383,7 +385,7 @@ def hyperopt_experiment(output_dir, method=gin.REQUIRED, data=hyperopt_digits, o
     ckpt = train.Checkpointer(output_dir, log_l2=log_l2, w=w, b=b, adam_count=count,
                               adam_mu=mu, adam_nu=nu)
     start = ckpt.restore()
-    history = harness.read_history(output_dir, start)
+    history = train.read_history(output_dir, start)
     inner, outer = make_losses(splits["train"], splits["val"], float(bias_l2))
 
     @tf.function
@@ -434,7 +436,7 @@ def hyperopt_experiment(output_dir, method=gin.REQUIRED, data=hyperopt_digits, o
                                              / np.linalg.norm(exact)),
                       hypergradient_norm=float(np.linalg.norm(grads)),
                       exact_norm=float(np.linalg.norm(exact)))
-        harness.record_eval(output_dir, history, result)
+        train.record_eval(output_dir, history, result)
         ckpt.step.assign(i + 1)
         if (i + 1) % checkpoint_every == 0 or i + 1 == outer_steps:
             ckpt.save()
@@ -443,7 +445,7 @@ def hyperopt_experiment(output_dir, method=gin.REQUIRED, data=hyperopt_digits, o
                          result["val_loss"], result["test_loss"], result["test_accuracy"],
                          result["cosine_to_exact"])
     final, _ = evaluate_now(outer_steps)
-    harness.record_eval(output_dir, history, final)
+    train.record_eval(output_dir, history, final)
     plot_losses(os.path.join(output_dir, "loss.png"), [(method.name, history)])
     plot_hypergradients(os.path.join(output_dir, "hypergradient.png"),
                         [(method.name, history)])

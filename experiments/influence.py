@@ -61,8 +61,11 @@ def fit_logistic(x, y, l2, w0=None):
 
 
 @gin.configurable
-def influence_experiment(output_dir, n_train=200, dim=5, l2=0.01, test_points=(0, 1, 2),
-                         n_test=50, top=5, seed=0, study=None):
+def influence_experiment(output_dir, n_train: harness.PositiveInt = 200,
+                         dim: harness.PositiveInt = 5, l2: harness.NonNegative = 0.01,
+                         test_points: tuple[harness.Count, ...] = (0, 1, 2),
+                         n_test: harness.PositiveInt = 50, top: harness.PositiveInt = 5,
+                         seed: harness.Count = 0, study=None):
     """study: None (the logistic regression above) or a study `fn(output_dir) -> metrics`
     given by reference (e.g. @digits_influence_study), with its own bindings."""
     if study is not None:

@@ -198,12 +198,19 @@ def classification(output_dir, hidden, steps, learning_rate, batch_size, val_fra
 
 
 @gin.configurable
-def laplace_experiment(output_dir, n=150, noise=0.3, hidden=50, steps=1000,
-                       learning_rate=1e-2, hyper_steps=1000, hyper_lr=0.1, seeds=(0,),
-                       digits_hidden=64, digits_steps=2000, digits_learning_rate=1e-3,
-                       digits_batch_size=64, val_fraction=0.15, test_fraction=0.3,
-                       digits_hessians=("kfac", "full"), digits_hyper_steps=100,
-                       digits_hyper_lr=0.1, seed=0):
+def laplace_experiment(output_dir, n: harness.PositiveInt = 150,
+                       noise: harness.NonNegative = 0.3, hidden: harness.PositiveInt = 50,
+                       steps: harness.Count = 1000, learning_rate: harness.Positive = 1e-2,
+                       hyper_steps: harness.Count = 1000, hyper_lr: harness.Positive = 0.1,
+                       seeds: tuple[harness.Count, ...] = (0,),
+                       digits_hidden: harness.PositiveInt = 64, digits_steps: harness.Count = 2000,
+                       digits_learning_rate: harness.Positive = 1e-3,
+                       digits_batch_size: harness.PositiveInt = 64,
+                       val_fraction: harness.Fraction = 0.15,
+                       test_fraction: harness.Fraction = 0.3,
+                       digits_hessians: tuple[str, ...] = ("kfac", "full"),
+                       digits_hyper_steps: harness.Count = 100,
+                       digits_hyper_lr: harness.Positive = 0.1, seed: harness.Count = 0):
     """The sinusoid regression for each of `seeds` (n points, noise sd, `hidden` tanh
     units, `steps` of Adam at `learning_rate`, `hyper_steps` of Adam at `hyper_lr` on the
     log hyperparameters; the first seed is plotted) and the digits calibration (`digits_*`;

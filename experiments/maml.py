@@ -157,9 +157,13 @@ def check_config():
 
 @gin.configurable
 def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, model=mlp,
-                    meta_iterations=70000, meta_lr=1e-3, eval_steps=(0, 1, 10),
-                    eval_every=5000, checkpoint_every=5000, clip_norm=None, seed=0,
-                    time_limit_s=None, task_map="vectorized"):
+                    meta_iterations: harness.Count = 70000, meta_lr: harness.Positive = 1e-3,
+                    eval_steps: tuple[harness.Count, ...] = (0, 1, 10),
+                    eval_every: harness.PositiveInt = 5000,
+                    checkpoint_every: harness.PositiveInt = 5000,
+                    clip_norm: harness.Positive | None = None, seed: harness.Count = 0,
+                    time_limit_s: harness.Positive | None = None,
+                    task_map: str = "vectorized"):
     """Meta-train `algorithm` on `data` with `model`, evaluating on held-out tasks.
 
     Args:
@@ -212,7 +216,7 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
     ckpt = train.Checkpointer(output_dir, model=net, optimizer=optimizer, data=iterator,
                               **{f"algo_var_{i}": v for i, v in enumerate(algo.variables)},
                               **{f"algo_state_{i}": v for i, v in enumerate(algo.state)})
-    history = harness.read_history(output_dir, ckpt.latest_step())
+    history = train.read_history(output_dir, ckpt.latest_step())
 
     evaluate = meta.evaluator(algo, net, loss, eval_steps, classification, task_map,
                               seed=seed)
@@ -220,7 +224,7 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
     def evaluate_now(i):
         logging.info("evaluating at meta-iteration %d on held-out tasks", i)
         result = evaluate(eval_tasks)
-        harness.record_eval(output_dir, history, dict(result, step=i))
+        train.record_eval(output_dir, history, dict(result, step=i))
         logging.info("eval at %d: %s", i, {k: round(v, 4) for k, v in result.items()
                                            if k.split("_")[-1].isdigit()})
         return result

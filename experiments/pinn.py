@@ -8,7 +8,7 @@ coefficients and observations) is a gin reference (`@burgers_problem`,
 `@burgers_inverse_problem`, ...): the binary has no per-problem code. Outputs: metrics.json
 (relative L2 error against the reference, final loss terms, times; each unknown's learned
 value, true value and relative error), the error curve (`eval_history.json`, through
-`harness.record_eval`, and `error_history` in metrics.json), TensorBoard events and
+`train.record_eval`, and `error_history` in metrics.json), TensorBoard events and
 checkpoints, solution.png (prediction, reference, absolute error, and slices at a few times),
 prediction.npz (`points`, `prediction`: u on the problem's grid) and, with a reference,
 `l2re` (PINNacle's relative L2 error). The PINNacle benchmark: configs/pinn/pinnacle/.
@@ -66,12 +66,16 @@ def plot(path, problem, pred, ref):
 
 
 @gin.configurable
-def pinn_experiment(output_dir, problem=gin.REQUIRED, width=20, depth=8, n_collocation=10000,
-                    n_condition=400, sampling="sobol", adam_steps=2000, adam_lr=1e-3,
-                    lbfgs_maxiter=10000, weights=None, weighting=None, gpinn=None,
-                    dtype="float32", error_every=None, jit_compile=False,
-                    checkpoint_every=500, seed=0, network=None, resample_every=None,
-                    residual_on_conditions=False, use_jet=True, jet_jit_compile=True):
+def pinn_experiment(output_dir, problem=gin.REQUIRED, width: harness.PositiveInt = 20,
+                    depth: harness.PositiveInt = 8, n_collocation: harness.PositiveInt = 10000,
+                    n_condition=400, sampling: str = "sobol", adam_steps: harness.Count = 2000,
+                    adam_lr: harness.Positive = 1e-3, lbfgs_maxiter: harness.Count = 10000,
+                    weights=None, weighting=None, gpinn=None, dtype: str = "float32",
+                    error_every: harness.PositiveInt | None = None, jit_compile: bool = False,
+                    checkpoint_every: harness.PositiveInt = 500, seed: harness.Count = 0,
+                    network=None, resample_every: harness.PositiveInt | None = None,
+                    residual_on_conditions: bool = False, use_jet: bool = True,
+                    jet_jit_compile: bool = True):
     """Solve a problem: Adam for a fixed number of steps, then L-BFGS to convergence.
 
     Args:
@@ -301,14 +305,14 @@ class Progress:
 
 class ErrorCurve:
     """The relative L2 error on the training clock (its evaluation time not counted), every
-    `every` Adam steps and L-BFGS iterations (None: never), through `harness.record_eval`:
+    `every` Adam steps and L-BFGS iterations (None: never), through `train.record_eval`:
     eval_history.json and TensorBoard's eval/, at step i for Adam step i and adam_steps + i
     for L-BFGS iteration i. Starts from the evaluations recorded up to `upto_step`."""
 
     def __init__(self, output_dir, prob, u, dtype, adam_steps, clock, every, upto_step):
         self.output_dir, self.prob, self.u, self.dtype = output_dir, prob, u, dtype
         self.adam_steps, self.clock, self.every = adam_steps, clock, every
-        self.history = harness.read_history(output_dir, upto_step)
+        self.history = train.read_history(output_dir, upto_step)
 
     def error(self):
         with self.clock.paused():
@@ -318,7 +322,7 @@ class ErrorCurve:
         with self.clock.paused():
             seconds, err = self.clock.seconds(), self.error()
             step = i if phase == "adam" else self.adam_steps + i
-            harness.record_eval(self.output_dir, self.history, {
+            train.record_eval(self.output_dir, self.history, {
                 "step": step, "phase": phase, "seconds": seconds, "relative_l2": err})
         if err is not None:  # None: the problem has no reference solution
             logging.info("%s %d: relative L2 %.3e", phase, i, err)

@@ -313,7 +313,7 @@ def train_one_seed(output_dir, seed, weighting, data, model_fn, steps, batch_siz
                         "weighted_loss": logs["loss"],
                         "positive_weight": logs["monitor/positive_weight"]})
         if i % checkpoint_every == 0 or i == steps:
-            harness.write_json(path, history)
+            train.write_json(path, history)
 
     stats = {}
     train.train_loop(step, iterator, steps, ckpt, output_dir, checkpoint_every=checkpoint_every,
@@ -336,8 +336,11 @@ def train_one_seed(output_dir, seed, weighting, data, model_fn, steps, batch_siz
 
 @gin.configurable
 def reweight_experiment(output_dir, weighting=gin.REQUIRED, data=digits_imbalanced,
-                        model=reweight_model, steps=1000, batch_size=50, learning_rate=0.1,
-                        momentum=0.9, num_seeds=1, seed=0, checkpoint_every=500):
+                        model=reweight_model, steps: harness.Count = 1000,
+                        batch_size: harness.PositiveInt = 50,
+                        learning_rate: harness.Positive = 0.1, momentum: harness.Fraction = 0.9,
+                        num_seeds: harness.PositiveInt = 1, seed: harness.Count = 0,
+                        checkpoint_every: harness.PositiveInt = 500):
     """Train with `weighting` for `num_seeds` seeds and report test errors.
 
     Args:

@@ -74,10 +74,15 @@ def plot_attribution(path, model, images, labels):
 
 
 @gin.configurable
-def train_classifier(output_dir, dataset="mnist", data_dir=None, conv_filters=(), hidden=(128,),
-                     batch_size=64, steps=2000, optimizer="adam", backbone_lr=1e-3,
-                     head_lr=1e-3, clip_norm=None, clip_value=None, l2=True,
-                     precision="float32", eval_batches=None, checkpoint_every=500, seed=0):
+def train_classifier(output_dir, dataset: str = "mnist", data_dir: str | None = None,
+                     conv_filters: tuple[harness.PositiveInt, ...] = (),
+                     hidden: tuple[harness.PositiveInt, ...] = (128,),
+                     batch_size: harness.PositiveInt = 64, steps: harness.Count = 2000,
+                     optimizer: str = "adam", backbone_lr: harness.Positive = 1e-3,
+                     head_lr: harness.Positive = 1e-3, clip_norm: harness.Positive | None = None,
+                     clip_value: harness.Positive | None = None, l2: bool = True,
+                     precision: str = "float32", eval_batches: harness.PositiveInt | None = None,
+                     checkpoint_every: harness.PositiveInt = 500, seed: harness.Count = 0):
     """Train, evaluate on the test split, and plot.
 
     Args:
@@ -114,7 +119,7 @@ def train_classifier(output_dir, dataset="mnist", data_dir=None, conv_filters=()
             opts = {"optimizer": opt}
             step_args = dict(optimizer=opt, variables=model.trainable_variables)
 
-    def loss_fn(batch):
+    def objective(batch):
         x, y = batch
         logits = tf.cast(model(x, training=True), tf.float32)
         terms = {"ce": cross_entropy(y, logits)}
@@ -128,7 +133,7 @@ def train_classifier(output_dir, dataset="mnist", data_dir=None, conv_filters=()
         transforms.append(train.clip_by_global_norm(clip_norm))
     if clip_value:
         transforms.append(train.clip_by_value(clip_value))
-    step = train.make_train_step(loss_fn, transform=train.chain(*transforms), strategy=strategy,
+    step = train.make_train_step(objective, transform=train.chain(*transforms), strategy=strategy,
                                  **step_args)
     iterator = iter(strategy.experimental_distribute_dataset(info_ds))
     ckpt = train.Checkpointer(output_dir, model=model, data=iterator, **opts)

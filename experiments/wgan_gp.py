@@ -46,10 +46,16 @@ def plot(path, real, fake, critic, title):
 
 
 @gin.configurable
-def wgan_gp_experiment(output_dir, dataset="eight_gaussians", generator_steps=20000,
-                       batch_size=256, latent_dim=2, width=512, depth=3, learning_rate=1e-4,
-                       beta_1=0.5, beta_2=0.9, n_critic=5, linear_decay=False, eval_every=2000,
-                       eval_samples=2500, checkpoint_every=2000, generator_ema=None, seed=0):
+def wgan_gp_experiment(output_dir, dataset: str = "eight_gaussians",
+                       generator_steps: harness.Count = 20000,
+                       batch_size: harness.PositiveInt = 256, latent_dim: harness.PositiveInt = 2,
+                       width: harness.PositiveInt = 512, depth: harness.PositiveInt = 3,
+                       learning_rate: harness.Positive = 1e-4, beta_1: harness.Fraction = 0.5,
+                       beta_2: harness.Fraction = 0.9, n_critic: harness.PositiveInt = 5,
+                       linear_decay: bool = False, eval_every: harness.PositiveInt = 2000,
+                       eval_samples: harness.PositiveInt = 2500,
+                       checkpoint_every: harness.PositiveInt = 2000,
+                       generator_ema: harness.Fraction | None = None, seed: harness.Count = 0):
     """Train; evaluate and plot every `eval_every` generator steps; return the last metrics.
 
     linear_decay: decay both learning rates linearly to 0 over the run (as the WGAN-GP
@@ -88,7 +94,7 @@ def wgan_gp_experiment(output_dir, dataset="eight_gaussians", generator_steps=20
                               critic_optimizer=opt_c, generator_optimizer=opt_g, data=data,
                               **extra)
     real = gan.sample_toy(dataset, eval_samples, tf.constant([seed + 10**6, 0], tf.int64)).numpy()
-    history = harness.read_history(output_dir, ckpt.latest_step())
+    history = train.read_history(output_dir, ckpt.latest_step())
     start = time.perf_counter()
 
     def evaluate(i, logs=None):
@@ -100,7 +106,7 @@ def wgan_gp_experiment(output_dir, dataset="eight_gaussians", generator_steps=20
         result = {"step": i, "seconds": time.perf_counter() - start}
         if gan.modes(dataset) is not None:
             result.update(gan.mode_metrics(fake, dataset))
-        harness.record_eval(output_dir, history, result)
+        train.record_eval(output_dir, history, result)
         logging.info("eval at %d: %s", i, {k: round(float(v), 4) for k, v in result.items()})
         plot(os.path.join(output_dir, f"samples_{i:06d}.png"), real, fake, critic,
              f"{dataset}, generator step {i}")

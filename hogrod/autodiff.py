@@ -286,7 +286,7 @@ def derivatives(fn, x, order):
     return derivs
 
 
-def gnvp(model_fn, loss_fn, params, vector):
+def gnvp(model_fn, output_loss, params, vector):
     """Gauss-Newton-vector product G v = J^T H_L J v.
 
     The generalized Gauss-Newton matrix of a loss L(z(params)), where z are the
@@ -297,7 +297,7 @@ def gnvp(model_fn, loss_fn, params, vector):
     Args:
       model_fn: a callable of no arguments returning the model output z
         (any shape; depends on `params`).
-      loss_fn: an output loss `loss_fn(z) -> scalar` of the model output alone (labels
+      output_loss: a loss of the model output alone, `output_loss(z) -> scalar` (labels
         closed over); a Keras loss is `lambda z: loss(y_true, z)`.
       params: variables / tensors (nested structure) of floating dtypes.
       vector: a structure like `params` (as for `hvp`).
@@ -316,7 +316,7 @@ def gnvp(model_fn, loss_fn, params, vector):
                             f"{z.dtype.name}")
         jv = acc.jvp(z, unconnected_gradients=tf.UnconnectedGradients.ZERO)
     z_const = tf.stop_gradient(z)
-    hjv = hvp(lambda: _scalar(loss_fn(z_const), "gnvp", "loss_fn(z)"), z_const,
+    hjv = hvp(lambda: _scalar(output_loss(z_const), "gnvp", "output_loss(z)"), z_const,
               tf.stop_gradient(jv), mode="reverse_over_reverse")
     out = tape.gradient(z, flat_p, output_gradients=hjv)
     out = fill_unconnected([densify(g) for g in out], flat_p, "zero")

@@ -54,8 +54,8 @@ def _logical_cpus(n):
 
 
 @gin.configurable
-def make_strategy(kind="default", logical_cpus=None, connect_timeout_s=60.0,
-                  collective_timeout_s=None):
+def make_strategy(kind: str = "default", logical_cpus: int | None = None,
+                  connect_timeout_s: float = 60.0, collective_timeout_s: float | None = None):
     """A `tf.distribute.Strategy` by name.
 
     Args:

@@ -28,9 +28,17 @@ _NOISE = [
     rb"^I\d{4} [\d:.]+ +\d+ cpu_feature_guard\.cc:\d+\] This TensorFlow binary is optimized",
     rb"^To enable the following instructions: .* rebuild TensorFlow with the appropriate "
     rb"compiler flags\.$",
+    # XLA's service and compilation notices, and the cost estimator on float64 ops
+    rb"^I\d{4} [\d:.]+ +\d+ service\.cc:\d+\] (XLA service 0x[0-9a-f]+ initialized for "
+    rb"platform|  StreamExecutor \[\d+\]: )",
+    rb"^I\d{4} [\d:.]+ +\d+ dump_mlir_util\.cc:\d+\] disabling MLIR crash reproducer",
+    rb"^I\d{4} [\d:.]+ +\d+ device_compiler\.h:\d+\] Compiled cluster using XLA!",
+    rb"^[IW]\d{4} [\d:.]+ +\d+ util\.cc:\d+\] Not handling type DT_\w+$",
+    rb"^W\d{4} [\d:.]+ +\d+ op_level_cost_estimator\.cc:\d+\] Error in PredictCost\(\) "
+    rb"for the op: ",
 ]
 if not os.path.exists("/proc/driver/nvidia"):  # no driver: a failed cuInit is expected
-    _NOISE.append(rb"^E\d{4} [\d:.]+ +\d+ cuda_\w+\.cc:\d+\] failed call to cuInit")
+    _NOISE.append(rb"^E\d{4} [\d:.]+ +\d+ cuda_\w+\.cc:\d+\] .*[Ff]ailed call to cuInit")
 NOISE = re.compile(b"|".join(b"(?:%s)" % p for p in _NOISE))
 
 

@@ -75,12 +75,12 @@ def pinn_step(strategy):
         keras.utils.set_random_seed(0)
         net = mlp(2, 1, dtype="float64")
         opt = keras.optimizers.Adam(1e-2)
-    loss_fn = pinn_training.pinn_loss(problem, pinn_training.solution_fn(problem, net), points,
+    objective = pinn_training.pinn_loss(problem, pinn_training.solution_fn(problem, net), points,
                                       conds)
     batch = distribute.shard(strategy, (points, conds))
     before = flat(net.trainable_variables)
-    train.make_train_step(loss_fn, opt, net.trainable_variables, strategy=strategy)(batch)
-    pinn_training.lbfgs(loss_fn, net.trainable_variables, 3, strategy=strategy, batch=batch)
+    train.make_train_step(objective, opt, net.trainable_variables, strategy=strategy)(batch)
+    pinn_training.lbfgs(objective, net.trainable_variables, 3, strategy=strategy, batch=batch)
     return flat(net.trainable_variables) - before
 
 

@@ -335,10 +335,10 @@ def test_gnvp_equals_dense_jt_h_j():
     W = tf.Variable(rng.normal(size=(3, 5)))
     V = tf.Variable(rng.normal(size=(5, 4)))
     model_fn = lambda: tf.matmul(tf.tanh(tf.matmul(x, W)), V)  # noqa: E731
-    loss_fn = lambda z: tf.reduce_mean(  # noqa: E731
+    output_loss = lambda z: tf.reduce_mean(  # noqa: E731
         tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=z))
     vec = [tf.constant(rng.normal(size=W.shape)), tf.constant(rng.normal(size=V.shape))]
-    got = flat(hogrod.gnvp(model_fn, loss_fn, [W, V], vec))
+    got = flat(hogrod.gnvp(model_fn, output_loss, [W, V], vec))
     # Oracle: dense J (outputs x params) and dense H_L from the closed form of softmax-CE.
     J = np.concatenate([np.reshape(j, (24, -1)) for j in
                         hogrod.jacobian(lambda ps: model_fn_of(ps, x), [W, V])], axis=1)
@@ -360,10 +360,10 @@ def test_gnvp_equals_hessian_for_linear_model_with_mse():
     X = tf.constant(rng.normal(size=(10, 3)))
     y = tf.constant(rng.normal(size=(10, 2)))
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, dtype="float64")])
-    loss_fn = lambda z: tf.reduce_mean((z - y) ** 2)  # noqa: E731
+    output_loss = lambda z: tf.reduce_mean((z - y) ** 2)  # noqa: E731
     vec = [tf.constant(rng.normal(size=p.shape)) for p in model.trainable_variables]
-    gn = hogrod.gnvp(lambda: model(X), loss_fn, model.trainable_variables, vec)
-    hv = hogrod.hvp(lambda: loss_fn(model(X)), model.trainable_variables, vec)
+    gn = hogrod.gnvp(lambda: model(X), output_loss, model.trainable_variables, vec)
+    hv = hogrod.hvp(lambda: output_loss(model(X)), model.trainable_variables, vec)
     np.testing.assert_allclose(flat(gn), flat(hv), rtol=1e-10)
 
 
@@ -377,7 +377,7 @@ def test_hvp_of_a_non_scalar_function_is_an_error_giving_its_shape(mode):
         hogrod.hvp(lambda: a ** 3, a, tf.ones(2), mode=mode)
     with pytest.raises(ValueError, match=r"hessian: fn\(\) must return a scalar"):
         hogrod.hessian(lambda: a ** 3, a)
-    with pytest.raises(ValueError, match=r"gnvp: loss_fn\(z\) must return a scalar"):
+    with pytest.raises(ValueError, match=r"gnvp: output_loss\(z\) must return a scalar"):
         hogrod.gnvp(lambda: a * 2.0, lambda z: z ** 2, a, tf.ones(2))
 
 

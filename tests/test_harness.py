@@ -9,7 +9,7 @@ import sys
 import pytest
 import tensorflow as tf
 
-from hogrod import harness
+from hogrod import bindings, harness, train
 from experiments import hessian_spectrum as hs
 
 from conftest import REPO_ROOT, bench_config
@@ -166,8 +166,8 @@ def test_importing_hogrod_defines_no_flags():
 def test_main_defines_its_flags_once_and_refuses_a_clashing_one():
     from absl import flags
     values = flags.FlagValues()
-    harness._define_flags(values)
-    harness._define_flags(values)  # a second binary or test in the same process
+    harness.define_flags(values)
+    harness.define_flags(values)  # a second binary or test in the same process
     values(["prog", "--gin_file=a.gin", "--gin_file=b.gin", "--gin_param=x.y = 1",
             "--output_dir=out", "--allow_config_change"])
     assert (values.gin_file, values.gin_param, values.output_dir, values.allow_config_change
@@ -175,7 +175,7 @@ def test_main_defines_its_flags_once_and_refuses_a_clashing_one():
     clash = flags.FlagValues()
     flags.DEFINE_string("gin_file", None, "the program's own", flag_values=clash)
     with pytest.raises(flags.DuplicateFlagError, match="--gin_file.*string.*multi string"):
-        harness._define_flags(clash)
+        harness.define_flags(clash)
 
 
 def test_console_command_runs_from_another_directory_with_a_shipped_config(tmp_path):
@@ -244,9 +244,9 @@ def test_a_bad_input_raised_during_the_run_exits_2_with_its_message_alone(tmp_pa
 def test_history_of_a_resumed_run_stops_at_its_checkpoint_and_metrics_are_updated(tmp_path):
     history = []
     for step in (500, 1000, 1500):  # 1500 was evaluated, then the run was killed
-        harness.record_eval(str(tmp_path), history, {"step": step, "loss": step / 1000})
-    assert [h["step"] for h in harness.read_history(str(tmp_path), 1000)] == [500, 1000]
-    assert harness.read_history(str(tmp_path / "new"), 0) == []
+        train.record_eval(str(tmp_path), history, {"step": step, "loss": step / 1000})
+    assert [h["step"] for h in train.read_history(str(tmp_path), 1000)] == [500, 1000]
+    assert train.read_history(str(tmp_path / "new"), 0) == []
     assert os.listdir(tmp_path / "eval")  # the scalars went to TensorBoard too
     harness.write_metrics(str(tmp_path), {"loss": 1.0, "train_seconds": 12.0})
     harness.write_metrics(str(tmp_path), {"loss": 0.5}, resumed=True)  # trained nothing
@@ -273,11 +273,11 @@ def test_eval_scalars_go_to_the_run_that_recorded_them(tmp_path, monkeypatch):
     for run, value in (("a", 1.0), ("b", 2.0)):
         (tmp_path / run).mkdir()
         monkeypatch.chdir(tmp_path / run)
-        history = harness.read_history("out", 0)
+        history = train.read_history("out", 0)
         for step in (10, 20):
-            harness.record_eval("out", history, {"step": step, "loss": value * step})
+            train.record_eval("out", history, {"step": step, "loss": value * step})
         with pytest.raises(ValueError, match="record_eval: history is that of"):
-            harness.record_eval(str(tmp_path / "elsewhere"), history, {"step": 30})
+            train.record_eval(str(tmp_path / "elsewhere"), history, {"step": 30})
     for run, value in (("a", 1.0), ("b", 2.0)):
         eval_dir = tmp_path / run / "out" / "eval"
         assert len(os.listdir(eval_dir)) == 1  # the history's one writer
@@ -305,3 +305,112 @@ def test_a_run_leaves_no_bindings_behind(tmp_path):
     step = train.make_train_step(lambda b: {"l2": tf.reduce_sum(v ** 2)},
                                  __import__("keras").optimizers.SGD(0.0), [v])
     assert float(step(tf.zeros([1]))["loss"]) == 5.0  # no weight left from the run
+
+
+HEAT = ["configs/pinn/heat.gin"]
+
+
+@pytest.mark.parametrize("binding,expected", [
+    ("pinn_experiment.adam_lr = -1.0", "pinn_experiment.adam_lr = -1.0: must be a finite "
+                                       "number > 0"),
+    ("pinn_experiment.adam_steps = 20.5", "pinn_experiment.adam_steps = 20.5: must be an "
+                                          "integer >= 0"),
+    ("pinn_experiment.adam_steps = '20'", "pinn_experiment.adam_steps = '20': must be an "
+                                          "integer >= 0"),
+    ("pinn_experiment.jit_compile = 'yes'", "pinn_experiment.jit_compile = 'yes': must be True "
+                                            "or False"),
+    ("pinn_experiment.error_every = 0", "pinn_experiment.error_every = 0: must be an integer "
+                                        ">= 1 or None"),
+    ("make_train_step.accumulation_steps = 2.5", "make_train_step.accumulation_steps = 2.5: "
+                                                 "must be an integer"),
+    ("make_strategy.logical_cpus = '2'", "make_strategy.logical_cpus = '2': must be an integer "
+                                         "or None"),
+])
+def test_a_wrong_value_or_type_of_a_binding_exits_2_naming_it_before_anything_is_written(
+        binding, expected, tmp_path, capsys):
+    """Checked against the signatures' annotations (the experiment's and the library
+    configurables'), after parsing and before the output directory exists."""
+    from experiments import pinn
+    out = tmp_path / "run"
+    code = harness.run_cli(pinn.pinn_experiment, HEAT, [binding], str(out))
+    err = capsys.readouterr().err
+    assert code == 2 and expected in err and "Traceback" not in err, err
+    assert not out.exists()
+
+
+def test_a_macro_is_checked_for_its_value_and_a_string_rate_of_hyperopt_is_refused(tmp_path,
+                                                                                   capsys):
+    from experiments import hyperopt, pinn
+    code = harness.run_cli(pinn.pinn_experiment, HEAT, ["STEPS = 2.5",
+                                                        "pinn_experiment.adam_steps = %STEPS"],
+                           str(tmp_path / "a"))
+    assert code == 2 and "pinn_experiment.adam_steps = 2.5" in capsys.readouterr().err
+    code = harness.run_cli(hyperopt.hyperopt_experiment, ["configs/hyperopt/digits_one_step.gin"],
+                           ["hyperopt_experiment.outer_lr = '0.05'"], str(tmp_path / "b"))
+    err = capsys.readouterr().err
+    assert code == 2 and "hyperopt_experiment.outer_lr = '0.05': must be a finite number > 0" \
+        in err and "Traceback" not in err
+    assert not os.listdir(tmp_path)
+
+
+def test_every_shipped_config_fits_the_annotations():
+    """The annotations refuse no value a shipped config binds."""
+    import glob
+    import importlib
+    for path in glob.glob(os.path.join(REPO_ROOT, "experiments", "**", "*.py"), recursive=True):
+        name = os.path.relpath(path, REPO_ROOT)[:-3].replace(os.sep, ".")
+        if not name.endswith("__init__"):
+            importlib.import_module(name)
+    configs = glob.glob(os.path.join(harness.CONFIG_DIR, "**", "*.gin"), recursive=True)
+    assert len(configs) > 50
+    try:
+        for path in configs:
+            harness.parse_config([path], [])
+            bindings.check_values()
+    finally:
+        harness.gin.clear_config()
+
+
+def test_includes_resolve_from_another_directory_without_gin_logging(tmp_path, monkeypatch,
+                                                                       caplog):
+    """gin's package reader, asked first for an include it cannot find, logs (an error
+    'Path not found' when the folder is no package); the harness resolves includes itself."""
+    import logging
+    from experiments import pinn  # noqa: F401  (registers pinn_experiment)
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.DEBUG):
+        harness.parse_config(["pinn/heat.gin"], [])
+    assert "pinn_experiment.width = 32" in harness.gin.config_str()  # heat.gin over base.gin
+    assert "pinn_experiment.sampling = 'sobol'" in harness.gin.config_str()  # from base.gin
+    assert not [r for r in caplog.records if r.name.startswith("gin") or "gin" in r.pathname]
+    (tmp_path / "loop.gin").write_text("include 'loop.gin'\n")
+    with pytest.raises(harness.ConfigError, match="loop.gin includes itself"):
+        harness.parse_config(["loop.gin"], [])
+    (tmp_path / "gone.gin").write_text("\n\ninclude 'nope/gone.gin'\n")
+    with pytest.raises(harness.ConfigError, match=r"nope/gone.gin.*included in .*gone.gin, line 3"):
+        harness.parse_config(["gone.gin"], [])
+    harness.gin.clear_config()
+
+
+@pytest.mark.parametrize("line,dropped", [
+    (b"I0000 00:00:1795647407.785531    7838 service.cc:153] XLA service 0x7f0e5c0505d0 "
+     b"initialized for platform Host (this does not guarantee that XLA will be used). Devices:",
+     True),
+    (b"I0000 00:00:1795647407.785572    7838 service.cc:161]   StreamExecutor [0]: Host, "
+     b"Default Version", True),
+    (b"I0000 00:00:1795647408.376174    7838 device_compiler.h:208] Compiled cluster using XLA!"
+     b"  This line is logged at most once for the lifetime of the process.", True),
+    (b"I0000 00:00:1795647407.839011    7838 dump_mlir_util.cc:269] disabling MLIR crash "
+     b"reproducer, set env var `MLIR_CRASH_REPRODUCER_DIRECTORY` to enable.", True),
+    (b"W0000 00:00:1795648189.939685   15466 util.cc:123] Not handling type DT_DOUBLE", True),
+    (b"E0000 00:00:1795648189.939685   15466 cuda_executor.cc:1228] INTERNAL: CUDA error: "
+     b"Failed call to cuInit: UNKNOWN ERROR (303)", not os.path.exists("/proc/driver/nvidia")),
+    (b"E0000 00:00:1795648189.939685   15466 util.cc:123] Not handling type DT_DOUBLE", False),
+    (b"W0000 00:00:1795648189.939685   15466 op_level_cost_estimator.cc:699] Error in "
+     b"PredictCost() for the op: goo.gle/debugstr    op: \"Softmax\"", True),
+    (b"I1125 22:56:38.858859 139701808331648 harness.py:436] service.cc:153] XLA service 0x1 "
+     b"initialized for platform", False),
+])
+def test_the_binaries_drop_native_notices_and_pass_everything_else(line, dropped):
+    from hogrod import stderr_filter
+    assert bool(stderr_filter.NOISE.match(line)) == dropped

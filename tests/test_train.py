@@ -26,10 +26,10 @@ def big_batch(data, n=GLOBAL_BATCH):
     return next(iter(data.batch(n)))
 
 
-def manual_sgd_step(model, loss_fn, batch, lr, weights_=None):
+def manual_sgd_step(model, objective, batch, lr, weights_=None):
     """The oracle: w - lr * grad of the weighted total, by a plain tape."""
     with tf.GradientTape() as tape:
-        terms = loss_fn(batch)
+        terms = objective(batch)
         total = sum((weights_ or {}).get(k, 1.0) * v for k, v in terms.items())
     grads = tape.gradient(total, model.trainable_variables)
     return np.concatenate([(v - lr * g).numpy().ravel()
@@ -37,10 +37,10 @@ def manual_sgd_step(model, loss_fn, batch, lr, weights_=None):
 
 
 def test_step_equals_manual_sgd_with_term_weights_and_does_not_retrace():
-    model, opt, loss_fn, data = make_problem()
+    model, opt, objective, data = make_problem()
     batch = big_batch(data)
-    expected = manual_sgd_step(model, loss_fn, batch, 0.1, {"l2": 0.5})
-    step = train.make_train_step(loss_fn, opt, model.trainable_variables, weights={"l2": 0.5})
+    expected = manual_sgd_step(model, objective, batch, 0.1, {"l2": 0.5})
+    step = train.make_train_step(objective, opt, model.trainable_variables, weights={"l2": 0.5})
     logs = step(batch)
     np.testing.assert_allclose(weights(model), expected, rtol=1e-5, atol=1e-6)
     assert set(logs) == {"mse", "l2", "loss", "grad_norm", "lr", "applied"}
@@ -52,42 +52,42 @@ def test_step_equals_manual_sgd_with_term_weights_and_does_not_retrace():
 
 
 def test_accumulation_equals_one_step_on_the_whole_batch():
-    model, opt, loss_fn, data = make_problem()
+    model, opt, objective, data = make_problem()
     batch = big_batch(data)
-    expected = manual_sgd_step(model, loss_fn, batch, 0.1)
-    step = train.make_train_step(loss_fn, opt, model.trainable_variables, accumulation_steps=4)
+    expected = manual_sgd_step(model, objective, batch, 0.1)
+    step = train.make_train_step(objective, opt, model.trainable_variables, accumulation_steps=4)
     step(batch)
     np.testing.assert_allclose(weights(model), expected, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="must divide the batch size"):
-        train.make_train_step(loss_fn, keras.optimizers.SGD(0.1), model.trainable_variables,
+        train.make_train_step(objective, keras.optimizers.SGD(0.1), model.trainable_variables,
                               accumulation_steps=3)(batch)
 
 
 def test_clip_by_global_norm_bounds_the_update_and_clip_by_value_bounds_entries():
-    model, opt, loss_fn, data = make_problem(lr=1.0)
+    model, opt, objective, data = make_problem(lr=1.0)
     batch = big_batch(data)
     before = weights(model)
-    step = train.make_train_step(loss_fn, opt, model.trainable_variables,
+    step = train.make_train_step(objective, opt, model.trainable_variables,
                                  transform=train.clip_by_global_norm(0.01))
     logs = step(batch)
     assert float(logs["grad_norm"]) > 0.01  # the raw gradient was larger than the bound
     np.testing.assert_allclose(np.linalg.norm(weights(model) - before), 0.01, rtol=1e-4)
     before = weights(model)
-    step = train.make_train_step(loss_fn, keras.optimizers.SGD(1.0), model.trainable_variables,
+    step = train.make_train_step(objective, keras.optimizers.SGD(1.0), model.trainable_variables,
                                  transform=train.chain(train.clip_by_value(1e-3)))
     step(batch)
     assert np.abs(weights(model) - before).max() <= 1e-3 + 1e-7
 
 
 def test_per_group_optimizers_move_each_group_by_its_own_rate():
-    model, _, loss_fn, data = make_problem()
+    model, _, objective, data = make_problem()
     batch = big_batch(data)
     backbone, head = model.layers[0].trainable_variables, model.layers[1].trainable_variables
     with tf.GradientTape() as tape:
-        total = sum(loss_fn(batch).values())
+        total = sum(objective(batch).values())
     grads = tape.gradient(total, backbone + head)
     before = [v.numpy() for v in backbone + head]
-    step = train.make_train_step(loss_fn, [(keras.optimizers.SGD(1e-5), backbone),
+    step = train.make_train_step(objective, [(keras.optimizers.SGD(1e-5), backbone),
                                            (keras.optimizers.SGD(1e-3), head)])
     logs = step(batch)
     np.testing.assert_allclose([logs["lr"], logs["lr_group_1"]], [1e-5, 1e-3], rtol=1e-6)
@@ -97,12 +97,12 @@ def test_per_group_optimizers_move_each_group_by_its_own_rate():
 
 
 def test_overlapping_groups_unknown_weight_and_non_scalar_term_are_clear_errors():
-    model, _, loss_fn, data = make_problem()
+    model, _, objective, data = make_problem()
     vs = model.trainable_variables
     with pytest.raises(ValueError, match=r"dense\w*/kernel' is in optimizer groups 0 and 1"):
-        train.make_train_step(loss_fn, [(keras.optimizers.SGD(0.1), vs[:2]),
+        train.make_train_step(objective, [(keras.optimizers.SGD(0.1), vs[:2]),
                                         (keras.optimizers.SGD(0.1), vs[:1])])
-    step = train.make_train_step(loss_fn, keras.optimizers.SGD(0.1), vs, weights={"l1": 2.0})
+    step = train.make_train_step(objective, keras.optimizers.SGD(0.1), vs, weights={"l1": 2.0})
     with pytest.raises(ValueError, match=r"unknown loss term\(s\) \['l1'\]"):
         step(big_batch(data))
     bad = train.make_train_step(lambda b: {"per_example": tf.reduce_sum(b[0], axis=1)},
@@ -112,9 +112,9 @@ def test_overlapping_groups_unknown_weight_and_non_scalar_term_are_clear_errors(
 
 
 def test_unconnected_variables_get_zeros_and_one_warning_naming_them(caplog):
-    model, opt, loss_fn, data = make_problem()
+    model, opt, objective, data = make_problem()
     lonely = tf.Variable(tf.ones([3]), name="lonely_bias")
-    step = train.make_train_step(loss_fn, opt, model.trainable_variables + [lonely])
+    step = train.make_train_step(objective, opt, model.trainable_variables + [lonely])
     with caplog.at_level(logging.WARNING):
         for b in data.batch(GLOBAL_BATCH).take(3):
             step(b)
@@ -185,11 +185,11 @@ def test_mixed_precision_outside_its_policy_warns_that_the_model_is_not_mixed():
 
 
 def test_nan_guard_names_step_and_term_and_keeps_last_good_checkpoint(tmp_path):
-    model, opt, loss_fn, data = make_problem()
+    model, opt, objective, data = make_problem()
     poison = tf.Variable(0.0)
 
     def loss(batch):
-        terms = loss_fn(batch)
+        terms = objective(batch)
         terms["mse"] = terms["mse"] + poison  # becomes NaN at step 3
         return terms
 
@@ -213,7 +213,7 @@ def test_nan_guard_names_step_and_term_and_keeps_last_good_checkpoint(tmp_path):
 
 
 def test_checkpoint_dir_from_a_different_model_is_a_clear_error(tmp_path):
-    model, opt, loss_fn, data = make_problem()
+    model, opt, objective, data = make_problem()
     ckpt = train.Checkpointer(str(tmp_path), model=model)
     ckpt.save()
     other = keras.Sequential([keras.Input((3,)), keras.layers.Dense(5), keras.layers.Dense(2)])
@@ -222,8 +222,8 @@ def test_checkpoint_dir_from_a_different_model_is_a_clear_error(tmp_path):
 
 
 def test_summaries_and_progress(tmp_path, caplog):
-    model, opt, loss_fn, data = make_problem()
-    step = train.make_train_step(loss_fn, opt, model.trainable_variables)
+    model, opt, objective, data = make_problem()
+    step = train.make_train_step(objective, opt, model.trainable_variables)
     with caplog.at_level(logging.INFO):
         logs = train.train_loop(step, iter(data.repeat().batch(GLOBAL_BATCH)), 20,
                                 output_dir=str(tmp_path), log_every=10, summary_every=5)
@@ -262,24 +262,24 @@ def test_sigkill_and_resume_ends_with_the_uninterrupted_weights(tmp_path):
 
 
 def test_mirrored_two_logical_devices_equals_one_device():
-    model, opt, loss_fn, data = make_problem()
-    step = train.make_train_step(loss_fn, opt, model.trainable_variables)
+    model, opt, objective, data = make_problem()
+    step = train.make_train_step(objective, opt, model.trainable_variables)
     for b in data.batch(GLOBAL_BATCH).take(3):
         step(b)
     single = weights(model)
     strategy = distribute.make_strategy("mirrored")
     assert strategy.num_replicas_in_sync == 2
     with strategy.scope():
-        model, opt, loss_fn, data = make_problem()
-    step = train.make_train_step(loss_fn, opt, model.trainable_variables, strategy=strategy)
+        model, opt, objective, data = make_problem()
+    step = train.make_train_step(objective, opt, model.trainable_variables, strategy=strategy)
     for b in strategy.experimental_distribute_dataset(data.batch(GLOBAL_BATCH).take(3)):
         step(b)
     np.testing.assert_allclose(weights(model), single, atol=1e-5)
 
 
 def test_two_process_multi_worker_step_equals_one_device(tmp_path):
-    model, opt, loss_fn, data = make_problem()
-    train.make_train_step(loss_fn, opt, model.trainable_variables)(big_batch(data))
+    model, opt, objective, data = make_problem()
+    train.make_train_step(objective, opt, model.trainable_variables)(big_batch(data))
     out = tmp_path / "mw.npy"
     results = distribute.launch_local(
         [sys.executable, os.path.join(WORKERS, "one_step.py"), "multi_worker", str(out)], 2,
@@ -342,20 +342,20 @@ def test_time_limit_stops_with_a_checkpoint_and_excludes_callback_time(tmp_path)
 
 def test_accumulated_step_logs_the_mean_over_its_micro_batches():
     """Oracle: each micro-batch's terms and gradient by a plain tape, before the update."""
-    model, opt, loss_fn, data = make_problem()
+    model, opt, objective, data = make_problem()
     batch = big_batch(data)
     k, size = 4, GLOBAL_BATCH // 4
     micro = [tuple(t[i * size:(i + 1) * size] for t in batch) for i in range(k)]
     terms, grads = [], []
     for m in micro:
         with tf.GradientTape() as tape:
-            t = loss_fn(m)
+            t = objective(m)
             total = t["mse"] + 0.5 * t["l2"]
         terms.append({n: float(v) for n, v in t.items()})
         grads.append(np.concatenate([g.numpy().ravel() for g in
                                      tape.gradient(total, model.trainable_variables)]))
     mean = {n: np.mean([t[n] for t in terms]) for n in terms[0]}
-    step = train.make_train_step(loss_fn, opt, model.trainable_variables, weights={"l2": 0.5},
+    step = train.make_train_step(objective, opt, model.trainable_variables, weights={"l2": 0.5},
                                  accumulation_steps=k)
     logs = step(batch)
     for name in ("mse", "l2"):
@@ -380,20 +380,20 @@ def test_nan_guard_skips_an_update_whose_gradient_alone_is_not_finite(tmp_path):
 
 
 def test_empty_or_non_variable_variables_are_clear_errors():
-    model, _, loss_fn, _ = make_problem()
+    model, _, objective, _ = make_problem()
     vs = model.trainable_variables
     with pytest.raises(ValueError, match="make_train_step: variables is empty"):
-        train.make_train_step(loss_fn, keras.optimizers.SGD(0.1), [])
+        train.make_train_step(objective, keras.optimizers.SGD(0.1), [])
     with pytest.raises(ValueError, match="make_train_step: optimizer group 1's variables is empty"):
-        train.make_train_step(loss_fn, [(keras.optimizers.SGD(0.1), vs),
+        train.make_train_step(objective, [(keras.optimizers.SGD(0.1), vs),
                                         (keras.optimizers.SGD(0.1), [])])
     with pytest.raises(ValueError, match="empty list of"):
-        train.make_train_step(loss_fn, [])
+        train.make_train_step(objective, [])
     with pytest.raises(TypeError, match=r"make_train_step: variables\[1\] must be a variable, "
                                         r"got EagerTensor"):
-        train.make_train_step(loss_fn, keras.optimizers.SGD(0.1), [vs[0], tf.ones(3)])
+        train.make_train_step(objective, keras.optimizers.SGD(0.1), [vs[0], tf.ones(3)])
     with pytest.raises(ValueError, match="accumulation_steps must be an integer >= 1, got 2.5"):
-        train.make_train_step(loss_fn, keras.optimizers.SGD(0.1), vs, accumulation_steps=2.5)
+        train.make_train_step(objective, keras.optimizers.SGD(0.1), vs, accumulation_steps=2.5)
 
 
 def test_progress_shows_without_absl_info_and_stats_report_steps_per_s(capsys):
@@ -424,12 +424,12 @@ def test_float64_loss_takes_a_python_weight_in_float64():
     w = tf.Variable(w0, name="w")
     lr, lam = 2.0 ** -7, 1e-4  # Keras keeps the rate in float32: take one it holds exactly
 
-    def loss_fn(batch):
+    def objective(batch):
         xb, yb = batch
         return {"mse": tf.reduce_mean((xb @ w - yb) ** 2), "l2": tf.reduce_sum(w ** 2),
                 "monitor/abs": tf.reduce_mean(tf.abs(w))}
 
-    step = train.make_train_step(loss_fn, keras.optimizers.SGD(lr), [w], weights={"l2": lam})
+    step = train.make_train_step(objective, keras.optimizers.SGD(lr), [w], weights={"l2": lam})
     logs = step((tf.constant(x), tf.constant(y)))
     mse, l2 = np.mean((x @ w0 - y) ** 2), np.sum(w0 ** 2)
     grad = 2.0 / 16 * x.T @ (x @ w0 - y) + 2 * lam * w0
@@ -440,18 +440,18 @@ def test_float64_loss_takes_a_python_weight_in_float64():
 
 
 def test_weights_and_transform_are_checked():
-    model, _, loss_fn, data = make_problem()
+    model, _, objective, data = make_problem()
     vs = model.trainable_variables
     sgd = keras.optimizers.SGD
     with pytest.raises(TypeError, match=r"make_train_step.weights\['l2'\] must be a number"):
-        train.make_train_step(loss_fn, sgd(0.1), vs, weights={"l2": "1e-4"})
+        train.make_train_step(objective, sgd(0.1), vs, weights={"l2": "1e-4"})
     with pytest.raises(ValueError, match=r"make_train_step.weights\['l2'\] must be finite"):
-        train.make_train_step(loss_fn, sgd(0.1), vs, weights={"l2": float("nan")})
+        train.make_train_step(objective, sgd(0.1), vs, weights={"l2": float("nan")})
     with pytest.raises(TypeError, match="make_train_step.weights must be a dict"):
-        train.make_train_step(loss_fn, sgd(0.1), vs, weights=[("l2", 1.0)])
-    with pytest.raises(TypeError, match="make_train_step.transform must be a function"):
-        train.make_train_step(loss_fn, sgd(0.1), vs, transform=1.0)
-    step = train.make_train_step(loss_fn, sgd(0.1), vs, transform=lambda g, v: g[:1])
+        train.make_train_step(objective, sgd(0.1), vs, weights=[("l2", 1.0)])
+    with pytest.raises(TypeError, match="make_train_step: transform must be a callable"):
+        train.make_train_step(objective, sgd(0.1), vs, transform=1.0)
+    step = train.make_train_step(objective, sgd(0.1), vs, transform=lambda g, v: g[:1])
     with pytest.raises(ValueError, match=f"transform must return a list of {len(vs)} gradients"):
         step(big_batch(data))
     only_monitor = train.make_train_step(lambda b: {"monitor/x": tf.reduce_sum(vs[0])}, sgd(0.1),

@@ -43,8 +43,11 @@ def data(n, noise, seed):
 
 
 @gin.configurable
-def own_regression(output_dir, steps=600, width=32, learning_rate=0.01, batch_size=32,
-                   n_train=256, noise=0.1, eval_every=100, checkpoint_every=100, seed=0):
+def own_regression(output_dir, steps: harness.PositiveInt = 600, width: harness.PositiveInt = 32,
+                   learning_rate: harness.Positive = 0.01, batch_size: harness.PositiveInt = 32,
+                   n_train: harness.PositiveInt = 256, noise: harness.NonNegative = 0.1,
+                   eval_every: harness.PositiveInt = 100,
+                   checkpoint_every: harness.PositiveInt = 100, seed: harness.Count = 0):
     """The experiment: a gin configurable `fn(output_dir) -> metrics dict`."""
     if steps < 1 or eval_every < 1:
         raise ValueError(f"own_regression.steps ({steps}) and .eval_every ({eval_every}) "
@@ -73,14 +76,15 @@ def own_regression(output_dir, steps=600, width=32, learning_rate=0.01, batch_si
     iterator = iter(strategy.experimental_distribute_dataset(dataset))
     ckpt = hogrod.train.Checkpointer(output_dir, model=model, optimizer=optimizer, data=iterator)
     resumed_from = ckpt.latest_step()
-    history = harness.read_history(output_dir, resumed_from)  # evaluations up to the checkpoint
+    # the evaluations up to the checkpoint
+    history = hogrod.train.read_history(output_dir, resumed_from)
 
     def test_mse():
         return float(np.mean((model(x_test).numpy() - y_test) ** 2))
 
     def evaluate(i, logs):
         if i % eval_every == 0 or i == steps:
-            harness.record_eval(output_dir, history, {"step": i, "test_mse": test_mse()})
+            hogrod.train.record_eval(output_dir, history, {"step": i, "test_mse": test_mse()})
 
     logs = hogrod.train.train_loop(step, iterator, steps, ckpt, output_dir,
                                    checkpoint_every=checkpoint_every, callback=evaluate)

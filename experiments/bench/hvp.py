@@ -84,8 +84,9 @@ def jax_candidates(model, x, y, vector):
 
 
 @gin.configurable
-def bench_hvp(output_dir, widths=(64, 256, 256, 10), batch=256, repeats=100, warmup=10,
-              xla=True, seed=0):
+def bench_hvp(output_dir, widths: tuple[harness.PositiveInt, ...] = (64, 256, 256, 10),
+              batch: harness.PositiveInt = 256, repeats: harness.PositiveInt = 100,
+              warmup: harness.Count = 10, xla: bool = True, seed: harness.Count = 0):
     """Time gradient and HVPs; return medians (ms) and the target ratios."""
     model, x, y, vector = reference_problem(tuple(widths), batch, seed)
     candidates = tf_candidates(model, x, y, vector, jit_compile=False)

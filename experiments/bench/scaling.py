@@ -69,8 +69,8 @@ def build(family, strategy):
         with strategy.scope():
             net = _mlp(2, 1, 20, 8)
             opt = keras.optimizers.Adam(1e-3)
-        loss_fn = pinn_training.pinn_loss(problem, net, points, conds)
-        step = train.make_train_step(loss_fn, opt, net.trainable_variables, strategy=strategy)
+        objective = pinn_training.pinn_loss(problem, net, points, conds)
+        step = train.make_train_step(objective, opt, net.trainable_variables, strategy=strategy)
         batch = distribute.shard(strategy, (points, conds))
         return lambda: step(batch), 8192
     if family == "curvature":
@@ -115,8 +115,11 @@ def measure(families, steps, rounds, warmup):
 
 
 @gin.configurable
-def bench_scaling(output_dir, families=FAMILIES, replicas=(1, 2, 4), multi_worker=True,
-                  steps=10, rounds=5, warmup=3, measure_only=False, timeout_s=900):
+def bench_scaling(output_dir, families: tuple[str, ...] = FAMILIES,
+                  replicas: tuple[harness.PositiveInt, ...] = (1, 2, 4), multi_worker: bool = True,
+                  steps: harness.PositiveInt = 10, rounds: harness.PositiveInt = 5,
+                  warmup: harness.Count = 3, measure_only: bool = False,
+                  timeout_s: harness.Positive = 900):
     """Args:
       replicas: MirroredStrategy replica counts, each measured in a child process.
       multi_worker: also measure a two-process MultiWorkerMirroredStrategy on loopback.

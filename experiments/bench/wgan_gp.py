@@ -103,8 +103,10 @@ def torch_step(width, depth, batch, lam):
 
 
 @gin.configurable
-def bench_wgan_gp(output_dir, width=512, depth=3, batch=256, lam=10.0, rounds=10,
-                  steps_per_round=10, warmup=5):
+def bench_wgan_gp(output_dir, width: harness.PositiveInt = 512, depth: harness.PositiveInt = 3,
+                  batch: harness.PositiveInt = 256, lam: harness.NonNegative = 10.0,
+                  rounds: harness.PositiveInt = 10, steps_per_round: harness.PositiveInt = 10,
+                  warmup: harness.Count = 5):
     runs = {"hogrod_compiled": hogrod_step(width, depth, batch, lam),
             "tf_eager": eager_step(width, depth, batch, lam)}
     t = torch_step(width, depth, batch, lam)

@@ -32,7 +32,7 @@ The trainer takes a penalty by reference, so a gin file selects and tunes it:
     gradient_penalty.target = 0.0                    # here zero-centred
 
 the others are `@lp_penalty`, `@r1_penalty`, `@r2_penalty`, `@dragan_penalty`; `None` is
-no penalty. (The names "gp", "lp", "r1", "r2", "dragan", "none" still work, deprecated.)
+no penalty.
 
 Adding a penalty is one function and one binding:
 
@@ -160,22 +160,14 @@ def perturbation(real, seed=None):
 
 
 @gin.configurable(denylist=_DATA)
-def gradient_penalty(critic, real, fake, target=1.0, one_sided=False, interpolation=None, *,
-                     noise=None):
+def gradient_penalty(critic, real, fake, target=1.0, one_sided=False, *, noise=None):
     """WGAN-GP (Gulrajani et al. 2017): E[(||grad D(x_hat)|| - target)^2] at random
     interpolates x_hat = e real + (1 - e) fake, e ~ U[0, 1] per example (noise
     "interpolation"). one_sided: E[max(0, ||grad|| - target)^2], the Lipschitz penalty
     (WGAN-LP, Petzka et al. 2018; `lp_penalty`). target 0: the zero-centred GP.
-
-    interpolation: the weights e, shape [batch]; the same as noise={"interpolation": e}
-    (kept for calls written before `noise`)."""
+    The weights e come from noise["interpolation"] (shape [batch]) when given."""
     real, fake = _pair(real, fake)
     noise = _noise(noise, "gradient_penalty")
-    if interpolation is not None:
-        if noise.get("interpolation") is not None:
-            raise ValueError("gradient_penalty: interpolation given twice (the argument and "
-                             "noise['interpolation']); pass it in noise only")
-        noise = dict(noise, interpolation=interpolation)
     e = _per_example_weights(noise, real, "gradient_penalty")
     x_hat = e * real + (1.0 - e) * tf.cast(fake, real.dtype)
     gap = input_gradient_norm(critic, x_hat) - target
@@ -200,19 +192,9 @@ def r1_penalty(critic, real, fake=None, *, noise=None):
 
 
 @gin.configurable(denylist=_DATA)
-def r2_penalty(critic, real, fake=None, *, noise=None):
-    """R2: E[||grad D(x)||^2] on generated data (`fake`).
-
-    The older form `r2_penalty(critic, fake)` (one batch) still works, with a
-    DeprecationWarning: the one batch is then the generated data."""
-    if fake is None:
-        import warnings
-        warnings.warn("r2_penalty(critic, fake) is deprecated: call r2_penalty(critic, real, "
-                      "fake, noise=...) (the one penalty signature); the one batch given is "
-                      "taken as the generated data", DeprecationWarning, stacklevel=2)
-        real, fake = None, real
-    else:
-        _, fake = _pair(real, fake)
+def r2_penalty(critic, real, fake, *, noise=None):
+    """R2: E[||grad D(x)||^2] on generated data (`fake`)."""
+    _, fake = _pair(real, fake)
     _noise(noise, "r2_penalty")
     return tf.reduce_mean(squared_input_gradient(critic, fake))
 

@@ -19,46 +19,25 @@ own numbers: the same distribution, other numbers).
 """
 
 import inspect
-import warnings
 
 import gin
 import tensorflow as tf
 
-from hogrod import train
+from hogrod import checks, train
 from hogrod.gan import penalties
 
-__all__ = ["make_wgan_gp_step", "PENALTIES", "PENALTY_BY_NAME", "resolve_penalty", "grouped",
-           "with_noise"]
-
-# The names the trainer took before penalties were passed by reference (deprecated).
-PENALTY_BY_NAME = {"gp": penalties.gradient_penalty, "lp": penalties.lp_penalty,
-                   "r1": penalties.r1_penalty, "r2": penalties.r2_penalty,
-                   "dragan": penalties.dragan_penalty, "none": None}
-PENALTIES = tuple(PENALTY_BY_NAME)
+__all__ = ["make_wgan_gp_step", "grouped", "with_noise"]
 
 
-def _reference(fn):
-    return "None" if fn is None else f"@{fn.__name__}"
-
-
-def resolve_penalty(penalty, where="make_wgan_gp_step.penalty"):
-    """The penalty function for `penalty`: a callable `penalty(critic, real, fake, *, noise)`
-    (see `hogrod.gan.penalties`), None (no penalty), or one of the deprecated names
-    `PENALTIES`, which warns and names the reference to bind instead."""
-    if isinstance(penalty, str):
-        if penalty not in PENALTY_BY_NAME:
-            raise ValueError(f"{where} must be a penalty function (e.g. {where} = "
-                             f"@gradient_penalty), None, or one of the deprecated names "
-                             f"{PENALTIES}; got {penalty!r}")
-        fn = PENALTY_BY_NAME[penalty]
-        warnings.warn(f"{where} = '{penalty}' is deprecated: bind the function, "
-                      f"{where} = {_reference(fn)}", DeprecationWarning, stacklevel=3)
-        return fn
+def _checked_penalty(penalty, where="make_wgan_gp_step.penalty"):
+    """`penalty` if it is None (no penalty) or a callable that takes `(critic, real, fake, *,
+    noise)` (see `hogrod.gan.penalties`); else an error naming the binding."""
     if penalty is None:
         return None
     if not callable(penalty):
-        raise TypeError(f"{where} must be a penalty function or None, got "
-                        f"{type(penalty).__name__}")
+        raise checks.ArgumentError(
+            f"{where} must be a penalty function or None, got {type(penalty).__name__} "
+            f"{penalty!r}; bind one by reference, e.g. {where} = @gradient_penalty")
     try:
         signature = inspect.signature(penalty)
     except (TypeError, ValueError):  # a builtin or extension: nothing to check
@@ -79,9 +58,9 @@ def _scores(critic, x):  # half precision is reduced in float32; float64 stays f
 
 
 @gin.configurable(denylist=["generator", "critic", "critic_optimizer", "generator_optimizer"])
-def make_wgan_gp_step(generator, critic, critic_optimizer, generator_optimizer, latent_dim,
-                      penalty=penalties.gradient_penalty, penalty_weight=10.0, n_critic=5,
-                      lazy_every=1, strategy=None):
+def make_wgan_gp_step(generator, critic, critic_optimizer, generator_optimizer, latent_dim: int,
+                      penalty=penalties.gradient_penalty, penalty_weight: float = 10.0,
+                      n_critic: int = 5, lazy_every: int = 1, strategy=None):
     """Returns `step(real_batches) -> logs`; `real_batches` is a tuple of `n_critic` batches.
 
     Args:
@@ -89,16 +68,16 @@ def make_wgan_gp_step(generator, critic, critic_optimizer, generator_optimizer, 
         `gradient_penalty` (WGAN-GP), `lp_penalty`, `r1_penalty`, `r2_penalty`,
         `dragan_penalty`, or your own), by reference in gin (`= @r1_penalty`), or None for
         no penalty. Its hyperparameters are its own gin bindings
-        (`gradient_penalty.target = 0.0`). The names "gp", "lp", "r1", "r2", "dragan",
-        "none" are deprecated (a DeprecationWarning names the reference).
+        (`gradient_penalty.target = 0.0`).
       penalty_weight: lambda (the paper's 10; the original toy code's 0.1).
       lazy_every: compute the penalty every this many critic steps, scaled by it.
     """
-    penalty = resolve_penalty(penalty)
-    if lazy_every < 1 or n_critic < 1:
-        raise ValueError(f"n_critic ({n_critic}) and lazy_every ({lazy_every}) must be >= 1")
-    if penalty_weight < 0:
-        raise ValueError(f"make_wgan_gp_step.penalty_weight must be >= 0, got {penalty_weight}")
+    where = "make_wgan_gp_step"
+    penalty = _checked_penalty(penalty)
+    n_critic = checks.integer(n_critic, "n_critic", where, least=1)
+    lazy_every = checks.integer(lazy_every, "lazy_every", where, least=1)
+    penalty_weight = checks.nonnegative(penalty_weight, "penalty_weight", where)
+    latent_dim = checks.integer(latent_dim, "latent_dim", where, least=1)
     for name, model in (("critic", critic), ("generator", generator)):
         if not model.trainable_variables:
             raise ValueError(f"make_wgan_gp_step: the {name} has no trainable variables; "

@@ -1,6 +1,6 @@
 """The custom-training-loop toolkit every hogrod trainer is built on.
 
-- `make_train_step(loss_fn, optimizer, variables, weights=, transform=, accumulation_steps=,
+- `make_train_step(objective, optimizer, variables, weights=, transform=, accumulation_steps=,
   strategy=)`: one compiled step over named loss terms (`step.py`).
 - transforms: `chain`, `clip_by_global_norm`, `clip_by_value`, `zeros_for_unconnected`
   (`transforms.py`); per-variable-group optimizers are lists of (optimizer, variables).
@@ -8,18 +8,22 @@
   the dtype policy of the layers built in its `with` block, restored after (`precision.py`).
 - `Checkpointer`, `train_loop`, `NonFiniteError`: resumable runs with a NaN guard,
   TensorBoard summaries and a progress line (`loop.py`).
+- `read_history`, `record_eval`, `write_json`: a run's evaluations beside its checkpoints,
+  kept across a resume (`history.py`).
 - `saliency`, `integrated_gradients`: input attribution (`attribution.py`).
 Strategies come from `hogrod.distribute.make_strategy`.
 """
 
 from hogrod.train.attribution import integrated_gradients, saliency
+from hogrod.train.history import EvalHistory, read_history, record_eval, write_json
 from hogrod.train.loop import CheckpointMismatchError, Checkpointer, NonFiniteError, train_loop
 from hogrod.train.precision import mixed_precision, precision_policy
 from hogrod.train.step import build_optimizers, make_train_step, objective_terms, weighted_total
 from hogrod.train.transforms import (chain, clip_by_global_norm, clip_by_value, global_norm,
                                      zeros_for_unconnected)
 
-__all__ = ["make_train_step", "build_optimizers", "objective_terms", "weighted_total", "chain", "clip_by_global_norm",
-           "clip_by_value", "global_norm", "zeros_for_unconnected", "mixed_precision",
-           "precision_policy", "Checkpointer", "train_loop", "NonFiniteError",
-           "CheckpointMismatchError", "saliency", "integrated_gradients"]
+__all__ = ["make_train_step", "build_optimizers", "objective_terms", "weighted_total", "chain",
+           "clip_by_global_norm", "clip_by_value", "global_norm", "zeros_for_unconnected",
+           "mixed_precision", "precision_policy", "Checkpointer", "train_loop", "NonFiniteError",
+           "CheckpointMismatchError", "EvalHistory", "read_history", "record_eval", "write_json",
+           "saliency", "integrated_gradients"]

@@ -1,12 +1,12 @@
 """The compiled train step: named loss terms, weights, transforms, accumulation, groups,
 loss scaling and a tf.distribute strategy, in one `tf.function`.
 
-    step = make_train_step(loss_fn, optimizer, model.trainable_variables,
+    step = make_train_step(objective, optimizer, model.trainable_variables,
                            weights={"l2": 1e-4}, transform=clip_by_global_norm(1.0))
     logs = step(batch)   # {"ce": ..., "l2": ..., "loss": ..., "grad_norm": ..., "lr": ...,
                          #  "applied": ...}
 
-`loss_fn(batch)` returns a scalar or a dict of named scalar terms, each a mean over the
+`objective(batch)` returns a scalar or a dict of named scalar terms, each a mean over the
 examples it was given. The step differentiates the weighted sum once (one tape, every
 variable group), averages over micro-batches and replicas, applies the transform, and
 updates the variables only if every term and the gradient are finite; the returned logs
@@ -44,6 +44,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
+from hogrod import checks
 from hogrod.train.transforms import global_norm, zeros_for_unconnected
 
 __all__ = ["make_train_step", "build_optimizers", "objective_terms", "weighted_total", "MONITOR"]
@@ -187,17 +188,17 @@ def weighted_total(terms, weights):
     return tf.add_n(parts)
 
 
-def _gradient(loss_fn, weights, variables, scaler, batch):
+def _gradient(objective, weights, variables, scaler, batch):
     """(terms, weighted total, gradient) of one (micro-)batch. With a LossScaleOptimizer
     the tape differentiates total * scale (small half-precision gradients do not
     underflow) and the gradient is divided by the scale here: no loss scale leaves."""
     with tf.GradientTape() as tape:
-        terms = objective_terms(loss_fn(batch))
+        terms = objective_terms(objective(batch))
         total = weighted_total(terms, weights)
-        objective = total
+        differentiated = total
         if scaler is not None:
-            objective = total * tf.cast(scaler.dynamic_scale, total.dtype)
-    grads = zeros_for_unconnected(tape.gradient(objective, variables), variables)
+            differentiated = total * tf.cast(scaler.dynamic_scale, total.dtype)
+    grads = zeros_for_unconnected(tape.gradient(differentiated, variables), variables)
     grads = [tf.convert_to_tensor(g) for g in grads]  # IndexedSlices: dense
     if scaler is not None:
         grads = [g / tf.cast(scaler.dynamic_scale, g.dtype) for g in grads]
@@ -269,14 +270,14 @@ def _logs(terms, total, norm, groups):
     return dict(terms, loss=total, grad_norm=norm, **rates)
 
 
-@gin.configurable(denylist=["loss_fn", "optimizer", "variables"])
-def make_train_step(loss_fn, optimizer, variables=None, weights=None, transform=None,
-                    accumulation_steps=1, strategy=None, jit_compile=False):
+@gin.configurable(denylist=["objective", "optimizer", "variables"])
+def make_train_step(objective, optimizer, variables=None, weights=None, transform=None,
+                    accumulation_steps: int = 1, strategy=None, jit_compile: bool = False):
     """Build a compiled train step.
 
     Args:
-      loss_fn: the objective over a batch (not a Keras `loss(y_true, y_pred)`):
-        `loss_fn(batch)` -> scalar or {name: scalar}; means over the batch given.
+      objective: the objective over a batch (not a Keras `loss(y_true, y_pred)`):
+        `objective(batch)` -> scalar or {name: scalar}; means over the batch given.
         Terms named "monitor/..." are logged (and NaN-guarded) but not optimized.
       optimizer: a Keras optimizer (with `variables`), or a list of (optimizer, variables)
         groups, e.g. [(Adam(1e-5), backbone_vars), (Adam(1e-3), head_vars)]. Wrap a single
@@ -313,20 +314,18 @@ def make_train_step(loss_fn, optimizer, variables=None, weights=None, transform=
     if scaler is not None and len(groups) > 1:
         raise ValueError("mixed precision (LossScaleOptimizer) supports one optimizer group")
     weights = _check_weights(weights)
-    k = accumulation_steps
-    if not isinstance(k, numbers.Integral) or isinstance(k, bool) or k < 1:
-        raise ValueError(f"make_train_step.accumulation_steps must be an integer >= 1, got "
-                         f"{accumulation_steps!r}")
-    k = int(k)
-    if transform is not None and not callable(transform):
-        raise TypeError(f"make_train_step.transform must be a function (grads, variables) -> "
-                        f"grads, got {type(transform).__name__}")
+    checks.function(objective, "objective", "make_train_step",
+                    "objective(batch) -> scalar or {name: scalar}")
+    k = checks.integer(accumulation_steps, "accumulation_steps", "make_train_step", least=1)
+    if transform is not None:
+        checks.function(transform, "transform", "make_train_step",
+                        "transform(grads, variables) -> grads")
     replicas = strategy.num_replicas_in_sync
     with strategy.scope():
         build_optimizers(groups)
 
     def gradient(batch):
-        return _gradient(loss_fn, weights, all_vars, scaler, batch)
+        return _gradient(objective, weights, all_vars, scaler, batch)
 
     if jit_compile:
         gradient = tf.function(gradient, jit_compile=True)

@@ -1,0 +1,231 @@
+"""Gin bindings checked against the experiment's signature, before a run writes anything.
+
+`check_required(fn)`: every parameter `fn` marks `gin.REQUIRED` is bound (else the shipped
+configs that bind it are listed). `check_values()`: every bound value of the parsed config
+fits its parameter's annotation, for the experiment's configurable and every configurable
+it uses: `int`, `float` (finite), `bool`, `str`, `Literal[...]`, a union (`int | None`), a
+tuple or list of those, and the intervals of `typing.Annotated[..., Range(...)]`:
+
+    def pinn_experiment(output_dir, adam_steps: harness.Count = 2000,
+                        adam_lr: harness.Positive = 1e-3, sampling: str = "sobol"): ...
+
+refuses `adam_steps = 20.5`, `adam_steps = '20'`, `adam_lr = -1.0` and `adam_lr = '0.05'`,
+naming the binding and what it must be. References (`@fn`, `@fn()`) are the referenced
+function's business; a macro is checked for its value. The harness re-exports the
+annotations (`harness.Count`, ...), so a binary annotates without another import.
+"""
+
+import glob
+import inspect
+import io
+import math
+import numbers
+import os
+import re
+import types
+import typing
+
+import gin
+from gin import config_parser
+
+__all__ = ["Range", "Count", "PositiveInt", "Positive", "NonNegative", "Fraction", "ConfigError",
+           "check_values", "check_required", "shipped_configs", "statements", "Named"]
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+
+
+class ConfigError(Exception):
+    """A gin file or binding that cannot be used; the message names it."""
+
+
+class Range(typing.NamedTuple):
+    """The interval a number annotated `Annotated[int or float, Range(...)]` must lie in."""
+    low: float = -math.inf
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = False
+
+
+Count = typing.Annotated[int, Range(0)]
+PositiveInt = typing.Annotated[int, Range(1)]
+Positive = typing.Annotated[float, Range(0, low_open=True)]
+NonNegative = typing.Annotated[float, Range(0)]
+Fraction = typing.Annotated[float, Range(0, 1)]
+
+
+class _Text:
+    """A reference or macro as it is written, so bindings compare without the registry."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def __repr__(self):
+        return self.text
+
+
+class _SyntaxOnly(config_parser.ParserDelegate):
+    def configurable_reference(self, scoped_configurable_name, evaluate):
+        return _Text(f"@{scoped_configurable_name}{'()' if evaluate else ''}")
+
+    def macro(self, macro_name):
+        return _Text(f"%{macro_name}")
+
+
+class Named(io.StringIO):
+    """A config text (a file-like object) that gin's parser reports errors in under `name`."""
+
+    def __init__(self, text, name):
+        super().__init__(text)
+        self.name = name
+
+
+def statements(text, name=None):
+    """The statements of a gin config text, parsed without gin's registry.
+
+    Args:
+      text: gin config text.
+      name: the file it came from, named in a syntax error.
+    Returns:
+      A list of `gin.config_parser` statements; a reference or macro value stands as the
+      text it was written as (`@maml`, `%N_WAY`).
+    Raises:
+      SyntaxError: the text is not gin.
+    """
+    return list(config_parser.ConfigParser(Named(text, name), _SyntaxOnly()))
+
+
+def _describe(hint):
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Annotated:
+        r = next((m for m in args[1:] if isinstance(m, Range)), None)
+        if r is None:
+            return _describe(args[0])
+        if r.high == math.inf:
+            bound = f"{'>' if r.low_open else '>='} {r.low:g}"
+        else:
+            bound = (f"in {'(' if r.low_open else '['}{r.low:g}, {r.high:g}"
+                     f"{')' if r.high_open else ']'}")
+        return f"{_describe(args[0])} {bound}"
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in args)
+    if origin is typing.Literal:
+        return f"one of {args}"
+    if origin in (tuple, list):
+        return f"a tuple or list of ({', '.join(_describe(a) for a in args if a is not ...)})"
+    return {int: "an integer", float: "a finite number", bool: "True or False",
+            str: "a string", type(None): "None", tuple: "a tuple or list",
+            list: "a tuple or list"}.get(hint, str(hint))
+
+
+def _fits(value, hint):
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Annotated:
+        ranges = [m for m in args[1:] if isinstance(m, Range)]
+        return _fits(value, args[0]) and all(
+            (value > r.low if r.low_open else value >= r.low)
+            and (value < r.high if r.high_open else value <= r.high) for r in ranges)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, a) for a in args)
+    if origin is typing.Literal:
+        return value in args
+    if origin in (tuple, list) or hint in (tuple, list):
+        if not isinstance(value, (tuple, list)):
+            return False
+        if not args:
+            return True
+        items = list(args) if origin is tuple and ... not in args else [args[0]] * len(value)
+        return len(items) == len(value) and all(_fits(v, a) for v, a in zip(value, items))
+    if hint is int:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if hint is float:
+        return (isinstance(value, numbers.Real) and not isinstance(value, bool)
+                and math.isfinite(value))
+    if hint in (bool, str, type(None)):
+        return isinstance(value, hint)
+    return True  # an annotation the harness does not know: the function checks it
+
+
+def _hints(selector):
+    try:
+        fn = inspect.unwrap(gin.get_configurable(selector))
+        return typing.get_type_hints(fn.__init__ if inspect.isclass(fn) else fn,
+                                     include_extras=True)
+    except Exception:  # noqa: BLE001  (an unknown or unannotated configurable: unchecked)
+        return {}
+
+
+def check_values():
+    """Check every bound value of the parsed config against its parameter's annotation.
+
+    Returns:
+      None.
+    Raises:
+      ConfigError: naming each binding whose value does not fit, and what it must be.
+    """
+    bound = [s for s in statements(gin.config_str())
+             if isinstance(s, config_parser.BindingStatement)]
+    macros = {s.selector: s.value for s in bound if not s.arg_name}
+    wrong = []
+    for s in bound:
+        value = s.value
+        if isinstance(value, _Text) and value.text.startswith("%"):
+            value = macros.get(value.text[1:], value)
+        hint = _hints(s.selector).get(s.arg_name) if s.arg_name else None
+        if hint is not None and not isinstance(value, _Text) and not _fits(value, hint):
+            key = f"{s.scope + '/' if s.scope else ''}{s.selector}.{s.arg_name}"
+            wrong.append(f"{key} = {value!r}: must be {_describe(hint)}")
+    if wrong:
+        raise ConfigError("bad value for the gin binding(s):\n  " + "\n  ".join(wrong))
+
+
+def shipped_configs(bindings):
+    """The shipped configs that give any of `bindings`, themselves or through includes.
+
+    Args:
+      bindings: 'configurable.parameter' names.
+    Returns:
+      Paths relative to CONFIG_DIR; of the configs in subfolders (fragments such as
+      maml/algorithms/maml.gin), only those nothing includes.
+    """
+    texts = {}
+    for path in glob.glob(os.path.join(CONFIG_DIR, "**", "*.gin"), recursive=True):
+        with open(path) as f:
+            texts[os.path.relpath(path, CONFIG_DIR).replace(os.sep, "/")] = f.read()
+    includes = {name: [re.sub(r"^configs/", "", i) for i in
+                       re.findall(r"^\s*include\s+['\"]([^'\"]+)['\"]", text, re.M)]
+                for name, text in texts.items()}
+    binds = re.compile(rf"^\s*(?:[\w.]+/)?(?:{'|'.join(map(re.escape, bindings))})\s*=", re.M)
+
+    def binds_it(name, seen):
+        return bool(binds.search(texts.get(name, ""))) or any(
+            binds_it(i, seen | {name}) for i in includes.get(name, ()) if i not in seen)
+
+    included = {i for names in includes.values() for i in names}
+    return sorted(n for n in texts if (n.count("/") <= 1 or n not in included)
+                  and binds_it(n, frozenset()))
+
+
+def check_required(fn):
+    """Check that every parameter `fn` marks `gin.REQUIRED` is bound.
+
+    Args:
+      fn: the experiment function.
+    Returns:
+      None.
+    Raises:
+      ConfigError: naming the missing bindings and the shipped configs that give them.
+    """
+    missing = []
+    for param, spec in inspect.signature(inspect.unwrap(fn)).parameters.items():
+        if spec.default is gin.REQUIRED:
+            try:
+                gin.query_parameter(f"{fn.__name__}.{param}")
+            except ValueError:
+                missing.append(f"{fn.__name__}.{param}")
+    if missing:
+        configs = shipped_configs(missing)
+        listing = (f"; the shipped configs that give it (--gin_file=PATH, from any directory; "
+                   f"in {CONFIG_DIR}): " + ", ".join(configs)) if configs else ""
+        raise ConfigError(f"no value for the required binding(s) {', '.join(missing)}: give a "
+                          f"config with --gin_file or bind it with --gin_param='{missing[0]} "
+                          f"= ...'{listing}")
