@@ -263,6 +263,8 @@ def run(fn, gin_files=(), gin_params=(), output_dir=None, allow_config_change=Fa
         parse_config(list(gin_files), list(gin_params))
         check_required(fn)
         check_values()
+        if callable(getattr(fn, "check_config", None)):  # an experiment's own cross-checks
+            fn.check_config()
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         output_dir = output_dir or os.path.join("runs", fn.__name__, stamp)
         config = gin.config_str()
