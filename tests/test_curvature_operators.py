@@ -81,5 +81,5 @@ def test_bad_arguments_are_named_at_construction():
         curvature.HessianOperator(loss, vs, batch, tf.float64, mode="forward")
     with pytest.raises(ValueError, match="dtype must be a floating dtype"):
         curvature.HessianOperator(loss, vs, batch, tf.int32)
-    with pytest.raises(TypeError, match="GaussNewtonOperator: loss_fn must be callable"):
+    with pytest.raises(TypeError, match="GaussNewtonOperator: loss_fn must be a callable"):
         curvature.GaussNewtonOperator(lambda b: model(b[0]), "mse", vs, batch)

@@ -31,11 +31,10 @@ from hogrod.curvature.influence_scale import (ekfac_influence, linear_datamodeli
 from hogrod.curvature.inverse import conjugate_gradient, lissa
 from hogrod.curvature.kfac import EKFACOperator, KFACOperator
 from hogrod.curvature.laplace import Laplace
-from hogrod.curvature.operators import (GaussNewtonOperator, HessianOperator, flatten,
-                                        layer_params, unflatten)
+from hogrod.curvature.operators import GaussNewtonOperator, HessianOperator, layer_params
 from hogrod.curvature.trace import hutchinson, hutchpp
 
-__all__ = ["HessianOperator", "GaussNewtonOperator", "flatten", "unflatten", "layer_params",
+__all__ = ["HessianOperator", "GaussNewtonOperator", "layer_params",
            "lanczos", "power_iteration", "hutchinson", "hutchpp", "spectral_density",
            "conjugate_gradient", "lissa", "influence", "per_example_gradients"]
 __all__ += ["FisherOperator", "gauss_newton_diagonal", "mc_fisher_diagonal",

@@ -16,20 +16,11 @@ import numpy as np
 import tensorflow as tf
 
 import hogrod
-from hogrod import tree
-from hogrod import checks
+from hogrod import checks, tree
+from hogrod.curvature.data import (batch_size, check_data, distribute_batches,
+                                   replica_sums)
 
-__all__ = ["flatten", "unflatten", "HessianOperator", "GaussNewtonOperator", "layer_params"]
-
-
-def flatten(tensors, dtype=None):
-    """Concatenate tensors into one flat vector (`hogrod.tree.flatten`)."""
-    return tree.flatten(tensors, dtype)
-
-
-def unflatten(vector, like):
-    """Split a flat vector into tensors shaped (and typed) like `like` (`hogrod.tree.unflatten`)."""
-    return tree.unflatten(vector, like)
+__all__ = ["HessianOperator", "GaussNewtonOperator", "layer_params"]
 
 
 def layer_params(model, layer_name):
@@ -40,84 +31,11 @@ def layer_params(model, layer_name):
     return layer.trainable_variables
 
 
-def _batch_size(batch):
-    return tf.shape(tf.nest.flatten(batch)[0])[0]
-
-
-def _check_data(data, name):
-    """Data is one batch (a structure of tensors, no None in it) or a tf.data.Dataset: checked
-    here, not at the first product deep inside a trace."""
-    if data is None:
-        raise ValueError(f"{name}: data is None; pass one batch (any structure of tensors, as "
-                         "loss_fn takes it) or a tf.data.Dataset of batches")
-    if isinstance(data, tf.data.Dataset):
-        return
-    missing = [i for i, t in enumerate(tf.nest.flatten(data)) if t is None]
-    if missing:
-        raise ValueError(f"{name}: data holds None (flattened part(s) {missing} of "
-                         f"{len(tf.nest.flatten(data))}); every part of a batch must be a tensor")
-
-
-def _check_callable(fn, arg, name):
-    if not callable(fn):
-        raise TypeError(f"{name}: {arg} must be callable, got {type(fn).__name__}")
-
-
-def _check_strategy(strategy, name):
-    """`strategy` is None or a tf.distribute.Strategy."""
-    if strategy is not None and not isinstance(strategy, tf.distribute.Strategy):
-        raise TypeError(f"{name}: strategy must be a tf.distribute.Strategy (e.g. "
-                        "hogrod.distribute.make_strategy('mirrored')) or None, got "
-                        f"{type(strategy).__name__}")
-
-
-def _check_distributable(data, strategy, name):
-    """With a strategy, `data` must be a Dataset (its batches are what is split)."""
-    _check_strategy(strategy, name)
-    if strategy is not None and not isinstance(data, tf.data.Dataset):
-        raise ValueError(f"{name}: with a strategy, data must be a tf.data.Dataset of "
-                         "batches (each batch is split over the replicas)")
-
-
-def distribute_batches(data, strategy, name):
-    """`data` as the batches to iterate: itself without a strategy, else each batch split
-    over the replicas (`experimental_distribute_dataset`; a batch that does not split evenly
-    gives shards of different sizes, possibly an empty one)."""
-    _check_distributable(data, strategy, name)
-    return data if strategy is None else strategy.experimental_distribute_dataset(data)
-
-
-def replica_sums(fn, strategy):
-    """`fn(batch, *args) -> structure of tensors`, each a SUM over the batch's examples (its
-    size among them), compiled. With a strategy, `fn` runs on every replica's shard of a
-    batch from `distribute_batches` and each part is summed over the replicas (all-reduce),
-    so the result equals one device's on the whole batch: normalize by the summed size, never
-    per replica. `args` are the same on every replica."""
-    if strategy is None:
-        return tf.function(fn, reduce_retracing=True)
-
-    @tf.function(reduce_retracing=True)
-    def summed(batch, *args):
-        parts = strategy.run(fn, args=(batch, *args))
-        return tf.nest.map_structure(
-            lambda t: strategy.reduce(tf.distribute.ReduceOp.SUM, t, axis=None), parts)
-    return summed
-
-
-def fold_replica(key):
-    """A stateless key [2] with the replica id folded in (0 without a strategy): under a
-    strategy every replica draws its own random numbers, a different (equally distributed)
-    draw than one device's."""
-    replica = tf.distribute.get_replica_context()
-    rid = 0 if replica is None else replica.replica_id_in_sync_group
-    return tf.random.experimental.stateless_fold_in(key, rid)
-
-
 class _CurvatureOperator(tf.linalg.LinearOperator):
     """Shared machinery: flat vectors in and out, batches reduced by size-weighted mean."""
 
     def __init__(self, product, params, data, dtype, name, strategy=None, **hints):
-        _check_data(data, name)
+        check_data(data, name)
         if not tf.as_dtype(dtype).is_floating:
             raise ValueError(f"{name}: dtype must be a floating dtype (float32 or float64), got "
                              f"{tf.as_dtype(dtype).name}")
@@ -129,9 +47,9 @@ class _CurvatureOperator(tf.linalg.LinearOperator):
         params_ = self._params
 
         def weighted_product(batch, vector):  # (size * product, size) of one (shard of a) batch
-            v = unflatten(tf.cast(vector, params_[0].dtype), params_)
-            size = tf.cast(_batch_size(batch), dtype)
-            return size * flatten(product(batch, v), dtype), size
+            v = tree.unflatten(tf.cast(vector, params_[0].dtype), params_)
+            size = tf.cast(batch_size(batch), dtype)
+            return size * tree.flatten(product(batch, v), dtype), size
 
         product_sums = replica_sums(weighted_product, strategy)
         self._batch_product = lambda vector, batch: product_sums(batch, vector)
@@ -180,7 +98,7 @@ class HessianOperator(_CurvatureOperator):
     """
 
     def __init__(self, loss_fn, params, data, dtype=tf.float32, mode="auto", strategy=None):
-        _check_callable(loss_fn, "loss_fn", "HessianOperator")
+        checks.function(loss_fn, "loss_fn", "HessianOperator", "loss_fn(batch) -> scalar")
         flat_params = checks.params(params, "HessianOperator")
         if mode != "auto" and mode not in hogrod.autodiff.HVP_MODES:
             raise ValueError(f"HessianOperator: mode must be 'auto' or one of "
@@ -204,8 +122,8 @@ class GaussNewtonOperator(_CurvatureOperator):
     """
 
     def __init__(self, model_fn, loss_fn, params, data, dtype=tf.float32, strategy=None):
-        _check_callable(model_fn, "model_fn", "GaussNewtonOperator")
-        _check_callable(loss_fn, "loss_fn", "GaussNewtonOperator")
+        checks.function(model_fn, "model_fn", "GaussNewtonOperator", "model_fn(batch) -> z")
+        checks.function(loss_fn, "loss_fn", "GaussNewtonOperator", "loss_fn(z, batch) -> scalar")
         flat_params = checks.params(params, "GaussNewtonOperator")
         product = lambda batch, v: hogrod.gnvp(  # noqa: E731
             lambda: model_fn(batch), lambda z: loss_fn(z, batch), flat_params, v)
