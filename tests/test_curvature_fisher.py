@@ -55,8 +55,7 @@ def test_type2_equals_gauss_newton_operator_and_jt_h_j_for_each_loss():
     model, (x, y) = problem()
     F = dense(curvature.FisherOperator(model, SCE, (x, y)))
     keras64 = keras.losses.SparseCategoricalCrossentropy(from_logits=True, dtype="float64")
-    G = dense(curvature.GaussNewtonOperator(lambda b: model(b[0]), lambda z, b: keras64(b[1], z),
-                                            model.trainable_variables, (x, y), tf.float64))
+    G = dense(curvature.GaussNewtonOperator(model, keras64, (x, y)))
     np.testing.assert_allclose(F, G, rtol=1e-10, atol=1e-14)
     J = jacobian(model, x)
     z = model(x).numpy()

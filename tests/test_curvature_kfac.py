@@ -25,10 +25,10 @@ def dense_layers(widths, activation=None, dtype="float64"):
 
 
 def ggn(model, loss, batch, variables=None):
-    op = curvature.GaussNewtonOperator(
+    op = curvature.GaussNewtonOperator.from_output_loss(
         lambda b: model(b[0]), lambda z, b: tf.reduce_mean(loss(b[1], z)),
         model.trainable_variables if variables is None else variables, batch,
-        model.trainable_variables[0].dtype)
+        dtype=model.trainable_variables[0].dtype)
     return op.to_dense().numpy()
 
 

@@ -93,11 +93,10 @@ class FisherOperator(_CurvatureOperator):
         check_loss_dtype(loss, params_dtype(params, where), where)
         dtype = tf.as_dtype(dtype) if dtype is not None else params_dtype(params, where)
         self.fisher, self.mc_samples, self.seed, self.likelihood = fisher, num, seed, lik
-        self._mean = mean
 
-        def product(batch, v):  # the batch mean of the per-example Fisher times v
+        def product(batch, v):  # the batch's mean (or sum) of the per-example Fisher times v
             (x, y), index = batch
-            size = tf.maximum(tf.cast(tf.shape(index)[0], v[0].dtype), 1)
+            size = tf.maximum(tf.cast(tf.shape(index)[0], v[0].dtype), 1) if mean else 1
             if fisher == "type2":
                 return hogrod.gnvp(lambda: _outputs(model, lik, x, where),
                                    lambda z: tf.reduce_sum(lik.soft_loss(z)) / size, params, v)
@@ -105,20 +104,7 @@ class FisherOperator(_CurvatureOperator):
                                   batch_key(seed, index), where, size)
 
         super().__init__(product, params, indexed(data, where), dtype, where, strategy,
-                         is_non_singular=None, is_positive_definite=None)
-
-    def matvec_flat(self, vector):
-        """The product with one flat vector of length n (a tensor of this operator's dtype)."""
-        self.num_matvecs += 1
-        vector = tf.convert_to_tensor(vector, self.dtype)
-        if self._single:
-            total, count = self._batch_product(vector, self._data)
-        else:
-            total, count = tf.zeros([self._n], self.dtype), tf.zeros([], self.dtype)
-            for batch in self._data:
-                part, size = self._batch_product(vector, batch)
-                total, count = total + part, count + size
-        return total / count if self._mean else total
+                         mean, is_non_singular=None, is_positive_definite=None)
 
 
 def _outer_product(model, lik, fisher, x, y, params, v, num, key, where, size):

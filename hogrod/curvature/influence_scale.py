@@ -222,8 +222,9 @@ def _exact_self(model, loss, train, damping=0.0, params=None, batch_size=256):
     params = list(params or model.trainable_variables)
     per_example = per_example_loss(loss, where)
     x, y = (tf.convert_to_tensor(t) for t in train)
-    op = HessianOperator(lambda b: tf.reduce_mean(per_example(b[1], model(b[0]))), params,
-                         (x, y), dtype=tf.float64)
+    op = HessianOperator.from_objective(
+        lambda b: tf.reduce_mean(per_example(b[1], model(b[0]))), params, (x, y),
+        dtype=tf.float64)
     h = op.to_dense().numpy()
     h = 0.5 * (h + h.T) + float(damping) * np.eye(len(h))
     try:
