@@ -36,7 +36,7 @@ the Monte Carlo mean of softmax over samples of f.
 
 `Laplace(..., strategy=)` (a tf.distribute.Strategy) splits each batch of `fit`'s data (a
 Dataset) over the replicas: the summed loss, example count and H (or its diagonal) are
-per-replica sums all-reduced (`operators.replica_sums`), K-FAC is `KFACOperator(strategy=)`
+per-replica sums all-reduced (`data.replica_sums`), K-FAC is `KFACOperator(strategy=)`
 (for subset="last_layer" on features computed on the replicas); the result equals one
 device's. The first batch is also checked eagerly (output, labels, last layer).
 
@@ -53,9 +53,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hogrod.curvature.fisher import _data_batches
+from hogrod.curvature.data import (check_strategy, data_batches, distribute_batches,
+                                   replica_sums)
 from hogrod.curvature.kfac import KFACOperator
-from hogrod.curvature.operators import _check_strategy, distribute_batches, replica_sums
 from hogrod.curvature.per_example import batch_gradients
 
 __all__ = ["Laplace", "LIKELIHOODS", "SUBSETS", "HESSIANS"]
@@ -148,7 +148,7 @@ class Laplace:
     def __init__(self, model, likelihood="regression", subset="all", hessian="full",
                  prior_precision=1.0, sigma_noise=1.0, prior_mean=0.0, strategy=None):
         where = "Laplace"
-        _check_strategy(strategy, where)
+        check_strategy(strategy, where)
         self.strategy = strategy
         if not isinstance(model, keras.Model) or not model.built:
             raise ValueError(f"{where}: model must be a built keras.Model (e.g. with "
@@ -325,7 +325,7 @@ class Laplace:
             return self._fit_distributed(data, where)
         total_loss, count, width = 0.0, 0, None
         gram, diag, kfac_batches = None, None, []
-        for x, y in _data_batches(data, where):
+        for x, y in data_batches(data, where, pair=True):
             if self.hessian == "kfac":  # K-FAC needs no Jacobian here, only the loss
                 inputs = self._inputs(x)
                 z, jac = tf.convert_to_tensor(self._head_fn(inputs)), None
@@ -372,7 +372,7 @@ class Laplace:
         """fit under `self.strategy`: the first batch checked eagerly (output, labels, last
         layer), then every batch split over the replicas, each replica's sums (loss, count,
         H or its diagonal) all-reduced; K-FAC gets the strategy."""
-        _data_batches(data, where)  # the (x, y) check
+        data_batches(data, where, pair=True)  # the (x, y) check
         batches = distribute_batches(data, self.strategy, where)
         first = next(iter(data), None)
         if first is None:
@@ -587,7 +587,7 @@ class Laplace:
             raise ValueError(f"{where}: grid must be a non-empty 1-D array of positive prior "
                              f"precisions, got {grid!r}")
         batches = []
-        for x, y in _data_batches(val_data, where):  # outputs and Jacobians once
+        for x, y in data_batches(val_data, where, pair=True):  # outputs and Jacobians once
             z, jac = self._outputs_and_jacobian(x, where)
             batches.append((tf.cast(z, tf.float64), jac, self._labels(y, z, where)))
         stored, scores = self.prior_precision, []
