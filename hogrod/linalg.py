@@ -287,12 +287,12 @@ def _assert_curvature(finite, curved, pap, pp, i, damping):
 
 
 @_no_autograph
-def power_iteration(matvec, v0=None, iters=100, tol=0.0, like=None, seed=None):
+def power_iteration(matvec, v0=None, maxiter=100, tol=0.0, like=None, seed=None):
     """The eigenvalue of largest magnitude of a symmetric A, and its eigenvector.
 
     From v_0 = v0 / ||v0|| (or a standard normal tree `tree.normal_like(like, seed)`),
       w = A v_{k-1},  lambda_k = v_{k-1}^T w,  v_k = w / ||w||,
-    for `iters` products, or until |lambda_k - lambda_{k-1}| <= tol |lambda_k| (tol > 0).
+    for `maxiter` products, or until |lambda_k - lambda_{k-1}| <= tol |lambda_k| (tol > 0).
     It converges when the largest |eigenvalue| is unique, at the rate of the ratio of the
     two largest |eigenvalues|; lambda_k is signed. A product w = 0 (v in A's null space)
     stops with lambda = 0.
@@ -300,8 +300,8 @@ def power_iteration(matvec, v0=None, iters=100, tol=0.0, like=None, seed=None):
     Args:
       matvec: v -> A v on trees structured like v0.
       v0: the start (a nonzero tree of floating tensors); or None with `like` and `seed`.
-      iters: the most products (Python int >= 1).
-      tol: relative tolerance on successive eigenvalue estimates (0: run `iters`).
+      maxiter: the most products (Python int >= 1).
+      tol: relative tolerance on successive eigenvalue estimates (0: run `maxiter`).
     Returns:
       (eigenvalue, eigenvector): lambda_k (a scalar of v0's dtype) and v_k (unit norm,
       structured like v0).
@@ -315,7 +315,7 @@ def power_iteration(matvec, v0=None, iters=100, tol=0.0, like=None, seed=None):
             raise ValueError("power_iteration: a random start needs both like and seed")
         v0 = tree.normal_like(like, seed)
     dtype = _dtype(v0, "power_iteration", "v0")
-    iters = _check_int(iters, "iters", 1)
+    maxiter = _check_int(maxiter, "maxiter", 1)
     tol = _check_tol(tol)
     v0 = tf.nest.map_structure(tf.convert_to_tensor, v0)
     v0_norm = tree.norm(v0)
@@ -324,7 +324,7 @@ def power_iteration(matvec, v0=None, iters=100, tol=0.0, like=None, seed=None):
     zero = tf.zeros([], dtype)
 
     def cond(i, v, lam, done):
-        return tf.logical_and(i < iters, tf.logical_not(done))
+        return tf.logical_and(i < maxiter, tf.logical_not(done))
 
     def body(i, v, lam, done):
         w = _product(matvec, v, v, "power_iteration")
@@ -335,7 +335,7 @@ def power_iteration(matvec, v0=None, iters=100, tol=0.0, like=None, seed=None):
         return i + 1, v, new, tf.logical_or(null, converged)
 
     _, v, lam, _ = tf.while_loop(cond, body, (tf.constant(0), v, zero, tf.constant(False)),
-                                 maximum_iterations=iters)
+                                 maximum_iterations=maxiter)
     return lam, v
 
 

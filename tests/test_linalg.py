@@ -131,7 +131,7 @@ def test_power_iteration_finds_the_largest_magnitude_eigenpair():
     a = spd(spectrum, seed=5)
     w, u = np.linalg.eigh(a)
     top = np.argmax(np.abs(w))
-    lam, vec = linalg.power_iteration(nested_matvec(a), like=nested_like(), seed=0, iters=300)
+    lam, vec = linalg.power_iteration(nested_matvec(a), like=nested_like(), seed=0, maxiter=300)
     np.testing.assert_allclose(lam, w[top], rtol=1e-12)  # signed: -6
     np.testing.assert_allclose(np.abs(tree.flatten(vec).numpy() @ u[:, top]), 1.0, rtol=1e-10)
     # tol stops early, within tol of the eigenvalue
@@ -141,12 +141,12 @@ def test_power_iteration_finds_the_largest_magnitude_eigenpair():
     mats = np.stack([spd(spectrum * s, seed=i) for i, s in enumerate([1.0, 0.5, 2.0])])
     lams, vecs = tf.function(lambda m: tf.vectorized_map(
         lambda a: linalg.power_iteration(lambda v: tf.linalg.matvec(a, v),
-                                         tf.ones([7], tf.float64), iters=300), m))(mats)
+                                         tf.ones([7], tf.float64), maxiter=300), m))(mats)
     np.testing.assert_allclose(lams, [-6.0, -3.0, -12.0], rtol=1e-12)
     for m, lam, vec in zip(mats, lams.numpy(), vecs.numpy()):
         np.testing.assert_allclose(m @ vec, lam * vec, atol=1e-9 * abs(lam))
     with pytest.raises(ValueError, match="pass either v0 .* or like and seed"):
-        linalg.power_iteration(nested_matvec(a), iters=3)
+        linalg.power_iteration(nested_matvec(a), maxiter=3)
     with pytest.raises(ValueError, match="power_iteration: v0 is zero"):
         linalg.power_iteration(nested_matvec(a), nested_like())
 

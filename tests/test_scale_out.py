@@ -1,4 +1,4 @@
-"""Scale-out (issue 8): one step of every family under MirroredStrategy over two logical
+"""Scale-out: one step of every family under MirroredStrategy over two logical
 CPUs and under a two-process MultiWorkerMirroredStrategy equals the single-device step;
 a checkpoint written by two replicas restores on one."""
 

@@ -1,6 +1,6 @@
 """Benchmark: gradient vs Hessian-vector products (each mode), and JAX's HVP, same weights.
 
-The reference problem of the foundation issue: an MLP 64-256-256-10 with tanh, softmax
+The reference problem: an MLP 64-256-256-10 with tanh, softmax
 cross-entropy, batch 256, float32. Every candidate is compiled (tf.function, optionally
 with XLA; jax.jit), warmed up, then timed in interleaved rounds (one call of each per
 round, so machine noise hits all alike); the medians and their ratios are reported:

@@ -223,7 +223,7 @@ def _power(matvec, n, k, which, tol, maxiter, seed):
             w = w - (u @ w) * u
         return w
 
-    run = host_solver(linalg.power_iteration, deflated, n, iters=maxiter, tol=tol)
+    run = host_solver(linalg.power_iteration, deflated, n, maxiter=maxiter, tol=tol)
     for _ in range(k):
         start = rng.standard_normal(n)
         lam, v = run(tf.constant(start))

@@ -81,7 +81,7 @@ def imaml(model, loss, inner_lr=0.01, inner_steps=10, lam=1.0, maxiter=5,
         fit = lambda: loss(ys, run(model, anchor, xs, True, seed))  # noqa: E731
         # |v^T H v| for the power iteration's unit v: a lower bound of |lambda|_max
         top, _ = linalg.power_iteration(lambda v: hogrod.hvp(fit, anchor, v),
-                                        tree.ones_like(anchor), iters=curvature_probes)
+                                        tree.ones_like(anchor), maxiter=curvature_probes)
         # |lambda|_max of H + lam I is at most that bound + lam; underestimating it by less
         # than a factor 2 still leaves the rate below 2 / L, the stability limit
         return tf.minimum(as_dtype(inner_lr, top.dtype), 1.0 / (tf.abs(top) + lam))
