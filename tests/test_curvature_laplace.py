@@ -91,19 +91,21 @@ def test_full_on_linear_model_is_bayesian_linear_regression():
 
 
 def test_evidence_at_passed_hyperparameters_and_kfac_on_linear_model():
-    """log_marginal_likelihood(d, s) evaluates at the arguments (the stored values stay);
-    K-FAC is exact for one Dense layer with one output (G is a constant), so its evidence is
-    the exact one too; over a data set of batches nothing changes."""
+    """log_marginal_likelihood(d, s) evaluates at the arguments and stores them (as
+    laplace-torch); K-FAC is exact for one Dense layer with one output (G is a constant), so
+    its evidence is the exact one too; over a data set of batches nothing changes."""
     model, x, y, design = linear_problem()
     delta, sigma = 2.5, 0.6
     set_map(model, design, y, delta, sigma)
     exact = exact_evidence(design, y, delta, sigma)
     batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(7)
-    for hessian, source in [("full", (x, y)), ("full", batches), ("kfac", (x, y))]:
+    for hessian, source in [("full", (x, y)), ("full", batches), ("kron", (x, y))]:
         la = curvature.Laplace(model, hessian=hessian).fit(source)
         np.testing.assert_allclose(float(la.log_marginal_likelihood(delta, sigma)), exact,
                                    rtol=1e-10, err_msg=hessian)
-        assert la.prior_precision == 1.0 and la.sigma_noise == 1.0
+        assert la.prior_precision == delta and la.sigma_noise == sigma
+        la.prior_precision, la.sigma_noise = 1.0, 1.0
+        assert float(la.log_marginal_likelihood()) != pytest.approx(exact)
         la.prior_precision, la.sigma_noise = delta, sigma
         np.testing.assert_allclose(float(la.log_marginal_likelihood()), exact, rtol=1e-10)
     xt = tf.constant(np.random.default_rng(2).normal(size=(3, 3)))
@@ -196,7 +198,7 @@ def test_last_layer_kfac_is_exact_for_one_regression_output():
     xt = data(n=5, seed=7)[0]
     kw = dict(subset="last_layer", prior_precision=0.5, sigma_noise=0.3)
     full = curvature.Laplace(model, hessian="full", **kw).fit(batch)
-    kfac = curvature.Laplace(model, hessian="kfac", **kw).fit(batch)
+    kfac = curvature.Laplace(model, hessian="kron", **kw).fit(batch)
     np.testing.assert_allclose(kfac.posterior_precision.to_dense().numpy(),
                                full.posterior_precision, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(float(kfac.log_marginal_likelihood()),
@@ -257,8 +259,8 @@ def test_optimize_reaches_the_exact_evidence_maximizer(optimizer):
     set_map(model, design, y, delta, sigma)
     la = curvature.Laplace(model).fit((x, y))
     steps, lr = (200, 0.1) if optimizer == "lbfgs" else (1500, 0.05)
-    found = la.optimize_prior_precision(n_steps=steps, lr=lr, optimize_sigma_noise=True,
-                                        optimizer=optimizer)
+    found = la.optimize_prior_precision(steps=steps, maxiter=steps, lr=lr,
+                                        optimize_sigma_noise=True, optimizer=optimizer)
     rtol = 1e-6 if optimizer == "lbfgs" else 2e-3
     np.testing.assert_allclose([found["prior_precision"], found["sigma_noise"]],
                                [delta, sigma], rtol=rtol)

@@ -13,8 +13,9 @@ are `hogrod.linalg`'s, compiled with products on the host (`eigen.host_solver`).
   `per_example_gradients`, `per_example_gradient_norms` (`per_example.py`).
 - `KFACOperator`, `EKFACOperator` (Dense and Conv2D, expand/reduce; `solve`, `logdet`,
   `with_damping`, `eigendecompositions`) (`kfac.py`).
-- `Laplace` (full, diag, K-FAC; all weights or last layer; evidence, linearized predictive)
-  (`laplace.py`).
+- `Laplace` (a factory over `FullLaplace`, `DiagLaplace`, `KronLaplace`; all weights or the
+  last layer; evidence, prior tuning, linearized predictive)
+  (`laplace.py`, `posteriors.py`).
 - `ekfac_influence`, `tracin`, `self_influence`, `linear_datamodeling_score`,
   `subset_retraining`, `mislabel_detection_rate` (`influence_scale.py`).
 """
@@ -30,7 +31,7 @@ from hogrod.curvature.influence_scale import (ekfac_influence, linear_datamodeli
                                               subset_retraining, tracin)
 from hogrod.curvature.inverse import conjugate_gradient, lissa
 from hogrod.curvature.kfac import EKFACOperator, KFACOperator
-from hogrod.curvature.laplace import Laplace
+from hogrod.curvature.laplace import DiagLaplace, FullLaplace, KronLaplace, Laplace
 from hogrod.curvature.operators import (GaussNewtonOperator, HessianOperator, flatten,
                                         layer_params, unflatten)
 from hogrod.curvature.trace import hutchinson, hutchpp
@@ -40,6 +41,7 @@ __all__ = ["HessianOperator", "GaussNewtonOperator", "flatten", "unflatten", "la
            "conjugate_gradient", "lissa", "influence", "per_example_gradients"]
 __all__ += ["FisherOperator", "gauss_newton_diagonal", "mc_fisher_diagonal",
             "hutchinson_diagonal", "per_example_gradient_norms"]
-__all__ += ["KFACOperator", "EKFACOperator", "Laplace", "ekfac_influence", "tracin",
+__all__ += ["KFACOperator", "EKFACOperator", "Laplace", "FullLaplace", "DiagLaplace",
+            "KronLaplace", "ekfac_influence", "tracin",
             "self_influence", "linear_datamodeling_score", "subset_retraining",
             "mislabel_detection_rate"]
