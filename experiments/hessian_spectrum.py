@@ -129,9 +129,9 @@ def estimate(op, top_k, hutchpp_matvecs, slq_iterations, slq_runs, seed, phase):
     """Lanczos top-k and smallest, Hutch++ trace, SLQ density: (metrics, top, grid, density)."""
     n = int(op.shape[0])
     phase(f"Lanczos: the top {top_k} Hessian eigenvalues of {n} parameters")
-    top, _, lanczos_matvecs = curvature.lanczos(op, top_k, tol=1e-8)
+    top, _, lanczos_matvecs = curvature.top_eigenvalues(op, top_k, tol=1e-8)
     phase("Lanczos: the smallest eigenvalue")
-    low, _, _ = curvature.lanczos(op, 1, which="smallest", tol=1e-8)
+    low, _, _ = curvature.top_eigenvalues(op, 1, which="smallest", tol=1e-8)
     phase(f"Hutch++ trace estimate with {hutchpp_matvecs} Hessian-vector products")
     trace, trace_se = curvature.hutchpp(op, hutchpp_matvecs, seed=seed)
     phase(f"spectral density: {slq_runs} stochastic Lanczos runs of {slq_iterations} steps")
@@ -222,7 +222,8 @@ def hessian_spectrum(output_dir, dim=10, hidden=(40, 40), classes=3, n_examples=
                "grad_norm": float(tf.linalg.global_norm(grads))}
     full = tf.data.Dataset.from_tensor_slices((x, y)).batch(256)  # the whole training set
     # under a strategy each batch's HVP is split over the replicas and all-reduced
-    op = curvature.HessianOperator(loss, params, full, tf.float64, strategy=strategy)
+    op = curvature.HessianOperator.from_objective(loss, params, full, dtype=tf.float64,
+                                                  strategy=strategy)
     n = metrics["n_params"] = int(op.shape[0])
     phase = _Phases()
     if estimates:

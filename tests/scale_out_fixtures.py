@@ -92,10 +92,9 @@ def curvature_product(strategy):
     with strategy.scope():
         keras.utils.set_random_seed(0)
         model = mlp(3, 1)
-    op = curvature.HessianOperator(lambda b: tf.reduce_mean((model(b[0]) - b[1]) ** 2),
-                                   model.trainable_variables,
-                                   tf.data.Dataset.from_tensor_slices((x, y)).batch(16),
-                                   strategy=strategy)
+    op = curvature.HessianOperator.from_objective(
+        lambda b: tf.reduce_mean((model(b[0]) - b[1]) ** 2), model.trainable_variables,
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(16), strategy=strategy)
     v = tf.constant(rng.normal(size=op.shape[0]), tf.float32)
     return op.matvec_flat(v).numpy().astype(np.float64)
 

@@ -11,7 +11,8 @@ from curvature_fixtures import small_problem
 import hogrod
 from hogrod import curvature, distribute
 
-SCE = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+SCE = keras.losses.SparseCategoricalCrossentropy(from_logits=True, dtype="float64")
+MSE = keras.losses.MeanSquaredError(dtype="float64")
 N = 12
 
 
@@ -54,18 +55,17 @@ def test_type2_equals_gauss_newton_operator_and_jt_h_j_for_each_loss():
     model, (x, y) = problem()
     F = dense(curvature.FisherOperator(model, SCE, (x, y)))
     keras64 = keras.losses.SparseCategoricalCrossentropy(from_logits=True, dtype="float64")
-    G = dense(curvature.GaussNewtonOperator(lambda b: model(b[0]), lambda z, b: keras64(b[1], z),
-                                            model.trainable_variables, (x, y), tf.float64))
+    G = dense(curvature.GaussNewtonOperator(model, keras64, (x, y)))
     np.testing.assert_allclose(F, G, rtol=1e-10, atol=1e-14)
     J = jacobian(model, x)
     z = model(x).numpy()
     # MSE: H = 2 / (N C) I
-    F = dense(curvature.FisherOperator(model, keras.losses.MeanSquaredError(), (x, z + 1)))
+    F = dense(curvature.FisherOperator(model, MSE, (x, z + 1)))
     np.testing.assert_allclose(F, 2 / (N * 3) * J.T @ J, rtol=1e-10, atol=1e-14)
     # BCE on logits: H = diag(p (1 - p)) / (N C); reduction "sum" drops the 1/N
     p = 1 / (1 + np.exp(-z))
     F = dense(curvature.FisherOperator(model, keras.losses.BinaryCrossentropy(
-        from_logits=True, reduction="sum"), (x, (z > 0).astype("float64"))))
+        from_logits=True, reduction="sum", dtype="float64"), (x, (z > 0).astype("float64"))))
     H = np.diag((p * (1 - p)).ravel()) / 3
     np.testing.assert_allclose(F, J.T @ H @ J, rtol=1e-10, atol=1e-14)
 
@@ -76,12 +76,12 @@ def test_type2_on_probabilities_equals_type2_on_logits():
     model, (x, y) = problem()
     onehot = tf.one_hot(y, 3, dtype=tf.float64)
     for loss, probs, activation, labels in [
-            (keras.losses.CategoricalCrossentropy(from_logits=True),
-             keras.losses.CategoricalCrossentropy(), "softmax", onehot),
-            (keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-             keras.losses.SparseCategoricalCrossentropy(), "softmax", y),
-            (keras.losses.BinaryCrossentropy(from_logits=True),
-             keras.losses.BinaryCrossentropy(), "sigmoid", onehot)]:
+            (keras.losses.CategoricalCrossentropy(from_logits=True, dtype="float64"),
+             keras.losses.CategoricalCrossentropy(dtype="float64"), "softmax", onehot),
+            (keras.losses.SparseCategoricalCrossentropy(from_logits=True, dtype="float64"),
+             keras.losses.SparseCategoricalCrossentropy(dtype="float64"), "softmax", y),
+            (keras.losses.BinaryCrossentropy(from_logits=True, dtype="float64"),
+             keras.losses.BinaryCrossentropy(dtype="float64"), "sigmoid", onehot)]:
         F = dense(curvature.FisherOperator(model, loss, (x, labels)))
         Fp = dense(curvature.FisherOperator(head_model(model, activation), probs, (x, labels)))
         np.testing.assert_allclose(Fp, F, rtol=1e-8, atol=1e-13)
@@ -130,7 +130,8 @@ def test_empirical_fisher_equals_a_loop_over_examples():
         from_logits=True, reduction="none", dtype="float64")(t, o)
     np.testing.assert_allclose(curvature.per_example_gradients(model, per_example, x, y), g,
                                rtol=1e-10, atol=1e-14)
-    summed = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
+    summed = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum",
+                                                        dtype="float64")
     np.testing.assert_allclose(dense(curvature.FisherOperator(model, summed, (x, y),
                                                               "empirical")),
                                g.T @ g, rtol=1e-10, atol=1e-14)
@@ -140,8 +141,9 @@ def test_empirical_fisher_equals_a_loop_over_examples():
                                E, rtol=1e-10, atol=1e-14)
 
 
-@pytest.mark.parametrize("loss", [SCE, keras.losses.MeanSquaredError(),
-                                  keras.losses.BinaryCrossentropy(from_logits=True)],
+@pytest.mark.parametrize("loss", [SCE, MSE,
+                                  keras.losses.BinaryCrossentropy(from_logits=True,
+                                                                  dtype="float64")],
                          ids=["sce", "mse", "bce"])
 def test_mc_fisher_converges_to_type2_like_one_over_sqrt_samples(loss):
     model, (x, y) = problem()
@@ -165,8 +167,8 @@ def test_mc_fisher_converges_to_type2_like_one_over_sqrt_samples(loss):
 
 def test_exact_diagonal_equals_diagonal_of_dense_gauss_newton():
     model, (x, y) = problem()
-    for loss, labels in [(SCE, y), (keras.losses.MeanSquaredError(), model(x)),
-                         (keras.losses.BinaryCrossentropy(from_logits=True),
+    for loss, labels in [(SCE, y), (MSE, model(x)),
+                         (keras.losses.BinaryCrossentropy(from_logits=True, dtype="float64"),
                           tf.one_hot(y, 3, dtype=tf.float64))]:
         G = dense(curvature.FisherOperator(model, loss, (x, labels)))
         np.testing.assert_allclose(curvature.gauss_newton_diagonal(model, loss, (x, labels)),
@@ -186,7 +188,7 @@ def test_exact_diagonal_equals_diagonal_of_dense_gauss_newton():
     H = hogrod.hessian(lambda: tf.reduce_mean(tf.square(lin(x) - t)), lin.trainable_variables)
     ds = tf.data.Dataset.from_tensor_slices((x, t)).batch(5)
     np.testing.assert_allclose(curvature.gauss_newton_diagonal(
-        lin, keras.losses.MeanSquaredError(), ds), np.diag(H), rtol=1e-10, atol=1e-14)
+        lin, MSE, ds), np.diag(H), rtol=1e-10, atol=1e-14)
 
 
 def test_hutchinson_diagonal_is_within_its_standard_error_and_the_error_is_honest():
@@ -211,20 +213,21 @@ def test_hutchinson_diagonal_is_within_its_standard_error_and_the_error_is_hones
 def test_float32_and_float64_agree():
     model, (x, y) = problem()
     model32, _ = problem(dtype="float32")
+    sce32 = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     for a, b in zip(model32.trainable_variables, model.trainable_variables):
         a.assign(tf.cast(b, tf.float32))
     v = np.random.default_rng(2).normal(size=51)
     for fisher in ("type2", "mc", "empirical"):
         op64 = curvature.FisherOperator(model, SCE, (x, y), fisher, mc_samples=3)
-        op32 = curvature.FisherOperator(model32, SCE, (tf.cast(x, tf.float32), y), fisher,
+        op32 = curvature.FisherOperator(model32, sce32, (tf.cast(x, tf.float32), y), fisher,
                                         mc_samples=3)
         assert op32.dtype == tf.float32 and op64.dtype == tf.float64
         np.testing.assert_allclose(op32.matvec(tf.constant(v, tf.float32)),
                                    op64.matvec(tf.constant(v)), rtol=1e-3, atol=1e-5)
     x32 = tf.cast(x, tf.float32)
-    np.testing.assert_allclose(curvature.per_example_gradients(model32, SCE, x32, y),
+    np.testing.assert_allclose(curvature.per_example_gradients(model32, sce32, x32, y),
                                curvature.per_example_gradients(model, SCE, x, y), atol=1e-5)
-    np.testing.assert_allclose(curvature.gauss_newton_diagonal(model32, SCE, (x32, y)),
+    np.testing.assert_allclose(curvature.gauss_newton_diagonal(model32, sce32, (x32, y)),
                                curvature.gauss_newton_diagonal(model, SCE, (x, y)), atol=1e-6)
 
 
@@ -264,9 +267,11 @@ def test_bad_inputs_are_named():
         curvature.mc_fisher_diagonal(model, SCE, (x, y), mc_samples=1)
     with pytest.raises(ValueError, match="label_smoothing=0.1"):
         curvature.FisherOperator(model, keras.losses.CategoricalCrossentropy(
-            label_smoothing=0.1), (x, y))
+            label_smoothing=0.1, dtype="float64"), (x, y))
     with pytest.raises(ValueError, match="reduction='none'"):
-        curvature.FisherOperator(model, keras.losses.MeanSquaredError(reduction="none"), (x, y))
+        curvature.FisherOperator(model, keras.losses.MeanSquaredError(reduction="none",
+                                                                          dtype="float64"),
+                                 (x, y))
     with pytest.raises(TypeError, match=r"FisherOperator: params\[0\] must be a variable"):
         curvature.FisherOperator(model, SCE, (x, y), params=[tf.ones([3], tf.float64)])
     with pytest.raises(ValueError, match="FisherOperator: data must be one"):

@@ -14,13 +14,13 @@ def test_conjugate_gradient_lissa_and_the_singular_case():
     b = np.random.default_rng(5).normal(size=30)
     x, _ = curvature.conjugate_gradient(A, b, damping=0.1)
     np.testing.assert_allclose(x, np.linalg.solve(A + 0.1 * np.eye(30), b), rtol=1e-7)
-    lx = curvature.lissa(A, b, damping=0.1, scale=5.0, depth=400)
+    lx = curvature.lissa(A, b, damping=0.1, scale=5.0, maxiter=400)
     np.testing.assert_allclose(lx, np.linalg.solve(A + 0.1 * np.eye(30), b), rtol=1e-5)
     singular = known_spectrum(np.concatenate([np.zeros(5), np.linspace(1, 2, 25)]))
     with pytest.raises(ValueError, match="singular or indefinite; add damping"):
         curvature.conjugate_gradient(singular, np.random.default_rng(6).normal(size=30))
     with pytest.raises(ValueError, match="lissa diverged"):
-        curvature.lissa(A, b, scale=1.0, depth=400)
+        curvature.lissa(A, b, scale=1.0, maxiter=400)
 
 
 def test_influence_matches_leave_one_out_retraining():

@@ -25,10 +25,10 @@ def dense_layers(widths, activation=None, dtype="float64"):
 
 
 def ggn(model, loss, batch, variables=None):
-    op = curvature.GaussNewtonOperator(
+    op = curvature.GaussNewtonOperator.from_output_loss(
         lambda b: model(b[0]), lambda z, b: tf.reduce_mean(loss(b[1], z)),
         model.trainable_variables if variables is None else variables, batch,
-        model.trainable_variables[0].dtype)
+        dtype=model.trainable_variables[0].dtype)
     return op.to_dense().numpy()
 
 
@@ -324,7 +324,7 @@ def test_bad_arguments_are_named():
         curvature.EKFACOperator(model, CE, batch, fisher="exact")
     with pytest.raises(ValueError, match=r"KFACOperator: damping must be finite and >= 0"):
         curvature.KFACOperator(model, CE, batch, damping=-1.0)
-    with pytest.raises(ValueError, match=r"fisher='mc' samples labels"):
+    with pytest.raises(ValueError, match=r"KFACOperator: cannot sample labels from.*Huber"):
         curvature.KFACOperator(model, keras.losses.Huber(dtype="float64"), batch, fisher="mc")
     with pytest.raises(TypeError, match=r"the loss computes in float32 but the model's weights "
                                         r"are float64; build the loss with dtype='float64'"):

@@ -13,8 +13,9 @@ import tensorflow as tf
 from hogrod import curvature
 
 F64 = "float64"
-SUM_MSE = keras.losses.MeanSquaredError(reduction="sum")
-SUM_SCE = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
+SUM_MSE = keras.losses.MeanSquaredError(reduction="sum", dtype="float64")
+SUM_SCE = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum",
+                                                     dtype="float64")
 
 
 def linear_problem(n=20, d=3, seed=0):

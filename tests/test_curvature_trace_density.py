@@ -34,11 +34,11 @@ def test_spectral_density_integrates_to_one_and_locates_the_spectrum():
 def test_every_estimator_is_deterministic_for_a_fixed_seed():
     A = known_spectrum(np.linspace(0.5, 6.0, 40), seed=7)
     b = np.random.default_rng(8).normal(size=40)
-    runs = [(curvature.power_iteration(A, k=2, seed=3)[0],
+    runs = [(curvature.top_eigenvalues(A, k=2, method="power", seed=3)[0],
              curvature.spectral_density(A, 10, 3, seed=3)[1],
              curvature.hutchinson(A, 20, seed=3), curvature.hutchpp(A, 21, seed=3),
              curvature.conjugate_gradient(A, b, 0.1)[0],
-             curvature.lissa(A, b, 0.1, scale=8.0, depth=50)) for _ in range(2)]
+             curvature.lissa(A, b, 0.1, scale=8.0, maxiter=50)) for _ in range(2)]
     for first, second in zip(*runs):
         np.testing.assert_array_equal(first, second)
     # ... and another seed gives another estimate (the seed is used).

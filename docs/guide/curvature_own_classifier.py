@@ -56,18 +56,18 @@ def main(quick=False):
     exact = np.linalg.eigvalsh(H)[::-1]                             # largest first
 
     # A LinearOperator on flat vectors (every param, flattened, in list order).
-    op = curvature.HessianOperator(mean_loss, params, (x, y), dtype=tf.float64)
+    op = curvature.HessianOperator.from_objective(mean_loss, params, (x, y), dtype=tf.float64)
     assert op.shape == (H.shape[0], H.shape[0])
 
-    # lanczos / power_iteration -> (eigenvalues [k] numpy, eigenvectors [n, k] numpy, matvecs)
-    values, vectors, matvecs = curvature.lanczos(op, k=3)
+    # top_eigenvalues -> (eigenvalues [k] numpy, eigenvectors [n, k] numpy, matvecs)
+    values, vectors, matvecs = curvature.top_eigenvalues(op, k=3)
     assert vectors.shape == (H.shape[0], 3)
     assert np.allclose(values, exact[:3], rtol=1e-5), (values, exact[:3])
     assert np.allclose(H @ vectors, vectors * values, atol=1e-4 * abs(values[0]))
-    p_values, _, p_matvecs = curvature.power_iteration(op, k=1)  # largest |eigenvalue|
+    p_values, _, p_matvecs = curvature.top_eigenvalues(op, k=1, method="power")  # largest |eigenvalue|
     top_magnitude = exact[np.argmax(np.abs(exact))]
     assert abs(p_values[0] - top_magnitude) <= 1e-4 * abs(top_magnitude)
-    low, _, low_matvecs = curvature.lanczos(op, k=1, which="smallest")  # most negative
+    low, _, low_matvecs = curvature.top_eigenvalues(op, k=1, which="smallest")  # most negative
     assert abs(low[0] - exact[-1]) <= 1e-4 * abs(exact[0])
 
     # hutchpp / hutchinson -> (estimate, standard error)
@@ -81,13 +81,13 @@ def main(quick=False):
     assert nodes.max() <= exact[0] * (1 + 1e-6) and nodes.min() >= exact[-1] - 1e-6 * exact[0]
 
     # Gauss-Newton: positive semi-definite for cross-entropy on logits
-    gn = curvature.GaussNewtonOperator(lambda b: model(b[0]),
-                                       lambda z, b: tf.reduce_mean(per_example_ce(b[1], z)),
-                                       params, (x, y), dtype=tf.float64)
+    gn = curvature.GaussNewtonOperator.from_output_loss(
+        lambda b: model(b[0]), lambda z, b: tf.reduce_mean(per_example_ce(b[1], z)), params,
+        (x, y), dtype=tf.float64)
     G = gn.to_dense().numpy()                     # n products: fine for a small model
     gn_exact = np.linalg.eigvalsh(G)
     assert gn_exact[0] > -1e-10 * gn_exact[-1]
-    gn_top, _, _ = curvature.lanczos(gn, k=1)
+    gn_top, _, _ = curvature.top_eigenvalues(gn, k=1)
     assert abs(gn_top[0] - gn_exact[-1]) <= 1e-5 * gn_exact[-1]
 
     # influence: [n_test, n_train] of -grad L(test)^T (H + damping I)^-1 grad L(train), on

@@ -42,9 +42,10 @@ def bench_curvature_ops(output_dir, widths=(784, 1024, 512, 256, 128, 64, 10), b
             value = cross_entropy(y, model(x))
         return tape.gradient(value, params)
 
-    hessian = curvature.HessianOperator(lambda b: cross_entropy(b[1], model(b[0])), params, data)
-    ggn = curvature.GaussNewtonOperator(lambda b: model(b[0]),
-                                        lambda z, b: cross_entropy(b[1], z), params, data)
+    hessian = curvature.HessianOperator.from_objective(
+        lambda b: cross_entropy(b[1], model(b[0])), params, data)
+    ggn = curvature.GaussNewtonOperator.from_output_loss(
+        lambda b: model(b[0]), lambda z, b: cross_entropy(b[1], z), params, data)
     kfac = {f: curvature.KFACOperator(model, keras_ce, data, fisher=f)
             for f in ("type2", "mc", "empirical")}
     ekfac = curvature.EKFACOperator(model, keras_ce, data)

@@ -79,7 +79,7 @@ def build(family, strategy):
         y = rng.integers(0, 10, size=1024).astype("int32")
         with strategy.scope():
             model = _mlp(32, 10, 128, 2)
-        op = curvature.HessianOperator(
+        op = curvature.HessianOperator.from_objective(
             lambda b: cross_entropy(b[1], model(b[0])), model.trainable_variables,
             tf.data.Dataset.from_tensor_slices((x, y)).batch(1024), strategy=strategy)
         v = tf.constant(rng.normal(size=op.shape[0]), tf.float32)

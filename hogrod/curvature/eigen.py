@@ -1,6 +1,7 @@
-"""Top-k eigenpairs of a symmetric curvature operator: Lanczos (default) and power iteration.
+"""Top-k eigenpairs of a symmetric curvature operator: `top_eigenvalues`, by Lanczos
+(default) or power iteration with deflation.
 
-Both work on any operator with `matvec_flat(vector)` (the operators of this package) or a
+Both methods work on any operator with `matvec_flat(vector)` (the operators of this package) or a
 dense symmetric matrix and return `(eigenvalues, eigenvectors, num_matvecs)` as float64
 numpy, eigenvalues sorted from the requested end. The iterations are `hogrod.linalg`'s,
 run as one compiled loop in float64 whose products call the operator on the host
@@ -15,9 +16,11 @@ import scipy.linalg
 import tensorflow as tf
 from absl import logging
 
-from hogrod import linalg
+from hogrod import checks, linalg
 
-__all__ = ["lanczos", "power_iteration", "as_matvec", "host_solver"]
+__all__ = ["top_eigenvalues", "METHODS", "as_matvec", "host_solver"]
+
+METHODS = ("lanczos", "power")
 
 
 def as_matvec(op):
@@ -56,7 +59,7 @@ def _dispatch(name):
 
 
 @functools.lru_cache(maxsize=64)
-def _compiled(solver, n, static, with_stop):
+def _compiled(solver, n, static, with_stop, indexed):
     """One tf.function per solver and configuration, shared by every host_solver call with
     it: its numpy_functions call whatever host callables the running call registered, so
     a second estimate with the same configuration does not trace again. Module-level but
@@ -68,14 +71,20 @@ def _compiled(solver, n, static, with_stop):
         w.set_shape([n])
         return w
 
+    def product_at(v, k):  # the term index k reaches the host matvec
+        w = tf.numpy_function(_dispatch("matvec"), [v, k], tf.float64, stateful=True)
+        w.set_shape([n])
+        return w
+
     kwargs = dict(static)
     if with_stop:
         kwargs["stop"] = lambda *state: tf.numpy_function(_dispatch("stop"), list(state),
                                                           tf.bool, stateful=True)
-    return tf.function(lambda *args: solver(product, *args, **kwargs), autograph=False)
+    return tf.function(lambda *args: solver(product_at if indexed else product, *args,
+                                            **kwargs), autograph=False)
 
 
-def host_solver(solver, matvec, n, stop=None, **static):
+def host_solver(solver, matvec, n, stop=None, indexed=False, **static):
     """A `hogrod.linalg` solver compiled once, its products calling a host `matvec`.
 
     Returns `run(*args)`: `solver(product, *args, stop=..., **static)` as one compiled
@@ -85,17 +94,29 @@ def host_solver(solver, matvec, n, stop=None, **static):
     so `static` must be hashable. An exception `matvec` raises (FloatingPointError on a
     NaN product) is re-raised as itself, not as TensorFlow's wrapper of it. Runs are
     serialized by a lock; a `matvec` must not itself run a host solver.
+
+    Args:
+      solver: a `hogrod.linalg` solver `solver(matvec, *args, **static)`.
+      matvec: the host product, numpy float64 [n] -> [n]; with `indexed`, `matvec(v, k)`
+        with k the solver's index of the product (an int), as `linalg.neumann` passes it.
+      n: the vectors' length.
+      stop: Lanczos's optional host stopping test.
+      indexed: whether `matvec` takes the product's index.
+      **static: the solver's other (hashable) arguments.
+    Returns:
+      `run(*args)`, returning the solver's outputs as numpy.
     """
     errors = []
 
-    def host(v):
+    def host(v, *k):
         try:
-            return np.asarray(matvec(v), np.float64)
+            return np.asarray(matvec(v, *(int(i) for i in k)), np.float64)
         except Exception as e:  # noqa: BLE001 (re-raised below, unwrapped)
             errors.append(e)
             raise
 
-    compiled = _compiled(solver, n, tuple(sorted(static.items())), stop is not None)
+    compiled = _compiled(solver, n, tuple(sorted(static.items())), stop is not None,
+                         bool(indexed))
 
     def run(*args):
         with _running_lock:
@@ -113,32 +134,44 @@ def host_solver(solver, matvec, n, stop=None, **static):
     return run
 
 
-def _check_k(k, n):
-    if not 1 <= k <= n:
-        raise ValueError(f"k={k} must be between 1 and the operator's dimension n={n}")
-
-
-def _check_which(which):
-    if which not in ("largest", "smallest"):
-        raise ValueError(f"which must be 'largest' or 'smallest', got {which!r}")
-
-
-def lanczos(op, k=1, which="largest", tol=1e-6, max_iterations=None, seed=0):
-    """Lanczos with full reorthogonalization (`hogrod.linalg.lanczos`).
+def top_eigenvalues(op, k=1, method="lanczos", which="largest", tol=1e-6, maxiter=None,
+                    seed=0):
+    """The k eigenpairs of a symmetric operator at one end of its spectrum.
 
     Args:
-      op: a curvature operator (or a dense symmetric matrix).
-      k: how many eigenpairs.
+      op: a curvature operator (anything with `matvec_flat`) or a dense symmetric matrix.
+      k: how many eigenpairs (1 <= k <= n).
+      method: "lanczos" (full reorthogonalization, `hogrod.linalg.lanczos`) or "power"
+        (power iteration with deflation, `hogrod.linalg.power_iteration`: "largest" finds
+        the largest-magnitude eigenvalues, the largest for a PSD operator; "smallest"
+        shifts by the largest eigenvalue to find the most negative).
       which: "largest" (algebraically largest) or "smallest" (most negative).
-      tol: stop when every wanted Ritz pair has residual |beta_m s_mi| <= tol * |theta_i|.
-      max_iterations: Krylov dimension cap (default min(n, 10k + 100)); reaching it
-        before `tol` logs a warning (tol=0: run exactly that many iterations).
-      seed: the start vector's seed.
+      tol: Lanczos stops when every wanted Ritz pair has residual |beta_m s_mi| <= tol *
+        |theta_i|; power iteration when an iterate's eigenvalue estimate changes by <= tol.
+      maxiter: Lanczos's Krylov dimension cap (default min(n, 10k + 100); reaching it
+        before `tol` logs a warning; tol=0 runs exactly that many) or power iteration's
+        iterations per eigenpair (default 1000).
+      seed: the start vectors' seed.
+    Returns:
+      `(eigenvalues [k], eigenvectors [n, k], num_matvecs)`, float64 numpy, eigenvalues
+      sorted from the requested end.
     """
+    where = "top_eigenvalues"
+    checks.choice(method, METHODS, "method", where)
+    checks.choice(which, ("largest", "smallest"), "which", where)
+    checks.number(tol, "tol", where, low=0.0)
+    checks.seed(seed, "seed", where)
+    if maxiter is not None:
+        maxiter = checks.integer(maxiter, "maxiter", where, least=1)
     matvec, n = as_matvec(op)
-    _check_k(k, n)
-    _check_which(which)
-    m_max = min(n, max_iterations or 10 * k + 100)
+    k = checks.integer(k, "k", where, least=1, most=n)
+    if method == "lanczos":
+        return _lanczos(matvec, n, k, which, tol, maxiter, seed)
+    return _power(matvec, n, k, which, tol, 1000 if maxiter is None else maxiter, seed)
+
+
+def _lanczos(matvec, n, k, which, tol, maxiter, seed):
+    m_max = min(n, maxiter or 10 * k + 100)
 
     def ritz(alphas, betas):  # Ritz values, T's eigenvectors, the wanted ones' indices
         theta, s = scipy.linalg.eigh_tridiagonal(alphas, betas)
@@ -157,30 +190,21 @@ def lanczos(op, k=1, which="largest", tol=1e-6, max_iterations=None, seed=0):
         np.random.default_rng(seed).standard_normal(n)))
     m = len(alphas)
     if m < k:
-        raise ValueError(f"lanczos: the Krylov space of the start vector (seed={seed}) is "
-                         f"invariant after {m} < k={k} steps: the operator has fewer than k "
+        raise ValueError(f"top_eigenvalues: the Krylov space of the start vector (seed={seed}) "
+                         f"is invariant after {m} < k={k} steps: the operator has fewer than k "
                          "distinct eigenvalues there; ask for fewer (k) or another seed")
     if tol > 0 and m == m_max < n and not converged(alphas, betas, beta):
-        logging.warning("lanczos: %d iterations without reaching tol=%g (largest relative "
-                        "residual %.2e)", m, tol, np.max(residuals(alphas, betas, beta)))
+        logging.warning("top_eigenvalues: %d Lanczos iterations without reaching tol=%g "
+                        "(largest relative residual %.2e)", m, tol, np.max(residuals(alphas, betas, beta)))
     theta, s, wanted = ritz(alphas, betas)
     return theta[wanted], basis.T @ s[:, wanted], m
 
 
-def power_iteration(op, k=1, which="largest", tol=1e-6, max_iterations=1000, seed=0):
-    """Power iteration (`hogrod.linalg.power_iteration`) with deflation: one eigenpair at a
-    time, each on the operator restricted to the complement of those found before.
-
-    "largest" finds the largest-magnitude eigenvalues (the largest ones for a PSD
-    operator); "smallest" shifts by the largest eigenvalue to find the most negative.
-    """
-    matvec, n = as_matvec(op)
-    _check_k(k, n)
-    _check_which(which)
+def _power(matvec, n, k, which, tol, maxiter, seed):
     rng = np.random.default_rng(seed)
     count, shift = 0, 0.0
     if which == "smallest":
-        top, _, count = power_iteration(op, 1, "largest", tol, max_iterations, seed)
+        top, _, count = _power(matvec, n, 1, "largest", tol, maxiter, seed)
         shift = abs(top[0])
     values, vectors, products = [], [], []
 
@@ -193,7 +217,7 @@ def power_iteration(op, k=1, which="largest", tol=1e-6, max_iterations=1000, see
             w = w - (u @ w) * u
         return w
 
-    run = host_solver(linalg.power_iteration, deflated, n, iters=max_iterations, tol=tol)
+    run = host_solver(linalg.power_iteration, deflated, n, iters=maxiter, tol=tol)
     for _ in range(k):
         start = rng.standard_normal(n)
         lam, v = run(tf.constant(start))

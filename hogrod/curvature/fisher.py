@@ -13,9 +13,6 @@ Keras's default) gives the mean over every example of `data`; reduction "sum" gi
 The likelihoods and their scales are in `likelihood.py`.
 """
 
-import numbers
-
-import keras
 import numpy as np
 import tensorflow as tf
 
@@ -24,81 +21,15 @@ from hogrod import checks
 from hogrod.autodiff import densify, fill_unconnected, unwrap
 from hogrod.curvature.eigen import as_matvec
 from hogrod.curvature.likelihood import likelihood_of
-from hogrod.curvature.operators import _CurvatureOperator, fold_replica
+from hogrod.curvature.data import (batch_key, check_loss_dtype, data_batches, indexed,
+                                   model_params, normalize, params_dtype)
+from hogrod.curvature.operators import _CurvatureOperator
 from hogrod.curvature.per_example import batch_gradients
 
 __all__ = ["FisherOperator", "FISHER_TYPES", "gauss_newton_diagonal", "mc_fisher_diagonal",
            "hutchinson_diagonal"]
 
 FISHER_TYPES = ("type2", "mc", "empirical")
-
-
-def _count(value, least, arg, where):
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least:
-        raise ValueError(f"{where}: {arg} must be an integer >= {least}, got {value!r}")
-    return int(value)
-
-
-def _check_seed(seed, where):
-    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
-        raise TypeError(f"{where}: seed must be an int, got {seed!r}")
-    return int(seed)
-
-
-def _params(model, params, where):
-    """`params` (default `model.trainable_variables`): a subset, e.g. one layer's variables
-    (`layer_params`) for a diagonal block such as a last-layer Laplace approximation."""
-    if params is None:
-        params = model.trainable_variables
-        if not params:
-            raise ValueError(f"{where}: the model has no trainable variables (build it first, "
-                             "e.g. with keras.Input)")
-    params = list(checks.params(params, where))
-    for i, p in enumerate(params):
-        if not isinstance(p, (tf.Variable, keras.Variable)):
-            raise TypeError(f"{where}: params[{i}] must be a variable of the model (a tensor "
-                            f"is not what model(x) reads), got {type(p).__name__}")
-    return params
-
-
-def _params_dtype(params, where):
-    dtypes = {tf.as_dtype(unwrap(p).dtype) for p in params}
-    if len(dtypes) != 1:
-        raise TypeError(f"{where}: the parameters mix dtypes {sorted(d.name for d in dtypes)};"
-                        " pass dtype=")
-    return dtypes.pop()
-
-
-def _check_pair(data, where):
-    spec = data.element_spec if isinstance(data, tf.data.Dataset) else data
-    if not isinstance(spec, (tuple, list)) or len(spec) != 2:
-        raise ValueError(f"{where}: data must be one (x, y) batch or a tf.data.Dataset of "
-                         f"(x, y) batches, got {type(spec).__name__}"
-                         + (f" of length {len(spec)}" if isinstance(spec, (tuple, list)) else ""))
-
-
-def _indexed(data, where):
-    """Each batch paired with its index in `data` (one entry per example, so a strategy can
-    split it with the batch): the MC labels of a batch are drawn from a key folded with it."""
-    if data is None:
-        raise ValueError(f"{where}: data is None; pass one (x, y) batch or a tf.data.Dataset "
-                         "of them")
-    _check_pair(data, where)
-    if isinstance(data, tf.data.Dataset):
-        return data.enumerate().map(
-            lambda i, b: (b, tf.fill(tf.shape(tf.nest.flatten(b[0])[0])[:1], i)))
-    x, y = data
-    if x is None or y is None:
-        raise ValueError(f"{where}: data holds None; every part of a batch must be a tensor")
-    n = tf.shape(tf.nest.flatten(x)[0])[:1]
-    return ((x, y), tf.zeros(n, tf.int64))
-
-
-def _batch_key(seed, index):
-    """A stateless key of (seed, batch index, replica): fixed, so the operator is one matrix."""
-    key = tf.random.experimental.stateless_fold_in(tf.constant([seed, 0], tf.int64),
-                                                   tf.reduce_max(tf.concat([index, [0]], 0)))
-    return fold_replica(key)
 
 
 def _outputs(model, lik, x, where):
@@ -155,38 +86,25 @@ class FisherOperator(_CurvatureOperator):
         where = "FisherOperator"
         if fisher not in FISHER_TYPES:
             raise ValueError(f"{where}: fisher must be one of {FISHER_TYPES}, got {fisher!r}")
-        num = _count(mc_samples, 1, "mc_samples", where) if fisher == "mc" else 1
-        seed = _check_seed(seed, where)
+        num = checks.integer(mc_samples, "mc_samples", where, least=1) if fisher == "mc" else 1
+        seed = checks.seed(seed, "seed", where)
         lik, mean = likelihood_of(loss, where)
-        params = _params(model, params, where)
-        dtype = tf.as_dtype(dtype) if dtype is not None else _params_dtype(params, where)
+        params = model_params(model, params, where)
+        check_loss_dtype(loss, params_dtype(params, where), where)
+        dtype = tf.as_dtype(dtype) if dtype is not None else params_dtype(params, where)
         self.fisher, self.mc_samples, self.seed, self.likelihood = fisher, num, seed, lik
-        self._mean = mean
 
-        def product(batch, v):  # the batch mean of the per-example Fisher times v
+        def product(batch, v):  # the batch's mean (or sum) of the per-example Fisher times v
             (x, y), index = batch
-            size = tf.maximum(tf.cast(tf.shape(index)[0], v[0].dtype), 1)
+            size = tf.maximum(tf.cast(tf.shape(index)[0], v[0].dtype), 1) if mean else 1
             if fisher == "type2":
                 return hogrod.gnvp(lambda: _outputs(model, lik, x, where),
                                    lambda z: tf.reduce_sum(lik.soft_loss(z)) / size, params, v)
             return _outer_product(model, lik, fisher, x, y, params, v, num,
-                                  _batch_key(seed, index), where, size)
+                                  batch_key(seed, index), where, size)
 
-        super().__init__(product, params, _indexed(data, where), dtype, where, strategy,
-                         is_non_singular=None, is_positive_definite=None)
-
-    def matvec_flat(self, vector):
-        """The product with one flat vector of length n (a tensor of this operator's dtype)."""
-        self.num_matvecs += 1
-        vector = tf.convert_to_tensor(vector, self.dtype)
-        if self._single:
-            total, count = self._batch_product(vector, self._data)
-        else:
-            total, count = tf.zeros([self._n], self.dtype), tf.zeros([], self.dtype)
-            for batch in self._data:
-                part, size = self._batch_product(vector, batch)
-                total, count = total + part, count + size
-        return total / count if self._mean else total
+        super().__init__(product, params, indexed(data, where), dtype, where, strategy,
+                         mean, is_non_singular=None, is_positive_definite=None)
 
 
 def _outer_product(model, lik, fisher, x, y, params, v, num, key, where, size):
@@ -204,19 +122,6 @@ def _outer_product(model, lik, fisher, x, y, params, v, num, key, where, size):
     return [g / scale for g in out]
 
 
-def _data_batches(data, where):
-    if data is None:
-        raise ValueError(f"{where}: data is None; pass one (x, y) batch or a tf.data.Dataset "
-                         "of them")
-    _check_pair(data, where)
-    return data if isinstance(data, tf.data.Dataset) else [tuple(data)]
-
-
-def _reduce(total, count, mean):
-    total = np.asarray(total, np.float64)
-    return total / count if mean else total
-
-
 def gauss_newton_diagonal(model, loss, data, params=None):
     """The exact diagonal of the type-2 Fisher / Gauss-Newton matrix J^T E[H_loss] J of
     `FisherOperator(model, loss, data, "type2")`: float64 numpy [n].
@@ -228,7 +133,8 @@ def gauss_newton_diagonal(model, loss, data, params=None):
     """
     where = "gauss_newton_diagonal"
     lik, mean = likelihood_of(loss, where)
-    params = _params(model, params, where)
+    params = model_params(model, params, where)
+    check_loss_dtype(loss, params_dtype(params, where), where)
 
     @tf.function(reduce_retracing=True)
     def batch_sum(x):
@@ -240,10 +146,10 @@ def gauss_newton_diagonal(model, loss, data, params=None):
         return tf.reduce_sum(tf.square(rows), 0), tf.shape(z)[0]
 
     total, count = 0.0, 0
-    for x, _ in _data_batches(data, where):
+    for x, _ in data_batches(data, where, pair=True):
         part, size = batch_sum(x)
         total, count = total + part.numpy().astype(np.float64), count + int(size)
-    return _reduce(total, count, mean)
+    return normalize(total, count, mean)
 
 
 def mc_fisher_diagonal(model, loss, data, mc_samples=10, seed=0, params=None):
@@ -255,10 +161,11 @@ def mc_fisher_diagonal(model, loss, data, mc_samples=10, seed=0, params=None):
     output Jacobian (C backprops per example) times the loss gradients in z: memory
     S * N * n per batch."""
     where = "mc_fisher_diagonal"
-    num = _count(mc_samples, 2, "mc_samples", where)
-    seed = _check_seed(seed, where)
+    num = checks.integer(mc_samples, "mc_samples", where, least=2)
+    seed = checks.seed(seed, "seed", where)
     lik, mean = likelihood_of(loss, where)
-    params = _params(model, params, where)
+    params = model_params(model, params, where)
+    check_loss_dtype(loss, params_dtype(params, where), where)
 
     @tf.function(reduce_retracing=True)
     def batch_sums(x, index):
@@ -267,7 +174,7 @@ def mc_fisher_diagonal(model, loss, data, mc_samples=10, seed=0, params=None):
             flat_z = tf.reshape(z, [-1])
         jac = tf.reshape(batch_gradients(flat_z, params, tape), tf.concat(
             [tf.shape(z), [-1]], 0))  # [N, C, n]: C backprops per example, not S
-        labels = _labels(lik, "mc", z, None, num, _batch_key(seed, index))
+        labels = _labels(lik, "mc", z, None, num, batch_key(seed, index))
         zs = tf.broadcast_to(tf.stop_gradient(z)[None], tf.concat([[num], tf.shape(z)], 0))
         with tf.GradientTape() as out_tape:
             out_tape.watch(zs)
@@ -277,10 +184,10 @@ def mc_fisher_diagonal(model, loss, data, mc_samples=10, seed=0, params=None):
                 tf.shape(z)[0])
 
     total, count = 0.0, 0
-    for i, (x, _) in enumerate(_data_batches(data, where)):
+    for i, (x, _) in enumerate(data_batches(data, where, pair=True)):
         part, size = batch_sums(x, tf.fill([1], tf.constant(i, tf.int64)))
         total, count = total + part.numpy().astype(np.float64), count + int(size)
-    draws = _reduce(total, count, mean)  # [S, n]: one unbiased diagonal per draw
+    draws = normalize(total, count, mean)  # [S, n]: one unbiased diagonal per draw
     return draws.mean(0), draws.std(0, ddof=1) / np.sqrt(num)
 
 
@@ -305,7 +212,7 @@ def hutchinson_diagonal(op, num_samples=100, seed=0):
     """diag(A) ~ mean of z * (A z) over Rademacher z (Bekas et al. 2007), for any operator
     of this package (or a dense matrix); returns (estimate, standard_error), float64 numpy
     [n] each. The variance of one sample's entry i is sum_{j != i} A_ij^2. num_samples >= 2."""
-    num = _count(num_samples, 2, "num_samples", "hutchinson_diagonal")
+    num = checks.integer(num_samples, "num_samples", "hutchinson_diagonal", least=2)
     matvec, n = as_matvec(_with_matvec_flat(op))
     z = np.random.default_rng(seed).choice([-1.0, 1.0], size=(num, n))
     samples = np.stack([z[i] * matvec(z[i]) for i in range(num)])

@@ -9,19 +9,21 @@ import numpy as np
 import tensorflow as tf
 
 from hogrod.curvature.inverse import conjugate_gradient
+from hogrod.curvature.likelihood import per_example_loss
 from hogrod.curvature.operators import HessianOperator
 from hogrod.curvature.per_example import per_example_gradients
 
-__all__ = ["per_example_gradients", "influence"]
+__all__ = ["influence"]
 
 
-def influence(model, loss_fn, train, test, damping=0.0, params=None, tol=1e-10):
+def influence(model, loss, train, test, damping=0.0, params=None, tol=1e-10):
     """The [n_test, n_train] matrix of I_up,loss for every (test, train) pair.
 
     Args:
       model: a trained Keras 3 model.
-      loss_fn: per-example loss `loss_fn(y_true, y_pred) -> [batch]` (include any
-        regularizer in it, as the training objective did).
+      loss: a Keras loss object (its per-example value) or a per-example loss
+        `loss(y_true, y_pred) -> [batch]` (include any regularizer in it, as the training
+        objective did); the Hessian is of its mean over `train`.
       train, test: `(x, y)` arrays or tensors.
       damping: added to the Hessian (needed when it is singular, e.g. non-convex models).
       params: restrict to these variables (e.g. the last layer, `layer_params`).
@@ -30,10 +32,12 @@ def influence(model, loss_fn, train, test, damping=0.0, params=None, tol=1e-10):
       test loss (harmful), negative = helpful.
     """
     params = list(params or model.trainable_variables)
+    per_example = per_example_loss(loss, "influence")
     x, y = train
-    op = HessianOperator(lambda b: tf.reduce_mean(loss_fn(b[1], model(b[0]))), params,
-                         (tf.convert_to_tensor(x), tf.convert_to_tensor(y)), dtype=tf.float64)
-    g_train = per_example_gradients(model, loss_fn, x, y, params)
-    g_test = per_example_gradients(model, loss_fn, test[0], test[1], params)
+    op = HessianOperator.from_objective(
+        lambda b: tf.reduce_mean(per_example(b[1], model(b[0]))), params,
+        (tf.convert_to_tensor(x), tf.convert_to_tensor(y)), dtype=tf.float64)
+    g_train = per_example_gradients(model, loss, x, y, params)
+    g_test = per_example_gradients(model, loss, test[0], test[1], params)
     s_test = np.stack([conjugate_gradient(op, g, damping, tol)[0] for g in g_test])
     return -s_test @ g_train.T

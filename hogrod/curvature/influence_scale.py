@@ -29,7 +29,9 @@ import tensorflow as tf
 from hogrod.curvature.influence import influence
 from hogrod.curvature.kfac import EKFACOperator, KFACOperator
 from hogrod.curvature.operators import HessianOperator
-from hogrod.curvature.per_example import _batches, _compiled, _per_example_loss
+from hogrod.curvature.data import split_arrays
+from hogrod.curvature.likelihood import per_example_loss
+from hogrod.curvature.per_example import gradient_rows
 
 __all__ = ["ekfac_influence", "tracin", "self_influence", "linear_datamodeling_score",
            "subset_retraining", "mislabel_detection_rate"]
@@ -58,7 +60,7 @@ def _gradients(grads, data, batch_size, where):
     """[n, num_params] float64 numpy from a compiled per-example-gradient function."""
     x, y = data
     return np.concatenate([grads(xb, yb).numpy()
-                           for xb, yb in _batches(x, y, batch_size, where)]).astype(np.float64)
+                           for xb, yb in split_arrays(x, y, batch_size, where)]).astype(np.float64)
 
 
 # ------------------------------------------------------------------------------ EK-FAC
@@ -114,7 +116,7 @@ def ekfac_influence(model, loss, train, test, damping, data=None, fisher="type2"
     where = "ekfac_influence"
     train, test = _pair(train, "train", where), _pair(test, "test", where)
     damping = _positive(damping, "damping", where)
-    grads = _compiled(model, loss, None, where)
+    grads = gradient_rows(model, loss, None, where)
     g_train = _gradients(grads, train, batch_size, where)
     g_test = _gradients(grads, test, batch_size, where)
     op = _ekfac(model, loss, train if data is None else data, damping, operator, fisher, approx,
@@ -203,7 +205,7 @@ def tracin(model, loss, train, test, checkpoints, learning_rates, batch_size=256
     """
     where = "tracin"
     train, test = _pair(train, "train", where), _pair(test, "test", where)
-    grads = _compiled(model, loss, None, where)  # reads the variables: one trace for all
+    grads = gradient_rows(model, loss, None, where)  # reads the variables: one trace for all
     return _over_checkpoints(model, checkpoints, learning_rates, lambda: (
         _gradients(grads, test, batch_size, where)
         @ _gradients(grads, train, batch_size, where).T), where)
@@ -218,10 +220,11 @@ def _exact_self(model, loss, train, damping=0.0, params=None, batch_size=256):
             not damping >= 0:
         raise ValueError(f"{where}: damping must be a number >= 0, got {damping!r}")
     params = list(params or model.trainable_variables)
-    per_example = _per_example_loss(loss, where)
+    per_example = per_example_loss(loss, where)
     x, y = (tf.convert_to_tensor(t) for t in train)
-    op = HessianOperator(lambda b: tf.reduce_mean(per_example(b[1], model(b[0]))), params,
-                         (x, y), dtype=tf.float64)
+    op = HessianOperator.from_objective(
+        lambda b: tf.reduce_mean(per_example(b[1], model(b[0]))), params, (x, y),
+        dtype=tf.float64)
     h = op.to_dense().numpy()
     h = 0.5 * (h + h.T) + float(damping) * np.eye(len(h))
     try:
@@ -229,7 +232,7 @@ def _exact_self(model, loss, train, damping=0.0, params=None, batch_size=256):
     except np.linalg.LinAlgError:
         raise ValueError(f"{where}: the Hessian + damping is singular or indefinite (smallest "
                          f"eigenvalue {np.linalg.eigvalsh(h)[0]:.3g}); add damping") from None
-    g = _gradients(_compiled(model, loss, params, where), train, batch_size, where)
+    g = _gradients(gradient_rows(model, loss, params, where), train, batch_size, where)
     root = np.linalg.solve(chol, g.T)  # |L^{-1} g|^2 = g^T H^{-1} g
     return np.sum(root ** 2, axis=0)
 
@@ -238,7 +241,7 @@ def _ekfac_self(model, loss, train, damping, data=None, fisher="type2", approx="
                 operator=None, batch_size=256):
     where = "self_influence(ekfac_influence)"
     damping = _positive(damping, "damping", where)
-    g = _gradients(_compiled(model, loss, None, where), train, batch_size, where)
+    g = _gradients(gradient_rows(model, loss, None, where), train, batch_size, where)
     op = _ekfac(model, loss, train if data is None else data, damping, operator, fisher, approx,
                 where)
     _check_operator_size(op, g.shape[1], where)
@@ -247,7 +250,7 @@ def _ekfac_self(model, loss, train, damping, data=None, fisher="type2", approx="
 
 def _tracin_self(model, loss, train, checkpoints, learning_rates, batch_size=256):
     where = "self_influence(tracin)"
-    grads = _compiled(model, loss, None, where)
+    grads = gradient_rows(model, loss, None, where)
     return _over_checkpoints(model, checkpoints, learning_rates, lambda: np.sum(
         _gradients(grads, train, batch_size, where) ** 2, axis=1), where)
 

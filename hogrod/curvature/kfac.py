@@ -55,7 +55,7 @@ approx="reduce" over shared locations, which keeps them all). `solve`, `logdet` 
 eigendecompositions use the full factors.
 
 With `strategy=` (a `tf.distribute.Strategy`; `data` must then be a Dataset) each batch is
-split over the replicas (`operators.distribute_batches`): every replica computes the sums of
+split over the replicas (`data.distribute_batches`): every replica computes the sums of
 its shard (the factors' and diagonals' sums, the row and example counts, EK-FAC's correction
 in the basis of the already reduced factors), the sums are all-reduced (`replica_sums`) and
 divided by the global counts, so the factors equal one device's (the
@@ -75,8 +75,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hogrod.curvature.operators import (_check_distributable, distribute_batches, fold_replica,
-                                        replica_sums)
+from hogrod.curvature.data import (MEAN_REDUCTIONS, batch_loss, check_loss_dtype,
+                                   data_batches, fold_replica, replica_sums)
+from hogrod.curvature.likelihood import likelihood_of
 
 __all__ = ["KFACOperator", "EKFACOperator"]
 
@@ -228,42 +229,6 @@ def _without_rows(stats):
     return sums, count
 
 
-def _likelihood(loss, where):
-    """'gaussian' or 'categorical' / 'sparse_categorical' for fisher='mc'."""
-    if loss is keras.losses.mean_squared_error:
-        return "gaussian"
-    if isinstance(loss, keras.losses.Loss):
-        config = loss.get_config()
-        if config.get("reduction") not in ("sum_over_batch_size", None):
-            raise ValueError(f"{where}: fisher='mc'/'empirical' need a mean-reduced loss "
-                             f"(reduction='sum_over_batch_size'), got {config.get('reduction')!r}")
-        if isinstance(loss, keras.losses.MeanSquaredError):
-            return "gaussian"
-        kinds = {keras.losses.SparseCategoricalCrossentropy: "sparse_categorical",
-                 keras.losses.CategoricalCrossentropy: "categorical"}
-        for cls, kind in kinds.items():
-            if isinstance(loss, cls) and config.get("from_logits"):
-                return kind
-    raise ValueError(f"{where}: fisher='mc' samples labels from the loss's likelihood and knows "
-                     "keras.losses.MeanSquaredError() (Gaussian) and "
-                     "(Sparse)CategoricalCrossentropy(from_logits=True) (categorical); got "
-                     f"{loss!r}. Use fisher='type2' (the exact Fisher) for other losses")
-
-
-_KERAS_MEANS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
-
-
-def _objective(loss, y, z):
-    """mean(loss(y, z)) over the examples of z. Keras (TF backend) divides a batch-mean loss
-    by the number of replicas wherever a strategy with several is current (its training step
-    sums the replicas' losses); multiplied back, so a replica's shard is not down-weighted."""
-    value = tf.reduce_mean(loss(y, z))
-    replicas = tf.distribute.get_strategy().num_replicas_in_sync
-    if replicas > 1 and isinstance(loss, keras.losses.Loss) and loss.reduction in _KERAS_MEANS:
-        value = value * replicas
-    return value
-
-
 def _cotangents(loss, fisher, likelihood, mc_samples, seed, y, z):
     """[C, N, K] output cotangents (K = size of one example's output) whose outer products
     summed over C give each example's curvature of L (the 1/N of the mean included)."""
@@ -277,7 +242,7 @@ def _cotangents(loss, fisher, likelihood, mc_samples, seed, y, z):
         rows = tf.reshape(outputs, [copies * n, k])
         with tf.GradientTape() as tape:
             tape.watch(rows)
-            value = _objective(loss, labels, tf.reshape(rows, tf.shape(outputs)))
+            value = batch_loss(loss, labels, tf.reshape(rows, tf.shape(outputs)))
         # value is the mean over copies * N examples: sqrt(copies * N) * dvalue/drow is the
         # example's gradient over sqrt(copies * N), whose outer products sum to the mean
         scale = tf.sqrt(tf.cast(copies * n, z.dtype))
@@ -285,27 +250,21 @@ def _cotangents(loss, fisher, likelihood, mc_samples, seed, y, z):
 
     if fisher == "empirical":
         return grads_at(y, z, 1)
-    if fisher == "mc":
+    if fisher == "mc":  # labels from the loss's likelihood (`likelihood.py`)
         m = mc_samples
+        likelihood.check_output(z, "KFACOperator(fisher='mc')")
         tiled = tf.tile(z, tf.concat([[m], tf.ones_like(tf.shape(z)[1:])], 0))  # [m * N, ...]
-        if likelihood == "gaussian":  # mean-of-squares loss: per-example Hessian (2/K) I
-            width = tf.cast(tf.shape(flat)[1], z.dtype)
-            labels = tiled + tf.sqrt(width / 2.0) * tf.random.stateless_normal(
-                tf.shape(tiled), seed, dtype=z.dtype)
-        else:
-            if z.shape.rank != 2:
-                raise ValueError("KFACOperator: fisher='mc' with a cross-entropy needs logits "
-                                 f"of shape [batch, classes], got {z.shape}")
-            drawn = tf.reshape(tf.transpose(tf.random.stateless_categorical(
-                flat, m, seed)), [-1])
-            labels = drawn if likelihood == "sparse_categorical" else tf.one_hot(
-                drawn, tf.shape(flat)[1], dtype=z.dtype)
-        return grads_at(labels, tiled, m)
+        drawn = likelihood.sample(z, m, seed)  # [m, N, ...]
+        labels = tf.reshape(drawn, tf.concat([[-1], tf.shape(drawn)[2:]], 0))
+        # the loss is alpha times the negative log-likelihood: E[g g^T] = alpha^2 F, so the
+        # gradients over sqrt(alpha) have the loss Hessian's expectation alpha F
+        alpha = likelihood.alpha(z.shape[-1], z.dtype)
+        return grads_at(labels, tiled, m) / tf.sqrt(alpha)
     with tf.GradientTape(persistent=True) as outer:  # type2: each example's loss Hessian's root
         outer.watch(flat)
         with tf.GradientTape() as inner:
             inner.watch(flat)
-            value = _objective(loss, y, tf.reshape(flat, tf.shape(z)))
+            value = batch_loss(loss, y, tf.reshape(flat, tf.shape(z)))
         gz = inner.gradient(value, flat)
     # [N, K, K], L separable over examples: row j of every example's Hessian is the gradient
     # of column j of gz (batch_jacobian's computation without its reshape to [N, -1], which
@@ -403,10 +362,7 @@ class _Factors:
                 raise ValueError(f"{where}: {name} must be one of {allowed}, got {value!r}")
         if isinstance(mc_samples, bool) or not isinstance(mc_samples, int) or mc_samples < 1:
             raise ValueError(f"{where}: mc_samples must be an int >= 1, got {mc_samples!r}")
-        if data is None:
-            raise ValueError(f"{where}: data is None; pass one (x, y) batch or a "
-                             "tf.data.Dataset of them")
-        _check_distributable(data, strategy, where)  # before any work on the model
+        batches = data_batches(data, where, strategy, pair=True)  # before work on the model
         variables = model.trainable_variables
         if not variables:
             raise ValueError(f"{where}: model '{model.name}' has no trainable variables")
@@ -415,15 +371,12 @@ class _Factors:
             raise TypeError(f"{where}: the model's trainable variables must share one floating "
                             f"dtype, got {sorted(d.name for d in dtypes)}")
         self.dtype = next(iter(dtypes))
-        loss_dtype = getattr(loss, "dtype", None)  # a keras.losses.Loss computes in its dtype
-        if isinstance(loss, keras.losses.Loss) and tf.as_dtype(loss_dtype) != self.dtype:
-            raise TypeError(f"{where}: the loss computes in {tf.as_dtype(loss_dtype).name} but the "
-                            f"model's weights are {self.dtype.name}; build the loss with "
-                            f"dtype='{self.dtype.name}' (e.g. keras.losses.MeanSquaredError("
-                            f"dtype='{self.dtype.name}'))")
-        likelihood = _likelihood(loss, where) if fisher == "mc" else None
-        if fisher == "empirical" and isinstance(loss, keras.losses.Loss):
-            _likelihood_reduction_only(loss, where)
+        check_loss_dtype(loss, self.dtype, where)
+        likelihood = likelihood_of(loss, where)[0] if fisher == "mc" else None
+        if fisher != "type2" and isinstance(loss, keras.losses.Loss) \
+                and loss.reduction not in MEAN_REDUCTIONS:
+            raise ValueError(f"{where}: fisher={fisher!r} needs a mean-reduced loss "
+                             f"(reduction='sum_over_batch_size'), got {loss.reduction!r}")
         self.blocks = _blocks(model, other_layers, where)
         self.sizes = [int(np.prod(v.shape)) for v in variables]
         self.n = sum(self.sizes)
@@ -431,8 +384,7 @@ class _Factors:
         self._model, self._loss, self._fisher = model, loss, fisher
         self._likelihood, self._mc_samples, self._seed = likelihood, mc_samples, seed
         self._strategy = strategy
-        self._batches = ([data] if strategy is None and not isinstance(data, tf.data.Dataset)
-                         else distribute_batches(data, strategy, where))
+        self._batches = batches
         self._eigen_corrected = eigen_corrected
         self._stats = self._correction_stats = None
         self.compiled = {}  # the operators' products, shared by every damping
@@ -623,15 +575,6 @@ class _Factors:
         totals, count = self._accumulate(self._correction_stats, self.eigen)
         self.corrected = {name: t / count for name, t in totals.items()}
 
-
-def _likelihood_reduction_only(loss, where):
-    reduction = loss.get_config().get("reduction")
-    if reduction not in ("sum_over_batch_size", None):
-        raise ValueError(f"{where}: fisher='empirical' needs a mean-reduced loss "
-                         f"(reduction='sum_over_batch_size'), got {reduction!r}")
-
-
-# --------------------------------------------------------------------------- operators
 
 class _Kronecker(tf.linalg.LinearOperator):
     _eigen_corrected = False

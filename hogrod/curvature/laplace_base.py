@@ -15,37 +15,16 @@ import numpy as np
 import tensorflow as tf
 
 from hogrod import checks
+from hogrod.curvature.laplace_predictive import LINK_APPROXES, LinearizedPredictive
 from hogrod.curvature.laplace_tuning import PriorTuning
-from hogrod.curvature.operators import distribute_batches
+from hogrod.curvature.data import check_strategy, data_batches, distribute_batches
 from hogrod.curvature.per_example import batch_gradients
 
 __all__ = ["BaseLaplace", "LIKELIHOODS", "SUBSETS", "LINK_APPROXES", "HALF_LOG_2PI"]
 
 LIKELIHOODS = ("regression", "classification")
 SUBSETS = ("all", "last_layer")
-LINK_APPROXES = ("probit", "mc")
 HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
-
-
-def check_strategy(strategy, where):
-    """`strategy` is None or a tf.distribute.Strategy (ArgumentError naming it otherwise)."""
-    if strategy is not None and not isinstance(strategy, tf.distribute.Strategy):
-        raise checks.ArgumentError(
-            f"{where}: strategy must be a tf.distribute.Strategy (e.g. hogrod.distribute."
-            f"make_strategy('mirrored')) or None, got {type(strategy).__name__}")
-    return strategy
-
-
-def data_batches(data, where):
-    """`data` as a list of one (x, y) batch or the Dataset itself, its form checked."""
-    if data is None:
-        raise checks.ArgumentError(f"{where}: data is None; pass one (x, y) batch or a "
-                                   "tf.data.Dataset of them")
-    spec = data.element_spec if isinstance(data, tf.data.Dataset) else data
-    if not isinstance(spec, (tuple, list)) or len(spec) != 2:
-        raise checks.ArgumentError(f"{where}: data must be one (x, y) batch or a tf.data."
-                                   f"Dataset of (x, y) batches, got {type(spec).__name__}")
-    return data if isinstance(data, tf.data.Dataset) else [tuple(data)]
 
 
 def _not_finite(t):
@@ -84,7 +63,7 @@ def _last_layer(model, where):
     return last, features, head
 
 
-class BaseLaplace(PriorTuning):
+class BaseLaplace(PriorTuning, LinearizedPredictive):
     """The Laplace approximation of a Keras model at its current weights; made by
     `hogrod.curvature.Laplace` (see `laplace.py` for the arguments and the formulas)."""
 
@@ -360,7 +339,7 @@ class BaseLaplace(PriorTuning):
           self.
         """
         where = "Laplace.fit"
-        batches = data_batches(data, where)
+        batches = data_batches(data, where, pair=True)
         if self.strategy is not None:
             distribute_batches(data, self.strategy, where)  # a Dataset, or its error
         total, count, width, head_batches = 0.0, 0, None, []
@@ -499,74 +478,3 @@ class BaseLaplace(PriorTuning):
         self._require_fit("posterior_precision")
         return self._precision(self._delta(None, "Laplace.posterior_precision"),
                                1 / self.sigma_noise ** 2)
-
-    def functional_variance(self, jac):
-        """J P^-1 J^T per example at the stored hyperparameters.
-
-        Args:
-          jac: [N, C, n_params] Jacobians (`output_jacobian`).
-        Returns:
-          [N, C, C] float64 tensor.
-        """
-        self._require_fit("functional_variance")
-        return self._variance(tf.cast(jac, tf.float64),
-                              self._delta(None, "Laplace.functional_variance"),
-                              tf.constant(1 / self.sigma_noise ** 2, tf.float64))
-
-    def predictive(self, x, link_approx="probit", n_samples=100, seed=0,
-                   observation_noise=False):
-        """The linearized predictive at inputs `x`.
-
-        Args:
-          x: a batch of model inputs.
-          link_approx: classification: "probit" (softmax(mu * kappa), kappa = 1 / sqrt(1 +
-            pi/8 diag(var))) or "mc" (the mean of softmax over draws of f).
-          n_samples: the draws of f for "mc".
-          seed: their stateless seed.
-          observation_noise: regression: add sigma_noise^2 I (the predictive of y).
-        Returns:
-          Regression: (mean [N, C], variance [N, C, C]) at the model's dtype;
-          classification: class probabilities [N, C].
-        """
-        where = "Laplace.predictive"
-        self._require_fit("predictive")
-        z, jac = self.output_jacobian(x)
-        var = self.functional_variance(jac)
-        mu = tf.cast(z, tf.float64)
-        if self.likelihood == "regression":
-            if observation_noise:
-                var = var + self.sigma_noise ** 2 * tf.eye(z.shape[-1], dtype=tf.float64)
-            return tf.cast(mu, self.dtype), tf.cast(var, self.dtype)
-        checks.choice(link_approx, LINK_APPROXES, "link_approx", where)
-        n_samples = checks.integer(n_samples, "n_samples", where, least=1)
-        seed = checks.seed(seed, "seed", where)
-        return tf.cast(self.class_probs(mu, var, link_approx, n_samples, seed), self.dtype)
-
-    __call__ = predictive
-
-    def class_probs(self, mu, var, link_approx, n_samples, seed):
-        """Class probabilities [N, C] from logits' mean [N, C] and variance [N, C, C]."""
-        if link_approx == "probit":
-            kappa = 1 / tf.sqrt(1 + math.pi / 8 * tf.linalg.diag_part(var))
-            return tf.nn.softmax(kappa * mu)
-        samples = self.sample_functions(mu, var, n_samples, seed)
-        return tf.reduce_mean(tf.nn.softmax(samples), 0)
-
-    @staticmethod
-    def sample_functions(mu, var, n_samples, seed):
-        """[S, N, C] draws of N(mu, var) per example (a symmetric square root of var, so a
-        singular variance is fine).
-
-        Args:
-          mu: [N, C] means.
-          var: [N, C, C] covariances.
-          n_samples: S.
-          seed: an integer stateless seed.
-        Returns:
-          [S, N, C] tensor at mu's dtype.
-        """
-        evals, evecs = tf.linalg.eigh(var)
-        root = evecs * tf.sqrt(tf.maximum(evals, 0.0))[:, None, :]
-        eps = tf.random.stateless_normal(tf.concat([[n_samples], tf.shape(mu)], 0),
-                                         [int(seed), 0], dtype=mu.dtype)
-        return mu[None] + tf.einsum("nck,snk->snc", root, eps)

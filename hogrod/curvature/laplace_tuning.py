@@ -8,6 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from hogrod import checks
+from hogrod.curvature.data import data_batches
 
 __all__ = ["PriorTuning", "PRIOR_STRUCTURES", "OPTIMIZERS", "METHODS"]
 
@@ -125,7 +126,6 @@ class PriorTuning:
                 "log_marginal_likelihood": float(self.log_marginal_likelihood())}
 
     def _gridsearch(self, val_data, grid, link_approx, where):
-        from hogrod.curvature.laplace_base import data_batches
         if val_data is None:
             raise checks.ArgumentError(f"{where}: method='gridsearch' needs val_data (one "
                                        "(x, y) batch or a tf.data.Dataset)")
@@ -135,7 +135,7 @@ class PriorTuning:
             raise checks.ArgumentError(f"{where}: grid must be a non-empty 1-D array of "
                                        f"positive prior precisions, got {grid!r}")
         batches = []
-        for x, y in data_batches(val_data, where):  # outputs and Jacobians once
+        for x, y in data_batches(val_data, where, pair=True):  # outputs and Jacobians once
             z, jac = self.output_jacobian(x)
             batches.append((tf.cast(z, tf.float64), tf.cast(jac, tf.float64),
                             self._labels(y, z, where)))

@@ -19,9 +19,11 @@ given a dtype), without Keras's clipping of probabilities to [eps, 1 - eps].
 import keras
 import tensorflow as tf
 
-__all__ = ["likelihood_of"]
+from hogrod import checks
+from hogrod.curvature.data import MEAN_REDUCTIONS
 
-_MEAN = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
+__all__ = ["Likelihood", "likelihood_of", "per_example_loss"]
+
 
 
 def _like_output(y, z):
@@ -32,8 +34,19 @@ def _like_output(y, z):
     return y
 
 
-class _Likelihood:
-    """alpha, per_example(y, z), sample(z, num, key), soft_loss(z), sqrt_hessian(z)."""
+class Likelihood:
+    """The likelihood behind a Keras loss (made by `likelihood_of`).
+
+    Attributes and methods, on model outputs z of shape [N, C] at z's dtype:
+      from_logits, name (the loss's class), classification (bool);
+      check_output(z, where): refuses an output the loss cannot read;
+      alpha(C, dtype): the loss per example is alpha times the negative log-likelihood;
+      per_example(y, z) -> [N]: the loss of each example at labels y;
+      sample(z, num, key) -> [num, N, ...]: labels drawn from the model's predictive
+        distribution with the stateless key `key` (Monte Carlo Fisher);
+      soft_loss(z) -> [N]: the loss at the labels' mean, whose Hessian in z is E_y[H];
+      sqrt_hessian(z) -> [N, C, K]: S with S S^T = E_y[H] per example.
+    """
 
     classification = True
     min_width = 1
@@ -58,7 +71,7 @@ class _Likelihood:
         return tf.constant(1.0, dtype)
 
 
-class _Gaussian(_Likelihood):
+class _Gaussian(Likelihood):
     classification = False
 
     def per_example(self, y, z):
@@ -79,7 +92,7 @@ class _Gaussian(_Likelihood):
         return tf.broadcast_to(eye, tf.concat([tf.shape(z)[:1], [width, width]], 0))
 
 
-class _Categorical(_Likelihood):
+class _Categorical(Likelihood):
     min_width = 2
 
     def __init__(self, from_logits, name, sparse):
@@ -121,7 +134,7 @@ class _Categorical(_Likelihood):
         return grads * tf.sqrt(p)[:, None, :]  # [N, C, K]: column k = grads[:, :, k]
 
 
-class _Bernoulli(_Likelihood):
+class _Bernoulli(Likelihood):
     def probs(self, z):
         return tf.sigmoid(z) if self.from_logits else z
 
@@ -154,8 +167,16 @@ class _Bernoulli(_Likelihood):
 
 
 def likelihood_of(loss, where):
-    """(likelihood, mean) for a supported Keras loss object; `mean` is True when the loss
-    averages over the batch ("sum_over_batch_size"), False when it sums ("sum")."""
+    """The likelihood of a supported Keras loss object and its batch reduction.
+
+    Args:
+      loss: MeanSquaredError, SparseCategoricalCrossentropy, CategoricalCrossentropy or
+        BinaryCrossentropy (exactly these classes), without label smoothing.
+      where: the public function checked.
+    Returns:
+      `(likelihood, mean)`: a `Likelihood`; `mean` is True when the loss averages over the
+      batch ("sum_over_batch_size"), False when it sums ("sum").
+    """
     if not isinstance(loss, keras.losses.Loss):
         raise TypeError(f"{where}: loss must be a Keras loss object (MeanSquaredError, "
                         "SparseCategoricalCrossentropy, CategoricalCrossentropy or "
@@ -184,9 +205,25 @@ def likelihood_of(loss, where):
         raise ValueError(f"{where}: {name} has axis={config['axis']}; only axis=-1 (classes "
                          "last) is supported")
     reduction = loss.reduction
-    if reduction in _MEAN:
+    if reduction in MEAN_REDUCTIONS:
         return lik, True
     if reduction == "sum":
         return lik, False
     raise ValueError(f"{where}: {name} has reduction={reduction!r}; the curvature needs the "
                      "batch reduction: use 'sum_over_batch_size' (a mean) or 'sum'")
+
+
+def per_example_loss(loss, where):
+    """A per-example loss `(y_true, y_pred) -> [batch]`.
+
+    Args:
+      loss: a supported Keras loss object (its per-example value at the model output's
+        dtype) or any callable taken as already per-example.
+      where: the public function checked.
+    Returns:
+      The callable.
+    """
+    if isinstance(loss, keras.losses.Loss):
+        lik, _ = likelihood_of(loss, where)
+        return lik.per_example
+    return checks.function(loss, "loss", where, "loss(y_true, y_pred) -> [batch]")

@@ -1,5 +1,14 @@
 """Curvature matrices of a loss as `tf.linalg.LinearOperator`s: Hessian and Gauss-Newton.
 
+Every operator of this package is built the same way, `Operator(model, loss, data, *,
+params=None, strategy=None, ...)`: a Keras model, a Keras loss `loss(y_true, y_pred)` (its
+batch reduction says whether the curvature is of the mean or the sum over `data`) and one
+`(x, y)` batch or a `tf.data.Dataset` of them. The one alternative for an arbitrary
+objective is a class method: `HessianOperator.from_objective(objective, params, data)`
+for `objective(batch) -> scalar` (a mean over the batch), and
+`GaussNewtonOperator.from_output_loss(outputs, output_loss, params, data)` for outputs
+`z = outputs(batch)` and a loss of them `output_loss(z, batch)`.
+
 The operators act on flat vectors (all params flattened row-major and concatenated in
 `tf.nest.flatten` order, the order `hogrod.hessian` uses), so `tf.linalg` solvers and the
 estimators of this package work on them. Data is one batch or a `tf.data.Dataset` of
@@ -12,130 +21,92 @@ replicas: every replica computes the product on its shard, weighted by its size,
 sums are all-reduced, so the product equals the single-device one.
 """
 
+import keras
 import numpy as np
 import tensorflow as tf
 
 import hogrod
-from hogrod import tree
-from hogrod import checks
+from hogrod import checks, tree
+from hogrod.curvature.data import (MEAN_REDUCTIONS, batch_loss, batch_size, check_data,
+                                   check_loss_dtype, distribute_batches, model_params,
+                                   params_dtype, replica_sums)
 
-__all__ = ["flatten", "unflatten", "HessianOperator", "GaussNewtonOperator", "layer_params"]
-
-
-def flatten(tensors, dtype=None):
-    """Concatenate tensors into one flat vector (`hogrod.tree.flatten`)."""
-    return tree.flatten(tensors, dtype)
-
-
-def unflatten(vector, like):
-    """Split a flat vector into tensors shaped (and typed) like `like` (`hogrod.tree.unflatten`)."""
-    return tree.unflatten(vector, like)
+__all__ = ["HessianOperator", "GaussNewtonOperator", "layer_params", "loss_is_mean"]
 
 
 def layer_params(model, layer_name):
-    """The trainable variables of one layer: the per-layer (diagonal block) variant."""
+    """The trainable variables of one layer: the per-layer (diagonal block) variant.
+
+    Args:
+      model: a Keras model.
+      layer_name: the layer's name.
+    Returns:
+      The layer's trainable variables (pass them as `params=`).
+    """
     layer = model.get_layer(layer_name)
     if not layer.trainable_variables:
-        raise ValueError(f"layer '{layer_name}' has no trainable variables")
+        raise checks.ArgumentError(f"layer_params: layer '{layer_name}' has no trainable "
+                                   "variables")
     return layer.trainable_variables
 
 
-def _batch_size(batch):
-    return tf.shape(tf.nest.flatten(batch)[0])[0]
+def loss_is_mean(loss):
+    """Whether a Keras loss averages over the batch (anything but reduction "sum").
+
+    Args:
+      loss: a Keras loss object or function.
+    Returns:
+      False for a `keras.losses.Loss` with reduction "sum", else True.
+    """
+    return not (isinstance(loss, keras.losses.Loss) and loss.reduction == "sum")
 
 
-def _check_data(data, name):
-    """Data is one batch (a structure of tensors, no None in it) or a tf.data.Dataset: checked
-    here, not at the first product deep inside a trace."""
-    if data is None:
-        raise ValueError(f"{name}: data is None; pass one batch (any structure of tensors, as "
-                         "loss_fn takes it) or a tf.data.Dataset of batches")
-    if isinstance(data, tf.data.Dataset):
-        return
-    missing = [i for i, t in enumerate(tf.nest.flatten(data)) if t is None]
-    if missing:
-        raise ValueError(f"{name}: data holds None (flattened part(s) {missing} of "
-                         f"{len(tf.nest.flatten(data))}); every part of a batch must be a tensor")
+def _keras_objective(model, loss, where):
+    """`batch -> loss(y, model(x))` of an `(x, y)` batch, checked."""
+    if not isinstance(model, keras.Model):
+        raise checks.ArgumentError(f"{where}: model must be a keras.Model, got "
+                                   f"{type(model).__name__}")
+    checks.function(loss, "loss", where, "Keras loss(y_true, y_pred)")
+    if isinstance(loss, keras.losses.Loss) and loss.reduction not in MEAN_REDUCTIONS + ("sum",):
+        raise checks.ArgumentError(f"{where}: loss has reduction={loss.reduction!r}; the "
+                                   "curvature needs 'sum_over_batch_size' (a mean) or 'sum'")
+    return lambda z, batch: batch_loss(loss, batch[1], z)
 
 
-def _check_callable(fn, arg, name):
-    if not callable(fn):
-        raise TypeError(f"{name}: {arg} must be callable, got {type(fn).__name__}")
-
-
-def _check_strategy(strategy, name):
-    """`strategy` is None or a tf.distribute.Strategy."""
-    if strategy is not None and not isinstance(strategy, tf.distribute.Strategy):
-        raise TypeError(f"{name}: strategy must be a tf.distribute.Strategy (e.g. "
-                        "hogrod.distribute.make_strategy('mirrored')) or None, got "
-                        f"{type(strategy).__name__}")
-
-
-def _check_distributable(data, strategy, name):
-    """With a strategy, `data` must be a Dataset (its batches are what is split)."""
-    _check_strategy(strategy, name)
-    if strategy is not None and not isinstance(data, tf.data.Dataset):
-        raise ValueError(f"{name}: with a strategy, data must be a tf.data.Dataset of "
-                         "batches (each batch is split over the replicas)")
-
-
-def distribute_batches(data, strategy, name):
-    """`data` as the batches to iterate: itself without a strategy, else each batch split
-    over the replicas (`experimental_distribute_dataset`; a batch that does not split evenly
-    gives shards of different sizes, possibly an empty one)."""
-    _check_distributable(data, strategy, name)
-    return data if strategy is None else strategy.experimental_distribute_dataset(data)
-
-
-def replica_sums(fn, strategy):
-    """`fn(batch, *args) -> structure of tensors`, each a SUM over the batch's examples (its
-    size among them), compiled. With a strategy, `fn` runs on every replica's shard of a
-    batch from `distribute_batches` and each part is summed over the replicas (all-reduce),
-    so the result equals one device's on the whole batch: normalize by the summed size, never
-    per replica. `args` are the same on every replica."""
-    if strategy is None:
-        return tf.function(fn, reduce_retracing=True)
-
-    @tf.function(reduce_retracing=True)
-    def summed(batch, *args):
-        parts = strategy.run(fn, args=(batch, *args))
-        return tf.nest.map_structure(
-            lambda t: strategy.reduce(tf.distribute.ReduceOp.SUM, t, axis=None), parts)
-    return summed
-
-
-def fold_replica(key):
-    """A stateless key [2] with the replica id folded in (0 without a strategy): under a
-    strategy every replica draws its own random numbers, a different (equally distributed)
-    draw than one device's."""
-    replica = tf.distribute.get_replica_context()
-    rid = 0 if replica is None else replica.replica_id_in_sync_group
-    return tf.random.experimental.stateless_fold_in(key, rid)
+def _operator_dtype(dtype, params, where):
+    dtype = params_dtype(params, where) if dtype is None else tf.as_dtype(dtype)
+    if not dtype.is_floating:
+        raise checks.ArgumentError(f"{where}: dtype must be a floating dtype (float32 or "
+                                   f"float64), got {dtype.name}")
+    return dtype
 
 
 class _CurvatureOperator(tf.linalg.LinearOperator):
-    """Shared machinery: flat vectors in and out, batches reduced by size-weighted mean."""
+    """Shared machinery: flat vectors in and out; each batch's product weighted by its size
+    (a mean objective) or not (a sum), summed over the batches (and replicas), and divided
+    once by the global count for a mean."""
 
-    def __init__(self, product, params, data, dtype, name, strategy=None, **hints):
-        _check_data(data, name)
-        if not tf.as_dtype(dtype).is_floating:
-            raise ValueError(f"{name}: dtype must be a floating dtype (float32 or float64), got "
-                             f"{tf.as_dtype(dtype).name}")
+    def __init__(self, product, params, data, dtype, name, strategy=None, mean=True, **hints):
+        check_data(data, name)
+        dtype = _operator_dtype(dtype, params, name)
         self._params = list(tf.nest.flatten(params))
         self._n = sum(int(np.prod(p.shape)) for p in self._params)
         self._single = not isinstance(data, tf.data.Dataset)
         self._data = distribute_batches(data, strategy, name)
+        self._mean = mean
         self.num_matvecs = 0
         params_ = self._params
 
-        def weighted_product(batch, vector):  # (size * product, size) of one (shard of a) batch
-            v = unflatten(tf.cast(vector, params_[0].dtype), params_)
-            size = tf.cast(_batch_size(batch), dtype)
-            return size * flatten(product(batch, v), dtype), size
+        def weighted_product(batch, vector):  # (size * product or product, size) of a batch
+            v = tree.unflatten(tf.cast(vector, params_[0].dtype), params_)
+            size = tf.cast(batch_size(batch), dtype)
+            out = tree.flatten(product(batch, v), dtype)
+            return (size * out if mean else out), size
 
         product_sums = replica_sums(weighted_product, strategy)
         self._batch_product = lambda vector, batch: product_sums(batch, vector)
-        super().__init__(dtype=dtype, is_self_adjoint=True, is_square=True, name=name, **hints)
+        super().__init__(dtype=dtype, is_self_adjoint=True, is_square=True,
+                         name=type(self).__name__, **hints)
 
     def _shape(self):
         return tf.TensorShape([self._n, self._n])
@@ -144,17 +115,23 @@ class _CurvatureOperator(tf.linalg.LinearOperator):
         return tf.constant([self._n, self._n])
 
     def matvec_flat(self, vector):
-        """The product with one flat vector of length n (a tensor of this operator's dtype)."""
+        """The product with one flat vector.
+
+        Args:
+          vector: a tensor of length n (cast to this operator's dtype).
+        Returns:
+          The product, a tensor of length n.
+        """
         self.num_matvecs += 1
         vector = tf.convert_to_tensor(vector, self.dtype)
         if self._single:
             total, count = self._batch_product(vector, self._data)
-            return total / count
-        total, count = tf.zeros([self._n], self.dtype), tf.zeros([], self.dtype)
-        for batch in self._data:
-            part, size = self._batch_product(vector, batch)
-            total, count = total + part, count + size
-        return total / count
+        else:
+            total, count = tf.zeros([self._n], self.dtype), tf.zeros([], self.dtype)
+            for batch in self._data:
+                part, size = self._batch_product(vector, batch)
+                total, count = total + part, count + size
+        return total / count if self._mean else total
 
     def _matmul(self, x, adjoint=False, adjoint_arg=False):
         x = tf.linalg.adjoint(x) if adjoint_arg else x
@@ -162,52 +139,124 @@ class _CurvatureOperator(tf.linalg.LinearOperator):
         return tf.stack(cols, axis=1)
 
     def to_dense(self):
+        """The dense matrix, one product per column (small operators only).
+
+        Returns:
+          A [n, n] tensor.
+        """
         return self._matmul(tf.eye(self._n, dtype=self.dtype))
 
 
 class HessianOperator(_CurvatureOperator):
-    """H = d^2/dparams^2 of `loss_fn(batch)` (the mean over a data set of batches).
+    """H = d^2/dparams^2 of the loss of `model` over `data`.
+
+    The loss of an `(x, y)` batch is `loss(y, model(x, training=False))`; over a data set
+    the Hessian of the mean over every example (a batch-mean loss, Keras's default) or of
+    the sum (reduction "sum").
 
     Args:
-      loss_fn: an objective over a batch (the kind `make_train_step` minimizes, not a
-        Keras loss): `loss_fn(batch) -> scalar`, a mean over the batch's examples.
-      params: variables / tensors (nested structure); for a per-layer Hessian pass one
-        layer's variables (`layer_params`).
-      data: one batch (any structure) or a `tf.data.Dataset` of batches.
-      dtype: the operator's dtype (float32 or float64); vectors are cast to the params'.
-      mode: the `hogrod.hvp` mode.
+      model: a built Keras model.
+      loss: a Keras loss `loss(y_true, y_pred)` (any; its `dtype` the model's).
+      data: one `(x, y)` batch or a `tf.data.Dataset` of them.
+      params: the variables (default `model.trainable_variables`); one layer's
+        (`layer_params`) for that diagonal block.
       strategy: a `tf.distribute.Strategy` to split each batch of `data` (a Dataset) over.
+      dtype: the operator's dtype (default the parameters'); vectors are cast to theirs.
+      mode: the `hogrod.hvp` mode.
     """
 
-    def __init__(self, loss_fn, params, data, dtype=tf.float32, mode="auto", strategy=None):
-        _check_callable(loss_fn, "loss_fn", "HessianOperator")
-        flat_params = checks.params(params, "HessianOperator")
+    def __init__(self, model, loss, data, *, params=None, strategy=None, dtype=None,
+                 mode="auto"):
+        where = "HessianOperator"
+        output_loss = _keras_objective(model, loss, where)
+        params = model_params(model, params, where)
+        check_loss_dtype(loss, params_dtype(params, where), where)
+        check_data(data, where, pair=True)
+        self._build(lambda batch: output_loss(model(batch[0], training=False), batch), params,
+                    data, dtype, mode, strategy, loss_is_mean(loss))
+
+    @classmethod
+    def from_objective(cls, objective, params, data, *, strategy=None, dtype=None,
+                       mode="auto"):
+        """The Hessian of an arbitrary objective.
+
+        Args:
+          objective: `objective(batch) -> scalar`, the mean over the batch's examples (the
+            kind `make_train_step` minimizes); over a data set the operator is the Hessian of
+            the mean over every example (each batch weighted by its size).
+          params: variables / tensors (nested structure) differentiated.
+          data: one batch (any structure of tensors) or a `tf.data.Dataset` of batches.
+          strategy, dtype, mode: as for the constructor.
+        Returns:
+          A `HessianOperator`.
+        """
+        where = "HessianOperator.from_objective"
+        checks.function(objective, "objective", where, "objective(batch) -> scalar")
+        op = object.__new__(cls)
+        op._build(objective, checks.params(params, where), data, dtype, mode, strategy, True,
+                  where)
+        return op
+
+    def _build(self, objective, params, data, dtype, mode, strategy, mean,
+               where="HessianOperator"):
         if mode != "auto" and mode not in hogrod.autodiff.HVP_MODES:
-            raise ValueError(f"HessianOperator: mode must be 'auto' or one of "
-                             f"{hogrod.autodiff.HVP_MODES}, got {mode!r}")
-        product = lambda batch, v: hogrod.hvp(lambda: loss_fn(batch), flat_params, v,  # noqa
+            raise checks.ArgumentError(f"{where}: mode must be 'auto' or one of "
+                                       f"{hogrod.autodiff.HVP_MODES}, got {mode!r}")
+        flat = list(tf.nest.flatten(params))
+        product = lambda batch, v: hogrod.hvp(lambda: objective(batch), flat, v,  # noqa
                                               mode=mode)
-        super().__init__(product, flat_params, data, dtype, "HessianOperator", strategy)
+        _CurvatureOperator.__init__(self, product, flat, data, dtype, where, strategy, mean)
 
 
 class GaussNewtonOperator(_CurvatureOperator):
-    """G = J^T H_L J for outputs z = `model_fn(batch)` and loss `loss_fn(z, batch)`.
+    """G = J^T H_L J: the Gauss-Newton matrix of the loss of `model` over `data`.
 
-    Positive semi-definite for convex losses of the outputs (MSE, cross-entropy on logits).
+    J is the Jacobian of the model output z = `model(x, training=False)` and H_L the Hessian
+    of the loss in z; positive semi-definite for losses convex in the output (MSE,
+    cross-entropy on logits). Mean or sum over `data` as the loss's reduction says.
 
     Args:
-      model_fn: `model_fn(batch) -> z`, the outputs the loss is convex in (e.g. logits).
-      loss_fn: an output loss `loss_fn(z, batch) -> scalar`: the outputs FIRST, then the
-        whole batch (read the labels from it). Not Keras's `loss(y_true, y_pred)` order;
-        wrap a Keras loss as `lambda z, batch: loss(batch[1], z)`.
-      params, data, dtype, strategy: as for `HessianOperator`.
+      model: a built Keras model.
+      loss: a Keras loss `loss(y_true, y_pred)`.
+      data: one `(x, y)` batch or a `tf.data.Dataset` of them.
+      params, strategy, dtype: as for `HessianOperator`.
     """
 
-    def __init__(self, model_fn, loss_fn, params, data, dtype=tf.float32, strategy=None):
-        _check_callable(model_fn, "model_fn", "GaussNewtonOperator")
-        _check_callable(loss_fn, "loss_fn", "GaussNewtonOperator")
-        flat_params = checks.params(params, "GaussNewtonOperator")
+    def __init__(self, model, loss, data, *, params=None, strategy=None, dtype=None):
+        where = "GaussNewtonOperator"
+        output_loss = _keras_objective(model, loss, where)
+        params = model_params(model, params, where)
+        check_loss_dtype(loss, params_dtype(params, where), where)
+        check_data(data, where, pair=True)
+        self._build(lambda batch: model(batch[0], training=False), output_loss, params, data,
+                    dtype, strategy, loss_is_mean(loss), where)
+
+    @classmethod
+    def from_output_loss(cls, outputs, output_loss, params, data, *, strategy=None,
+                         dtype=None):
+        """The Gauss-Newton matrix of an arbitrary output loss.
+
+        Args:
+          outputs: `outputs(batch) -> z`, the outputs the loss is convex in (e.g. logits).
+          output_loss: `output_loss(z, batch) -> scalar`, the mean over the batch's examples:
+            the outputs FIRST, then the whole batch (read the labels from it).
+          params: variables / tensors (nested structure) differentiated.
+          data: one batch (any structure) or a `tf.data.Dataset` of batches.
+          strategy, dtype: as for `HessianOperator`.
+        Returns:
+          A `GaussNewtonOperator`.
+        """
+        where = "GaussNewtonOperator.from_output_loss"
+        checks.function(outputs, "outputs", where, "outputs(batch) -> z")
+        checks.function(output_loss, "output_loss", where, "output_loss(z, batch) -> scalar")
+        op = object.__new__(cls)
+        op._build(outputs, output_loss, checks.params(params, where), data, dtype, strategy,
+                  True, where)
+        return op
+
+    def _build(self, outputs, output_loss, params, data, dtype, strategy, mean, where):
+        flat = list(tf.nest.flatten(params))
         product = lambda batch, v: hogrod.gnvp(  # noqa: E731
-            lambda: model_fn(batch), lambda z: loss_fn(z, batch), flat_params, v)
-        super().__init__(product, flat_params, data, dtype, "GaussNewtonOperator", strategy,
-                         is_non_singular=None)
+            lambda: outputs(batch), lambda z: output_loss(z, batch), flat, v)
+        _CurvatureOperator.__init__(self, product, flat, data, dtype, where, strategy, mean,
+                                    is_non_singular=None)

@@ -1,9 +1,8 @@
 """Stochastic trace estimators: Hutchinson and Hutch++, each with a standard error."""
 
-import numbers
-
 import numpy as np
 
+from hogrod import checks
 from hogrod.curvature.eigen import as_matvec
 
 __all__ = ["hutchinson", "hutchpp"]
@@ -13,16 +12,10 @@ def _rademacher(rng, n, m):
     return rng.choice([-1.0, 1.0], size=(n, m))
 
 
-def _count(value, least, arg, fn):
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least:
-        raise ValueError(f"{fn}: {arg} must be an integer >= {least}, got {value!r}")
-    return int(value)
-
-
 def hutchinson(op, num_samples=100, seed=0):
     """tr(A) ~ mean of z^T A z over Rademacher z; returns (estimate, standard error).
     num_samples >= 2 (the standard error needs two)."""
-    num_samples = _count(num_samples, 2, "num_samples", "hutchinson")
+    num_samples = checks.integer(num_samples, "num_samples", "hutchinson", least=2)
     matvec, n = as_matvec(op)
     z = _rademacher(np.random.default_rng(seed), n, num_samples)
     samples = np.array([z[:, i] @ matvec(z[:, i]) for i in range(num_samples)])
@@ -34,7 +27,7 @@ def hutchpp(op, num_matvecs=99, seed=0):
     on the rest; m/3 sketch, m/3 projection and m/3 residual products. The standard error
     is that of the residual Hutchinson part (the projected part is exact). Uses
     3 * (num_matvecs // 3) products; num_matvecs >= 6 (two residual samples)."""
-    m = _count(num_matvecs, 6, "num_matvecs", "hutchpp") // 3
+    m = checks.integer(num_matvecs, "num_matvecs", "hutchpp", least=6) // 3
     matvec, n = as_matvec(op)
     rng = np.random.default_rng(seed)
     S = _rademacher(rng, n, m)
