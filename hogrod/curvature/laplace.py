@@ -47,7 +47,9 @@ Differences from laplace-torch:
 - hessian="kron" factors a layer's kernel and bias JOINTLY by default (kron_bias="joint":
   the ones-column K-FAC, which keeps the kernel-bias cross terms and is exact for one Dense
   layer with one output); laplace-torch factors each bias separately (kron_bias="separate"
-  here), and the two evidences differ (by about 2% on a small MLP with biases).
+  here); the evidences differ (e.g. by 0.08% on a 3-10-2 tanh MLP at its initial weights,
+  64 Gaussian examples; the terms dropped are G (x) E[a], larger where a layer's inputs
+  have a large mean).
 - hessian="kron" keeps one prior precision per Kronecker block: a per-parameter ("diag")
   prior is refused, and a layer-wise one needs kron_bias="separate" for layers with a bias
   (laplace-torch's kron takes scalar or layer-wise priors too).

@@ -35,6 +35,15 @@ def _not_finite(t):
     return int(tf.size(t)) - int(tf.reduce_sum(tf.cast(tf.math.is_finite(t), tf.int64)))
 
 
+def _compiled(fn, example):
+    """`fn` compiled once for every batch size of a tensor input like `example` (shape
+    relaxed otherwise, e.g. for a dict of inputs)."""
+    if tf.is_tensor(example) and example.shape.rank:
+        spec = [tf.TensorSpec([None, *example.shape[1:]], example.dtype)]
+        return tf.function(fn, input_signature=spec)
+    return tf.function(fn, reduce_retracing=True)
+
+
 def _last_layer(model, where):
     """The last layer (it must carry trainable variables), a feature model for its input and
     the layer alone as a model of the features."""
@@ -231,14 +240,12 @@ class BaseLaplace(PriorTuning, LinearizedPredictive):
         if self._features is None:
             return x
         if self._feature_fn is None:
-            self._feature_fn = tf.function(lambda v: self._features(v, training=False),
-                                           reduce_retracing=True)
+            self._feature_fn = _compiled(lambda v: self._features(v, training=False), x)
         return self._feature_fn(x)
 
     def _outputs(self, inputs):
         if self._forward is None:
-            self._forward = tf.function(lambda v: self._head(v, training=False),
-                                        reduce_retracing=True)
+            self._forward = _compiled(lambda v: self._head(v, training=False), inputs)
         return tf.convert_to_tensor(self._forward(inputs))
 
     def _jacobian_fn(self, inputs):
@@ -260,12 +267,8 @@ class BaseLaplace(PriorTuning, LinearizedPredictive):
         inputs = self._inputs(x)
         if isinstance(inputs, np.ndarray):
             inputs = tf.convert_to_tensor(inputs)
-        if self._jacobian is None:  # one trace for every batch size (a tensor input)
-            spec = None
-            if tf.is_tensor(inputs) and inputs.shape.rank:
-                spec = [tf.TensorSpec([None, *inputs.shape[1:]], inputs.dtype)]
-            self._jacobian = tf.function(self._jacobian_fn, input_signature=spec,
-                                         reduce_retracing=spec is None)
+        if self._jacobian is None:
+            self._jacobian = _compiled(self._jacobian_fn, inputs)
         z, jac = self._jacobian(inputs)
         self._check_output(z, where)
         return z, jac
