@@ -322,7 +322,7 @@ def test_bad_arguments_are_named():
         curvature.KFACOperator(model, CE, batch, approx="mean")
     with pytest.raises(ValueError, match=r"EKFACOperator: fisher must be one of"):
         curvature.EKFACOperator(model, CE, batch, fisher="exact")
-    with pytest.raises(ValueError, match=r"KFACOperator: damping must be finite and >= 0"):
+    with pytest.raises(ValueError, match=r"KFACOperator: damping must be a finite number >= 0"):
         curvature.KFACOperator(model, CE, batch, damping=-1.0)
     with pytest.raises(ValueError, match=r"KFACOperator: cannot sample labels from.*Huber"):
         curvature.KFACOperator(model, keras.losses.Huber(dtype="float64"), batch, fisher="mc")

@@ -94,7 +94,8 @@ def test_bad_arguments_are_named_at_construction():
         curvature.HessianOperator.from_objective(loss, vs, (batch[0], None), dtype=tf.float64)
     with pytest.raises(ValueError, match="HessianOperator.from_objective: params is empty"):
         curvature.HessianOperator.from_objective(loss, [], batch, dtype=tf.float64)
-    with pytest.raises(TypeError, match=r"HessianOperator.from_objective: params\[0\] must be a tf.Variable"):
+    with pytest.raises(TypeError, match=r"HessianOperator.from_objective: params\[0\] must be "
+                                        r"a tf.Variable"):
         curvature.HessianOperator.from_objective(loss, [np.ones(3)], batch, dtype=tf.float64)
     with pytest.raises(ValueError, match="HessianOperator.from_objective: mode must be"):
         curvature.HessianOperator.from_objective(loss, vs, batch, dtype=tf.float64,

@@ -64,7 +64,8 @@ def main(quick=False):
     assert vectors.shape == (H.shape[0], 3)
     assert np.allclose(values, exact[:3], rtol=1e-5), (values, exact[:3])
     assert np.allclose(H @ vectors, vectors * values, atol=1e-4 * abs(values[0]))
-    p_values, _, p_matvecs = curvature.top_eigenvalues(op, k=1, method="power")  # largest |eigenvalue|
+    # power iteration finds the largest |eigenvalue|
+    p_values, _, p_matvecs = curvature.top_eigenvalues(op, k=1, method="power")
     top_magnitude = exact[np.argmax(np.abs(exact))]
     assert abs(p_values[0] - top_magnitude) <= 1e-4 * abs(top_magnitude)
     low, _, low_matvecs = curvature.top_eigenvalues(op, k=1, which="smallest")  # most negative

@@ -9,8 +9,9 @@ global count N when the loss averages over the batch (Keras's default reduction,
   structure of tensors, or a `tf.data.Dataset` of batches; `pair=True`: `(x, y)` batches)
   and returns what to iterate: `[data]` for one batch, the Dataset itself, or under a
   `tf.distribute.Strategy` its batches split over the replicas (`distribute_batches`).
-- `replica_sums(fn, strategy)`: `fn(batch, *args)` compiled; under a strategy run on every
-  replica's shard and its sums all-reduced, so the result equals one device's.
+- `replica_sums(fn, strategy)`: `fn(batch, *args)` compiled (`compile_closure`); under a
+  strategy run on every replica's shard and its sums all-reduced, so the result equals one
+  device's.
 - `accumulate(fn, batches, where, *args)`: the data loop: the sum over batches of
   `fn(batch, index, *args) -> (sums, count)`; `normalize(total, count, mean)` divides.
 - `fold_replica(key)`, `batch_key(seed, index)`: stateless sampling keys per batch (and
@@ -27,16 +28,18 @@ The likelihood of a Keras loss (per-example values, sampled labels for the Monte
 Fisher, the square root of its output Hessian) is `hogrod.curvature.likelihood`.
 """
 
+import functools
+
 import keras
 import tensorflow as tf
 
 from hogrod import checks
 from hogrod.autodiff import unwrap
 
-__all__ = ["MEAN_REDUCTIONS", "check_strategy", "check_data", "data_batches", "distribute_batches",
-           "replica_sums", "accumulate", "normalize", "batch_size", "fold_replica",
-           "batch_key", "indexed", "model_params", "params_dtype", "check_loss_dtype",
-           "batch_loss", "split_arrays"]
+__all__ = ["MEAN_REDUCTIONS", "check_strategy", "check_data", "data_batches",
+           "distribute_batches", "replica_sums", "compile_closure", "accumulate", "normalize",
+           "batch_size", "fold_replica", "batch_key", "indexed", "model_params", "params_dtype",
+           "check_loss_dtype", "batch_loss", "split_arrays"]
 
 MEAN_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
 
@@ -146,14 +149,29 @@ def replica_sums(fn, strategy):
       The compiled function of `(batch, *args)`.
     """
     if strategy is None:
-        return tf.function(fn, reduce_retracing=True)
+        return compile_closure(fn)
 
-    @tf.function(reduce_retracing=True)
     def summed(batch, *args):
         parts = strategy.run(fn, args=(batch, *args))
         return tf.nest.map_structure(
             lambda t: strategy.reduce(tf.distribute.ReduceOp.SUM, t, axis=None), parts)
-    return summed
+    return compile_closure(summed)
+
+
+def compile_closure(fn):
+    """`tf.function(fn, reduce_retracing=True)`, its retracing counted for this closure alone.
+
+    TensorFlow warns about retracing per code object: the closures of many operators (one
+    compiled product per operator, each capturing its own model and data) would read as one
+    function retraced. Wrapped in a `functools.partial`, each closure is its own key, so the
+    warning still reports a closure that retraces itself.
+
+    Args:
+      fn: the Python function to compile.
+    Returns:
+      The tf.function.
+    """
+    return tf.function(functools.partial(fn), reduce_retracing=True)
 
 
 def accumulate(fn, batches, where, *args):

@@ -11,7 +11,7 @@ import numpy as np
 import scipy.linalg
 import tensorflow as tf
 
-from hogrod import linalg
+from hogrod import checks, linalg
 from hogrod.curvature.eigen import as_matvec, host_solver
 
 __all__ = ["spectral_density"]
@@ -19,10 +19,25 @@ __all__ = ["spectral_density"]
 
 def spectral_density(op, num_iterations=50, num_runs=5, sigma=None, grid_points=1000,
                      seed=0):
-    """Returns (grid, density, nodes, weights).
+    """The spectral density of a symmetric operator by stochastic Lanczos quadrature.
 
-    sigma defaults to 1% of the spectrum's span; the grid spans the nodes +- 5 sigma.
+    Args:
+      op: a curvature operator (anything with `matvec_flat`) or a dense symmetric matrix.
+      num_iterations: Lanczos steps per run (a fixed count, capped at n).
+      num_runs: runs from independent Rademacher vectors.
+      sigma: the Gaussians' width (default 1% of the spectrum's span).
+      grid_points: points of the grid, which spans the nodes +- 5 sigma.
+      seed: the start vectors' seed.
+    Returns:
+      `(grid, density, nodes, weights)`, float64 numpy.
     """
+    where = "spectral_density"
+    num_iterations = checks.integer(num_iterations, "num_iterations", where, least=1)
+    num_runs = checks.integer(num_runs, "num_runs", where, least=1)
+    grid_points = checks.integer(grid_points, "grid_points", where, least=2)
+    checks.seed(seed, "seed", where)
+    if sigma is not None:
+        sigma = checks.positive(sigma, "sigma", where)
     matvec, n = as_matvec(op)
     run = host_solver(linalg.lanczos, matvec, n, k=min(num_iterations, n))
     rng = np.random.default_rng(seed)

@@ -24,10 +24,15 @@ METHODS = ("lanczos", "power")
 
 
 def as_matvec(op):
-    """(matvec on float64 numpy vectors, n) for an operator or a dense matrix.
+    """The host product of an operator or a dense matrix.
 
     A product that is not finite (a NaN/inf loss, or weights that overflowed) is an error
     naming the operator, so no estimator returns a silent NaN.
+
+    Args:
+      op: anything with `matvec_flat` (the operators of this package) or a square matrix.
+    Returns:
+      `(matvec, n)`: matvec on float64 numpy vectors of length n.
     """
     if hasattr(op, "matvec_flat"):
         dtype, name = op.dtype, op.name
@@ -195,7 +200,8 @@ def _lanczos(matvec, n, k, which, tol, maxiter, seed):
                          "distinct eigenvalues there; ask for fewer (k) or another seed")
     if tol > 0 and m == m_max < n and not converged(alphas, betas, beta):
         logging.warning("top_eigenvalues: %d Lanczos iterations without reaching tol=%g "
-                        "(largest relative residual %.2e)", m, tol, np.max(residuals(alphas, betas, beta)))
+                        "(largest relative residual %.2e)", m, tol,
+                        np.max(residuals(alphas, betas, beta)))
     theta, s, wanted = ritz(alphas, betas)
     return theta[wanted], basis.T @ s[:, wanted], m
 

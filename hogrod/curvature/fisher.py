@@ -20,10 +20,10 @@ import hogrod
 from hogrod import checks
 from hogrod.autodiff import densify, fill_unconnected, unwrap
 from hogrod.curvature.eigen import as_matvec
+from hogrod.curvature.data import (batch_key, check_loss_dtype, compile_closure, data_batches,
+                                   indexed, model_params, normalize, params_dtype)
 from hogrod.curvature.likelihood import likelihood_of
-from hogrod.curvature.data import (batch_key, check_loss_dtype, data_batches, indexed,
-                                   model_params, normalize, params_dtype)
-from hogrod.curvature.operators import _CurvatureOperator
+from hogrod.curvature.operators import CurvatureOperator
 from hogrod.curvature.per_example import batch_gradients
 
 __all__ = ["FisherOperator", "FISHER_TYPES", "gauss_newton_diagonal", "mc_fisher_diagonal",
@@ -45,7 +45,7 @@ def _labels(lik, fisher, z, y, num, key):
     return tf.stop_gradient(lik.sample(tf.stop_gradient(z), num, key))
 
 
-class FisherOperator(_CurvatureOperator):
+class FisherOperator(CurvatureOperator):
     """The Fisher information of `model` under the Keras loss `loss`, on the flat vector of
     `model.trainable_variables`.
 
@@ -136,7 +136,6 @@ def gauss_newton_diagonal(model, loss, data, params=None):
     params = model_params(model, params, where)
     check_loss_dtype(loss, params_dtype(params, where), where)
 
-    @tf.function(reduce_retracing=True)
     def batch_sum(x):
         with tf.GradientTape() as tape:
             z = _outputs(model, lik, x, where)
@@ -144,6 +143,7 @@ def gauss_newton_diagonal(model, loss, data, params=None):
             flat = tf.reshape(roots, [-1])
         rows = batch_gradients(flat, params, tape)
         return tf.reduce_sum(tf.square(rows), 0), tf.shape(z)[0]
+    batch_sum = compile_closure(batch_sum)
 
     total, count = 0.0, 0
     for x, _ in data_batches(data, where, pair=True):
@@ -167,7 +167,6 @@ def mc_fisher_diagonal(model, loss, data, mc_samples=10, seed=0, params=None):
     params = model_params(model, params, where)
     check_loss_dtype(loss, params_dtype(params, where), where)
 
-    @tf.function(reduce_retracing=True)
     def batch_sums(x, index):
         with tf.GradientTape() as tape:
             z = _outputs(model, lik, x, where)
@@ -182,6 +181,7 @@ def mc_fisher_diagonal(model, loss, data, mc_samples=10, seed=0, params=None):
         grads = tf.einsum("snc,ncp->snp", out_tape.gradient(losses, zs), jac)
         return (tf.reduce_sum(tf.square(grads), 1) / lik.alpha(z.shape[-1], z.dtype),
                 tf.shape(z)[0])
+    batch_sums = compile_closure(batch_sums)
 
     total, count = 0.0, 0
     for i, (x, _) in enumerate(data_batches(data, where, pair=True)):

@@ -18,19 +18,18 @@ Per-example gradients are `per_example.py`'s (one vectorized Jacobian per batch)
 flat vector of `model.trainable_variables` (the operators' order).
 """
 
-import math
-import numbers
 
 import keras
 import numpy as np
 import scipy.stats
 import tensorflow as tf
 
+from hogrod import checks
+from hogrod.curvature.data import split_arrays
 from hogrod.curvature.influence import influence
 from hogrod.curvature.kfac import EKFACOperator, KFACOperator
-from hogrod.curvature.operators import HessianOperator
-from hogrod.curvature.data import split_arrays
 from hogrod.curvature.likelihood import per_example_loss
+from hogrod.curvature.operators import HessianOperator
 from hogrod.curvature.per_example import gradient_rows
 
 __all__ = ["ekfac_influence", "tracin", "self_influence", "linear_datamodeling_score",
@@ -45,15 +44,6 @@ def _pair(data, arg, where):
     if x is None or y is None:
         raise ValueError(f"{where}: {arg} holds None; pass (x, y) arrays")
     return x, y
-
-
-def _positive(value, arg, where):
-    if isinstance(value, bool) or not isinstance(value, (numbers.Real, np.floating)):
-        raise TypeError(f"{where}: {arg} must be a Python number, got {type(value).__name__}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{where}: {arg} must be finite and > 0 (the damped inverse), got "
-                         f"{value}")
-    return float(value)
 
 
 def _gradients(grads, data, batch_size, where):
@@ -71,7 +61,18 @@ def _ekfac(model, loss, data, damping, operator, fisher, approx, where):
             raise TypeError(f"{where}: operator must be an EKFACOperator or KFACOperator of "
                             f"this model, got {type(operator).__name__}")
         return operator.with_damping(damping)
-    return EKFACOperator(model, loss, data, fisher=fisher, approx=approx, damping=damping)
+    return EKFACOperator(model, _as_mean(loss), data, fisher=fisher, approx=approx,
+                         damping=damping)
+
+
+def _as_mean(loss):
+    """The influence is of the MEAN training loss (the per-example gradients do not depend
+    on the reduction): a Keras loss with reduction "sum" is rebuilt as its batch mean, so
+    the factors are not N times larger."""
+    if isinstance(loss, keras.losses.Loss) and loss.reduction == "sum":
+        return type(loss).from_config({**loss.get_config(), "dtype": loss.dtype,
+                                       "reduction": "sum_over_batch_size"})
+    return loss
 
 
 def _check_operator_size(op, n, where):
@@ -101,6 +102,7 @@ def ekfac_influence(model, loss, train, test, damping, data=None, fisher="type2"
       loss: a Keras loss object or per-example `loss(y_true, y_pred) -> [batch]`. A
         regularizer inside it enters the gradients but not the Gauss-Newton factors (it does
         not depend on the outputs): add its curvature (l2 for 0.5 * l2 * |w|^2) to `damping`.
+        Either reduction of a Keras loss gives the scores of the mean training loss.
       train, test: `(x, y)` arrays or tensors.
       damping: > 0, added to EK-FAC before inverting (kronfluence's heuristic, when its
         damping_factor is None, is 0.1 x the mean corrected eigenvalue of each layer).
@@ -115,7 +117,7 @@ def ekfac_influence(model, loss, train, test, damping, data=None, fisher="type2"
     """
     where = "ekfac_influence"
     train, test = _pair(train, "train", where), _pair(test, "test", where)
-    damping = _positive(damping, "damping", where)
+    damping = checks.positive(damping, "damping", where)
     grads = gradient_rows(model, loss, None, where)
     g_train = _gradients(grads, train, batch_size, where)
     g_test = _gradients(grads, test, batch_size, where)
@@ -167,7 +169,8 @@ def _check_schedule(checkpoints, learning_rates, where):
     if len(checkpoints) != len(learning_rates):
         raise ValueError(f"{where}: {len(checkpoints)} checkpoints but {len(learning_rates)} "
                          "learning_rates; pass one learning rate per checkpoint")
-    return [_positive(lr, f"learning_rates[{k}]", where) for k, lr in enumerate(learning_rates)]
+    return [checks.positive(lr, f"learning_rates[{k}]", where)
+            for k, lr in enumerate(learning_rates)]
 
 
 def _over_checkpoints(model, checkpoints, learning_rates, fn, where):
@@ -216,9 +219,7 @@ def tracin(model, loss, train, test, checkpoints, learning_rates, batch_size=256
 def _exact_self(model, loss, train, damping=0.0, params=None, batch_size=256):
     """g_i^T (H + damping I)^{-1} g_i from the dense Hessian of the mean training loss."""
     where = "self_influence(influence)"
-    if isinstance(damping, bool) or not isinstance(damping, (numbers.Real, np.floating)) or \
-            not damping >= 0:
-        raise ValueError(f"{where}: damping must be a number >= 0, got {damping!r}")
+    damping = checks.nonnegative(damping, "damping", where)
     params = list(params or model.trainable_variables)
     per_example = per_example_loss(loss, where)
     x, y = (tf.convert_to_tensor(t) for t in train)
@@ -240,7 +241,7 @@ def _exact_self(model, loss, train, damping=0.0, params=None, batch_size=256):
 def _ekfac_self(model, loss, train, damping, data=None, fisher="type2", approx="expand",
                 operator=None, batch_size=256):
     where = "self_influence(ekfac_influence)"
-    damping = _positive(damping, "damping", where)
+    damping = checks.positive(damping, "damping", where)
     g = _gradients(gradient_rows(model, loss, None, where), train, batch_size, where)
     op = _ekfac(model, loss, train if data is None else data, damping, operator, fisher, approx,
                 where)
@@ -361,9 +362,8 @@ def subset_retraining(retrain, n_train, num_subsets, fraction=0.5, seed=0):
     where = "subset_retraining"
     if not callable(retrain):
         raise TypeError(f"{where}: retrain must be callable, got {type(retrain).__name__}")
-    for arg, value, least in (("n_train", n_train, 2), ("num_subsets", num_subsets, 3)):
-        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least:
-            raise ValueError(f"{where}: {arg} must be an int >= {least}, got {value!r}")
+    n_train = checks.integer(n_train, "n_train", where, least=2)
+    num_subsets = checks.integer(num_subsets, "num_subsets", where, least=3)
     if not 0 < fraction < 1:
         raise ValueError(f"{where}: fraction must be in (0, 1), got {fraction!r}")
     size = int(round(fraction * n_train))

@@ -31,7 +31,8 @@ from hogrod.curvature.data import (MEAN_REDUCTIONS, batch_loss, batch_size, chec
                                    check_loss_dtype, distribute_batches, model_params,
                                    params_dtype, replica_sums)
 
-__all__ = ["HessianOperator", "GaussNewtonOperator", "layer_params", "loss_is_mean"]
+__all__ = ["CurvatureOperator", "HessianOperator", "GaussNewtonOperator", "layer_params",
+           "loss_is_mean"]
 
 
 def layer_params(model, layer_name):
@@ -81,10 +82,22 @@ def _operator_dtype(dtype, params, where):
     return dtype
 
 
-class _CurvatureOperator(tf.linalg.LinearOperator):
-    """Shared machinery: flat vectors in and out; each batch's product weighted by its size
-    (a mean objective) or not (a sum), summed over the batches (and replicas), and divided
-    once by the global count for a mean."""
+class CurvatureOperator(tf.linalg.LinearOperator):
+    """The base of the data-driven operators: flat vectors in and out; each batch's product
+    weighted by its size (a mean objective) or not (a sum), summed over the batches (and
+    replicas, `data.replica_sums`), and divided once by the global count for a mean.
+
+    Args:
+      product: `product(batch, v) -> tree like params`, the curvature of one batch's
+        objective (its mean over the batch, or its sum when `mean` is False) times `v`.
+      params: the variables (a flat list).
+      data: one batch or a `tf.data.Dataset` of batches.
+      dtype: the operator's dtype, or None for the parameters'.
+      name: the public function building it, named in errors.
+      strategy: None or a `tf.distribute.Strategy`.
+      mean: whether the objective is a mean over the examples.
+      **hints: `tf.linalg.LinearOperator` hints.
+    """
 
     def __init__(self, product, params, data, dtype, name, strategy=None, mean=True, **hints):
         check_data(data, name)
@@ -147,7 +160,7 @@ class _CurvatureOperator(tf.linalg.LinearOperator):
         return self._matmul(tf.eye(self._n, dtype=self.dtype))
 
 
-class HessianOperator(_CurvatureOperator):
+class HessianOperator(CurvatureOperator):
     """H = d^2/dparams^2 of the loss of `model` over `data`.
 
     The loss of an `(x, y)` batch is `loss(y, model(x, training=False))`; over a data set
@@ -205,10 +218,10 @@ class HessianOperator(_CurvatureOperator):
         flat = list(tf.nest.flatten(params))
         product = lambda batch, v: hogrod.hvp(lambda: objective(batch), flat, v,  # noqa
                                               mode=mode)
-        _CurvatureOperator.__init__(self, product, flat, data, dtype, where, strategy, mean)
+        CurvatureOperator.__init__(self, product, flat, data, dtype, where, strategy, mean)
 
 
-class GaussNewtonOperator(_CurvatureOperator):
+class GaussNewtonOperator(CurvatureOperator):
     """G = J^T H_L J: the Gauss-Newton matrix of the loss of `model` over `data`.
 
     J is the Jacobian of the model output z = `model(x, training=False)` and H_L the Hessian
@@ -258,5 +271,5 @@ class GaussNewtonOperator(_CurvatureOperator):
         flat = list(tf.nest.flatten(params))
         product = lambda batch, v: hogrod.gnvp(  # noqa: E731
             lambda: outputs(batch), lambda z: output_loss(z, batch), flat, v)
-        _CurvatureOperator.__init__(self, product, flat, data, dtype, where, strategy, mean,
+        CurvatureOperator.__init__(self, product, flat, data, dtype, where, strategy, mean,
                                     is_non_singular=None)

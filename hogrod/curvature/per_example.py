@@ -5,7 +5,7 @@ import numpy as np
 import tensorflow as tf
 
 from hogrod import checks
-from hogrod.curvature.data import split_arrays
+from hogrod.curvature.data import compile_closure, split_arrays
 from hogrod.curvature.likelihood import per_example_loss
 
 __all__ = ["per_example_gradients", "per_example_gradient_norms", "batch_gradients",
@@ -44,7 +44,6 @@ def gradient_rows(model, loss, params, where):
     params = list(checks.params(params if params is not None else model.trainable_variables,
                                 where))
 
-    @tf.function(reduce_retracing=True)
     def grads(x, y):
         with tf.GradientTape() as tape:
             losses = tf.convert_to_tensor(per_example(y, model(x, training=False)))
@@ -53,7 +52,7 @@ def gradient_rows(model, loss, params, where):
                                  f"losses of shape [batch], got shape {losses.shape}; pass "
                                  "a Keras loss object or a per-example function")
         return batch_gradients(losses, params, tape)
-    return grads
+    return compile_closure(grads)
 
 
 def per_example_gradients(model, loss, x, y, params=None, batch_size=256):

@@ -13,8 +13,15 @@ def _rademacher(rng, n, m):
 
 
 def hutchinson(op, num_samples=100, seed=0):
-    """tr(A) ~ mean of z^T A z over Rademacher z; returns (estimate, standard error).
-    num_samples >= 2 (the standard error needs two)."""
+    """tr(A) ~ mean of z^T A z over Rademacher z.
+
+    Args:
+      op: a curvature operator (anything with `matvec_flat`) or a dense symmetric matrix.
+      num_samples: products (>= 2: the standard error needs two).
+      seed: the probes' seed.
+    Returns:
+      `(estimate, standard_error)`, Python floats.
+    """
     num_samples = checks.integer(num_samples, "num_samples", "hutchinson", least=2)
     matvec, n = as_matvec(op)
     z = _rademacher(np.random.default_rng(seed), n, num_samples)
@@ -25,8 +32,16 @@ def hutchinson(op, num_samples=100, seed=0):
 def hutchpp(op, num_matvecs=99, seed=0):
     """Hutch++ (Meyer et al. 2021): exact trace on a sketched top subspace plus Hutchinson
     on the rest; m/3 sketch, m/3 projection and m/3 residual products. The standard error
-    is that of the residual Hutchinson part (the projected part is exact). Uses
-    3 * (num_matvecs // 3) products; num_matvecs >= 6 (two residual samples)."""
+    is that of the residual Hutchinson part (the projected part is exact).
+
+    Args:
+      op: a curvature operator or a dense symmetric matrix.
+      num_matvecs: the budget; 3 * (num_matvecs // 3) products are used (>= 6: two
+        residual samples).
+      seed: the probes' seed.
+    Returns:
+      `(estimate, standard_error)`, Python floats.
+    """
     m = checks.integer(num_matvecs, "num_matvecs", "hutchpp", least=6) // 3
     matvec, n = as_matvec(op)
     rng = np.random.default_rng(seed)

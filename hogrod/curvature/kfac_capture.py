@@ -1,0 +1,230 @@
+"""K-FAC's layer capture: which layers are factored (blocks), their inputs and
+pre-activations recorded during one forward pass, and the output cotangents whose outer
+products give each example's curvature (type-2, Monte Carlo or empirical Fisher).
+
+Used by `kronecker.KroneckerFactors`; see `kfac.py` for the approximation.
+"""
+
+import contextlib
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from hogrod.curvature.data import batch_loss
+
+__all__ = ["Block", "leaf_layers", "factorable", "layer_blocks", "capture", "trailing",
+           "layer_rows", "without_rows", "output_cotangents", "backward"]
+
+
+def leaf_layers(layer):
+    """Leaf layers in order (nested models are walked)."""
+    out = []
+    for sub in getattr(layer, "layers", []):
+        out.extend(leaf_layers(sub) if getattr(sub, "layers", None) is not None else [sub])
+    return out
+
+
+def factorable(layer):
+    """Why K-FAC cannot factor `layer` (a string), or None if it can."""
+    if type(layer) not in (keras.layers.Dense, keras.layers.Conv2D):
+        return "only keras.layers.Dense and keras.layers.Conv2D are factored"
+    if getattr(layer, "lora_enabled", False) or getattr(layer, "quantization_mode", None):
+        return "LoRA / quantized layers are not factored"
+    if isinstance(layer, keras.layers.Conv2D):
+        if layer.groups != 1:
+            return "grouped convolutions (groups != 1) are not factored"
+        if layer.data_format != "channels_last":
+            return "only data_format='channels_last' is factored"
+    wanted = [layer.kernel] + ([layer.bias] if layer.bias is not None else [])
+    if [id(v) for v in layer.trainable_variables] != [id(v) for v in wanted]:
+        return "its trainable variables are not exactly [kernel, bias]"
+    return None
+
+
+class Block:
+    def __init__(self, kind, layer, indices, shapes):
+        self.kind, self.layer, self.name = kind, layer, layer.name
+        self.indices, self.shapes = indices, shapes
+        if kind == "kfac":
+            kernel = shapes[0]
+            self.d_out = int(kernel[-1])
+            self.d_in_kernel = int(np.prod(kernel[:-1]))
+            self.has_bias = len(indices) == 2
+            self.d_in = self.d_in_kernel + int(self.has_bias)
+
+
+def layer_blocks(model, other_layers, where):
+    variables = list(model.trainable_variables)
+    index = {id(v): i for i, v in enumerate(variables)}
+    blocks, seen = [], set()
+    for layer in leaf_layers(model):
+        vs = layer.trainable_variables
+        if not vs:
+            continue
+        missing = [v.path for v in vs if id(v) not in index]
+        if missing:
+            raise ValueError(f"{where}: variables {missing} of layer '{layer.name}' are not in "
+                             "model.trainable_variables")
+        why = factorable(layer)
+        if why is not None and other_layers == "raise":
+            raise ValueError(
+                f"{where}: layer '{layer.name}' ({type(layer).__name__}) has trainable weights "
+                f"K-FAC cannot factor ({why}); pass other_layers='diagonal' to give its "
+                "variables the exact diagonal of the curvature, or freeze the layer")
+        idx = [index[id(v)] for v in vs]
+        if seen.intersection(idx):
+            raise ValueError(f"{where}: layer '{layer.name}' shares variables with an earlier "
+                             "layer; shared weights are not supported")
+        seen.update(idx)
+        blocks.append(Block("kfac" if why is None else "diag", layer, idx,
+                             [tuple(v.shape) for v in vs]))
+    rest = [variables[i].path for i in range(len(variables)) if i not in seen]
+    if rest:
+        raise ValueError(f"{where}: trainable variables {rest} belong to no leaf layer "
+                         "(weights added to the model itself); K-FAC has no block for them")
+    return blocks
+
+
+# ---------------------------------------------------------------------------- capture
+
+@contextlib.contextmanager
+def capture(layers, record):
+    """Record each layer's call input ('a') and pre-activation ('s') in `record`."""
+    patched = []
+
+    def wrap(layer):
+        call, activation = layer.call, layer.activation
+
+        def call_(inputs, *args, **kwargs):
+            if layer.name in record:
+                raise ValueError(f"KFACOperator: layer '{layer.name}' is called more than once "
+                                 "in one forward pass; K-FAC factors one call per layer")
+            record[layer.name] = {"a": inputs}
+            return call(inputs, *args, **kwargs)
+
+        def activation_(x):
+            x = tf.identity(x)  # a tensor of its own, to differentiate the output with respect to
+            record[layer.name]["s"] = x
+            return activation(x)
+        # object.__setattr__: Keras's attribute tracking has nothing to track here
+        object.__setattr__(layer, "call", call_)
+        object.__setattr__(layer, "activation", activation_)
+        patched.append((layer, activation))
+
+    try:
+        for layer in layers:
+            wrap(layer)
+        yield record
+    finally:
+        for layer, activation in patched:
+            del layer.__dict__["call"]
+            object.__setattr__(layer, "activation", activation)
+
+
+def trailing(t, start):
+    """The product of t's dimensions from `start` on, static where known (later code reads
+    static shapes): reshapes spell it out, since -1 cannot be inferred for an empty batch (a
+    replica's empty shard)."""
+    dims = t.shape[start:]
+    if dims.is_fully_defined():
+        return int(np.prod(dims))
+    return tf.reduce_prod(tf.shape(t)[start:])
+
+
+def layer_rows(block, a, g):
+    """Layer inputs `a` -> [N, R, d_in] (ones appended for the bias) and output gradients
+    `g` ([C, N, ...] over the cotangent columns C) -> [C, N, R, d_out]."""
+    layer = block.layer
+    if isinstance(layer, keras.layers.Conv2D):
+        kh, kw = layer.kernel_size
+        sh, sw = layer.strides
+        dh, dw = layer.dilation_rate
+        a = tf.image.extract_patches(a, [1, kh, kw, 1], [1, sh, sw, 1], [1, dh, dw, 1],
+                                     layer.padding.upper())
+    n = tf.shape(a)[0]
+    a = tf.reshape(a, [n, trailing(a, 1) // block.d_in_kernel, block.d_in_kernel])
+    if block.has_bias:
+        a = tf.concat([a, tf.ones_like(a[..., :1])], axis=-1)
+    g = tf.reshape(g, [tf.shape(g)[0], n, trailing(g, 2) // block.d_out, block.d_out])
+    return a, g
+
+
+# --------------------------------------------------------------------- output gradients
+
+def without_rows(stats):
+    """(sums, rows, count) -> (sums, count): what `replica_sums` can reduce."""
+    sums, _, count = stats
+    return sums, count
+
+
+def output_cotangents(loss, fisher, likelihood, mc_samples, seed, y, z):
+    """[C, N, K] output cotangents (K = size of one example's output) whose outer products
+    summed over C give each example's curvature of L (the 1/N of the mean included)."""
+    n = tf.shape(z)[0]
+    z = tf.stop_gradient(z)
+    k = trailing(z, 1)
+    flat = tf.reshape(z, [n, k])
+    root_n = tf.sqrt(tf.cast(n, z.dtype))
+
+    def grads_at(labels, outputs, copies):  # [copies, N, K]: one example gradient per row
+        rows = tf.reshape(outputs, [copies * n, k])
+        with tf.GradientTape() as tape:
+            tape.watch(rows)
+            value = batch_loss(loss, labels, tf.reshape(rows, tf.shape(outputs)))
+        # value is the mean over copies * N examples: sqrt(copies * N) * dvalue/drow is the
+        # example's gradient over sqrt(copies * N), whose outer products sum to the mean
+        scale = tf.sqrt(tf.cast(copies * n, z.dtype))
+        return tf.reshape(scale * tape.gradient(value, rows), [copies, n, k])
+
+    if fisher == "empirical":
+        return grads_at(y, z, 1)
+    if fisher == "mc":  # labels from the loss's likelihood (`likelihood.py`)
+        m = mc_samples
+        likelihood.check_output(z, "KFACOperator(fisher='mc')")
+        tiled = tf.tile(z, tf.concat([[m], tf.ones_like(tf.shape(z)[1:])], 0))  # [m * N, ...]
+        drawn = likelihood.sample(z, m, seed)  # [m, N, ...]
+        labels = tf.reshape(drawn, tf.concat([[-1], tf.shape(drawn)[2:]], 0))
+        # the loss is alpha times the negative log-likelihood: E[g g^T] = alpha^2 F, so the
+        # gradients over sqrt(alpha) have the loss Hessian's expectation alpha F
+        alpha = likelihood.alpha(z.shape[-1], z.dtype)
+        return grads_at(labels, tiled, m) / tf.sqrt(alpha)
+    with tf.GradientTape(persistent=True) as outer:  # type2: each example's loss Hessian's root
+        outer.watch(flat)
+        with tf.GradientTape() as inner:
+            inner.watch(flat)
+            value = batch_loss(loss, y, tf.reshape(flat, tf.shape(z)))
+        gz = inner.gradient(value, flat)
+    # [N, K, K], L separable over examples: row j of every example's Hessian is the gradient
+    # of column j of gz (batch_jacobian's computation without its reshape to [N, -1], which
+    # fails on an empty batch)
+    hessians = tf.transpose(tf.vectorized_map(
+        lambda e: outer.gradient(gz, flat, output_gradients=tf.broadcast_to(e, tf.shape(gz))),
+        tf.eye(k, dtype=z.dtype)), [1, 0, 2])
+    del outer
+    hessians = 0.5 * (hessians + tf.linalg.matrix_transpose(hessians))
+    evals, evecs = tf.linalg.eigh(hessians)
+    flat_evals = tf.concat([tf.reshape(evals, [-1]), tf.zeros([1], z.dtype)], 0)  # 0: no rows
+    scale = tf.reduce_max(tf.abs(flat_evals)) + tf.constant(1e-30, z.dtype)
+    tf.debugging.assert_greater_equal(
+        tf.reduce_min(flat_evals) / scale, tf.constant(-1e-4, z.dtype),
+        message="KFACOperator: fisher='type2' needs a loss convex in the model outputs (its "
+                "Hessian has a clearly negative eigenvalue); use MSE or cross-entropy on logits")
+    roots = evecs * tf.sqrt(tf.maximum(evals, 0.0))[:, None, :]  # H_n = roots roots^T
+    return tf.transpose(roots, [2, 0, 1])
+
+
+def backward(tape, z, sources, cot):
+    """[C, N, ...] gradients of `z` with respect to each source, for the C cotangents: one
+    backward pass per column (a few), or one vectorized pass (pfor) for many columns, whose
+    conversion costs more to trace than it saves for a few."""
+    columns = cot.shape[0]
+    if columns is not None and columns <= _LOOP_COLUMNS:
+        grads = [tape.gradient(z, sources, output_gradients=tf.reshape(cot[c], tf.shape(z)))
+                 for c in range(columns)]
+        return [tf.stack([g[i] for g in grads]) for i in range(len(sources))]
+    return tf.vectorized_map(lambda c: tape.gradient(
+        z, sources, output_gradients=tf.reshape(c, tf.shape(z))), cot)
+
+
+_LOOP_COLUMNS = 4
