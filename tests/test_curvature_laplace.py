@@ -92,19 +92,21 @@ def test_full_on_linear_model_is_bayesian_linear_regression():
 
 
 def test_evidence_at_passed_hyperparameters_and_kfac_on_linear_model():
-    """log_marginal_likelihood(d, s) evaluates at the arguments (the stored values stay);
-    K-FAC is exact for one Dense layer with one output (G is a constant), so its evidence is
-    the exact one too; over a data set of batches nothing changes."""
+    """log_marginal_likelihood(d, s) evaluates at the arguments and stores them (as
+    laplace-torch); K-FAC is exact for one Dense layer with one output (G is a constant), so
+    its evidence is the exact one too; over a data set of batches nothing changes."""
     model, x, y, design = linear_problem()
     delta, sigma = 2.5, 0.6
     set_map(model, design, y, delta, sigma)
     exact = exact_evidence(design, y, delta, sigma)
     batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(7)
-    for hessian, source in [("full", (x, y)), ("full", batches), ("kfac", (x, y))]:
+    for hessian, source in [("full", (x, y)), ("full", batches), ("kron", (x, y))]:
         la = curvature.Laplace(model, hessian=hessian).fit(source)
         np.testing.assert_allclose(float(la.log_marginal_likelihood(delta, sigma)), exact,
                                    rtol=1e-10, err_msg=hessian)
-        assert la.prior_precision == 1.0 and la.sigma_noise == 1.0
+        assert la.prior_precision == delta and la.sigma_noise == sigma
+        la.prior_precision, la.sigma_noise = 1.0, 1.0
+        assert float(la.log_marginal_likelihood()) != pytest.approx(exact)
         la.prior_precision, la.sigma_noise = delta, sigma
         np.testing.assert_allclose(float(la.log_marginal_likelihood()), exact, rtol=1e-10)
     xt = tf.constant(np.random.default_rng(2).normal(size=(3, 3)))
@@ -197,7 +199,7 @@ def test_last_layer_kfac_is_exact_for_one_regression_output():
     xt = data(n=5, seed=7)[0]
     kw = dict(subset="last_layer", prior_precision=0.5, sigma_noise=0.3)
     full = curvature.Laplace(model, hessian="full", **kw).fit(batch)
-    kfac = curvature.Laplace(model, hessian="kfac", **kw).fit(batch)
+    kfac = curvature.Laplace(model, hessian="kron", **kw).fit(batch)
     np.testing.assert_allclose(kfac.posterior_precision.to_dense().numpy(),
                                full.posterior_precision, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(float(kfac.log_marginal_likelihood()),
@@ -258,8 +260,8 @@ def test_optimize_reaches_the_exact_evidence_maximizer(optimizer):
     set_map(model, design, y, delta, sigma)
     la = curvature.Laplace(model).fit((x, y))
     steps, lr = (200, 0.1) if optimizer == "lbfgs" else (1500, 0.05)
-    found = la.optimize_prior_precision(n_steps=steps, lr=lr, optimize_sigma_noise=True,
-                                        optimizer=optimizer)
+    found = la.optimize_prior_precision(steps=steps, maxiter=steps, lr=lr,
+                                        optimize_sigma_noise=True, optimizer=optimizer)
     rtol = 1e-6 if optimizer == "lbfgs" else 2e-3
     np.testing.assert_allclose([found["prior_precision"], found["sigma_noise"]],
                                [delta, sigma], rtol=rtol)
@@ -352,3 +354,218 @@ def test_bad_input_is_named():
     with pytest.raises(ValueError, match="optimize_sigma_noise"):
         curvature.Laplace(mlp(3), "classification").fit(data(classes=3)) \
             .optimize_prior_precision(optimize_sigma_noise=True)
+
+
+def test_predictive_after_the_evidence_uses_the_values_it_was_given():
+    """laplace-torch stores the hyperparameters passed to log_marginal_likelihood; the
+    predictive then equals that of a posterior built with them."""
+    model, x, y, design = linear_problem()
+    delta, sigma = 3.0, 0.25
+    set_map(model, design, y, delta, sigma)
+    xt = tf.constant(np.random.default_rng(4).normal(size=(3, 3)))
+    la = curvature.Laplace(model).fit((x, y))
+    la.log_marginal_likelihood(delta, sigma)
+    ref = curvature.Laplace(model, prior_precision=delta, sigma_noise=sigma).fit((x, y))
+    for a, b in zip(la.predictive(xt, observation_noise=True),
+                    ref.predictive(xt, observation_noise=True)):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-12)
+    # a tensor is stored as its value; a traced call cannot store and says so
+    la.log_marginal_likelihood(tf.constant(0.5, tf.float64))
+    assert la.prior_precision == 0.5 and la.sigma_noise == sigma
+
+    @tf.function
+    def traced(d):
+        return la.log_marginal_likelihood(d)
+    with pytest.raises(Exception, match="values given are stored"):  # AutoGraph wraps it
+        traced(tf.constant(2.0, tf.float64))
+
+
+def one_layer(outputs, n=12, seed=3):
+    """A Dense(outputs) regression model at random weights and its data."""
+    rng = np.random.default_rng(seed)
+    model = keras.Sequential([keras.Input((3,), dtype=F64), keras.layers.Dense(outputs,
+                                                                                dtype=F64)])
+    for v in model.trainable_variables:
+        v.assign(rng.normal(size=v.shape))
+    return model, tf.constant(rng.normal(size=(n, 3))), tf.constant(rng.normal(size=(n, outputs)))
+
+
+@pytest.mark.parametrize("kron_bias", ["joint", "separate"])
+def test_kron_bias_joint_and_separate_in_closed_form(kron_bias):
+    """One Dense(C) layer, MSE: the per-example Gauss-Newton in z is I (laplace-torch's
+    scale), so the joint K-FAC is exactly [X 1]^T [X 1] (x) I_C, and laplace-torch's separate
+    factors drop the kernel-bias cross terms: blockdiag(X^T X (x) I_C, N I_C)."""
+    c, delta, sigma = 2, 0.6, 0.7
+    model, x, y = one_layer(c)
+    n = int(x.shape[0])
+    xn = x.numpy()
+    design = np.concatenate([xn, np.ones((n, 1))], 1)
+    if kron_bias == "joint":
+        H = np.kron(design.T @ design, np.eye(c))
+    else:
+        H = np.zeros((4 * c, 4 * c))
+        H[:3 * c, :3 * c] = np.kron(xn.T @ xn, np.eye(c))
+        H[3 * c:, 3 * c:] = n * np.eye(c)
+    P = H / sigma**2 + delta * np.eye(4 * c)
+    la = curvature.Laplace(model, hessian="kron", kron_bias=kron_bias, prior_precision=delta,
+                           sigma_noise=sigma).fit((x, y))
+    np.testing.assert_allclose(la.posterior_precision.to_dense().numpy(), P, rtol=1e-10,
+                               atol=1e-12)
+    theta = la.mean
+    resid = y.numpy() - model(x).numpy()
+    loglik = -0.5 * np.sum(resid**2) / sigma**2 - n * c * np.log(sigma * np.sqrt(2 * np.pi))
+    lml = loglik - 0.5 * (np.linalg.slogdet(P)[1] - 4 * c * np.log(delta)
+                          + delta * theta @ theta)
+    np.testing.assert_allclose(float(la.log_marginal_likelihood()), lml, rtol=1e-12)
+    xt = np.random.default_rng(8).normal(size=(4, 3))
+    jac = np.stack([np.kron(np.append(row, 1.0), np.eye(c)) for row in xt])  # [N, C, n]
+    var = np.einsum("ncp,pq,nkq->nck", jac, np.linalg.inv(P), jac)
+    np.testing.assert_allclose(la.predictive(tf.constant(xt))[1].numpy(), var, rtol=1e-10)
+
+
+def test_kron_bias_is_checked():
+    model = mlp(1)
+    with pytest.raises(ValueError, match="kron_bias"):
+        curvature.Laplace(model, hessian="kron", kron_bias="shared")
+    with pytest.raises(ValueError, match="kron_bias"):
+        curvature.Laplace(model, hessian="full", kron_bias="separate")
+
+
+def dense_lml(la, H, delta, sigma):
+    """The evidence of P = H / s^2 + diag(delta) from a dense H (numpy)."""
+    P = H / sigma**2 + np.diag(delta)
+    return float(la.log_likelihood(sigma)) - 0.5 * (
+        np.linalg.slogdet(P)[1] - np.sum(np.log(delta))
+        + np.sum(delta * (la.mean - la.prior_mean)**2)), P
+
+
+@pytest.mark.parametrize("hessian,kron_bias", [("full", "joint"), ("diag", "joint"),
+                                               ("kron", "separate")])
+def test_layerwise_and_diagonal_prior_precision_against_dense(hessian, kron_bias):
+    """A vector prior precision (one per variable, laplace-torch's layer-wise; one per
+    parameter, its diagonal): evidence, posterior precision and predictive variance equal the
+    dense computations with P = H / s^2 + diag(delta); K-FAC keeps layer-wise priors only."""
+    model = mlp(2)
+    x, y = data(outputs=2)
+    xt = data(n=4, seed=6)[0]
+    sigma = 0.8
+    kw = dict(hessian=hessian, sigma_noise=sigma)
+    if hessian == "kron":
+        kw["kron_bias"] = kron_bias
+    base = curvature.Laplace(model, **kw).fit((x, y))
+    n = base.n_params
+    H = base.posterior_precision
+    H = H.to_dense().numpy() if hessian == "kron" else H
+    H = (np.diag(H) if hessian == "diag" else H) - np.eye(n)
+    H = H * sigma**2
+    layerwise = np.array([0.3, 2.0, 0.7, 5.0])
+    structures = {"layerwise": (layerwise, np.repeat(layerwise, base.sizes))}
+    if hessian != "kron":
+        diag = np.random.default_rng(0).uniform(0.2, 3.0, size=n)
+        structures["diag"] = (diag, diag)
+    _, jac = base.output_jacobian(xt)
+    for name, (value, delta) in structures.items():
+        la = curvature.Laplace(model, prior_precision=value, **kw).fit((x, y))
+        lml, P = dense_lml(la, H, delta, sigma)
+        np.testing.assert_allclose(float(la.log_marginal_likelihood()), lml, rtol=1e-11,
+                                   err_msg=name)
+        got = la.posterior_precision
+        got = got.to_dense().numpy() if hessian == "kron" else got
+        np.testing.assert_allclose(got, np.diag(P) if hessian == "diag" else P, rtol=1e-10,
+                                   atol=1e-12, err_msg=name)
+        var = np.einsum("ncp,pq,nkq->nck", jac.numpy(), np.linalg.inv(P), jac.numpy())
+        np.testing.assert_allclose(la.predictive(xt)[1].numpy(), var, rtol=1e-9, err_msg=name)
+        # the same value through log_marginal_likelihood's argument, and stored
+        np.testing.assert_allclose(float(base.log_marginal_likelihood(value)), lml, rtol=1e-11)
+        np.testing.assert_array_equal(base.prior_precision, value)
+    if hessian == "kron":
+        with pytest.raises(ValueError, match="Kronecker block"):
+            curvature.Laplace(model, prior_precision=np.ones(n) + np.arange(n), **kw)
+        joint = curvature.Laplace(model, hessian="kron").fit((x, y))
+        with pytest.raises(ValueError, match="kron_bias='separate'"):
+            joint.optimize_prior_precision(prior_structure="layerwise")
+
+
+def test_layerwise_prior_optimum_is_stationary_and_beats_the_scalar_one():
+    """L-BFGS on the layer-wise log prior precisions: the evidence's central-difference
+    gradient in each log precision vanishes there, and it is at least the scalar optimum."""
+    model = mlp(2)
+    batch = data(outputs=2)
+    la = curvature.Laplace(model, sigma_noise=0.5).fit(batch)
+    scalar = la.optimize_prior_precision(optimizer="lbfgs")["log_marginal_likelihood"]
+    found = la.optimize_prior_precision(prior_structure="layerwise", optimizer="lbfgs",
+                                        maxiter=500, tol=1e-9)
+    logs = np.log(found["prior_precision"])
+    assert logs.shape == (4,) and found["log_marginal_likelihood"] >= scalar - 1e-9
+    for i in range(4):
+        e = np.eye(4)[i] * 1e-5
+        up = float(la.log_marginal_likelihood(np.exp(logs + e)))
+        down = float(la.log_marginal_likelihood(np.exp(logs - e)))
+        assert abs(up - down) / 2e-5 < 1e-5, (i, (up - down) / 2e-5)
+
+
+def test_fit_refuses_nan_and_empty_data_by_name():
+    model = mlp(1)
+    x, y = data()
+    bad_x = tf.tensor_scatter_nd_update(x, [[2, 1]], tf.constant([np.nan], tf.float64))
+    for hessian in ("full", "diag", "kron"):
+        with pytest.raises(ValueError, match=r"Laplace.fit: data's inputs x hold 1 NaN"):
+            curvature.Laplace(model, hessian=hessian).fit((bad_x, y))
+    bad_y = tf.tensor_scatter_nd_update(y, [[0, 0]], tf.constant([np.inf], tf.float64))
+    with pytest.raises(ValueError, match=r"data's targets y hold 1 NaN or infinite"):
+        curvature.Laplace(model).fit((x, bad_y))
+    batches = tf.data.Dataset.from_tensor_slices((tf.concat([x, bad_x], 0),
+                                                  tf.concat([y, y], 0))).batch(16)
+    with pytest.raises(ValueError, match=r"inputs x hold 1 NaN .*\(batch 1\)"):
+        curvature.Laplace(model, hessian="diag").fit(batches)
+    for subset in ("all", "last_layer"):
+        for hessian in ("full", "diag", "kron"):
+            with pytest.raises(ValueError, match="holds no examples"):
+                curvature.Laplace(model, subset=subset, hessian=hessian).fit((x[:0], y[:0]))
+    with pytest.raises(ValueError, match="holds no examples"):
+        curvature.Laplace(model).fit(tf.data.Dataset.from_tensor_slices((x[:0], y[:0])).batch(4))
+
+
+def test_gridsearch_warns_at_the_end_of_its_grid():
+    """The linear model's validation NLL has its minimum inside [1e-3, 1e3]; a grid that
+    stops short of it warns, a grid around it does not."""
+    model, x, y, design = linear_problem()
+    set_map(model, design, y, 1.0, 0.5)
+    la = curvature.Laplace(model, sigma_noise=0.5).fit((x, y))
+    xv = tf.constant(np.random.default_rng(9).normal(size=(10, 3)))
+    # residuals of sd 0.8 against the noise 0.5: the parameter variance pays at a finite delta
+    yv = model(xv) + tf.constant(0.8 * np.random.default_rng(10).normal(size=(10, 1)))
+    grid = 10.0 ** np.linspace(-3, 3, 25)
+    wide = la.optimize_prior_precision("gridsearch", val_data=(xv, yv),
+                                       grid=grid)["prior_precision"]
+    assert grid[0] < wide < grid[-1]
+    inner = [g for g in grid if g >= wide]
+    with pytest.warns(UserWarning, match="optimum may lie outside"):
+        la.optimize_prior_precision("gridsearch", val_data=(xv, yv), grid=inner[1:])
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        found = la.optimize_prior_precision("gridsearch", val_data=(xv, yv),
+                                            grid=[wide / 10, wide, wide * 10])
+    assert found["prior_precision"] == wide
+
+
+def test_last_layer_of_a_model_built_without_a_call_and_of_a_dict_input_model():
+    """The feature model takes the structure the model is called with: no Keras
+    input-structure warning, and the same posterior as subset='all' with the first layer
+    frozen."""
+    import warnings
+    x, y = data(outputs=2)
+    inp = keras.Input((3,), dtype=F64, name="features")
+    hidden = keras.layers.Dense(5, activation="tanh", dtype=F64)
+    functional = keras.Model({"features": inp},
+                             keras.layers.Dense(2, dtype=F64)(hidden(inp)))
+    hidden.trainable = False
+    for model, inputs in ((mlp(2, frozen_first=True), x), (functional, {"features": x})):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            last = curvature.Laplace(model, subset="last_layer").fit((inputs, y))
+            last.predictive(inputs)
+        all_ = curvature.Laplace(model).fit((inputs, y))
+        np.testing.assert_allclose(float(last.log_marginal_likelihood()),
+                                   float(all_.log_marginal_likelihood()), rtol=1e-12)

@@ -22,7 +22,8 @@ iteration), `hutchinson`, `hutchpp`, `spectral_density` (SLQ), `conjugate_gradie
 `lissa`, `gauss_newton_diagonal`, `mc_fisher_diagonal`, `hutchinson_diagonal`;
 `per_example_gradients`, `per_example_gradient_norms`; influence: `influence`,
 `ekfac_influence`, `tracin`, `self_influence`, `linear_datamodeling_score`,
-`subset_retraining`, `mislabel_detection_rate`; `Laplace` (`laplace.py`).
+`subset_retraining`, `mislabel_detection_rate`; `Laplace` (`laplace.py`: a factory over
+`FullLaplace`, `DiagLaplace`, `KronLaplace` in `posteriors.py`).
 """
 
 from hogrod.curvature.density import spectral_density
@@ -35,7 +36,7 @@ from hogrod.curvature.influence_scale import (ekfac_influence, linear_datamodeli
                                               subset_retraining, tracin)
 from hogrod.curvature.inverse import conjugate_gradient, lissa
 from hogrod.curvature.kfac import EKFACOperator, KFACOperator
-from hogrod.curvature.laplace import Laplace
+from hogrod.curvature.laplace import DiagLaplace, FullLaplace, KronLaplace, Laplace
 from hogrod.curvature.operators import GaussNewtonOperator, HessianOperator, layer_params
 from hogrod.curvature.per_example import per_example_gradient_norms, per_example_gradients
 from hogrod.curvature.trace import hutchinson, hutchpp
@@ -46,4 +47,4 @@ __all__ = ["HessianOperator", "GaussNewtonOperator", "FisherOperator", "KFACOper
            "mc_fisher_diagonal", "hutchinson_diagonal", "per_example_gradients",
            "per_example_gradient_norms", "influence", "ekfac_influence", "tracin",
            "self_influence", "linear_datamodeling_score", "subset_retraining",
-           "mislabel_detection_rate", "Laplace"]
+           "mislabel_detection_rate", "Laplace", "FullLaplace", "DiagLaplace", "KronLaplace"]
