@@ -1,4 +1,4 @@
-"""Learn per-feature L2 penalties of a softmax classifier on a validation loss (issue 16).
+"""Learn per-feature L2 penalties of a softmax classifier on a validation loss.
 
 Inner problem: multinomial logistic regression on scikit-learn's digits (64 pixel features,
 10 classes) with a deliberately small training split, weights W [64, 10] and biases b [10],
@@ -222,7 +222,7 @@ def cross_entropy(y_true, logits):
         labels=y_true, logits=logits))
 
 
-def make_losses(train_xy, val_xy, bias_l2):
+def make_objectives(train_xy, val_xy, bias_l2):
     """(inner, outer) as `hogrod.hypergrad` takes them: f([W, b], s) -> scalar."""
     x, y = tf.constant(train_xy[0]), tf.constant(train_xy[1], tf.int32)
     xv, yv = tf.constant(val_xy[0]), tf.constant(val_xy[1], tf.int32)
@@ -384,7 +384,7 @@ def hyperopt_experiment(output_dir, method=gin.REQUIRED, data=hyperopt_digits, o
                               adam_mu=mu, adam_nu=nu)
     start = ckpt.restore()
     history = harness.read_history(output_dir, start)
-    inner, outer = make_losses(splits["train"], splits["val"], float(bias_l2))
+    inner, outer = make_objectives(splits["train"], splits["val"], float(bias_l2))
 
     @tf.function
     def outer_step():

@@ -246,13 +246,13 @@ def class_errors(logits, y):
     return tf.reduce_mean(wrong), (err_pos + err_neg) / 2, err_neg, err_pos
 
 
-def _probe(weighting, loss_fn, model, batch, validation, counts, dtype):
+def _probe(weighting, example_losses, model, batch, validation, counts, dtype):
     """Run the weighting once eagerly: its own checks raise here, with their message,
     rather than wrapped in a tf.function's StagingError on the first step; and its output
     must be one finite weight per example."""
     batch = tuple(tf.constant(a, dtype) for a in batch)
     params = [tf.convert_to_tensor(v.value) for v in model.trainable_variables]
-    weights = tf.convert_to_tensor(weighting(loss_fn, params, batch, validation, counts))
+    weights = tf.convert_to_tensor(weighting(example_losses, params, batch, validation, counts))
     name = getattr(weighting, "__name__", repr(weighting))
     if weights.shape != batch[1].shape:
         raise ValueError(f"reweight_experiment.weighting ({name}) returned weights of shape "
@@ -282,7 +282,7 @@ def train_one_seed(output_dir, seed, weighting, data, model_fn, steps, batch_siz
                          f"{len(x_tr)} training examples")
     model = model_fn()
     dtype = model.trainable_variables[0].dtype
-    loss_fn = per_example_loss(model)
+    example_losses = per_example_loss(model)
     validation = tuple(tf.constant(a, dtype) for a in split["validation"])
     x_te, y_te = (tf.constant(a, dtype) for a in split["test"])
     counts = np.array([np.sum(y_tr == 0), np.sum(y_tr == 1)], np.float64)
@@ -290,13 +290,13 @@ def train_one_seed(output_dir, seed, weighting, data, model_fn, steps, batch_siz
     def loss_terms(batch):
         x, y = batch
         params = [tf.convert_to_tensor(v.value) for v in model.trainable_variables]
-        weights = tf.stop_gradient(weighting(loss_fn, params, (x, y), validation, counts))
+        weights = tf.stop_gradient(weighting(example_losses, params, (x, y), validation, counts))
         losses = _cross_entropy(model(x, training=True)[:, 0], y)
         return {"weighted": tf.reduce_sum(weights * losses),
                 "monitor/train_loss": tf.reduce_mean(losses),
                 "monitor/positive_weight": tf.reduce_sum(weights * tf.cast(y, weights.dtype))}
 
-    _probe(weighting, loss_fn, model, (x_tr[:batch_size], y_tr[:batch_size]), validation,
+    _probe(weighting, example_losses, model, (x_tr[:batch_size], y_tr[:batch_size]), validation,
            counts, dtype)
     optimizer = keras.optimizers.SGD(learning_rate, momentum=momentum)
     step = train.make_train_step(loss_terms, optimizer, model.trainable_variables)

@@ -1,17 +1,18 @@
-"""Hypergradients of a bilevel problem (issue 16), by a method chosen by gin reference.
+"""Hypergradients of a bilevel problem, by a method chosen by gin reference.
 
-The problem: hyperparameters h, inner parameters w*(h) trained on `inner_loss(w, h)`, and
-the outer objective `outer_loss(w*(h), h)`. Its total derivative is
+The problem: hyperparameters h, inner parameters w*(h) minimizing `inner_objective(w, h)`,
+and the outer objective `outer_objective(w*(h), h)` (both scalars of the parameters, their
+data closed over). Its total derivative is
 
     dL_out/dh = d_h L_out + (dw*/dh)^T d_w L_out.
 
-`hypergradient(inner_loss, outer_loss, params, hyperparams, method)` returns
+`hypergradient(inner_objective, outer_objective, params, hyperparams, method)` returns
 `Hypergradient(value, grads, params)`: the outer value, its gradient with respect to every
 leaf of `hyperparams` (structured like it) and the inner solution w used. `method` is one of
 
 - `unrolled(optimizer, steps, truncate=None)`: w_K = U(...U(w_0)) by `steps` updates of a
-  `hogrod.optim` optimizer on g(w, h) = d_w inner_loss(w, h), differentiated exactly (reverse
-  mode through every step: one Hessian-vector product per step). With `truncate=T` only the
+  `hogrod.optim` optimizer on g(w, h) = d_w inner_objective(w, h), differentiated exactly
+  (reverse mode through every step: one Hessian-vector product per step). With `truncate=T` only the
   last T steps are differentiated (the first K - T are constants: truncated backprop,
   Shaban et al. 2019).
 - `implicit(inner_optimizer, inner_steps, solve="cg", ...)`: w* reached by the inner
@@ -19,8 +20,8 @@ leaf of `hyperparams` (structured like it) and the inner solution w used. `metho
   (`hogrod.implicit.custom_root`, Lorraine et al. 2020):
       dL_out/dh = d_h L_out - (d_h g)^T H^{-1} d_w L_out,   H = d_w g (the inner Hessian),
   with H^{-1} v by conjugate gradient ("cg"), any other `custom_root` solve, or the
-  truncated Neumann series of `neumann_series(terms, step)`:
-      H^{-1} v ~= step * sum_{k=0}^{terms} (I - step H)^k v.
+  truncated Neumann series of `neumann_series(steps, step)`:
+      H^{-1} v ~= step * sum_{k=0}^{steps} (I - step H)^k v.
   The inner solve must reach ||g(w*)|| <= inner_tol * ||g(w_0)|| (checked: the implicit
   gradient of a point that is not a root is wrong).
 - `one_step(optimizer)`: the T1-T2 / DARTS approximation: w_1 = U(w_0), one step from the
@@ -29,20 +30,19 @@ leaf of `hyperparams` (structured like it) and the inner solution w used. `metho
 
 Each method is a gin-configurable factory (`hypergradient.method = @unrolled()`), never a
 string switch. `params` and `hyperparams` are `tf.nest` structures of floating tensors
-(`tf.Variable` leaves are read, never assigned); losses return scalars. A hyperparameter
+(`tf.Variable` leaves are read, never assigned); the objectives return scalars. A hyperparameter
 the outer value does not depend on is an error naming it, never a silent zero. Everything
 works eagerly and in `tf.function` (the loops are `tf.while_loop`s).
 """
 
 import collections
-import numbers
 
 import gin
 import numpy as np
 import tensorflow as tf
 
 from hogrod import implicit as implicit_lib
-from hogrod import optim, tree
+from hogrod import checks, linalg, optim, tree
 
 __all__ = ["Hypergradient", "Method", "hypergradient", "unrolled", "implicit", "one_step",
            "neumann_series"]
@@ -52,26 +52,20 @@ _no_autograph = tf.autograph.experimental.do_not_convert
 
 
 class Method:
-    """A hypergradient method: `method(inner_loss, outer_loss, params, hyperparams)`;
+    """A hypergradient method: `method(inner_objective, outer_objective, params, hyperparams)`;
     built by `unrolled`, `implicit` or `one_step`."""
 
     def __init__(self, name, fn):
         self.name, self._fn = name, fn
 
-    def __call__(self, inner_loss, outer_loss, params, hyperparams):
-        return self._fn(inner_loss, outer_loss, params, hyperparams)
+    def __call__(self, inner_objective, outer_objective, params, hyperparams):
+        return self._fn(inner_objective, outer_objective, params, hyperparams)
 
     def __repr__(self):
         return f"<hogrod.hypergrad method {self.name}>"
 
 
 # ---- checks --------------------------------------------------------------------------------
-
-def _check_int(value, name, where, low=1):
-    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, np.integer)) \
-            or value < low:
-        raise ValueError(f"{where}: {name} must be an int >= {low}, got {value!r}")
-
 
 def _check_optimizer(opt, name, where):
     if not isinstance(opt, optim.Optimizer):
@@ -120,36 +114,35 @@ def _check_grads(grads, hyperparams, where):
     return tf.nest.pack_sequence_as(hyperparams, [tf.convert_to_tensor(g) for g in flat])
 
 
-_check = implicit_lib._check  # a ValueError eagerly, an Assert in a graph
 
 
 # ---- the inner loop ------------------------------------------------------------------------
 
-def _inner_grad(inner_loss, params, hyperparams, where):
+def _inner_grad(inner_objective, params, hyperparams, where):
     with tf.GradientTape() as tape:
         tape.watch(params)
-        loss = _scalar(inner_loss(params, hyperparams), "inner_loss", where)
+        loss = _scalar(inner_objective(params, hyperparams), "inner_objective", where)
     g = tape.gradient(loss, params, unconnected_gradients=tf.UnconnectedGradients.ZERO)
     return g
 
 
-def _inner_leaves(inner_loss, params, hyperparams, where):
-    """Indices of the hyperparams leaves that d_w inner_loss structurally depends on."""
+def _inner_leaves(inner_objective, params, hyperparams, where):
+    """Indices of the hyperparams leaves that d_w inner_objective structurally depends on."""
     flat = [tf.convert_to_tensor(t) for t in tf.nest.flatten(hyperparams)]
     with tf.GradientTape() as tape:
         tape.watch(flat)
-        g = _inner_grad(inner_loss, params, tf.nest.pack_sequence_as(hyperparams, flat), where)
+        g = _inner_grad(inner_objective, params, tf.nest.pack_sequence_as(hyperparams, flat), where)
         probe = tf.add_n([tf.reduce_sum(t) for t in tf.nest.flatten(g)])
     return [i for i, d in enumerate(tape.gradient(probe, flat)) if d is not None]
 
 
-def _run(optimizer, inner_loss, params, state, hyperparams, steps, where):
-    """`steps` optimizer updates on inner_loss from (params, state), as a tf.while_loop."""
+def _run(optimizer, inner_objective, params, state, hyperparams, steps, where):
+    """`steps` optimizer updates on inner_objective from (params, state), as a tf.while_loop."""
     if steps == 0:
         return params, state
 
     def body(i, p, s):
-        p, s = optimizer.update(_inner_grad(inner_loss, p, hyperparams, where), s, p)
+        p, s = optimizer.update(_inner_grad(inner_objective, p, hyperparams, where), s, p)
         return i + 1, p, s
 
     _, params, state = tf.while_loop(lambda i, p, s: i < steps, body,
@@ -164,17 +157,17 @@ def _as_tensors(params):
 
 def _unroll(optimizer, steps, truncate, where):
     @_no_autograph
-    def method(inner_loss, outer_loss, params, hyperparams):
+    def method(inner_objective, outer_objective, params, hyperparams):
         params = _as_tensors(params)
         state = optimizer.init(params)
         with tf.GradientTape() as tape:
             tape.watch(hyperparams)
             with tape.stop_recording():  # the first K - T steps are constants
-                params, state = _run(optimizer, inner_loss, params, state, hyperparams,
+                params, state = _run(optimizer, inner_objective, params, state, hyperparams,
                                      steps - truncate, where)
-            params, state = _run(optimizer, inner_loss, params, state, hyperparams, truncate,
+            params, state = _run(optimizer, inner_objective, params, state, hyperparams, truncate,
                                  where)
-            value = _scalar(outer_loss(params, hyperparams), "outer_loss", where)
+            value = _scalar(outer_objective(params, hyperparams), "outer_objective", where)
         grads = tape.gradient(value, hyperparams)
         return Hypergradient(value, _check_grads(grads, hyperparams, where), params)
 
@@ -189,10 +182,10 @@ def unrolled(optimizer, steps, truncate=None):
     only the last `truncate` of them (1 <= truncate <= steps; None: all)."""
     where = "hogrod.hypergrad.unrolled"
     _check_optimizer(optimizer, "optimizer", where)
-    _check_int(steps, "steps", where)
+    checks.integer(steps, "steps", where, least=1)
     if truncate is None:
         truncate = steps
-    _check_int(truncate, "truncate", where)
+    checks.integer(truncate, "truncate", where, least=1)
     if truncate > steps:
         raise ValueError(f"{where}: truncate={truncate} must be <= steps={steps}")
     return Method(f"unrolled(steps={steps}, truncate={truncate})",
@@ -208,29 +201,28 @@ def one_step(optimizer):
 
 
 @gin.configurable(module="hogrod.hypergrad")
-def neumann_series(terms, step=1.0):
-    """A `solve(matvec, b)` for `implicit`: H^{-1} b ~= step * sum_{k=0}^{terms}
-    (I - step H)^k b, truncated at exactly `terms` terms (Lorraine et al. 2020; no
-    convergence check: for a check use solve="neumann"). Converges as terms grows iff the
-    spectral radius of I - step H is < 1 (0 < step < 2 / lambda_max for H > 0)."""
+def neumann_series(steps, step=1.0):
+    """The truncated Neumann series of Lorraine et al. (2020), a solve for `implicit`.
+
+    H^{-1} b ~= step * sum_{k=0}^{steps} (I - step H)^k b, exactly `steps` terms after the
+    first (`hogrod.linalg.neumann` with tol 0; no convergence check: for one use
+    solve="neumann"). It converges as `steps` grows iff the spectral radius of I - step H is
+    < 1 (0 < step < 2 / lambda_max for H > 0).
+
+    Args:
+      steps: the number of terms after the first, a Python int >= 0 (a fixed count).
+      step: the series' step size, a finite Python number > 0 (applied at b's dtype).
+    Returns:
+      A callable solve(matvec, b) -> the truncated series, a tree like b.
+    """
     where = "hogrod.hypergrad.neumann_series"
-    _check_int(terms, "terms", where, low=0)
-    if isinstance(step, bool) or not isinstance(step, (numbers.Real, np.floating)) \
-            or not 0 < step < np.inf:
-        raise ValueError(f"{where}: step must be a finite Python number > 0, got {step!r}")
+    steps = checks.integer(steps, "steps", where, least=0)
+    step = checks.positive(step, "step", where)
 
     def solve(matvec, b):
-        def body(i, w, term):
-            term = tree.sub(term, tree.scale(step, matvec(term)))
-            return i + 1, tree.add(w, term), term
+        return linalg.neumann(matvec, b, steps, tol=0.0, step=step)[0]
 
-        if terms == 0:
-            return tree.scale(step, b)
-        _, w, _ = tf.while_loop(lambda i, w, term: i < terms, body, (tf.constant(0), b, b),
-                                maximum_iterations=terms)
-        return tree.scale(step, w)
-
-    solve.__qualname__ = f"neumann_series(terms={terms}, step={step})"
+    solve.__qualname__ = f"neumann_series(steps={steps}, step={step})"
     return solve
 
 
@@ -244,31 +236,29 @@ def implicit(inner_optimizer, inner_steps, solve="cg", inner_tol=1e-6, maxiter=N
         differentiated).
       solve: "cg" (H symmetric positive definite: a strictly convex inner loss),
         "normal_cg", "neumann", "dense" (`custom_root`'s checked solves), or a callable
-        solve(matvec, b) such as `neumann_series(terms, step)`.
+        solve(matvec, b) such as `neumann_series(steps, step)`.
       inner_tol: the inner solve must reach ||g(w*)|| <= inner_tol * ||g(w_0)||.
       maxiter, tol, step: `custom_root`'s options for a named solve (None: its default).
     """
     where = "hogrod.hypergrad.implicit"
     _check_optimizer(inner_optimizer, "inner_optimizer", where)
-    _check_int(inner_steps, "inner_steps", where)
-    if isinstance(inner_tol, bool) or not isinstance(inner_tol, (numbers.Real, np.floating)) \
-            or not 0 < inner_tol < np.inf:
-        raise ValueError(f"{where}: inner_tol must be a finite number > 0, got {inner_tol!r}")
+    checks.integer(inner_steps, "inner_steps", where, least=1)
+    inner_tol = checks.positive(inner_tol, "inner_tol", where)
     options = {k: v for k, v in (("maxiter", maxiter), ("tol", tol), ("step", step))
                if v is not None}
     try:
-        implicit_lib._check_solve(solve, options, where)
+        implicit_lib.check_solve(solve, options, where)
     except ValueError as e:
         raise ValueError(f"{e} (gin: hogrod.hypergrad.implicit.solve / .maxiter / .tol / "
                          ".step)") from None
 
     @_no_autograph
-    def method(inner_loss, outer_loss, params, hyperparams):
+    def method(inner_objective, outer_objective, params, hyperparams):
         params = _as_tensors(params)
         flat = tf.nest.flatten(hyperparams)
         # custom_root differentiates only the leaves the inner gradient depends on (it refuses
         # others); a leaf only the outer loss reads gets its gradient from the outer tape.
-        inner_idx = _inner_leaves(inner_loss, params, hyperparams, where)
+        inner_idx = _inner_leaves(inner_objective, params, hyperparams, where)
         fixed = [tf.stop_gradient(tf.convert_to_tensor(t)) for t in flat]
 
         def full(h_inner):
@@ -277,20 +267,20 @@ def implicit(inner_optimizer, inner_steps, solve="cg", inner_tol=1e-6, maxiter=N
                 leaves[i] = t
             return tf.nest.pack_sequence_as(hyperparams, leaves)
 
-        def optimality(w, h_inner):  # F(w, h) = d_w inner_loss(w, h)
-            return _inner_grad(inner_loss, w, full(h_inner), where)
+        def optimality(w, h_inner):  # F(w, h) = d_w inner_objective(w, h)
+            return _inner_grad(inner_objective, w, full(h_inner), where)
 
         def solver(w0, h_inner):
             h = full(h_inner)
-            w, _ = _run(inner_optimizer, inner_loss, w0, inner_optimizer.init(w0), h,
+            w, _ = _run(inner_optimizer, inner_objective, w0, inner_optimizer.init(w0), h,
                         inner_steps, where)
-            g0 = tree.norm(_inner_grad(inner_loss, w0, h, where))
-            g = tree.norm(_inner_grad(inner_loss, w, h, where))
-            checks = _check(g <= inner_tol * g0,
+            g0 = tree.norm(_inner_grad(inner_objective, w0, h, where))
+            g = tree.norm(_inner_grad(inner_objective, w, h, where))
+            asserts = implicit_lib.ensure(g <= inner_tol * g0,
                             f"{where}: the inner solve did not reach ||grad|| <= inner_tol="
                             f"{inner_tol} * ||grad at params|| in inner_steps={inner_steps} "
                             "steps of inner_optimizer; raise inner_steps or tune it")
-            with tf.control_dependencies(checks):
+            with tf.control_dependencies(asserts):
                 return tf.nest.map_structure(tf.identity, w)
 
         root = implicit_lib.custom_root(optimality, solve, **options)(solver)
@@ -298,22 +288,24 @@ def implicit(inner_optimizer, inner_steps, solve="cg", inner_tol=1e-6, maxiter=N
             tape.watch(hyperparams)
             h_inner = [tf.convert_to_tensor(flat[i]) for i in inner_idx]
             w = root(params, h_inner) if inner_idx else solver(params, [])
-            value = _scalar(outer_loss(w, hyperparams), "outer_loss", where)
+            value = _scalar(outer_objective(w, hyperparams), "outer_objective", where)
         grads = tape.gradient(value, hyperparams)
         return Hypergradient(value, _check_grads(grads, hyperparams, where), w)
 
-    name = solve if isinstance(solve, str) else implicit_lib._name(solve)
+    name = solve if isinstance(solve, str) else implicit_lib.callable_name(solve)
     return Method(f"implicit(solve={name})", method)
 
 
 @gin.configurable(module="hogrod.hypergrad",
-                  denylist=["inner_loss", "outer_loss", "params", "hyperparams"])
-def hypergradient(inner_loss, outer_loss, params, hyperparams, method):
-    """d outer_loss(w(h), h) / dh by `method` (`unrolled`, `implicit`, `one_step`).
+                  denylist=["inner_objective", "outer_objective", "params", "hyperparams"])
+def hypergradient(inner_objective, outer_objective, params, hyperparams, method):
+    """d outer_objective(w(h), h) / dh by `method` (`unrolled`, `implicit`, `one_step`).
 
     Args:
-      inner_loss: (params, hyperparams) -> scalar, the inner training loss.
-      outer_loss: (params, hyperparams) -> scalar, the validation objective.
+      inner_objective: (params, hyperparams) -> scalar, minimized over params: the inner
+        training objective (its data closed over).
+      outer_objective: (params, hyperparams) -> scalar, the outer objective at the inner
+        solution (a validation loss), minimized over hyperparams by the caller.
       params: the inner starting point, a tf.nest structure of floating tensors.
       hyperparams: a tf.nest structure of floating tensors or tf.Variables.
       method: a `Method` built by `unrolled(...)`, `implicit(...)` or `one_step(...)`.
@@ -322,7 +314,8 @@ def hypergradient(inner_loss, outer_loss, params, hyperparams, method):
       (structured like hyperparams) and the inner solution the value is taken at.
     """
     where = "hogrod.hypergrad.hypergradient"
-    for name, fn in (("inner_loss", inner_loss), ("outer_loss", outer_loss)):
+    for name, fn in (("inner_objective", inner_objective),
+                     ("outer_objective", outer_objective)):
         if not callable(fn):
             raise TypeError(f"{where}: {name} must be a callable (params, hyperparams) -> "
                             f"scalar, got {type(fn).__name__}")
@@ -332,4 +325,4 @@ def hypergradient(inner_loss, outer_loss, params, hyperparams, method):
                         f"@hogrod.hypergrad.unrolled()), got {method!r}")
     params = _float_tree(params, "params", where)
     hyperparams = _float_tree(hyperparams, "hyperparams", where)
-    return method(inner_loss, outer_loss, params, hyperparams)
+    return method(inner_objective, outer_objective, params, hyperparams)

@@ -37,10 +37,10 @@ The linear solve for w (`solve=`):
   somewhere. A non-finite result is still an error.
 - "normal_cg": CG on the normal equations (dF/dx)(dF/dx)^T w = (dF/dx) v, for any
   invertible dF/dx (squares the condition number). Options: maxiter, tol.
-- "neumann": w = step * sum_k (I - step (dF/dx)^T)^k v, truncated when a term's norm is
-  <= tol ||v||. It converges iff the spectral radius of I - step dF/dx is < 1 (for a
-  symmetric positive definite dF/dx: 0 < step < 2 / lambda_max). Options: maxiter
-  (default 1000), tol (default eps^0.5), step (default 1.0).
+- "neumann": w = step * sum_k (I - step (dF/dx)^T)^k v (`hogrod.linalg.neumann`),
+  truncated when a term's norm is <= tol ||v||. It converges iff the spectral radius of
+  I - step dF/dx is < 1 (for a symmetric positive definite dF/dx: 0 < step < 2 /
+  lambda_max). Options: maxiter (default 1000), tol (default eps^0.5), step (default 1.0).
 - "dense": materialize dF/dx (a tape Jacobian, size(x)^2 entries: small problems) and
   `tf.linalg.solve` its transpose; singular when sigma_min / sigma_max <= n eps.
 - a callable `solve(matvec, b) -> w` with matvec(w) = (dF/dx)^T w on trees shaped
@@ -52,20 +52,37 @@ optimality function: a ValueError eagerly, a failing `tf.debugging.Assert` with 
 message in a graph. Each works eagerly, in `tf.function`, per task in
 `tf.vectorized_map` and per replica under a `tf.distribute` strategy.
 
-Per task: take the gradient inside the mapped function (a tape there), or map with
-`tf.map_fn`. A tape outside `tf.vectorized_map` differentiates pfor's converted ops, which
-drop `tf.custom_gradient`; the gradient would then reach the solver's stopped inputs as a
-silent zero, so it is a LookupError ("Gradient explicitly disabled") naming the solver.
+The solver's output is checked to be a root (`check_root=True`, the default): the implicit
+gradient of a point that is not a root is wrong, silently (one Newton step short of the
+root, or a fixed-point iteration caught in a cycle, gives gradients off by orders of
+magnitude). The check is ||F(x*)|| <= root_tol * max(1, ||F(init)||), norms over the whole
+tree, root_tol by default the square root of the dtype's machine epsilon; a failure is an
+error naming the optimality function and the residual (eagerly a ValueError, in a graph
+a failing Assert). It costs two evaluations of F per call. A solver that is approximate
+by design (a fixed budget of proximal steps, as iMAML's) passes `check_root=False` or its
+own `root_tol`.
+
+Per task, three ways: take the gradient inside the mapped function (a tape there); map
+with `tf.map_fn`; or write the solver and F for a whole batch of tasks and decorate with
+`batched=True`. Batched, every tensor leaf of `init`, `args` and x has a leading task axis
+(one size B), task i's solution depends only on task i's slices (Python numbers are
+shared; a shared tensor goes in a closure, without gradient, or is tiled to B), and each
+task gets its own root check (residual against its own ||F(init_i)||) and its own linear
+solve (a `tf.vectorized_map` over tasks of the single-task solve, F evaluated on one-task
+batches), so the gradient equals a loop over tasks; its failed checks are Asserts
+(tf.errors.InvalidArgumentError) even eagerly. A tape outside `tf.vectorized_map`
+differentiates pfor's converted ops, which drop `tf.custom_gradient`; the gradient would
+then reach the solver's stopped inputs as a silent zero, so it is a LookupError ("Gradient
+explicitly disabled") naming the solver and these ways.
 """
 
 import functools
 import inspect
-import numbers
 
 import numpy as np
 import tensorflow as tf
 
-from hogrod import linalg, tree
+from hogrod import checks, linalg, tree
 
 __all__ = ["custom_root", "custom_fixed_point"]
 
@@ -78,50 +95,74 @@ _LOST = ("{where}: the implicit gradient was lost (a tape outside tf.vectorized_
          "function, or map with tf.map_fn")
 
 
-def _name(fn):
+def callable_name(fn):
+    """A callable's name for messages: its qualified name, else its repr.
+
+    Args:
+      fn: any callable.
+    Returns:
+      A string.
+    """
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
 
 
-def _check_solve(solve, options, where):
+def check_solve(solve, options, where):
+    """Checks a linear solve and its options as `custom_root` takes them.
+
+    Args:
+      solve: one of `SOLVES` or a callable solve(matvec, b) -> w.
+      options: a dict of the solve's options (maxiter, tol, step, truncated).
+      where: the public function (or gin binding) checked, first in the message.
+    Returns:
+      None.
+    Raises:
+      ValueError: an unknown solve, an option the solve does not take, or a bad value.
+    """
     if callable(solve):
         if options:
-            raise ValueError(f"{where}: options {sorted(options)} apply to the named solves "
-                             f"{SOLVES}, not to a callable solve")
+            raise checks.ArgumentError(f"{where}: options {sorted(options)} apply to the "
+                                       f"named solves {SOLVES}, not to a callable solve")
         return
     if solve not in SOLVES:
-        raise ValueError(f"{where}: solve must be one of {SOLVES} or a callable "
-                         f"solve(matvec, b) -> x, got {solve!r}")
+        raise checks.ArgumentError(f"{where}: solve must be one of {SOLVES} or a callable "
+                                   f"solve(matvec, b) -> x, got {solve!r}")
     unknown = sorted(set(options) - set(_OPTIONS[solve]))
     if unknown:
-        raise ValueError(f"{where}: unknown options {unknown} for solve={solve!r}; it takes "
-                         f"{list(_OPTIONS[solve])}")
+        raise checks.ArgumentError(f"{where}: unknown options {unknown} for solve={solve!r}; "
+                                   f"it takes {list(_OPTIONS[solve])}")
     if "maxiter" in options:
-        m = options["maxiter"]
-        if isinstance(m, bool) or not isinstance(m, (numbers.Integral, np.integer)) or m < 1:
-            raise ValueError(f"{where}: maxiter must be an int >= 1, got {m!r}")
-    if "tol" in options:
-        t = options["tol"]
-        if not isinstance(t, (numbers.Real, np.floating)) or not 0 < t < np.inf:
-            raise ValueError(f"{where}: tol must be a finite number > 0 (the solve is "
-                             f"checked to reach it), got {t!r}")
+        checks.integer(options["maxiter"], "maxiter", where, least=1)
+    if "tol" in options:  # the solve is checked to reach it: 0 would never be reached
+        checks.positive(options["tol"], "tol", where)
     if "truncated" in options:
         if not isinstance(options["truncated"], bool):
-            raise ValueError(f"{where}: truncated must be True or False, got "
-                             f"{options['truncated']!r}")
+            raise checks.ArgumentError(f"{where}: truncated must be True or False, got "
+                                       f"{options['truncated']!r}")
         if options["truncated"] and "maxiter" not in options:
-            raise ValueError(f"{where}: truncated=True runs a fixed number of CG steps: "
-                             "give maxiter")
-    if "step" in options and not isinstance(options["step"], (numbers.Real, np.floating)):
-        raise ValueError(f"{where}: step must be a Python number, got {options['step']!r}")
+            raise checks.ArgumentError(f"{where}: truncated=True runs a fixed number of CG "
+                                       "steps: give maxiter")
+    if "step" in options:
+        checks.positive(options["step"], "step", where)
 
 
-def _check(ok, message):
-    """A ValueError eagerly; in a graph an Assert (returned, to be a control dependency)."""
+def ensure(ok, message):
+    """A check that raises eagerly and asserts in a graph.
+
+    Args:
+      ok: a boolean scalar (a tensor or a Python bool).
+      message: the error's text.
+    Returns:
+      [] eagerly (after raising if `ok` is false); in a graph, a list of one
+      `tf.debugging.Assert` op, to be made a control dependency of the result.
+    Raises:
+      ValueError: eagerly, when `ok` is false.
+    """
     if tf.executing_eagerly():
         if not bool(ok):
             raise ValueError(message)
         return []
     return [tf.debugging.Assert(ok, [message])]
+
 
 
 def _eps(dtype):
@@ -134,6 +175,35 @@ def _differentiable(leaf):
     return isinstance(leaf, np.ndarray) and np.issubdtype(leaf.dtype, np.floating)
 
 
+def leaf_paths(structure, root):
+    """A readable path for each leaf of a `tf.nest` structure, in `tf.nest.flatten`'s order.
+
+    Args:
+      structure: a nest of dicts, lists, tuples and namedtuples.
+      root: the name of the whole structure, e.g. "hyperparams".
+    Returns:
+      A list of strings such as `hyperparams['s']`, `params[1]`, `state.mu` (the bare root
+      for a single leaf).
+    """
+    def walk(s, path):
+        if isinstance(s, dict):
+            return [p for k in sorted(s) for p in walk(s[k], f"{path}[{k!r}]")]
+        if isinstance(s, tuple) and hasattr(s, "_fields"):
+            return [p for k in s._fields for p in walk(getattr(s, k), f"{path}.{k}")]
+        if isinstance(s, (list, tuple)):
+            return [p for i, t in enumerate(s) for p in walk(t, f"{path}[{i}]")]
+        return [path]
+
+    try:
+        paths = walk(structure, root)
+    except TypeError:  # unsortable keys: tf.nest's own order is not ours to guess
+        paths = []
+    n = len(tf.nest.flatten(structure))
+    if len(paths) != n:
+        paths = [f"{root} (leaf {i} of its tf.nest.flatten)" for i in range(n)]
+    return paths
+
+
 def _arg_names(fn, args):
     """A readable name for each leaf of `args`: F's parameter name, then the path."""
     try:
@@ -143,12 +213,7 @@ def _arg_names(fn, args):
         params = []
     names = []
     for i, a in enumerate(args):
-        base = params[i] if i < len(params) else f"args[{i}]"
-        leaves = tf.nest.flatten(a)
-        if tf.nest.is_nested(a):
-            names += [f"{base} (leaf {k} of its tf.nest.flatten)" for k in range(len(leaves))]
-        else:
-            names.append(base)
+        names += leaf_paths(a, params[i] if i < len(params) else f"args[{i}]")
     return names
 
 
@@ -195,52 +260,41 @@ class _Jacobians:
         return tape.jacobian(f, flat, unconnected_gradients=tf.UnconnectedGradients.ZERO)
 
 
-def _finish(w, checks):
-    with tf.control_dependencies(checks):
+def _finish(w, asserts):
+    with tf.control_dependencies(asserts):
         return tf.nest.map_structure(tf.identity, w)
 
 
 def _solve_cg_truncated(matvec, b, maxiter, tol, where):
     w, _ = linalg.cg(matvec, b, maxiter=maxiter, tol=tol, on_negative_curvature="stop")
-    checks = _check(tf.math.is_finite(tree.norm(w)),
-                    f"{where}: the truncated CG solution of (dF/dx)^T w = v is not finite "
-                    "(NaN/inf in F or in the output gradient?)")
-    return _finish(w, checks)
+    asserts = ensure(tf.math.is_finite(tree.norm(w)),
+                     f"{where}: the truncated CG solution of (dF/dx)^T w = v is not finite "
+                     "(NaN/inf in F or in the output gradient?)")
+    return _finish(w, asserts)
 
 
 def _solve_cg(matvec, b, maxiter, tol, where, what):
     w, info = linalg.cg(matvec, b, maxiter=maxiter, tol=tol, on_negative_curvature="stop")
     b_norm = tree.norm(b)
-    checks = _check(tf.logical_not(info.negative_curvature),
-                    f"{where}: CG met non-positive curvature in {what}: the system is "
-                    "singular or indefinite; solve='cg' needs a symmetric positive definite "
-                    "dF/dx (use 'normal_cg' or 'dense' otherwise)")
-    checks += _check(tf.math.is_finite(tree.norm(w)),
-                     f"{where}: the CG solution of {what} is not finite (NaN/inf in F?)")
-    checks += _check(info.residual_norm <= tol * b_norm,
-                     f"{where}: CG did not reach tol={tol} on {what} in maxiter={maxiter} "
-                     "steps; raise maxiter or tol")
-    return _finish(w, checks)
+    asserts = ensure(tf.logical_not(info.negative_curvature),
+                     f"{where}: CG met non-positive curvature in {what}: the system is "
+                     "singular or indefinite; solve='cg' needs a symmetric positive definite "
+                     "dF/dx (use 'normal_cg' or 'dense' otherwise)")
+    asserts += ensure(tf.math.is_finite(tree.norm(w)),
+                      f"{where}: the CG solution of {what} is not finite (NaN/inf in F?)")
+    asserts += ensure(info.residual_norm <= tol * b_norm,
+                      f"{where}: CG did not reach tol={tol} on {what} in maxiter={maxiter} "
+                      "steps; raise maxiter or tol")
+    return _finish(w, asserts)
 
 
 def _solve_neumann(matvec, b, maxiter, tol, step, where):
-    b_norm = tree.norm(b)
-    stop = tol * b_norm
-
-    def cond(i, w, term, term_norm):
-        return tf.logical_and(i < maxiter, term_norm > stop)
-
-    def body(i, w, term, term_norm):
-        term = tree.sub(term, tree.scale(step, matvec(term)))  # (I - step A^T) term
-        return i + 1, tree.add(w, term), term, tree.norm(term)
-
-    _, w, _, term_norm = tf.while_loop(cond, body, (tf.constant(0), b, b, b_norm),
-                                       maximum_iterations=maxiter)
-    checks = _check(tf.logical_and(tf.math.is_finite(term_norm), term_norm <= stop),
-                    f"{where}: the Neumann series did not converge to tol={tol} in "
-                    f"maxiter={maxiter} terms: it converges iff the spectral radius of "
-                    f"I - {step} * dF/dx is < 1 (choose step, or another solve)")
-    return _finish(tree.scale(step, w), checks)
+    w, info = linalg.neumann(matvec, b, maxiter, tol=tol, step=step)
+    asserts = ensure(info.converged,
+                     f"{where}: the Neumann series did not converge to tol={tol} in "
+                     f"maxiter={maxiter} terms: it converges iff the spectral radius of "
+                     f"I - {step} * dF/dx is < 1 (choose step, or another solve)")
+    return _finish(w, asserts)
 
 
 def _solve_dense(jac, b, where):
@@ -248,11 +302,11 @@ def _solve_dense(jac, b, where):
     n = a.shape[0]
     sigma = tf.linalg.svd(a, compute_uv=False)  # the LU op itself fails on exact singularity
     rcond = sigma[-1] / sigma[0]
-    checks = _check(tf.logical_and(tf.math.is_finite(rcond),
-                                   rcond > n * _eps(a.dtype)),
-                    f"{where}: dF/dx is singular (or nearly: sigma_min / sigma_max <= n eps), so "
-                    "x* is not an isolated root and has no implicit gradient")
-    with tf.control_dependencies(checks):
+    asserts = ensure(tf.logical_and(tf.math.is_finite(rcond),
+                                    rcond > n * _eps(a.dtype)),
+                     f"{where}: dF/dx is singular (or nearly: sigma_min / sigma_max <= n eps), so "
+                     "x* is not an isolated root and has no implicit gradient")
+    with tf.control_dependencies(asserts):
         w = tf.linalg.solve(tf.transpose(a), tree.flatten(b)[:, None])[:, 0]
     return tree.unflatten(w, b)
 
@@ -285,11 +339,11 @@ def _linear_solve(solve, options, jac, b, where):
     # solution: check the residual of the system itself (to sqrt(tol): the normal equations
     # square the condition number).
     residual = tree.norm(tree.sub(jac.vjp_x(w), b))
-    checks = _check(residual <= tol ** 0.5 * tree.norm(b),
-                    f"{where}: (dF/dx)^T w = v has no solution to sqrt(tol)={tol ** 0.5:.1e} "
-                    "(residual after normal_cg too large): dF/dx is singular or too "
-                    "ill-conditioned for normal_cg")
-    return _finish(w, checks)
+    asserts = ensure(residual <= tol ** 0.5 * tree.norm(b),
+                     f"{where}: (dF/dx)^T w = v has no solution to sqrt(tol)={tol ** 0.5:.1e} "
+                     "(residual after normal_cg too large): dF/dx is singular or too "
+                     "ill-conditioned for normal_cg")
+    return _finish(w, asserts)
 
 
 def custom_root(optimality_fn, solve="cg", **options):
@@ -307,7 +361,7 @@ def custom_root(optimality_fn, solve="cg", **options):
     if not callable(optimality_fn):
         raise TypeError(f"custom_root: optimality_fn must be a callable F(x, *args), got "
                         f"{type(optimality_fn).__name__}")
-    _check_solve(solve, options, f"custom_root({_name(optimality_fn)})")
+    check_solve(solve, options, f"custom_root({callable_name(optimality_fn)})")
 
     def decorator(solver):
         if not callable(solver):
@@ -331,7 +385,7 @@ def custom_fixed_point(fixed_point_fn, solve="cg", **options):
     def optimality_fn(x, *args):
         return tree.sub(x, fixed_point_fn(x, *args))
 
-    optimality_fn.__qualname__ = f"x - {_name(fixed_point_fn)}(x)"
+    optimality_fn.__qualname__ = f"x - {callable_name(fixed_point_fn)}(x)"
     try:
         optimality_fn.__signature__ = inspect.signature(fixed_point_fn)
     except (TypeError, ValueError):
@@ -340,7 +394,8 @@ def custom_fixed_point(fixed_point_fn, solve="cg", **options):
 
 
 def _wrap(solver, fn, solve, options):
-    where = f"implicit gradient of {_name(solver)} by optimality function {_name(fn)}"
+    where = (f"implicit gradient of {callable_name(solver)} by optimality function "
+             f"{callable_name(fn)}")
 
     # Not converted by AutoGraph (nor is the backward pass, converted with it when a
     # caller's tf.function converts the tape's code): the Python branches on the solve
@@ -364,7 +419,7 @@ def _wrap(solver, fn, solve, options):
 
         def forward(diff):
             x = solver(init_, *rebuild([tf.stop_gradient(t) for t in diff]))
-            tree.check_same(init, x, "init", f"{_name(solver)}'s output (it must return x "
+            tree.check_same(init, x, "init", f"{callable_name(solver)}'s output (it must return x "
                                              "alone, structured like init)")
             return tf.nest.pack_sequence_as(init, [tf.convert_to_tensor(t)
                                                    for t in tf.nest.flatten(x)])

@@ -124,28 +124,28 @@ def test_truncated_unrolled_differentiates_only_the_last_steps(ridge):
     np.testing.assert_allclose(out.value, full.value, rtol=1e-12)
 
 
-def test_implicit_neumann_converges_with_its_terms(ridge):
+def test_implicit_neumann_converges_with_its_steps(ridge):
     exact, _ = _exact(ridge)
     lr = _lr(ridge)
     errors = []
-    for terms in (2, 8, 32):
+    for steps in (2, 8, 32):
         out = _run(ridge, hypergrad.implicit(optim.sgd(lr), 300, inner_tol=1e-12,
-                                             solve=hypergrad.neumann_series(terms, step=lr)))
+                                             solve=hypergrad.neumann_series(steps, step=lr)))
         errors.append(_rel(out.grads, exact))
     assert errors[0] > errors[1] > errors[2] and errors[2] < 1e-3, errors
 
 
 def test_neumann_series_is_its_closed_form(ridge):
-    """step * sum_{k=0}^{terms} (I - step H)^k v in numpy, through the implicit formula."""
+    """step * sum_{k=0}^{steps} (I - step H)^k v in numpy, through the implicit formula."""
     a, b, av, bv, s = ridge
-    lr, terms = _lr(ridge), 7
+    lr, steps = _lr(ridge), 7
     h = a.T @ a + np.diag(np.exp(s))
     w = np.linalg.solve(h, a.T @ b)
     m = np.eye(D) - lr * h
-    series = lr * sum(np.linalg.matrix_power(m, k) for k in range(terms + 1))
+    series = lr * sum(np.linalg.matrix_power(m, k) for k in range(steps + 1))
     expected = -np.exp(s) * w * (series @ (2 * av.T @ (av @ w - bv) / len(bv)))
     out = _run(ridge, hypergrad.implicit(optim.sgd(lr), 300, inner_tol=1e-12,
-                                         solve=hypergrad.neumann_series(terms, step=lr)))
+                                         solve=hypergrad.neumann_series(steps, step=lr)))
     np.testing.assert_allclose(out.grads, expected, rtol=1e-10)
 
 
@@ -212,7 +212,7 @@ def test_errors(ridge):
     sgd = optim.sgd(0.1)
     with pytest.raises(TypeError, match="method must be built"):
         hypergrad.hypergradient(inner, outer, p, h, "implicit")
-    with pytest.raises(TypeError, match="outer_loss must be a callable"):
+    with pytest.raises(TypeError, match="outer_objective must be a callable"):
         hypergrad.hypergradient(inner, None, p, h, hypergrad.one_step(sgd))
     with pytest.raises(TypeError, match="leaf 0 of hyperparams"):
         hypergrad.hypergradient(inner, outer, p, 0.5, hypergrad.one_step(sgd))
@@ -226,7 +226,7 @@ def test_errors(ridge):
         hypergrad.implicit(sgd, 10, solve="lu")
     with pytest.raises(ValueError, match="inner_tol"):
         hypergrad.implicit(sgd, 10, inner_tol=0.0)
-    with pytest.raises(ValueError, match="terms"):
+    with pytest.raises(ValueError, match="steps"):
         hypergrad.neumann_series(-1)
     with pytest.raises(ValueError, match="did not reach"):
         hypergrad.hypergradient(inner, outer, p, h, hypergrad.implicit(sgd, 2))
@@ -237,7 +237,7 @@ def test_errors(ridge):
         with pytest.raises(ValueError, match="does not depend on"):
             hypergrad.hypergradient(lambda w, s: inner(w, s[0]), lambda w, s: outer(w, s[0]),
                                     p, [h, tf.constant(1.0, tf.float64)], method)
-    with pytest.raises(ValueError, match="inner_loss must return a scalar"):
+    with pytest.raises(ValueError, match="inner_objective must return a scalar"):
         hypergrad.hypergradient(lambda w, s: w["w"], outer, p, h, hypergrad.one_step(sgd))
 
 
@@ -250,7 +250,7 @@ def test_bench_binary_smoke(tmp_path):
                     "bench_hypergrad_ridge.validation = 8",
                     "bench_hypergrad_ridge.condition = 5.0",
                     "bench_hypergrad_ridge.unrolled_steps = (3, 9)",
-                    "bench_hypergrad_ridge.neumann_terms = (2, 6)"],
+                    "bench_hypergrad_ridge.neumann_steps = (2, 6)"],
         output_dir=str(tmp_path))
     assert metrics["implicit_cg_rel_err"] < 1e-8
     with open(os.path.join(tmp_path, "metrics.json")) as f:

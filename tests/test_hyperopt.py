@@ -41,7 +41,7 @@ def test_exact_hypergradient_matches_central_differences(small):
     np.testing.assert_allclose(grads, fd, rtol=1e-6, atol=1e-9)
     np.testing.assert_allclose(val_loss, f(s), rtol=1e-12)
     # theta* is a root of the inner gradient by the other implementation (TF autodiff)
-    inner, _ = hyperopt.make_losses(train, val, bias_l2)
+    inner, _ = hyperopt.make_objectives(train, val, bias_l2)
     params = [tf.constant(theta[:-1]), tf.constant(theta[-1])]
     with tf.GradientTape() as tape:
         tape.watch(params)

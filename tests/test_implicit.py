@@ -336,7 +336,7 @@ def test_bad_solver_output_unused_argument_and_bad_options_are_errors():
         implicit.custom_root(f, solve="cg", step=0.5)
     with pytest.raises(ValueError, match="maxiter"):
         implicit.custom_root(f, maxiter=0)
-    with pytest.raises(ValueError, match="tol must be a finite number > 0"):
+    with pytest.raises(ValueError, match="tol must be a positive finite number"):
         implicit.custom_root(f, solve="neumann", tol=0.0)
     with pytest.raises(ValueError, match="callable solve"):
         implicit.custom_root(f, solve=my_solve, tol=1e-3)
