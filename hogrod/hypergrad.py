@@ -31,8 +31,17 @@ leaf of `hyperparams` (structured like it) and the inner solution w used. `metho
 Each method is a gin-configurable factory (`hypergradient.method = @unrolled()`), never a
 string switch. `params` and `hyperparams` are `tf.nest` structures of floating tensors
 (`tf.Variable` leaves are read, never assigned); the objectives return scalars. A hyperparameter
-the outer value does not depend on is an error naming it, never a silent zero. Everything
-works eagerly and in `tf.function` (the loops are `tf.while_loop`s).
+the outer value does not depend on is an error naming it, never a silent zero. Non-finite
+input is named too: NaN or inf in params or hyperparams (each leaf by its path), in the
+inner objective at params (its data), in the outer value or the hypergradient (a diverging
+inner optimizer); so is a hyperparameter whose dtype an objective cannot combine with the
+params' (give it the params' dtype).
+
+Everything works eagerly and in `tf.function` (the loops are `tf.while_loop`s), but call it
+inside a `tf.function` for any real number of steps: eagerly every inner step runs op by
+op, about a hundred times slower (a 2,000-step unroll of a 20-feature ridge problem takes
+seconds eagerly and a tenth of a second compiled). It is not compiled inside, because the
+objectives are the caller's Python (they may read numpy or Python state).
 """
 
 import collections
@@ -42,7 +51,7 @@ import numpy as np
 import tensorflow as tf
 
 from hogrod import implicit as implicit_lib
-from hogrod import checks, linalg, optim, tree
+from hogrod import checks, implicit_solves, linalg, optim, tree
 
 __all__ = ["Hypergradient", "Method", "hypergradient", "unrolled", "implicit", "one_step",
            "neumann_series"]
@@ -76,9 +85,9 @@ def _check_optimizer(opt, name, where):
 def _float_tree(x, name, where):
     leaves = tf.nest.flatten(x)
     if not leaves:
-        raise ValueError(f"{where}: {name} has no tensors (got {x!r})")
+        raise checks.ArgumentError(f"{where}: {name} has no tensors (got {x!r})")
     out = []
-    for i, leaf in enumerate(leaves):
+    for path, leaf in zip(implicit_lib.leaf_paths(x, name), leaves):
         if isinstance(leaf, tf.Variable):
             out.append(leaf)
             t = leaf
@@ -86,34 +95,82 @@ def _float_tree(x, name, where):
             t = tf.convert_to_tensor(leaf)
             out.append(t)
         else:
-            raise TypeError(f"{where}: leaf {i} of {name} must be a tensor, a tf.Variable or a "
-                            f"numpy array (a Python number would have no gradient), got "
-                            f"{type(leaf).__name__}")
+            raise checks.ArgumentError(
+                f"{where}: {path} must be a tensor, a tf.Variable or a numpy array (a Python "
+                f"number would have no gradient), got {type(leaf).__name__}")
         if not t.dtype.is_floating:
-            raise TypeError(f"{where}: leaf {i} of {name} is {t.dtype.name}; it must be "
-                            "floating point")
+            raise checks.ArgumentError(f"{where}: {path} is {t.dtype.name}; it must be "
+                                       "floating point")
     return tf.nest.pack_sequence_as(x, out)
 
 
-def _scalar(value, fn_name, where):
-    t = tf.convert_to_tensor(value)
+def _call(fn, name, params, hyperparams, where):
+    """fn(params, hyperparams), checked to be a floating scalar; a failure on mixed dtypes
+    (float32 hyperparameters with float64 params) names the hyperparameter."""
+    try:
+        t = tf.convert_to_tensor(fn(params, hyperparams))
+    except (TypeError, ValueError, tf.errors.InvalidArgumentError) as e:
+        dtypes = {t.dtype for t in tf.nest.flatten(params)}
+        if len(dtypes) == 1:
+            dtype = dtypes.pop()
+            for path, h in zip(implicit_lib.leaf_paths(hyperparams, "hyperparams"),
+                               tf.nest.flatten(hyperparams)):
+                if h.dtype != dtype:
+                    reason = str(e).strip().splitlines()[0][:200]
+                    raise checks.ArgumentError(
+                        f"{where}: {name} failed on {path}, a {h.dtype.name} tensor, with "
+                        f"params of {dtype.name} ({reason}); give {path} the params' dtype "
+                        f"(tf.constant(x, tf.{dtype.name}))") from e
+        raise
     if t.shape.rank != 0:
-        raise ValueError(f"{where}: {fn_name} must return a scalar, got shape {t.shape}")
+        raise ValueError(f"{where}: {name} must return a scalar, got shape {t.shape}")
     if not t.dtype.is_floating:
-        raise TypeError(f"{where}: {fn_name} must return a floating scalar, got {t.dtype.name}")
+        raise TypeError(f"{where}: {name} must return a floating scalar, got {t.dtype.name}")
     return t
 
 
 def _check_grads(grads, hyperparams, where):
     flat = tf.nest.flatten(grads)
-    missing = [i for i, g in enumerate(flat) if g is None]
+    paths = implicit_lib.leaf_paths(hyperparams, "hyperparams")
+    missing = [p for p, g in zip(paths, flat) if g is None]
     if missing:
-        raise ValueError(f"{where}: the outer value does not depend on hyperparams leaves "
-                         f"{missing} (of tf.nest.flatten(hyperparams)): their hypergradient is "
-                         "undefined; remove them from hyperparams")
+        raise ValueError(f"{where}: the outer value does not depend on {', '.join(missing)}: "
+                         "their hypergradient is undefined; remove them from hyperparams")
     return tf.nest.pack_sequence_as(hyperparams, [tf.convert_to_tensor(g) for g in flat])
 
 
+def _finite(t):
+    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(x)) for x in tf.nest.flatten(t)])
+
+
+def _check_start(inner_objective, params, hyperparams, where):
+    """Asserts (raises eagerly) that params, hyperparams and the inner objective at params
+    are finite, each named: NaN data would otherwise surface as a wrong cause (an inner
+    solve short of inner_tol) or as a NaN hypergradient."""
+    asserts = []
+    for name, tree_ in (("params", params), ("hyperparams", hyperparams)):
+        for path, leaf in zip(implicit_lib.leaf_paths(tree_, name), tf.nest.flatten(tree_)):
+            asserts += implicit_solves.ensure(_finite(leaf), f"{where}: {path} holds NaN or inf")
+    value = _call(inner_objective, "inner_objective", params, hyperparams, where)
+    asserts += implicit_solves.ensure(
+        tf.math.is_finite(value),
+        f"{where}: inner_objective(params, hyperparams) is not finite at the given params "
+        "(NaN or inf in the data it closes over, or in its arithmetic)")
+    return asserts
+
+
+def _check_result(result, where):
+    """The result, with its value and grads checked finite."""
+    asserts = implicit_solves.ensure(
+        _finite(result.value),
+        f"{where}: outer_objective is not finite at the inner solution (NaN or inf in its "
+        "data, or the inner optimizer diverged: lower its rate)")
+    asserts += implicit_solves.ensure(
+        _finite(result.grads),
+        f"{where}: the hypergradient is not finite (the inner optimizer diverged, or the "
+        "objectives overflow in their derivatives)")
+    with tf.control_dependencies(asserts):
+        return Hypergradient(*tf.nest.map_structure(tf.identity, tuple(result)))
 
 
 # ---- the inner loop ------------------------------------------------------------------------
@@ -121,7 +178,7 @@ def _check_grads(grads, hyperparams, where):
 def _inner_grad(inner_objective, params, hyperparams, where):
     with tf.GradientTape() as tape:
         tape.watch(params)
-        loss = _scalar(inner_objective(params, hyperparams), "inner_objective", where)
+        loss = _call(inner_objective, "inner_objective", params, hyperparams, where)
     g = tape.gradient(loss, params, unconnected_gradients=tf.UnconnectedGradients.ZERO)
     return g
 
@@ -167,7 +224,7 @@ def _unroll(optimizer, steps, truncate, where):
                                      steps - truncate, where)
             params, state = _run(optimizer, inner_objective, params, state, hyperparams, truncate,
                                  where)
-            value = _scalar(outer_objective(params, hyperparams), "outer_objective", where)
+            value = _call(outer_objective, "outer_objective", params, hyperparams, where)
         grads = tape.gradient(value, hyperparams)
         return Hypergradient(value, _check_grads(grads, hyperparams, where), params)
 
@@ -247,7 +304,7 @@ def implicit(inner_optimizer, inner_steps, solve="cg", inner_tol=1e-6, maxiter=N
     options = {k: v for k, v in (("maxiter", maxiter), ("tol", tol), ("step", step))
                if v is not None}
     try:
-        implicit_lib.check_solve(solve, options, where)
+        implicit_solves.check_solve(solve, options, where)
     except ValueError as e:
         raise ValueError(f"{e} (gin: hogrod.hypergrad.implicit.solve / .maxiter / .tol / "
                          ".step)") from None
@@ -276,23 +333,31 @@ def implicit(inner_optimizer, inner_steps, solve="cg", inner_tol=1e-6, maxiter=N
                         inner_steps, where)
             g0 = tree.norm(_inner_grad(inner_objective, w0, h, where))
             g = tree.norm(_inner_grad(inner_objective, w, h, where))
-            asserts = implicit_lib.ensure(g <= inner_tol * g0,
-                            f"{where}: the inner solve did not reach ||grad|| <= inner_tol="
-                            f"{inner_tol} * ||grad at params|| in inner_steps={inner_steps} "
-                            "steps of inner_optimizer; raise inner_steps or tune it")
+            finite = tf.math.is_finite(g)
+            asserts = implicit_solves.ensure(
+                tf.logical_or(tf.logical_not(finite), g <= inner_tol * g0),
+                f"{where}: the inner solve did not reach ||grad|| <= inner_tol={inner_tol} * "
+                f"||grad at params|| in inner_steps={inner_steps} steps of inner_optimizer; "
+                "raise inner_steps or tune it")
+            asserts += implicit_solves.ensure(
+                finite, f"{where}: the inner solve diverged (its gradient is not finite after "
+                        f"inner_steps={inner_steps} steps): lower inner_optimizer's rate")
             with tf.control_dependencies(asserts):
                 return tf.nest.map_structure(tf.identity, w)
 
-        root = implicit_lib.custom_root(optimality, solve, **options)(solver)
+        # The solver checks its own root against inner_tol (relative to the start), with a
+        # message naming inner_steps: custom_root's check would be a second, different one.
+        root = implicit_lib.custom_root(optimality, solve, check_root=False,
+                                        **options)(solver)
         with tf.GradientTape() as tape:
             tape.watch(hyperparams)
             h_inner = [tf.convert_to_tensor(flat[i]) for i in inner_idx]
             w = root(params, h_inner) if inner_idx else solver(params, [])
-            value = _scalar(outer_objective(w, hyperparams), "outer_objective", where)
+            value = _call(outer_objective, "outer_objective", w, hyperparams, where)
         grads = tape.gradient(value, hyperparams)
         return Hypergradient(value, _check_grads(grads, hyperparams, where), w)
 
-    name = solve if isinstance(solve, str) else implicit_lib.callable_name(solve)
+    name = solve if isinstance(solve, str) else implicit_solves.callable_name(solve)
     return Method(f"implicit(solve={name})", method)
 
 
@@ -325,4 +390,7 @@ def hypergradient(inner_objective, outer_objective, params, hyperparams, method)
                         f"@hogrod.hypergrad.unrolled()), got {method!r}")
     params = _float_tree(params, "params", where)
     hyperparams = _float_tree(hyperparams, "hyperparams", where)
-    return method(inner_objective, outer_objective, params, hyperparams)
+    asserts = _check_start(inner_objective, params, hyperparams, where)
+    with tf.control_dependencies(asserts):  # in a graph, the method runs after the checks
+        params = tf.nest.map_structure(tf.identity, params)
+    return _check_result(method(inner_objective, outer_objective, params, hyperparams), where)

@@ -82,91 +82,16 @@ import inspect
 import numpy as np
 import tensorflow as tf
 
-from hogrod import checks, linalg, tree
+from hogrod import checks, implicit_solves, tree
+from hogrod.implicit_solves import callable_name
 
 __all__ = ["custom_root", "custom_fixed_point"]
 
-SOLVES = ("cg", "normal_cg", "neumann", "dense")
-_OPTIONS = {"cg": ("maxiter", "tol", "truncated"), "normal_cg": ("maxiter", "tol"),
-            "neumann": ("maxiter", "tol", "step"), "dense": ()}
 _no_autograph = tf.autograph.experimental.do_not_convert
 _LOST = ("{where}: the implicit gradient was lost (a tape outside tf.vectorized_map, whose "
          "converted ops drop tf.custom_gradient): take the gradient inside the mapped "
-         "function, or map with tf.map_fn")
-
-
-def callable_name(fn):
-    """A callable's name for messages: its qualified name, else its repr.
-
-    Args:
-      fn: any callable.
-    Returns:
-      A string.
-    """
-    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
-
-
-def check_solve(solve, options, where):
-    """Checks a linear solve and its options as `custom_root` takes them.
-
-    Args:
-      solve: one of `SOLVES` or a callable solve(matvec, b) -> w.
-      options: a dict of the solve's options (maxiter, tol, step, truncated).
-      where: the public function (or gin binding) checked, first in the message.
-    Returns:
-      None.
-    Raises:
-      ValueError: an unknown solve, an option the solve does not take, or a bad value.
-    """
-    if callable(solve):
-        if options:
-            raise checks.ArgumentError(f"{where}: options {sorted(options)} apply to the "
-                                       f"named solves {SOLVES}, not to a callable solve")
-        return
-    if solve not in SOLVES:
-        raise checks.ArgumentError(f"{where}: solve must be one of {SOLVES} or a callable "
-                                   f"solve(matvec, b) -> x, got {solve!r}")
-    unknown = sorted(set(options) - set(_OPTIONS[solve]))
-    if unknown:
-        raise checks.ArgumentError(f"{where}: unknown options {unknown} for solve={solve!r}; "
-                                   f"it takes {list(_OPTIONS[solve])}")
-    if "maxiter" in options:
-        checks.integer(options["maxiter"], "maxiter", where, least=1)
-    if "tol" in options:  # the solve is checked to reach it: 0 would never be reached
-        checks.positive(options["tol"], "tol", where)
-    if "truncated" in options:
-        if not isinstance(options["truncated"], bool):
-            raise checks.ArgumentError(f"{where}: truncated must be True or False, got "
-                                       f"{options['truncated']!r}")
-        if options["truncated"] and "maxiter" not in options:
-            raise checks.ArgumentError(f"{where}: truncated=True runs a fixed number of CG "
-                                       "steps: give maxiter")
-    if "step" in options:
-        checks.positive(options["step"], "step", where)
-
-
-def ensure(ok, message):
-    """A check that raises eagerly and asserts in a graph.
-
-    Args:
-      ok: a boolean scalar (a tensor or a Python bool).
-      message: the error's text.
-    Returns:
-      [] eagerly (after raising if `ok` is false); in a graph, a list of one
-      `tf.debugging.Assert` op, to be made a control dependency of the result.
-    Raises:
-      ValueError: eagerly, when `ok` is false.
-    """
-    if tf.executing_eagerly():
-        if not bool(ok):
-            raise ValueError(message)
-        return []
-    return [tf.debugging.Assert(ok, [message])]
-
-
-
-def _eps(dtype):
-    return float(np.finfo(dtype.as_numpy_dtype).eps)
+         "function, map with tf.map_fn, or decorate a solver of the whole batch with "
+         "batched=True and call it on every task at once")
 
 
 def _differentiable(leaf):
@@ -217,170 +142,60 @@ def _arg_names(fn, args):
     return names
 
 
-class _Jacobians:
-    """Products by F's Jacobians at (x, args), F checked to map x to a tree like x."""
-
-    def __init__(self, fn, x, rebuild, diff, where):
-        self.fn, self.x, self.rebuild, self.diff, self.where = fn, x, rebuild, diff, where
-
-    def _f(self, x, diff):
-        f = self.fn(x, *self.rebuild(diff))
-        tree.check_same(self.x, f, "x", f"{self.where}: the optimality function's output")
-        return tf.nest.pack_sequence_as(self.x, [tf.convert_to_tensor(t)
-                                                 for t in tf.nest.flatten(f)])
-
-    def vjp_x(self, w):  # (dF/dx)^T w
-        with tf.GradientTape() as tape:
-            tape.watch(self.x)
-            f = self._f(self.x, self.diff)
-        return tape.gradient(f, self.x, output_gradients=w,
-                             unconnected_gradients=tf.UnconnectedGradients.ZERO)
-
-    def jvp_x(self, u):  # (dF/dx) u
-        with tf.autodiff.ForwardAccumulator(self.x, u) as acc:
-            f = self._f(self.x, self.diff)
-        return acc.jvp(f, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-
-    def vjp_args(self, w):  # w^T dF/dtheta, None where F does not depend on a leaf
-        with tf.GradientTape() as tape:  # watching accessed variables, to refuse them
-            tape.watch(self.diff)
-            f = self._f(self.x, self.diff)
-        hidden = [v.name for v in tape.watched_variables()]
-        if hidden:
-            raise ValueError(f"{self.where}: the optimality function reads trainable "
-                             f"variables {hidden} that are not passed as args; their implicit "
-                             "gradient would be dropped: pass them as args")
-        return tape.gradient(f, self.diff, output_gradients=w)
-
-    def dense(self):  # dF/dx as a [n, n] matrix over flattened x
-        flat = tree.flatten(self.x)
-        with tf.GradientTape() as tape:
-            tape.watch(flat)
-            f = tree.flatten(self._f(tree.unflatten(flat, self.x), self.diff))
-        return tape.jacobian(f, flat, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-
-
-def _finish(w, asserts):
-    with tf.control_dependencies(asserts):
-        return tf.nest.map_structure(tf.identity, w)
-
-
-def _solve_cg_truncated(matvec, b, maxiter, tol, where):
-    w, _ = linalg.cg(matvec, b, maxiter=maxiter, tol=tol, on_negative_curvature="stop")
-    asserts = ensure(tf.math.is_finite(tree.norm(w)),
-                     f"{where}: the truncated CG solution of (dF/dx)^T w = v is not finite "
-                     "(NaN/inf in F or in the output gradient?)")
-    return _finish(w, asserts)
-
-
-def _solve_cg(matvec, b, maxiter, tol, where, what):
-    w, info = linalg.cg(matvec, b, maxiter=maxiter, tol=tol, on_negative_curvature="stop")
-    b_norm = tree.norm(b)
-    asserts = ensure(tf.logical_not(info.negative_curvature),
-                     f"{where}: CG met non-positive curvature in {what}: the system is "
-                     "singular or indefinite; solve='cg' needs a symmetric positive definite "
-                     "dF/dx (use 'normal_cg' or 'dense' otherwise)")
-    asserts += ensure(tf.math.is_finite(tree.norm(w)),
-                      f"{where}: the CG solution of {what} is not finite (NaN/inf in F?)")
-    asserts += ensure(info.residual_norm <= tol * b_norm,
-                      f"{where}: CG did not reach tol={tol} on {what} in maxiter={maxiter} "
-                      "steps; raise maxiter or tol")
-    return _finish(w, asserts)
-
-
-def _solve_neumann(matvec, b, maxiter, tol, step, where):
-    w, info = linalg.neumann(matvec, b, maxiter, tol=tol, step=step)
-    asserts = ensure(info.converged,
-                     f"{where}: the Neumann series did not converge to tol={tol} in "
-                     f"maxiter={maxiter} terms: it converges iff the spectral radius of "
-                     f"I - {step} * dF/dx is < 1 (choose step, or another solve)")
-    return _finish(w, asserts)
-
-
-def _solve_dense(jac, b, where):
-    a = jac.dense()
-    n = a.shape[0]
-    sigma = tf.linalg.svd(a, compute_uv=False)  # the LU op itself fails on exact singularity
-    rcond = sigma[-1] / sigma[0]
-    asserts = ensure(tf.logical_and(tf.math.is_finite(rcond),
-                                    rcond > n * _eps(a.dtype)),
-                     f"{where}: dF/dx is singular (or nearly: sigma_min / sigma_max <= n eps), so "
-                     "x* is not an isolated root and has no implicit gradient")
-    with tf.control_dependencies(asserts):
-        w = tf.linalg.solve(tf.transpose(a), tree.flatten(b)[:, None])[:, 0]
-    return tree.unflatten(w, b)
-
-
-def _linear_solve(solve, options, jac, b, where):
-    """w with (dF/dx)^T w = b."""
-    dtype = tf.nest.flatten(b)[0].dtype
-    if callable(solve):
-        w = solve(jac.vjp_x, b)
-        tree.check_same(b, w, "b", f"{where}: the callable solve's output")
-        return w
-    if solve == "dense":
-        return _solve_dense(jac, b, where)
-    n = tree.size(b)
-    if solve == "neumann":
-        return _solve_neumann(jac.vjp_x, b, options.get("maxiter", 1000),
-                              float(options.get("tol", _eps(dtype) ** 0.5)),
-                              float(options.get("step", 1.0)), where)
-    maxiter = options.get("maxiter", 10 * n)
-    if options.get("truncated", False):
-        return _solve_cg_truncated(jac.vjp_x, b, maxiter, float(options.get("tol", 0.0)),
-                                   where)
-    tol = float(options.get("tol", _eps(dtype) ** 0.75))
-    if solve == "cg":
-        return _solve_cg(jac.vjp_x, b, maxiter, tol, where, "(dF/dx)^T w = v")
-    # normal_cg: (dF/dx)(dF/dx)^T w = (dF/dx) b
-    w = _solve_cg(lambda w: jac.jvp_x(jac.vjp_x(w)), jac.jvp_x(b), maxiter, tol, where,
-                  "the normal equations (dF/dx)(dF/dx)^T w = (dF/dx) v")
-    # A singular dF/dx leaves the normal equations consistent while (dF/dx)^T w = v has no
-    # solution: check the residual of the system itself (to sqrt(tol): the normal equations
-    # square the condition number).
-    residual = tree.norm(tree.sub(jac.vjp_x(w), b))
-    asserts = ensure(residual <= tol ** 0.5 * tree.norm(b),
-                     f"{where}: (dF/dx)^T w = v has no solution to sqrt(tol)={tol ** 0.5:.1e} "
-                     "(residual after normal_cg too large): dF/dx is singular or too "
-                     "ill-conditioned for normal_cg")
-    return _finish(w, asserts)
-
-
-def custom_root(optimality_fn, solve="cg", **options):
+def custom_root(optimality_fn, solve="cg", *, check_root=True, root_tol=None, batched=False,
+                **options):
     """Decorate `solver(init, *args) -> x` so that x's gradient with respect to `args` is
     the implicit one of `optimality_fn(x, *args) = 0` (see the module docstring).
 
     Args:
       optimality_fn: F(x, *args) -> a tree structured like x, zero at the solver's output.
       solve: "cg", "normal_cg", "neumann", "dense", or a callable solve(matvec, b) -> w.
-      **options: maxiter, tol (and step for "neumann"), as Python numbers; truncated
-        (a bool) for "cg".
+      check_root: check that the solver's output is a root, ||F(x)|| <= root_tol *
+        max(1, ||F(init)||) (False: a solver approximate by design, such as a fixed budget
+        of steps, whose gradient is then that of the root it approximates).
+      root_tol: that check's tolerance, a Python number > 0; None: the square root of the
+        machine epsilon of x's dtype.
+      batched: the solver and F map a leading task axis of every tensor in init, args and
+        x, each task's solution depending only on its own slices; each task is checked
+        and solved on its own (see the module docstring).
+      **options: the solve's maxiter, tol (and step for "neumann"), as Python numbers;
+        truncated (a bool) for "cg".
     Returns:
       A decorator; the decorated solver has the signature of the original.
     """
-    if not callable(optimality_fn):
-        raise TypeError(f"custom_root: optimality_fn must be a callable F(x, *args), got "
-                        f"{type(optimality_fn).__name__}")
-    check_solve(solve, options, f"custom_root({callable_name(optimality_fn)})")
+    where = f"custom_root({callable_name(optimality_fn)})"
+    checks.function(optimality_fn, "optimality_fn", where, "F(x, *args)")
+    implicit_solves.check_solve(solve, options, where)
+    for arg, value in (("check_root", check_root), ("batched", batched)):
+        if not isinstance(value, bool):
+            raise checks.ArgumentError(f"{where}: {arg} must be True or False, got {value!r}")
+    if root_tol is not None:
+        root_tol = checks.positive(root_tol, "root_tol", where)
 
     def decorator(solver):
-        if not callable(solver):
-            raise TypeError(f"custom_root: the decorated solver must be callable, got "
-                            f"{type(solver).__name__}")
-        return _wrap(solver, optimality_fn, solve, options)
+        checks.function(solver, "the decorated solver", where, "solver(init, *args) -> x")
+        return _wrap(solver, optimality_fn, solve, options, check_root, root_tol, batched)
 
     return decorator
 
 
-def custom_fixed_point(fixed_point_fn, solve="cg", **options):
-    """`custom_root` for a solver of x = T(x, *args): the optimality function is
-    F(x, *args) = x - T(x, *args) (this sign makes dF/dx = I - dT/dx positive definite for
-    a symmetric contraction dT/dx, as "cg" needs; the gradient does not depend on it).
-    With solve="neumann" and step 1 the series is w = sum_k (dT/dx^T)^k v, convergent when
-    T is a contraction."""
-    if not callable(fixed_point_fn):
-        raise TypeError(f"custom_fixed_point: fixed_point_fn must be a callable "
-                        f"T(x, *args), got {type(fixed_point_fn).__name__}")
+def custom_fixed_point(fixed_point_fn, solve="cg", *, check_root=True, root_tol=None,
+                       batched=False, **options):
+    """`custom_root` for a solver of x = T(x, *args).
+
+    The optimality function is F(x, *args) = x - T(x, *args) (this sign makes dF/dx = I -
+    dT/dx positive definite for a symmetric contraction dT/dx, as "cg" needs; the gradient
+    does not depend on it). With solve="neumann" and step 1 the series is w = sum_k
+    (dT/dx^T)^k v, convergent when T is a contraction. The root check is ||x - T(x)|| <=
+    root_tol * max(1, ||init - T(init)||): an iteration caught in a cycle fails it.
+
+    Args:
+      fixed_point_fn: T(x, *args) -> a tree structured like x.
+      solve, check_root, root_tol, batched, **options: as `custom_root`'s.
+    Returns:
+      A decorator; the decorated solver has the signature of the original.
+    """
+    checks.function(fixed_point_fn, "fixed_point_fn", "custom_fixed_point", "T(x, *args)")
 
     def optimality_fn(x, *args):
         return tree.sub(x, fixed_point_fn(x, *args))
@@ -390,10 +205,68 @@ def custom_fixed_point(fixed_point_fn, solve="cg", **options):
         optimality_fn.__signature__ = inspect.signature(fixed_point_fn)
     except (TypeError, ValueError):
         pass
-    return custom_root(optimality_fn, solve, **options)
+    return custom_root(optimality_fn, solve, check_root=check_root, root_tol=root_tol,
+                       batched=batched, **options)
 
 
-def _wrap(solver, fn, solve, options):
+def _norms(f, batched):
+    """||f|| over the whole tree, or per task (a [B] vector) when batched."""
+    if not batched:
+        return tree.norm(f)
+    return tf.sqrt(tf.add_n([tf.reduce_sum(tf.reshape(tf.square(t), [tf.shape(t)[0], -1]), 1)
+                             for t in tf.nest.flatten(f)]))
+
+
+def _check_root(fn, x, init, args, root_tol, batched, where):
+    """x, with the check that it is a root of fn (an Assert dependency in a graph)."""
+    dtype = tf.nest.flatten(x)[0].dtype
+    tol = root_tol if root_tol is not None else float(np.finfo(dtype.as_numpy_dtype).eps) ** 0.5
+    init = tf.nest.map_structure(lambda i, t: tf.cast(i, t.dtype), init, x)
+    f_x, f_0 = (fn(at, *args) for at in (x, init))
+    tree.check_same(x, f_x, "x", f"{where}: the optimality function's output")
+    residual, start = _norms(f_x, batched), _norms(f_0, batched)
+    bound = tf.constant(tol, residual.dtype) * tf.maximum(tf.ones_like(start), start)
+    ok = tf.logical_and(tf.math.is_finite(residual), residual <= bound)
+    text = (f"{where}: the solver did not return a root of the optimality function "
+            "(||F(x)|| > root_tol * max(1, ||F(init)||){}), so its implicit gradient would be "
+            "wrong: run the solver to convergence, or pass root_tol (now {:.3g}) or "
+            "check_root=False for a solver approximate by design")
+    if tf.executing_eagerly():
+        if not bool(tf.reduce_all(ok)):
+            k = int(tf.argmin(tf.cast(ok, tf.int32))) if batched else None
+            pick = (lambda t: float(t[k])) if batched else float
+            found = (f": ||F(x)|| = {pick(residual):.3e}, bound {pick(bound):.3e}"
+                     + (f" (task {k})" if batched else ""))
+            raise ValueError(text.format(found, tol))
+        return x
+    asserts = [tf.debugging.Assert(tf.reduce_all(ok), [
+        text.format("", tol), "||F(x)|| =", residual, "bound =", bound])]
+    with tf.control_dependencies(asserts):
+        return tf.nest.map_structure(tf.identity, x)
+
+
+def _check_batch(named, where):
+    """Every tensor in `named` ((name, leaf) pairs) has one leading task axis (statically,
+    where the shape is known)."""
+    sizes = {}
+    for name, t in named:
+        if not _is_tensor(t):
+            continue
+        if t.shape.rank == 0:
+            raise checks.ArgumentError(f"{where}: batched=True needs a leading task axis on "
+                                       f"every tensor, but {name} is a scalar")
+        if t.shape[0] is not None:
+            sizes.setdefault(int(t.shape[0]), name)
+    if len(sizes) > 1:
+        raise checks.ArgumentError(f"{where}: batched=True needs one leading task axis, but "
+                                   f"the sizes differ: {sizes} (size: first tensor with it)")
+
+
+def _is_tensor(leaf):
+    return isinstance(leaf, (tf.Tensor, tf.Variable, np.ndarray))
+
+
+def _wrap(solver, fn, solve, options, check_root, root_tol, batched):
     where = (f"implicit gradient of {callable_name(solver)} by optimality function "
              f"{callable_name(fn)}")
 
@@ -417,12 +290,22 @@ def _wrap(solver, fn, solve, options):
                 new[i] = t
             return tf.nest.pack_sequence_as(args, new)
 
+        named = list(zip(names, flat)) + [("init", t) for t in tf.nest.flatten(init)]
+        if batched:  # before the solver, whose own shape errors would say less
+            _check_batch(named, where)
+
         def forward(diff):
-            x = solver(init_, *rebuild([tf.stop_gradient(t) for t in diff]))
-            tree.check_same(init, x, "init", f"{callable_name(solver)}'s output (it must return x "
-                                             "alone, structured like init)")
-            return tf.nest.pack_sequence_as(init, [tf.convert_to_tensor(t)
-                                                   for t in tf.nest.flatten(x)])
+            args_ = rebuild([tf.stop_gradient(t) for t in diff])
+            x = solver(init_, *args_)
+            tree.check_same(init, x, "init", f"{callable_name(solver)}'s output (it must "
+                                             "return x alone, structured like init)")
+            x = tf.nest.pack_sequence_as(init, [tf.convert_to_tensor(t)
+                                                for t in tf.nest.flatten(x)])
+            if batched:
+                _check_batch(named + [("x", t) for t in tf.nest.flatten(x)], where)
+            if check_root:
+                x = _check_root(fn, x, init_, args_, root_tol, batched, where)
+            return x
 
         if not diff:
             return forward(diff)
@@ -446,8 +329,34 @@ def _wrap(solver, fn, solve, options):
                 v = tf.nest.pack_sequence_as(x, [tf.zeros_like(t) if d is None else d
                                                  for d, t in zip(dys, x_flat)])
                 xs = tf.nest.map_structure(tf.stop_gradient, x)
-                jac = _Jacobians(fn, xs, rebuild, [tf.stop_gradient(t) for t in diff], where)
-                w = _linear_solve(solve, options, jac, v, where)
+                stopped = [tf.stop_gradient(t) for t in diff]
+                if not batched:
+                    return _gradients(fn, xs, v, rebuild, stopped)
+                # Per task: F on one-task batches of the task's own slices (every tensor
+                # of args has the task axis; Python values are shared).
+                others = [i for i, leaf in enumerate(flat) if _is_tensor(leaf) and i not in idx]
+
+                def task(elems):
+                    x_i, v_i, diff_i, other_i = elems
+
+                    def rebuild_i(leaves):
+                        new = list(flat)
+                        for i, t in zip(idx + others, list(leaves) + list(other_i)):
+                            new[i] = t[None]
+                        return tf.nest.pack_sequence_as(args, new)
+
+                    def fn_i(x, *a):
+                        f = fn(tf.nest.map_structure(lambda t: t[None], x), *a)
+                        return tf.nest.map_structure(lambda t: tf.convert_to_tensor(t)[0], f)
+
+                    return _gradients(fn_i, x_i, v_i, rebuild_i, diff_i)
+
+                return tf.vectorized_map(task, (xs, v, stopped,
+                                                [tf.convert_to_tensor(flat[i]) for i in others]))
+
+            def _gradients(f, xs, v, rebuild_, leaves):
+                jac = implicit_solves.Jacobians(f, xs, rebuild_, leaves, where)
+                w = implicit_solves.linear_solve(solve, options, jac, v, where)
                 grads = jac.vjp_args(w)
                 missing = [names[i] for g, i in zip(grads, idx) if g is None]
                 if missing:
