@@ -1,4 +1,4 @@
-"""Learn per-feature L2 penalties of a softmax classifier on a validation loss (issue 16).
+"""Learn per-feature L2 penalties of a softmax classifier on a validation loss.
 
 Inner problem: multinomial logistic regression on scikit-learn's digits (64 pixel features,
 10 classes) with a deliberately small training split, weights W [64, 10] and biases b [10],
@@ -49,7 +49,7 @@ import tensorflow as tf
 import threadpoolctl
 from absl import logging
 
-from hogrod import harness, hypergrad, optim, train
+from hogrod import checks, harness, hypergrad, optim, train
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -69,8 +69,7 @@ def hyperopt_digits(seed, n_train=100, n_val=300, n_test=None):
     if n_test is None:
         n_test = rest
     for name, value in (("n_train", n_train), ("n_val", n_val), ("n_test", n_test)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"hyperopt_digits.{name} must be an int >= 1, got {value!r}")
+        checks.integer(value, f"hyperopt_digits.{name}", "hyperopt_digits", least=1)
     if n_test > rest:
         raise ValueError(f"hyperopt_digits: n_train + n_val + n_test = "
                          f"{n_train + n_val + n_test} exceeds the {len(x)} digits")
@@ -222,7 +221,7 @@ def cross_entropy(y_true, logits):
         labels=y_true, logits=logits))
 
 
-def make_losses(train_xy, val_xy, bias_l2):
+def make_objectives(train_xy, val_xy, bias_l2):
     """(inner, outer) as `hogrod.hypergrad` takes them: f([W, b], s) -> scalar."""
     x, y = tf.constant(train_xy[0]), tf.constant(train_xy[1], tf.int32)
     xv, yv = tf.constant(val_xy[0]), tf.constant(val_xy[1], tf.int32)
@@ -365,11 +364,9 @@ def hyperopt_experiment(output_dir, method=gin.REQUIRED, data=hyperopt_digits,
         raise ValueError(f"{where}.method must be a hogrod.hypergrad method "
                          "(@hogrod.hypergrad.implicit(), @hogrod.hypergrad.unrolled(), "
                          f"@hogrod.hypergrad.one_step(), with the parentheses), got {method!r}")
-    if isinstance(outer_steps, bool) or not isinstance(outer_steps, int) or outer_steps < 1:
-        raise ValueError(f"{where}.outer_steps must be an int >= 1, got {outer_steps!r}")
-    if isinstance(bias_l2, bool) or not (isinstance(bias_l2, (int, float)) and bias_l2 > 0):
-        raise ValueError(f"{where}.bias_l2 must be a number > 0 (the inner problem must be "
-                         f"strictly convex), got {bias_l2!r}")
+    checks.integer(outer_steps, f"{where}.outer_steps", where, least=1)
+    # > 0 keeps the inner problem strictly convex
+    checks.positive(bias_l2, f"{where}.bias_l2", where)
     splits = data(seed)
     d, classes = _check_data(splits, f"{where}.data")
     s0 = _init_log_l2(init_log_l2, d)
@@ -386,7 +383,7 @@ def hyperopt_experiment(output_dir, method=gin.REQUIRED, data=hyperopt_digits,
                               adam_mu=mu, adam_nu=nu)
     start = ckpt.restore()
     history = train.read_history(output_dir, start)
-    inner, outer = make_losses(splits["train"], splits["val"], float(bias_l2))
+    inner, outer = make_objectives(splits["train"], splits["val"], float(bias_l2))
 
     @tf.function
     def outer_step():

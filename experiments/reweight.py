@@ -28,7 +28,6 @@ and the error on each class, per seed and as mean and standard deviation over th
 """
 
 import json
-import numbers
 import os
 
 import gin
@@ -38,33 +37,17 @@ import tensorflow as tf
 from absl import logging
 
 from hogrod.models import dense_net
-from hogrod import functional_call, harness, hypergrad, optim, train
+from hogrod import checks, functional_call, harness, hypergrad, optim, train
 
 DIGIT_CLASSES = tuple(range(10))
 
 
 # ---- data -----------------------------------------------------------------------------------
 
-def _check_class(value, binding):
-    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, np.integer)) \
-            or int(value) not in DIGIT_CLASSES:
-        raise ValueError(f"{binding} must be a digit class, an int in 0..9, got {value!r}")
-    return int(value)
-
-
-def _check_count(value, binding, low=1):
-    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, np.integer)) \
-            or value < low:
-        raise ValueError(f"{binding} must be an int >= {low}, got {value!r}")
-    return int(value)
-
-
 def _positive_count(train_size, positive_fraction):
     """The number of positives in a training set of `train_size` with exactly that fraction."""
-    if isinstance(positive_fraction, bool) or not isinstance(
-            positive_fraction, (numbers.Real, np.floating)) or not 0 < positive_fraction < 1:
-        raise ValueError("digits_imbalanced.positive_fraction must be a number in (0, 1) "
-                         f"(exclusive), got {positive_fraction!r}")
+    checks.probability(positive_fraction, "digits_imbalanced.positive_fraction",
+                       "digits_imbalanced", open_ends=True)
     n = train_size * positive_fraction
     count = int(round(n))
     if abs(n - count) > 1e-9 * train_size or count == 0 or count == train_size:
@@ -93,13 +76,17 @@ def digits_imbalanced(seed, negative=4, positive=9, positive_fraction=0.02, trai
     """
     from sklearn.datasets import load_digits  # only this data set needs scikit-learn
 
-    negative = _check_class(negative, "digits_imbalanced.negative")
-    positive = _check_class(positive, "digits_imbalanced.positive")
+    negative, positive = (
+        checks.integer(value, f"digits_imbalanced.{name}", "digits_imbalanced",
+                       least=min(DIGIT_CLASSES), most=max(DIGIT_CLASSES))
+        for name, value in (("negative", negative), ("positive", positive)))
     if negative == positive:
         raise ValueError(f"digits_imbalanced.negative and digits_imbalanced.positive are both "
                          f"{negative}; they must be two different digits")
-    train_size = _check_count(train_size, "digits_imbalanced.train_size", low=2)
-    val_per_class = _check_count(val_per_class, "digits_imbalanced.val_per_class")
+    train_size = checks.integer(train_size, "digits_imbalanced.train_size", "digits_imbalanced",
+                                least=2)
+    val_per_class = checks.integer(val_per_class, "digits_imbalanced.val_per_class",
+                                   "digits_imbalanced", least=1)
     n_pos = _positive_count(train_size, positive_fraction)
     n_train = {negative: train_size - n_pos, positive: n_pos}
     digits = load_digits()
@@ -133,12 +120,12 @@ def digits_imbalanced(seed, negative=4, positive=9, positive_fraction=0.02, trai
 def reweight_model(input_dim=64, hidden=(32,), activation="relu", dtype=None):
     """A classifier with one logit: an MLP with `hidden` widths (() is logistic
     regression)."""
-    _check_count(input_dim, "reweight_model.input_dim")
+    checks.integer(input_dim, "reweight_model.input_dim", "reweight_model", least=1)
     if not isinstance(hidden, (tuple, list)):
         raise TypeError(f"reweight_model.hidden must be a tuple of widths ((32,); () for "
                         f"logistic regression), got {hidden!r}")
     for width in hidden:
-        _check_count(width, "every width in reweight_model.hidden")
+        checks.integer(width, "every width in reweight_model.hidden", "reweight_model", least=1)
     return dense_net((input_dim, *tuple(hidden), 1), activation, dtype=dtype)
 
 
@@ -185,13 +172,6 @@ def class_balanced_weights(per_example_loss, params, batch, validation, class_co
     return (y * per_class[1] + (1.0 - y) * per_class[0]) / n
 
 
-def _check_lr(value):
-    if isinstance(value, bool) or not isinstance(value, (numbers.Real, np.floating)) \
-            or not 0 < value < np.inf:
-        raise ValueError(f"learned_weights.lookahead_lr must be a finite number > 0, got "
-                         f"{value!r}")
-
-
 @gin.configurable(denylist=_SCHEME_ARGS)
 def learned_weights(per_example_loss, params, batch, validation, class_counts,
                     lookahead_lr=0.1):
@@ -201,7 +181,7 @@ def learned_weights(per_example_loss, params, batch, validation, class_counts,
     L_val(w1) / d eps (hogrod.hypergrad.hypergradient with one_step(sgd)); weights =
     max(-g, 0) / sum max(-g, 0), or all 0 if that sum is 0.
     """
-    _check_lr(lookahead_lr)
+    checks.positive(lookahead_lr, "learned_weights.lookahead_lr", "learned_weights")
     x, y = batch
     x_val, y_val = validation
     eps = tf.zeros(tf.shape(y), params[0].dtype)
@@ -246,13 +226,13 @@ def class_errors(logits, y):
     return tf.reduce_mean(wrong), (err_pos + err_neg) / 2, err_neg, err_pos
 
 
-def _probe(weighting, loss_fn, model, batch, validation, counts, dtype):
+def _probe(weighting, example_losses, model, batch, validation, counts, dtype):
     """Run the weighting once eagerly: its own checks raise here, with their message,
     rather than wrapped in a tf.function's StagingError on the first step; and its output
     must be one finite weight per example."""
     batch = tuple(tf.constant(a, dtype) for a in batch)
     params = [tf.convert_to_tensor(v.value) for v in model.trainable_variables]
-    weights = tf.convert_to_tensor(weighting(loss_fn, params, batch, validation, counts))
+    weights = tf.convert_to_tensor(weighting(example_losses, params, batch, validation, counts))
     name = getattr(weighting, "__name__", repr(weighting))
     if weights.shape != batch[1].shape:
         raise ValueError(f"reweight_experiment.weighting ({name}) returned weights of shape "
@@ -282,7 +262,7 @@ def train_one_seed(output_dir, seed, weighting, data, model_fn, steps, batch_siz
                          f"{len(x_tr)} training examples")
     model = model_fn()
     dtype = model.trainable_variables[0].dtype
-    loss_fn = per_example_loss(model)
+    example_losses = per_example_loss(model)
     validation = tuple(tf.constant(a, dtype) for a in split["validation"])
     x_te, y_te = (tf.constant(a, dtype) for a in split["test"])
     counts = np.array([np.sum(y_tr == 0), np.sum(y_tr == 1)], np.float64)
@@ -290,13 +270,13 @@ def train_one_seed(output_dir, seed, weighting, data, model_fn, steps, batch_siz
     def loss_terms(batch):
         x, y = batch
         params = [tf.convert_to_tensor(v.value) for v in model.trainable_variables]
-        weights = tf.stop_gradient(weighting(loss_fn, params, (x, y), validation, counts))
+        weights = tf.stop_gradient(weighting(example_losses, params, (x, y), validation, counts))
         losses = _cross_entropy(model(x, training=True)[:, 0], y)
         return {"weighted": tf.reduce_sum(weights * losses),
                 "monitor/train_loss": tf.reduce_mean(losses),
                 "monitor/positive_weight": tf.reduce_sum(weights * tf.cast(y, weights.dtype))}
 
-    _probe(weighting, loss_fn, model, (x_tr[:batch_size], y_tr[:batch_size]), validation,
+    _probe(weighting, example_losses, model, (x_tr[:batch_size], y_tr[:batch_size]), validation,
            counts, dtype)
     optimizer = keras.optimizers.SGD(learning_rate, momentum=momentum)
     step = train.make_train_step(loss_terms, optimizer, model.trainable_variables)
@@ -358,13 +338,10 @@ def reweight_experiment(output_dir, weighting=gin.REQUIRED, data=digits_imbalanc
                         f"{weighting!r}")
     for name, value in (("steps", steps), ("batch_size", batch_size),
                         ("num_seeds", num_seeds), ("checkpoint_every", checkpoint_every)):
-        _check_count(value, f"reweight_experiment.{name}")
-    for name, value, high in (("learning_rate", learning_rate, np.inf),
-                              ("momentum", momentum, 1.0)):
-        if isinstance(value, bool) or not isinstance(value, (numbers.Real, np.floating)) \
-                or not 0 <= value < high or (name == "learning_rate" and value == 0):
-            raise ValueError(f"reweight_experiment.{name} must be a number in "
-                             f"{'(0, inf)' if high == np.inf else '[0, 1)'}, got {value!r}")
+        checks.integer(value, f"reweight_experiment.{name}", "reweight_experiment", least=1)
+    checks.positive(learning_rate, "reweight_experiment.learning_rate", "reweight_experiment")
+    checks.number(momentum, "reweight_experiment.momentum", "reweight_experiment", 0.0, 1.0,
+                  high_open=True)
     per_seed = []
     for s in range(seed, seed + num_seeds):
         logging.info("seed %d", s)

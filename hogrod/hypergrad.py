@@ -1,17 +1,18 @@
-"""Hypergradients of a bilevel problem (issue 16), by a method chosen by gin reference.
+"""Hypergradients of a bilevel problem, by a method chosen by gin reference.
 
-The problem: hyperparameters h, inner parameters w*(h) trained on `inner_loss(w, h)`, and
-the outer objective `outer_loss(w*(h), h)`. Its total derivative is
+The problem: hyperparameters h, inner parameters w*(h) minimizing `inner_objective(w, h)`,
+and the outer objective `outer_objective(w*(h), h)` (both scalars of the parameters, their
+data closed over). Its total derivative is
 
     dL_out/dh = d_h L_out + (dw*/dh)^T d_w L_out.
 
-`hypergradient(inner_loss, outer_loss, params, hyperparams, method)` returns
+`hypergradient(inner_objective, outer_objective, params, hyperparams, method)` returns
 `Hypergradient(value, grads, params)`: the outer value, its gradient with respect to every
 leaf of `hyperparams` (structured like it) and the inner solution w used. `method` is one of
 
 - `unrolled(optimizer, steps, truncate=None)`: w_K = U(...U(w_0)) by `steps` updates of a
-  `hogrod.optim` optimizer on g(w, h) = d_w inner_loss(w, h), differentiated exactly (reverse
-  mode through every step: one Hessian-vector product per step). With `truncate=T` only the
+  `hogrod.optim` optimizer on g(w, h) = d_w inner_objective(w, h), differentiated exactly
+  (reverse mode through every step: one Hessian-vector product per step). With `truncate=T` only the
   last T steps are differentiated (the first K - T are constants: truncated backprop,
   Shaban et al. 2019).
 - `implicit(inner_optimizer, inner_steps, solve="cg", ...)`: w* reached by the inner
@@ -19,8 +20,8 @@ leaf of `hyperparams` (structured like it) and the inner solution w used. `metho
   (`hogrod.implicit.custom_root`, Lorraine et al. 2020):
       dL_out/dh = d_h L_out - (d_h g)^T H^{-1} d_w L_out,   H = d_w g (the inner Hessian),
   with H^{-1} v by conjugate gradient ("cg"), any other `custom_root` solve, or the
-  truncated Neumann series of `neumann_series(terms, step)`:
-      H^{-1} v ~= step * sum_{k=0}^{terms} (I - step H)^k v.
+  truncated Neumann series of `neumann_series(steps, step)`:
+      H^{-1} v ~= step * sum_{k=0}^{steps} (I - step H)^k v.
   The inner solve must reach ||g(w*)|| <= inner_tol * ||g(w_0)|| (checked: the implicit
   gradient of a point that is not a root is wrong).
 - `one_step(optimizer)`: the T1-T2 / DARTS approximation: w_1 = U(w_0), one step from the
@@ -29,20 +30,29 @@ leaf of `hyperparams` (structured like it) and the inner solution w used. `metho
 
 Each method is a gin-configurable factory (`hypergradient.method = @unrolled()`), never a
 string switch. `params` and `hyperparams` are `tf.nest` structures of floating tensors
-(`tf.Variable` leaves are read, never assigned); losses return scalars. A hyperparameter
-the outer value does not depend on is an error naming it, never a silent zero. Everything
-works eagerly and in `tf.function` (the loops are `tf.while_loop`s).
+(`tf.Variable` leaves are read, never assigned); the objectives return scalars. A hyperparameter
+the outer value does not depend on is an error naming it, never a silent zero. Non-finite
+input is named too: NaN or inf in params or hyperparams (each leaf by its path), in the
+inner objective at params (its data), in the outer value or the hypergradient (a diverging
+inner optimizer); so is a hyperparameter whose dtype an objective cannot combine with the
+params' (give it the params' dtype).
+
+Everything works eagerly and in `tf.function` (the loops are `tf.while_loop`s), but call it
+inside a `tf.function` for any real number of steps: eagerly every inner step runs op by
+op, two to three orders of magnitude slower (a 2,000-step unroll of the 20-feature ridge
+problem of `experiments/bench/hypergrad_ridge.py`: 136 s eagerly, 0.31 s compiled, on 2
+shared CPU cores). It is not compiled inside, because the objectives are the caller's
+Python (they may read numpy or Python state, which a trace would freeze).
 """
 
 import collections
-import numbers
 
 import gin
 import numpy as np
 import tensorflow as tf
 
 from hogrod import implicit as implicit_lib
-from hogrod import optim, tree
+from hogrod import checks, implicit_solves, linalg, optim, tree
 
 __all__ = ["Hypergradient", "Method", "hypergradient", "unrolled", "implicit", "one_step",
            "neumann_series"]
@@ -52,26 +62,20 @@ _no_autograph = tf.autograph.experimental.do_not_convert
 
 
 class Method:
-    """A hypergradient method: `method(inner_loss, outer_loss, params, hyperparams)`;
+    """A hypergradient method: `method(inner_objective, outer_objective, params, hyperparams)`;
     built by `unrolled`, `implicit` or `one_step`."""
 
     def __init__(self, name, fn):
         self.name, self._fn = name, fn
 
-    def __call__(self, inner_loss, outer_loss, params, hyperparams):
-        return self._fn(inner_loss, outer_loss, params, hyperparams)
+    def __call__(self, inner_objective, outer_objective, params, hyperparams):
+        return self._fn(inner_objective, outer_objective, params, hyperparams)
 
     def __repr__(self):
         return f"<hogrod.hypergrad method {self.name}>"
 
 
 # ---- checks --------------------------------------------------------------------------------
-
-def _check_int(value, name, where, low=1):
-    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, np.integer)) \
-            or value < low:
-        raise ValueError(f"{where}: {name} must be an int >= {low}, got {value!r}")
-
 
 def _check_optimizer(opt, name, where):
     if not isinstance(opt, optim.Optimizer):
@@ -82,9 +86,9 @@ def _check_optimizer(opt, name, where):
 def _float_tree(x, name, where):
     leaves = tf.nest.flatten(x)
     if not leaves:
-        raise ValueError(f"{where}: {name} has no tensors (got {x!r})")
+        raise checks.ArgumentError(f"{where}: {name} has no tensors (got {x!r})")
     out = []
-    for i, leaf in enumerate(leaves):
+    for path, leaf in zip(implicit_lib.leaf_paths(x, name), leaves):
         if isinstance(leaf, tf.Variable):
             out.append(leaf)
             t = leaf
@@ -92,64 +96,111 @@ def _float_tree(x, name, where):
             t = tf.convert_to_tensor(leaf)
             out.append(t)
         else:
-            raise TypeError(f"{where}: leaf {i} of {name} must be a tensor, a tf.Variable or a "
-                            f"numpy array (a Python number would have no gradient), got "
-                            f"{type(leaf).__name__}")
+            raise checks.ArgumentError(
+                f"{where}: {path} must be a tensor, a tf.Variable or a numpy array (a Python "
+                f"number would have no gradient), got {type(leaf).__name__}")
         if not t.dtype.is_floating:
-            raise TypeError(f"{where}: leaf {i} of {name} is {t.dtype.name}; it must be "
-                            "floating point")
+            raise checks.ArgumentError(f"{where}: {path} is {t.dtype.name}; it must be "
+                                       "floating point")
     return tf.nest.pack_sequence_as(x, out)
 
 
-def _scalar(value, fn_name, where):
-    t = tf.convert_to_tensor(value)
+def _call(fn, name, params, hyperparams, where):
+    """fn(params, hyperparams), checked to be a floating scalar; a failure on mixed dtypes
+    (float32 hyperparameters with float64 params) names the hyperparameter."""
+    try:
+        t = tf.convert_to_tensor(fn(params, hyperparams))
+    except (TypeError, ValueError, tf.errors.InvalidArgumentError) as e:
+        dtypes = {t.dtype for t in tf.nest.flatten(params)}
+        if len(dtypes) == 1:
+            dtype = dtypes.pop()
+            for path, h in zip(implicit_lib.leaf_paths(hyperparams, "hyperparams"),
+                               tf.nest.flatten(hyperparams)):
+                if h.dtype != dtype:
+                    reason = str(e).strip().splitlines()[0][:200]
+                    raise checks.ArgumentError(
+                        f"{where}: {name} failed on {path}, a {h.dtype.name} tensor, with "
+                        f"params of {dtype.name} ({reason}); give {path} the params' dtype "
+                        f"(tf.constant(x, tf.{dtype.name}))") from e
+        raise
     if t.shape.rank != 0:
-        raise ValueError(f"{where}: {fn_name} must return a scalar, got shape {t.shape}")
+        raise ValueError(f"{where}: {name} must return a scalar, got shape {t.shape}")
     if not t.dtype.is_floating:
-        raise TypeError(f"{where}: {fn_name} must return a floating scalar, got {t.dtype.name}")
+        raise TypeError(f"{where}: {name} must return a floating scalar, got {t.dtype.name}")
     return t
 
 
 def _check_grads(grads, hyperparams, where):
     flat = tf.nest.flatten(grads)
-    missing = [i for i, g in enumerate(flat) if g is None]
+    paths = implicit_lib.leaf_paths(hyperparams, "hyperparams")
+    missing = [p for p, g in zip(paths, flat) if g is None]
     if missing:
-        raise ValueError(f"{where}: the outer value does not depend on hyperparams leaves "
-                         f"{missing} (of tf.nest.flatten(hyperparams)): their hypergradient is "
-                         "undefined; remove them from hyperparams")
+        raise ValueError(f"{where}: the outer value does not depend on {', '.join(missing)}: "
+                         "their hypergradient is undefined; remove them from hyperparams")
     return tf.nest.pack_sequence_as(hyperparams, [tf.convert_to_tensor(g) for g in flat])
 
 
-_check = implicit_lib._check  # a ValueError eagerly, an Assert in a graph
+def _finite(t):
+    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(x)) for x in tf.nest.flatten(t)])
+
+
+def _check_start(inner_objective, params, hyperparams, where):
+    """Asserts (raises eagerly) that params, hyperparams and the inner objective at params
+    are finite, each named: NaN data would otherwise surface as a wrong cause (an inner
+    solve short of inner_tol) or as a NaN hypergradient."""
+    asserts = []
+    for name, tree_ in (("params", params), ("hyperparams", hyperparams)):
+        for path, leaf in zip(implicit_lib.leaf_paths(tree_, name), tf.nest.flatten(tree_)):
+            asserts += implicit_solves.ensure(_finite(leaf), f"{where}: {path} holds NaN or inf")
+    value = _call(inner_objective, "inner_objective", params, hyperparams, where)
+    asserts += implicit_solves.ensure(
+        tf.math.is_finite(value),
+        f"{where}: inner_objective(params, hyperparams) is not finite at the given params "
+        "(NaN or inf in the data it closes over, or in its arithmetic)")
+    return asserts
+
+
+def _check_result(result, where):
+    """The result, with its value and grads checked finite."""
+    asserts = implicit_solves.ensure(
+        _finite(result.value),
+        f"{where}: outer_objective is not finite at the inner solution (NaN or inf in its "
+        "data, or the inner optimizer diverged: lower its rate)")
+    asserts += implicit_solves.ensure(
+        _finite(result.grads),
+        f"{where}: the hypergradient is not finite (the inner optimizer diverged, or the "
+        "objectives overflow in their derivatives)")
+    with tf.control_dependencies(asserts):
+        return Hypergradient(*tf.nest.map_structure(tf.identity, tuple(result)))
 
 
 # ---- the inner loop ------------------------------------------------------------------------
 
-def _inner_grad(inner_loss, params, hyperparams, where):
+def _inner_grad(inner_objective, params, hyperparams, where):
     with tf.GradientTape() as tape:
         tape.watch(params)
-        loss = _scalar(inner_loss(params, hyperparams), "inner_loss", where)
+        loss = _call(inner_objective, "inner_objective", params, hyperparams, where)
     g = tape.gradient(loss, params, unconnected_gradients=tf.UnconnectedGradients.ZERO)
     return g
 
 
-def _inner_leaves(inner_loss, params, hyperparams, where):
-    """Indices of the hyperparams leaves that d_w inner_loss structurally depends on."""
+def _inner_leaves(inner_objective, params, hyperparams, where):
+    """Indices of the hyperparams leaves that d_w inner_objective structurally depends on."""
     flat = [tf.convert_to_tensor(t) for t in tf.nest.flatten(hyperparams)]
     with tf.GradientTape() as tape:
         tape.watch(flat)
-        g = _inner_grad(inner_loss, params, tf.nest.pack_sequence_as(hyperparams, flat), where)
+        g = _inner_grad(inner_objective, params, tf.nest.pack_sequence_as(hyperparams, flat), where)
         probe = tf.add_n([tf.reduce_sum(t) for t in tf.nest.flatten(g)])
     return [i for i, d in enumerate(tape.gradient(probe, flat)) if d is not None]
 
 
-def _run(optimizer, inner_loss, params, state, hyperparams, steps, where):
-    """`steps` optimizer updates on inner_loss from (params, state), as a tf.while_loop."""
+def _run(optimizer, inner_objective, params, state, hyperparams, steps, where):
+    """`steps` optimizer updates on inner_objective from (params, state), as a tf.while_loop."""
     if steps == 0:
         return params, state
 
     def body(i, p, s):
-        p, s = optimizer.update(_inner_grad(inner_loss, p, hyperparams, where), s, p)
+        p, s = optimizer.update(_inner_grad(inner_objective, p, hyperparams, where), s, p)
         return i + 1, p, s
 
     _, params, state = tf.while_loop(lambda i, p, s: i < steps, body,
@@ -164,17 +215,17 @@ def _as_tensors(params):
 
 def _unroll(optimizer, steps, truncate, where):
     @_no_autograph
-    def method(inner_loss, outer_loss, params, hyperparams):
+    def method(inner_objective, outer_objective, params, hyperparams):
         params = _as_tensors(params)
         state = optimizer.init(params)
         with tf.GradientTape() as tape:
             tape.watch(hyperparams)
             with tape.stop_recording():  # the first K - T steps are constants
-                params, state = _run(optimizer, inner_loss, params, state, hyperparams,
+                params, state = _run(optimizer, inner_objective, params, state, hyperparams,
                                      steps - truncate, where)
-            params, state = _run(optimizer, inner_loss, params, state, hyperparams, truncate,
+            params, state = _run(optimizer, inner_objective, params, state, hyperparams, truncate,
                                  where)
-            value = _scalar(outer_loss(params, hyperparams), "outer_loss", where)
+            value = _call(outer_objective, "outer_objective", params, hyperparams, where)
         grads = tape.gradient(value, hyperparams)
         return Hypergradient(value, _check_grads(grads, hyperparams, where), params)
 
@@ -189,10 +240,10 @@ def unrolled(optimizer, steps, truncate=None):
     only the last `truncate` of them (1 <= truncate <= steps; None: all)."""
     where = "hogrod.hypergrad.unrolled"
     _check_optimizer(optimizer, "optimizer", where)
-    _check_int(steps, "steps", where)
+    checks.integer(steps, "steps", where, least=1)
     if truncate is None:
         truncate = steps
-    _check_int(truncate, "truncate", where)
+    checks.integer(truncate, "truncate", where, least=1)
     if truncate > steps:
         raise ValueError(f"{where}: truncate={truncate} must be <= steps={steps}")
     return Method(f"unrolled(steps={steps}, truncate={truncate})",
@@ -208,29 +259,28 @@ def one_step(optimizer):
 
 
 @gin.configurable(module="hogrod.hypergrad")
-def neumann_series(terms, step=1.0):
-    """A `solve(matvec, b)` for `implicit`: H^{-1} b ~= step * sum_{k=0}^{terms}
-    (I - step H)^k b, truncated at exactly `terms` terms (Lorraine et al. 2020; no
-    convergence check: for a check use solve="neumann"). Converges as terms grows iff the
-    spectral radius of I - step H is < 1 (0 < step < 2 / lambda_max for H > 0)."""
+def neumann_series(steps, step=1.0):
+    """The truncated Neumann series of Lorraine et al. (2020), a solve for `implicit`.
+
+    H^{-1} b ~= step * sum_{k=0}^{steps} (I - step H)^k b, exactly `steps` terms after the
+    first (`hogrod.linalg.neumann` with tol 0; no convergence check: for one use
+    solve="neumann"). It converges as `steps` grows iff the spectral radius of I - step H is
+    < 1 (0 < step < 2 / lambda_max for H > 0).
+
+    Args:
+      steps: the number of terms after the first, a Python int >= 0 (a fixed count).
+      step: the series' step size, a finite Python number > 0 (applied at b's dtype).
+    Returns:
+      A callable solve(matvec, b) -> the truncated series, a tree like b.
+    """
     where = "hogrod.hypergrad.neumann_series"
-    _check_int(terms, "terms", where, low=0)
-    if isinstance(step, bool) or not isinstance(step, (numbers.Real, np.floating)) \
-            or not 0 < step < np.inf:
-        raise ValueError(f"{where}: step must be a finite Python number > 0, got {step!r}")
+    steps = checks.integer(steps, "steps", where, least=0)
+    step = checks.positive(step, "step", where)
 
     def solve(matvec, b):
-        def body(i, w, term):
-            term = tree.sub(term, tree.scale(step, matvec(term)))
-            return i + 1, tree.add(w, term), term
+        return linalg.neumann(matvec, b, steps, tol=0.0, step=step)[0]
 
-        if terms == 0:
-            return tree.scale(step, b)
-        _, w, _ = tf.while_loop(lambda i, w, term: i < terms, body, (tf.constant(0), b, b),
-                                maximum_iterations=terms)
-        return tree.scale(step, w)
-
-    solve.__qualname__ = f"neumann_series(terms={terms}, step={step})"
+    solve.__qualname__ = f"neumann_series(steps={steps}, step={step})"
     return solve
 
 
@@ -244,31 +294,29 @@ def implicit(inner_optimizer, inner_steps, solve="cg", inner_tol=1e-6, maxiter=N
         differentiated).
       solve: "cg" (H symmetric positive definite: a strictly convex inner loss),
         "normal_cg", "neumann", "dense" (`custom_root`'s checked solves), or a callable
-        solve(matvec, b) such as `neumann_series(terms, step)`.
+        solve(matvec, b) such as `neumann_series(steps, step)`.
       inner_tol: the inner solve must reach ||g(w*)|| <= inner_tol * ||g(w_0)||.
       maxiter, tol, step: `custom_root`'s options for a named solve (None: its default).
     """
     where = "hogrod.hypergrad.implicit"
     _check_optimizer(inner_optimizer, "inner_optimizer", where)
-    _check_int(inner_steps, "inner_steps", where)
-    if isinstance(inner_tol, bool) or not isinstance(inner_tol, (numbers.Real, np.floating)) \
-            or not 0 < inner_tol < np.inf:
-        raise ValueError(f"{where}: inner_tol must be a finite number > 0, got {inner_tol!r}")
+    checks.integer(inner_steps, "inner_steps", where, least=1)
+    inner_tol = checks.positive(inner_tol, "inner_tol", where)
     options = {k: v for k, v in (("maxiter", maxiter), ("tol", tol), ("step", step))
                if v is not None}
     try:
-        implicit_lib._check_solve(solve, options, where)
+        implicit_solves.check_solve(solve, options, where)
     except ValueError as e:
         raise ValueError(f"{e} (gin: hogrod.hypergrad.implicit.solve / .maxiter / .tol / "
                          ".step)") from None
 
     @_no_autograph
-    def method(inner_loss, outer_loss, params, hyperparams):
+    def method(inner_objective, outer_objective, params, hyperparams):
         params = _as_tensors(params)
         flat = tf.nest.flatten(hyperparams)
         # custom_root differentiates only the leaves the inner gradient depends on (it refuses
         # others); a leaf only the outer loss reads gets its gradient from the outer tape.
-        inner_idx = _inner_leaves(inner_loss, params, hyperparams, where)
+        inner_idx = _inner_leaves(inner_objective, params, hyperparams, where)
         fixed = [tf.stop_gradient(tf.convert_to_tensor(t)) for t in flat]
 
         def full(h_inner):
@@ -277,43 +325,53 @@ def implicit(inner_optimizer, inner_steps, solve="cg", inner_tol=1e-6, maxiter=N
                 leaves[i] = t
             return tf.nest.pack_sequence_as(hyperparams, leaves)
 
-        def optimality(w, h_inner):  # F(w, h) = d_w inner_loss(w, h)
-            return _inner_grad(inner_loss, w, full(h_inner), where)
+        def optimality(w, h_inner):  # F(w, h) = d_w inner_objective(w, h)
+            return _inner_grad(inner_objective, w, full(h_inner), where)
 
         def solver(w0, h_inner):
             h = full(h_inner)
-            w, _ = _run(inner_optimizer, inner_loss, w0, inner_optimizer.init(w0), h,
+            w, _ = _run(inner_optimizer, inner_objective, w0, inner_optimizer.init(w0), h,
                         inner_steps, where)
-            g0 = tree.norm(_inner_grad(inner_loss, w0, h, where))
-            g = tree.norm(_inner_grad(inner_loss, w, h, where))
-            checks = _check(g <= inner_tol * g0,
-                            f"{where}: the inner solve did not reach ||grad|| <= inner_tol="
-                            f"{inner_tol} * ||grad at params|| in inner_steps={inner_steps} "
-                            "steps of inner_optimizer; raise inner_steps or tune it")
-            with tf.control_dependencies(checks):
+            g0 = tree.norm(_inner_grad(inner_objective, w0, h, where))
+            g = tree.norm(_inner_grad(inner_objective, w, h, where))
+            finite = tf.math.is_finite(g)
+            asserts = implicit_solves.ensure(
+                tf.logical_or(tf.logical_not(finite), g <= inner_tol * g0),
+                f"{where}: the inner solve did not reach ||grad|| <= inner_tol={inner_tol} * "
+                f"||grad at params|| in inner_steps={inner_steps} steps of inner_optimizer; "
+                "raise inner_steps or tune it")
+            asserts += implicit_solves.ensure(
+                finite, f"{where}: the inner solve diverged (its gradient is not finite after "
+                        f"inner_steps={inner_steps} steps): lower inner_optimizer's rate")
+            with tf.control_dependencies(asserts):
                 return tf.nest.map_structure(tf.identity, w)
 
-        root = implicit_lib.custom_root(optimality, solve, **options)(solver)
+        # The solver checks its own root against inner_tol (relative to the start), with a
+        # message naming inner_steps: custom_root's check would be a second, different one.
+        root = implicit_lib.custom_root(optimality, solve, check_root=False,
+                                        **options)(solver)
         with tf.GradientTape() as tape:
             tape.watch(hyperparams)
             h_inner = [tf.convert_to_tensor(flat[i]) for i in inner_idx]
             w = root(params, h_inner) if inner_idx else solver(params, [])
-            value = _scalar(outer_loss(w, hyperparams), "outer_loss", where)
+            value = _call(outer_objective, "outer_objective", w, hyperparams, where)
         grads = tape.gradient(value, hyperparams)
         return Hypergradient(value, _check_grads(grads, hyperparams, where), w)
 
-    name = solve if isinstance(solve, str) else implicit_lib._name(solve)
+    name = solve if isinstance(solve, str) else implicit_solves.callable_name(solve)
     return Method(f"implicit(solve={name})", method)
 
 
 @gin.configurable(module="hogrod.hypergrad",
-                  denylist=["inner_loss", "outer_loss", "params", "hyperparams"])
-def hypergradient(inner_loss, outer_loss, params, hyperparams, method):
-    """d outer_loss(w(h), h) / dh by `method` (`unrolled`, `implicit`, `one_step`).
+                  denylist=["inner_objective", "outer_objective", "params", "hyperparams"])
+def hypergradient(inner_objective, outer_objective, params, hyperparams, method):
+    """d outer_objective(w(h), h) / dh by `method` (`unrolled`, `implicit`, `one_step`).
 
     Args:
-      inner_loss: (params, hyperparams) -> scalar, the inner training loss.
-      outer_loss: (params, hyperparams) -> scalar, the validation objective.
+      inner_objective: (params, hyperparams) -> scalar, minimized over params: the inner
+        training objective (its data closed over).
+      outer_objective: (params, hyperparams) -> scalar, the outer objective at the inner
+        solution (a validation loss), minimized over hyperparams by the caller.
       params: the inner starting point, a tf.nest structure of floating tensors.
       hyperparams: a tf.nest structure of floating tensors or tf.Variables.
       method: a `Method` built by `unrolled(...)`, `implicit(...)` or `one_step(...)`.
@@ -322,7 +380,8 @@ def hypergradient(inner_loss, outer_loss, params, hyperparams, method):
       (structured like hyperparams) and the inner solution the value is taken at.
     """
     where = "hogrod.hypergrad.hypergradient"
-    for name, fn in (("inner_loss", inner_loss), ("outer_loss", outer_loss)):
+    for name, fn in (("inner_objective", inner_objective),
+                     ("outer_objective", outer_objective)):
         if not callable(fn):
             raise TypeError(f"{where}: {name} must be a callable (params, hyperparams) -> "
                             f"scalar, got {type(fn).__name__}")
@@ -332,4 +391,7 @@ def hypergradient(inner_loss, outer_loss, params, hyperparams, method):
                         f"@hogrod.hypergrad.unrolled()), got {method!r}")
     params = _float_tree(params, "params", where)
     hyperparams = _float_tree(hyperparams, "hyperparams", where)
-    return method(inner_loss, outer_loss, params, hyperparams)
+    asserts = _check_start(inner_objective, params, hyperparams, where)
+    with tf.control_dependencies(asserts):  # in a graph, the method runs after the checks
+        params = tf.nest.map_structure(tf.identity, params)
+    return _check_result(method(inner_objective, outer_objective, params, hyperparams), where)

@@ -37,10 +37,10 @@ The linear solve for w (`solve=`):
   somewhere. A non-finite result is still an error.
 - "normal_cg": CG on the normal equations (dF/dx)(dF/dx)^T w = (dF/dx) v, for any
   invertible dF/dx (squares the condition number). Options: maxiter, tol.
-- "neumann": w = step * sum_k (I - step (dF/dx)^T)^k v, truncated when a term's norm is
-  <= tol ||v||. It converges iff the spectral radius of I - step dF/dx is < 1 (for a
-  symmetric positive definite dF/dx: 0 < step < 2 / lambda_max). Options: maxiter
-  (default 1000), tol (default eps^0.5), step (default 1.0).
+- "neumann": w = step * sum_k (I - step (dF/dx)^T)^k v (`hogrod.linalg.neumann`),
+  truncated when a term's norm is <= tol ||v||. It converges iff the spectral radius of
+  I - step dF/dx is < 1 (for a symmetric positive definite dF/dx: 0 < step < 2 /
+  lambda_max). Options: maxiter (default 1000), tol (default eps^0.5), step (default 1.0).
 - "dense": materialize dF/dx (a tape Jacobian, size(x)^2 entries: small problems) and
   `tf.linalg.solve` its transpose; singular when sigma_min / sigma_max <= n eps.
 - a callable `solve(matvec, b) -> w` with matvec(w) = (dF/dx)^T w on trees shaped
@@ -52,86 +52,81 @@ optimality function: a ValueError eagerly, a failing `tf.debugging.Assert` with 
 message in a graph. Each works eagerly, in `tf.function`, per task in
 `tf.vectorized_map` and per replica under a `tf.distribute` strategy.
 
-Per task: take the gradient inside the mapped function (a tape there), or map with
-`tf.map_fn`. A tape outside `tf.vectorized_map` differentiates pfor's converted ops, which
-drop `tf.custom_gradient`; the gradient would then reach the solver's stopped inputs as a
-silent zero, so it is a LookupError ("Gradient explicitly disabled") naming the solver.
+The solver's output is checked to be a root (`check_root=True`, the default): the implicit
+gradient of a point that is not a root is wrong, silently (one Newton step short of the
+root, or a fixed-point iteration caught in a cycle, gives gradients off by orders of
+magnitude). The check is ||F(x*)|| <= root_tol * max(1, ||F(init)||), norms over the whole
+tree, root_tol by default the square root of the dtype's machine epsilon; a failure is an
+error naming the optimality function and the residual (eagerly a ValueError, in a graph
+a failing Assert). It costs two evaluations of F per call. A solver that is approximate
+by design (a fixed budget of proximal steps, as iMAML's) passes `check_root=False` or its
+own `root_tol`.
+
+Per task, three ways: take the gradient inside the mapped function (a tape there); map
+with `tf.map_fn`; or write the solver and F for a whole batch of tasks and decorate with
+`batched=True`. Batched, every tensor leaf of `init`, `args` and x has a leading task axis
+(one size B), task i's solution depends only on task i's slices (Python numbers are
+shared; a shared tensor goes in a closure, without gradient, or is tiled to B), and each
+task gets its own root check (residual against its own ||F(init_i)||) and its own linear
+solve (a `tf.vectorized_map` over tasks of the single-task solve, F evaluated on one-task
+batches), so the gradient equals a loop over tasks; its failed checks are Asserts
+(tf.errors.InvalidArgumentError) even eagerly. A tape outside `tf.vectorized_map`
+differentiates pfor's converted ops, which drop `tf.custom_gradient`; the gradient would
+then reach the solver's stopped inputs as a silent zero, so it is a LookupError ("Gradient
+explicitly disabled") naming the solver and these ways.
 """
 
 import functools
 import inspect
-import numbers
 
 import numpy as np
 import tensorflow as tf
 
-from hogrod import linalg, tree
+from hogrod import checks, implicit_solves, tree
+from hogrod.implicit_solves import callable_name
 
 __all__ = ["custom_root", "custom_fixed_point"]
 
-SOLVES = ("cg", "normal_cg", "neumann", "dense")
-_OPTIONS = {"cg": ("maxiter", "tol", "truncated"), "normal_cg": ("maxiter", "tol"),
-            "neumann": ("maxiter", "tol", "step"), "dense": ()}
 _no_autograph = tf.autograph.experimental.do_not_convert
 _LOST = ("{where}: the implicit gradient was lost (a tape outside tf.vectorized_map, whose "
          "converted ops drop tf.custom_gradient): take the gradient inside the mapped "
-         "function, or map with tf.map_fn")
-
-
-def _name(fn):
-    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
-
-
-def _check_solve(solve, options, where):
-    if callable(solve):
-        if options:
-            raise ValueError(f"{where}: options {sorted(options)} apply to the named solves "
-                             f"{SOLVES}, not to a callable solve")
-        return
-    if solve not in SOLVES:
-        raise ValueError(f"{where}: solve must be one of {SOLVES} or a callable "
-                         f"solve(matvec, b) -> x, got {solve!r}")
-    unknown = sorted(set(options) - set(_OPTIONS[solve]))
-    if unknown:
-        raise ValueError(f"{where}: unknown options {unknown} for solve={solve!r}; it takes "
-                         f"{list(_OPTIONS[solve])}")
-    if "maxiter" in options:
-        m = options["maxiter"]
-        if isinstance(m, bool) or not isinstance(m, (numbers.Integral, np.integer)) or m < 1:
-            raise ValueError(f"{where}: maxiter must be an int >= 1, got {m!r}")
-    if "tol" in options:
-        t = options["tol"]
-        if not isinstance(t, (numbers.Real, np.floating)) or not 0 < t < np.inf:
-            raise ValueError(f"{where}: tol must be a finite number > 0 (the solve is "
-                             f"checked to reach it), got {t!r}")
-    if "truncated" in options:
-        if not isinstance(options["truncated"], bool):
-            raise ValueError(f"{where}: truncated must be True or False, got "
-                             f"{options['truncated']!r}")
-        if options["truncated"] and "maxiter" not in options:
-            raise ValueError(f"{where}: truncated=True runs a fixed number of CG steps: "
-                             "give maxiter")
-    if "step" in options and not isinstance(options["step"], (numbers.Real, np.floating)):
-        raise ValueError(f"{where}: step must be a Python number, got {options['step']!r}")
-
-
-def _check(ok, message):
-    """A ValueError eagerly; in a graph an Assert (returned, to be a control dependency)."""
-    if tf.executing_eagerly():
-        if not bool(ok):
-            raise ValueError(message)
-        return []
-    return [tf.debugging.Assert(ok, [message])]
-
-
-def _eps(dtype):
-    return float(np.finfo(dtype.as_numpy_dtype).eps)
+         "function, map with tf.map_fn, or decorate a solver of the whole batch with "
+         "batched=True and call it on every task at once")
 
 
 def _differentiable(leaf):
     if isinstance(leaf, (tf.Tensor, tf.Variable)):
         return leaf.dtype.is_floating
     return isinstance(leaf, np.ndarray) and np.issubdtype(leaf.dtype, np.floating)
+
+
+def leaf_paths(structure, root):
+    """A readable path for each leaf of a `tf.nest` structure, in `tf.nest.flatten`'s order.
+
+    Args:
+      structure: a nest of dicts, lists, tuples and namedtuples.
+      root: the name of the whole structure, e.g. "hyperparams".
+    Returns:
+      A list of strings such as `hyperparams['s']`, `params[1]`, `state.mu` (the bare root
+      for a single leaf).
+    """
+    def walk(s, path):
+        if isinstance(s, dict):
+            return [p for k in sorted(s) for p in walk(s[k], f"{path}[{k!r}]")]
+        if isinstance(s, tuple) and hasattr(s, "_fields"):
+            return [p for k in s._fields for p in walk(getattr(s, k), f"{path}.{k}")]
+        if isinstance(s, (list, tuple)):
+            return [p for i, t in enumerate(s) for p in walk(t, f"{path}[{i}]")]
+        return [path]
+
+    try:
+        paths = walk(structure, root)
+    except TypeError:  # unsortable keys: tf.nest's own order is not ours to guess
+        paths = []
+    n = len(tf.nest.flatten(structure))
+    if len(paths) != n:
+        paths = [f"{root} (leaf {i} of its tf.nest.flatten)" for i in range(n)]
+    return paths
 
 
 def _arg_names(fn, args):
@@ -143,204 +138,137 @@ def _arg_names(fn, args):
         params = []
     names = []
     for i, a in enumerate(args):
-        base = params[i] if i < len(params) else f"args[{i}]"
-        leaves = tf.nest.flatten(a)
-        if tf.nest.is_nested(a):
-            names += [f"{base} (leaf {k} of its tf.nest.flatten)" for k in range(len(leaves))]
-        else:
-            names.append(base)
+        names += leaf_paths(a, params[i] if i < len(params) else f"args[{i}]")
     return names
 
 
-class _Jacobians:
-    """Products by F's Jacobians at (x, args), F checked to map x to a tree like x."""
-
-    def __init__(self, fn, x, rebuild, diff, where):
-        self.fn, self.x, self.rebuild, self.diff, self.where = fn, x, rebuild, diff, where
-
-    def _f(self, x, diff):
-        f = self.fn(x, *self.rebuild(diff))
-        tree.check_same(self.x, f, "x", f"{self.where}: the optimality function's output")
-        return tf.nest.pack_sequence_as(self.x, [tf.convert_to_tensor(t)
-                                                 for t in tf.nest.flatten(f)])
-
-    def vjp_x(self, w):  # (dF/dx)^T w
-        with tf.GradientTape() as tape:
-            tape.watch(self.x)
-            f = self._f(self.x, self.diff)
-        return tape.gradient(f, self.x, output_gradients=w,
-                             unconnected_gradients=tf.UnconnectedGradients.ZERO)
-
-    def jvp_x(self, u):  # (dF/dx) u
-        with tf.autodiff.ForwardAccumulator(self.x, u) as acc:
-            f = self._f(self.x, self.diff)
-        return acc.jvp(f, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-
-    def vjp_args(self, w):  # w^T dF/dtheta, None where F does not depend on a leaf
-        with tf.GradientTape() as tape:  # watching accessed variables, to refuse them
-            tape.watch(self.diff)
-            f = self._f(self.x, self.diff)
-        hidden = [v.name for v in tape.watched_variables()]
-        if hidden:
-            raise ValueError(f"{self.where}: the optimality function reads trainable "
-                             f"variables {hidden} that are not passed as args; their implicit "
-                             "gradient would be dropped: pass them as args")
-        return tape.gradient(f, self.diff, output_gradients=w)
-
-    def dense(self):  # dF/dx as a [n, n] matrix over flattened x
-        flat = tree.flatten(self.x)
-        with tf.GradientTape() as tape:
-            tape.watch(flat)
-            f = tree.flatten(self._f(tree.unflatten(flat, self.x), self.diff))
-        return tape.jacobian(f, flat, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-
-
-def _finish(w, checks):
-    with tf.control_dependencies(checks):
-        return tf.nest.map_structure(tf.identity, w)
-
-
-def _solve_cg_truncated(matvec, b, maxiter, tol, where):
-    w, _ = linalg.cg(matvec, b, maxiter=maxiter, tol=tol, on_negative_curvature="stop")
-    checks = _check(tf.math.is_finite(tree.norm(w)),
-                    f"{where}: the truncated CG solution of (dF/dx)^T w = v is not finite "
-                    "(NaN/inf in F or in the output gradient?)")
-    return _finish(w, checks)
-
-
-def _solve_cg(matvec, b, maxiter, tol, where, what):
-    w, info = linalg.cg(matvec, b, maxiter=maxiter, tol=tol, on_negative_curvature="stop")
-    b_norm = tree.norm(b)
-    checks = _check(tf.logical_not(info.negative_curvature),
-                    f"{where}: CG met non-positive curvature in {what}: the system is "
-                    "singular or indefinite; solve='cg' needs a symmetric positive definite "
-                    "dF/dx (use 'normal_cg' or 'dense' otherwise)")
-    checks += _check(tf.math.is_finite(tree.norm(w)),
-                     f"{where}: the CG solution of {what} is not finite (NaN/inf in F?)")
-    checks += _check(info.residual_norm <= tol * b_norm,
-                     f"{where}: CG did not reach tol={tol} on {what} in maxiter={maxiter} "
-                     "steps; raise maxiter or tol")
-    return _finish(w, checks)
-
-
-def _solve_neumann(matvec, b, maxiter, tol, step, where):
-    b_norm = tree.norm(b)
-    stop = tol * b_norm
-
-    def cond(i, w, term, term_norm):
-        return tf.logical_and(i < maxiter, term_norm > stop)
-
-    def body(i, w, term, term_norm):
-        term = tree.sub(term, tree.scale(step, matvec(term)))  # (I - step A^T) term
-        return i + 1, tree.add(w, term), term, tree.norm(term)
-
-    _, w, _, term_norm = tf.while_loop(cond, body, (tf.constant(0), b, b, b_norm),
-                                       maximum_iterations=maxiter)
-    checks = _check(tf.logical_and(tf.math.is_finite(term_norm), term_norm <= stop),
-                    f"{where}: the Neumann series did not converge to tol={tol} in "
-                    f"maxiter={maxiter} terms: it converges iff the spectral radius of "
-                    f"I - {step} * dF/dx is < 1 (choose step, or another solve)")
-    return _finish(tree.scale(step, w), checks)
-
-
-def _solve_dense(jac, b, where):
-    a = jac.dense()
-    n = a.shape[0]
-    sigma = tf.linalg.svd(a, compute_uv=False)  # the LU op itself fails on exact singularity
-    rcond = sigma[-1] / sigma[0]
-    checks = _check(tf.logical_and(tf.math.is_finite(rcond),
-                                   rcond > n * _eps(a.dtype)),
-                    f"{where}: dF/dx is singular (or nearly: sigma_min / sigma_max <= n eps), so "
-                    "x* is not an isolated root and has no implicit gradient")
-    with tf.control_dependencies(checks):
-        w = tf.linalg.solve(tf.transpose(a), tree.flatten(b)[:, None])[:, 0]
-    return tree.unflatten(w, b)
-
-
-def _linear_solve(solve, options, jac, b, where):
-    """w with (dF/dx)^T w = b."""
-    dtype = tf.nest.flatten(b)[0].dtype
-    if callable(solve):
-        w = solve(jac.vjp_x, b)
-        tree.check_same(b, w, "b", f"{where}: the callable solve's output")
-        return w
-    if solve == "dense":
-        return _solve_dense(jac, b, where)
-    n = tree.size(b)
-    if solve == "neumann":
-        return _solve_neumann(jac.vjp_x, b, options.get("maxiter", 1000),
-                              float(options.get("tol", _eps(dtype) ** 0.5)),
-                              float(options.get("step", 1.0)), where)
-    maxiter = options.get("maxiter", 10 * n)
-    if options.get("truncated", False):
-        return _solve_cg_truncated(jac.vjp_x, b, maxiter, float(options.get("tol", 0.0)),
-                                   where)
-    tol = float(options.get("tol", _eps(dtype) ** 0.75))
-    if solve == "cg":
-        return _solve_cg(jac.vjp_x, b, maxiter, tol, where, "(dF/dx)^T w = v")
-    # normal_cg: (dF/dx)(dF/dx)^T w = (dF/dx) b
-    w = _solve_cg(lambda w: jac.jvp_x(jac.vjp_x(w)), jac.jvp_x(b), maxiter, tol, where,
-                  "the normal equations (dF/dx)(dF/dx)^T w = (dF/dx) v")
-    # A singular dF/dx leaves the normal equations consistent while (dF/dx)^T w = v has no
-    # solution: check the residual of the system itself (to sqrt(tol): the normal equations
-    # square the condition number).
-    residual = tree.norm(tree.sub(jac.vjp_x(w), b))
-    checks = _check(residual <= tol ** 0.5 * tree.norm(b),
-                    f"{where}: (dF/dx)^T w = v has no solution to sqrt(tol)={tol ** 0.5:.1e} "
-                    "(residual after normal_cg too large): dF/dx is singular or too "
-                    "ill-conditioned for normal_cg")
-    return _finish(w, checks)
-
-
-def custom_root(optimality_fn, solve="cg", **options):
+def custom_root(optimality_fn, solve="cg", *, check_root=True, root_tol=None, batched=False,
+                **options):
     """Decorate `solver(init, *args) -> x` so that x's gradient with respect to `args` is
     the implicit one of `optimality_fn(x, *args) = 0` (see the module docstring).
 
     Args:
       optimality_fn: F(x, *args) -> a tree structured like x, zero at the solver's output.
       solve: "cg", "normal_cg", "neumann", "dense", or a callable solve(matvec, b) -> w.
-      **options: maxiter, tol (and step for "neumann"), as Python numbers; truncated
-        (a bool) for "cg".
+      check_root: check that the solver's output is a root, ||F(x)|| <= root_tol *
+        max(1, ||F(init)||) (False: a solver approximate by design, such as a fixed budget
+        of steps, whose gradient is then that of the root it approximates).
+      root_tol: that check's tolerance, a Python number > 0; None: the square root of the
+        machine epsilon of x's dtype.
+      batched: the solver and F map a leading task axis of every tensor in init, args and
+        x, each task's solution depending only on its own slices; each task is checked
+        and solved on its own (see the module docstring).
+      **options: the solve's maxiter, tol (and step for "neumann"), as Python numbers;
+        truncated (a bool) for "cg".
     Returns:
       A decorator; the decorated solver has the signature of the original.
     """
-    if not callable(optimality_fn):
-        raise TypeError(f"custom_root: optimality_fn must be a callable F(x, *args), got "
-                        f"{type(optimality_fn).__name__}")
-    _check_solve(solve, options, f"custom_root({_name(optimality_fn)})")
+    where = f"custom_root({callable_name(optimality_fn)})"
+    checks.function(optimality_fn, "optimality_fn", where, "F(x, *args)")
+    implicit_solves.check_solve(solve, options, where)
+    for arg, value in (("check_root", check_root), ("batched", batched)):
+        if not isinstance(value, bool):
+            raise checks.ArgumentError(f"{where}: {arg} must be True or False, got {value!r}")
+    if root_tol is not None:
+        root_tol = checks.positive(root_tol, "root_tol", where)
 
     def decorator(solver):
-        if not callable(solver):
-            raise TypeError(f"custom_root: the decorated solver must be callable, got "
-                            f"{type(solver).__name__}")
-        return _wrap(solver, optimality_fn, solve, options)
+        checks.function(solver, "the decorated solver", where, "solver(init, *args) -> x")
+        return _wrap(solver, optimality_fn, solve, options, check_root, root_tol, batched)
 
     return decorator
 
 
-def custom_fixed_point(fixed_point_fn, solve="cg", **options):
-    """`custom_root` for a solver of x = T(x, *args): the optimality function is
-    F(x, *args) = x - T(x, *args) (this sign makes dF/dx = I - dT/dx positive definite for
-    a symmetric contraction dT/dx, as "cg" needs; the gradient does not depend on it).
-    With solve="neumann" and step 1 the series is w = sum_k (dT/dx^T)^k v, convergent when
-    T is a contraction."""
-    if not callable(fixed_point_fn):
-        raise TypeError(f"custom_fixed_point: fixed_point_fn must be a callable "
-                        f"T(x, *args), got {type(fixed_point_fn).__name__}")
+def custom_fixed_point(fixed_point_fn, solve="cg", *, check_root=True, root_tol=None,
+                       batched=False, **options):
+    """`custom_root` for a solver of x = T(x, *args).
+
+    The optimality function is F(x, *args) = x - T(x, *args) (this sign makes dF/dx = I -
+    dT/dx positive definite for a symmetric contraction dT/dx, as "cg" needs; the gradient
+    does not depend on it). With solve="neumann" and step 1 the series is w = sum_k
+    (dT/dx^T)^k v, convergent when T is a contraction. The root check is ||x - T(x)|| <=
+    root_tol * max(1, ||init - T(init)||): an iteration caught in a cycle fails it.
+
+    Args:
+      fixed_point_fn: T(x, *args) -> a tree structured like x.
+      solve, check_root, root_tol, batched, **options: as `custom_root`'s.
+    Returns:
+      A decorator; the decorated solver has the signature of the original.
+    """
+    checks.function(fixed_point_fn, "fixed_point_fn", "custom_fixed_point", "T(x, *args)")
 
     def optimality_fn(x, *args):
         return tree.sub(x, fixed_point_fn(x, *args))
 
-    optimality_fn.__qualname__ = f"x - {_name(fixed_point_fn)}(x)"
+    optimality_fn.__qualname__ = f"x - {callable_name(fixed_point_fn)}(x)"
     try:
         optimality_fn.__signature__ = inspect.signature(fixed_point_fn)
     except (TypeError, ValueError):
         pass
-    return custom_root(optimality_fn, solve, **options)
+    return custom_root(optimality_fn, solve, check_root=check_root, root_tol=root_tol,
+                       batched=batched, **options)
 
 
-def _wrap(solver, fn, solve, options):
-    where = f"implicit gradient of {_name(solver)} by optimality function {_name(fn)}"
+def _norms(f, batched):
+    """||f|| over the whole tree, or per task (a [B] vector) when batched."""
+    if not batched:
+        return tree.norm(f)
+    return tf.sqrt(tf.add_n([tf.reduce_sum(tf.reshape(tf.square(t), [tf.shape(t)[0], -1]), 1)
+                             for t in tf.nest.flatten(f)]))
+
+
+def _check_root(fn, x, init, args, root_tol, batched, where):
+    """x, with the check that it is a root of fn (an Assert dependency in a graph)."""
+    dtype = tf.nest.flatten(x)[0].dtype
+    tol = root_tol if root_tol is not None else float(np.finfo(dtype.as_numpy_dtype).eps) ** 0.5
+    init = tf.nest.map_structure(lambda i, t: tf.cast(i, t.dtype), init, x)
+    f_x, f_0 = (fn(at, *args) for at in (x, init))
+    tree.check_same(x, f_x, "x", f"{where}: the optimality function's output")
+    residual, start = _norms(f_x, batched), _norms(f_0, batched)
+    bound = tf.constant(tol, residual.dtype) * tf.maximum(tf.ones_like(start), start)
+    ok = tf.logical_and(tf.math.is_finite(residual), residual <= bound)
+    text = (f"{where}: the solver did not return a root of the optimality function "
+            "(||F(x)|| > root_tol * max(1, ||F(init)||){}), so its implicit gradient would be "
+            "wrong: run the solver to convergence, or pass root_tol (now {:.3g}) or "
+            "check_root=False for a solver approximate by design")
+    if tf.executing_eagerly():
+        if not bool(tf.reduce_all(ok)):
+            k = int(tf.argmin(tf.cast(ok, tf.int32))) if batched else None
+            pick = (lambda t: float(t[k])) if batched else float
+            found = (f": ||F(x)|| = {pick(residual):.3e}, bound {pick(bound):.3e}"
+                     + (f" (task {k})" if batched else ""))
+            raise ValueError(text.format(found, tol))
+        return x
+    asserts = [tf.debugging.Assert(tf.reduce_all(ok), [
+        text.format("", tol), "||F(x)|| =", residual, "bound =", bound])]
+    with tf.control_dependencies(asserts):
+        return tf.nest.map_structure(tf.identity, x)
+
+
+def _check_batch(named, where):
+    """Every tensor in `named` ((name, leaf) pairs) has one leading task axis (statically,
+    where the shape is known)."""
+    sizes = {}
+    for name, t in named:
+        if not _is_tensor(t):
+            continue
+        if t.shape.rank == 0:
+            raise checks.ArgumentError(f"{where}: batched=True needs a leading task axis on "
+                                       f"every tensor, but {name} is a scalar")
+        if t.shape[0] is not None:
+            sizes.setdefault(int(t.shape[0]), name)
+    if len(sizes) > 1:
+        raise checks.ArgumentError(f"{where}: batched=True needs one leading task axis, but "
+                                   f"the sizes differ: {sizes} (size: first tensor with it)")
+
+
+def _is_tensor(leaf):
+    return isinstance(leaf, (tf.Tensor, tf.Variable, np.ndarray))
+
+
+def _wrap(solver, fn, solve, options, check_root, root_tol, batched):
+    where = (f"implicit gradient of {callable_name(solver)} by optimality function "
+             f"{callable_name(fn)}")
 
     # Not converted by AutoGraph (nor is the backward pass, converted with it when a
     # caller's tf.function converts the tape's code): the Python branches on the solve
@@ -362,12 +290,22 @@ def _wrap(solver, fn, solve, options):
                 new[i] = t
             return tf.nest.pack_sequence_as(args, new)
 
+        named = list(zip(names, flat)) + [("init", t) for t in tf.nest.flatten(init)]
+        if batched:  # before the solver, whose own shape errors would say less
+            _check_batch(named, where)
+
         def forward(diff):
-            x = solver(init_, *rebuild([tf.stop_gradient(t) for t in diff]))
-            tree.check_same(init, x, "init", f"{_name(solver)}'s output (it must return x "
-                                             "alone, structured like init)")
-            return tf.nest.pack_sequence_as(init, [tf.convert_to_tensor(t)
-                                                   for t in tf.nest.flatten(x)])
+            args_ = rebuild([tf.stop_gradient(t) for t in diff])
+            x = solver(init_, *args_)
+            tree.check_same(init, x, "init", f"{callable_name(solver)}'s output (it must "
+                                             "return x alone, structured like init)")
+            x = tf.nest.pack_sequence_as(init, [tf.convert_to_tensor(t)
+                                                for t in tf.nest.flatten(x)])
+            if batched:
+                _check_batch(named + [("x", t) for t in tf.nest.flatten(x)], where)
+            if check_root:
+                x = _check_root(fn, x, init_, args_, root_tol, batched, where)
+            return x
 
         if not diff:
             return forward(diff)
@@ -391,8 +329,34 @@ def _wrap(solver, fn, solve, options):
                 v = tf.nest.pack_sequence_as(x, [tf.zeros_like(t) if d is None else d
                                                  for d, t in zip(dys, x_flat)])
                 xs = tf.nest.map_structure(tf.stop_gradient, x)
-                jac = _Jacobians(fn, xs, rebuild, [tf.stop_gradient(t) for t in diff], where)
-                w = _linear_solve(solve, options, jac, v, where)
+                stopped = [tf.stop_gradient(t) for t in diff]
+                if not batched:
+                    return _gradients(fn, xs, v, rebuild, stopped)
+                # Per task: F on one-task batches of the task's own slices (every tensor
+                # of args has the task axis; Python values are shared).
+                others = [i for i, leaf in enumerate(flat) if _is_tensor(leaf) and i not in idx]
+
+                def task(elems):
+                    x_i, v_i, diff_i, other_i = elems
+
+                    def rebuild_i(leaves):
+                        new = list(flat)
+                        for i, t in zip(idx + others, list(leaves) + list(other_i)):
+                            new[i] = t[None]
+                        return tf.nest.pack_sequence_as(args, new)
+
+                    def fn_i(x, *a):
+                        f = fn(tf.nest.map_structure(lambda t: t[None], x), *a)
+                        return tf.nest.map_structure(lambda t: tf.convert_to_tensor(t)[0], f)
+
+                    return _gradients(fn_i, x_i, v_i, rebuild_i, diff_i)
+
+                return tf.vectorized_map(task, (xs, v, stopped,
+                                                [tf.convert_to_tensor(flat[i]) for i in others]))
+
+            def _gradients(f, xs, v, rebuild_, leaves):
+                jac = implicit_solves.Jacobians(f, xs, rebuild_, leaves, where)
+                w = implicit_solves.linear_solve(solve, options, jac, v, where)
                 grads = jac.vjp_args(w)
                 missing = [names[i] for g, i in zip(grads, idx) if g is None]
                 if missing:

@@ -124,28 +124,28 @@ def test_truncated_unrolled_differentiates_only_the_last_steps(ridge):
     np.testing.assert_allclose(out.value, full.value, rtol=1e-12)
 
 
-def test_implicit_neumann_converges_with_its_terms(ridge):
+def test_implicit_neumann_converges_with_its_steps(ridge):
     exact, _ = _exact(ridge)
     lr = _lr(ridge)
     errors = []
-    for terms in (2, 8, 32):
+    for steps in (2, 8, 32):
         out = _run(ridge, hypergrad.implicit(optim.sgd(lr), 300, inner_tol=1e-12,
-                                             solve=hypergrad.neumann_series(terms, step=lr)))
+                                             solve=hypergrad.neumann_series(steps, step=lr)))
         errors.append(_rel(out.grads, exact))
     assert errors[0] > errors[1] > errors[2] and errors[2] < 1e-3, errors
 
 
 def test_neumann_series_is_its_closed_form(ridge):
-    """step * sum_{k=0}^{terms} (I - step H)^k v in numpy, through the implicit formula."""
+    """step * sum_{k=0}^{steps} (I - step H)^k v in numpy, through the implicit formula."""
     a, b, av, bv, s = ridge
-    lr, terms = _lr(ridge), 7
+    lr, steps = _lr(ridge), 7
     h = a.T @ a + np.diag(np.exp(s))
     w = np.linalg.solve(h, a.T @ b)
     m = np.eye(D) - lr * h
-    series = lr * sum(np.linalg.matrix_power(m, k) for k in range(terms + 1))
+    series = lr * sum(np.linalg.matrix_power(m, k) for k in range(steps + 1))
     expected = -np.exp(s) * w * (series @ (2 * av.T @ (av @ w - bv) / len(bv)))
     out = _run(ridge, hypergrad.implicit(optim.sgd(lr), 300, inner_tol=1e-12,
-                                         solve=hypergrad.neumann_series(terms, step=lr)))
+                                         solve=hypergrad.neumann_series(steps, step=lr)))
     np.testing.assert_allclose(out.grads, expected, rtol=1e-10)
 
 
@@ -212,9 +212,9 @@ def test_errors(ridge):
     sgd = optim.sgd(0.1)
     with pytest.raises(TypeError, match="method must be built"):
         hypergrad.hypergradient(inner, outer, p, h, "implicit")
-    with pytest.raises(TypeError, match="outer_loss must be a callable"):
+    with pytest.raises(TypeError, match="outer_objective must be a callable"):
         hypergrad.hypergradient(inner, None, p, h, hypergrad.one_step(sgd))
-    with pytest.raises(TypeError, match="leaf 0 of hyperparams"):
+    with pytest.raises(TypeError, match="hyperparams must be a tensor"):
         hypergrad.hypergradient(inner, outer, p, 0.5, hypergrad.one_step(sgd))
     with pytest.raises(ValueError, match="truncate=5 must be <= steps=3"):
         hypergrad.unrolled(sgd, 3, truncate=5)
@@ -226,19 +226,89 @@ def test_errors(ridge):
         hypergrad.implicit(sgd, 10, solve="lu")
     with pytest.raises(ValueError, match="inner_tol"):
         hypergrad.implicit(sgd, 10, inner_tol=0.0)
-    with pytest.raises(ValueError, match="terms"):
+    with pytest.raises(ValueError, match="steps"):
         hypergrad.neumann_series(-1)
     with pytest.raises(ValueError, match="did not reach"):
         hypergrad.hypergradient(inner, outer, p, h, hypergrad.implicit(sgd, 2))
-    with pytest.raises(ValueError, match="does not depend on hyperparams leaves \\[1\\]"):
+    with pytest.raises(ValueError, match="does not depend on hyperparams\\[1\\]"):
         hypergrad.hypergradient(lambda w, s: inner(w, s[0]), lambda w, s: outer(w, s[0]), p,
                                 [h, tf.constant(1.0, tf.float64)], hypergrad.one_step(sgd))
     for method in (hypergrad.unrolled(sgd, 3), hypergrad.implicit(optim.sgd(_lr(ridge)), 300)):
         with pytest.raises(ValueError, match="does not depend on"):
             hypergrad.hypergradient(lambda w, s: inner(w, s[0]), lambda w, s: outer(w, s[0]),
                                     p, [h, tf.constant(1.0, tf.float64)], method)
-    with pytest.raises(ValueError, match="inner_loss must return a scalar"):
+    with pytest.raises(ValueError, match="inner_objective must return a scalar"):
         hypergrad.hypergradient(lambda w, s: w["w"], outer, p, h, hypergrad.one_step(sgd))
+
+
+def test_an_unused_hyperparameter_is_named_by_its_key(ridge):
+    a, b, av, bv, s = ridge
+    inner, outer = _losses(a, b, av, bv)
+    for method in (hypergrad.one_step(optim.sgd(0.1)),
+                   hypergrad.implicit(optim.sgd(_lr(ridge)), 300, inner_tol=1e-12)):
+        with pytest.raises(ValueError, match=r"does not depend on hyperparams\['unused'\]: "):
+            hypergrad.hypergradient(lambda w, h: inner(w, h["s"]), lambda w, h: outer(w, h["s"]),
+                                    {"w": tf.zeros(D, tf.float64)},
+                                    {"s": tf.constant(s), "unused": tf.constant(1.0, tf.float64)},
+                                    method)
+
+
+def _methods(ridge):
+    lr = _lr(ridge)
+    return {"unrolled": hypergrad.unrolled(optim.sgd(lr), 20),
+            "implicit": hypergrad.implicit(optim.sgd(lr), 300, inner_tol=1e-12),
+            "one_step": hypergrad.one_step(optim.sgd(lr))}
+
+
+@pytest.mark.parametrize("name", ["unrolled", "implicit", "one_step"])
+def test_non_finite_data_is_named_never_a_nan_or_a_wrong_cause(ridge, name):
+    """NaN in the inner objective's data: named, eagerly and compiled (not "the inner solve
+    did not reach inner_tol", not a NaN hypergradient); NaN in a hyperparameter and in the
+    outer objective's data, each named."""
+    a, b, av, bv, s = ridge
+    method = _methods(ridge)[name]
+    p = {"w": tf.zeros(D, tf.float64)}
+    inner, outer = _losses(a, np.where(np.arange(len(b)) == 3, np.nan, b), av, bv)
+    with pytest.raises(ValueError, match=r"inner_objective\(params, hyperparams\) is not finite "
+                                         "at the given params"):
+        hypergrad.hypergradient(inner, outer, p, tf.constant(s), method)
+    compiled = tf.function(lambda h: hypergrad.hypergradient(inner, outer, p, h, method).grads)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"inner_objective\(params, hyperparams\) is not finite"):
+        compiled(tf.constant(s))
+    inner, outer = _losses(a, b, av, bv)
+    with pytest.raises(ValueError, match=r"hyperparams\['s'\] holds NaN or inf"):
+        hypergrad.hypergradient(lambda w, h: inner(w, h["s"]), lambda w, h: outer(w, h["s"]), p,
+                                {"s": tf.constant(np.where(np.arange(D) == 1, np.nan, s))},
+                                method)
+    _, outer = _losses(a, b, av, np.where(np.arange(len(bv)) == 0, np.inf, bv))
+    with pytest.raises(ValueError, match="outer_objective is not finite at the inner solution"):
+        hypergrad.hypergradient(inner, outer, p, tf.constant(s), method)
+
+
+def test_a_diverging_inner_optimizer_is_named(ridge):
+    """SGD at 100 / L overflows within 400 steps (compiled: the eager loop is slow)."""
+    a, b, av, bv, s = ridge
+    inner, outer = _losses(a, b, av, bv)
+    p = {"w": tf.zeros(D, tf.float64)}
+    for method, match in ((hypergrad.unrolled(optim.sgd(100 * _lr(ridge)), 400),
+                           "outer_objective is not finite.*diverged"),
+                          (hypergrad.implicit(optim.sgd(100 * _lr(ridge)), 400),
+                           "the inner solve diverged")):
+        fn = tf.function(lambda h: hypergrad.hypergradient(inner, outer, p, h, method).grads)
+        with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+            fn(tf.constant(s))
+
+
+@pytest.mark.parametrize("name", ["unrolled", "implicit", "one_step"])
+def test_float32_hyperparameters_with_float64_params_are_named(ridge, name):
+    a, b, av, bv, s = ridge
+    inner, outer = _losses(a, b, av, bv)
+    with pytest.raises(TypeError, match=r"inner_objective failed on hyperparams, a float32 "
+                                        r"tensor, with params of float64.*tf\.constant\(x, "
+                                        r"tf\.float64\)"):
+        hypergrad.hypergradient(inner, outer, {"w": tf.zeros(D, tf.float64)},
+                                tf.constant(s, tf.float32), _methods(ridge)[name])
 
 
 def test_bench_binary_smoke(tmp_path):
@@ -250,7 +320,7 @@ def test_bench_binary_smoke(tmp_path):
                     "bench_hypergrad_ridge.validation = 8",
                     "bench_hypergrad_ridge.condition = 5.0",
                     "bench_hypergrad_ridge.unrolled_steps = (3, 9)",
-                    "bench_hypergrad_ridge.neumann_terms = (2, 6)"],
+                    "bench_hypergrad_ridge.neumann_steps = (2, 6)"],
         output_dir=str(tmp_path))
     assert metrics["implicit_cg_rel_err"] < 1e-8
     with open(os.path.join(tmp_path, "metrics.json")) as f:

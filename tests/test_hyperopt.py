@@ -10,7 +10,7 @@ import tensorflow as tf
 from experiments import hyperopt
 from hogrod import harness
 
-# A tiny problem: 12 training digits, the exact helper's oracle and the binary run in seconds.
+# A tiny problem: 12 training digits, the exact oracle and the binary run in seconds.
 TINY = ["hyperopt_digits.n_train = 12", "hyperopt_digits.n_val = 10",
         "hyperopt_digits.n_test = 20", "hyperopt_experiment.outer_steps = 3",
         "inner/hogrod.optim.sgd.learning_rate = 0.3"]  # 12 digits curve more than 100
@@ -41,7 +41,7 @@ def test_exact_hypergradient_matches_central_differences(small):
     np.testing.assert_allclose(grads, fd, rtol=1e-6, atol=1e-9)
     np.testing.assert_allclose(val_loss, f(s), rtol=1e-12)
     # theta* is a root of the inner gradient by the other implementation (TF autodiff)
-    inner, _ = hyperopt.make_losses(train, val, bias_l2)
+    inner, _ = hyperopt.make_objectives(train, val, bias_l2)
     params = [tf.constant(theta[:-1]), tf.constant(theta[-1])]
     with tf.GradientTape() as tape:
         tape.watch(params)

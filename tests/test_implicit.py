@@ -336,7 +336,7 @@ def test_bad_solver_output_unused_argument_and_bad_options_are_errors():
         implicit.custom_root(f, solve="cg", step=0.5)
     with pytest.raises(ValueError, match="maxiter"):
         implicit.custom_root(f, maxiter=0)
-    with pytest.raises(ValueError, match="tol must be a finite number > 0"):
+    with pytest.raises(ValueError, match="tol must be a positive finite number"):
         implicit.custom_root(f, solve="neumann", tol=0.0)
     with pytest.raises(ValueError, match="callable solve"):
         implicit.custom_root(f, solve=my_solve, tol=1e-3)
@@ -348,3 +348,158 @@ def test_bad_solver_output_unused_argument_and_bad_options_are_errors():
         implicit.custom_root(f, solve="neumann", truncated=True)
     with pytest.raises(TypeError, match="optimality_fn"):
         implicit.custom_root("f")
+
+
+def cube(x, a):  # F(x) = x^3 - a: the root a^(1/3), dx/da = 1 / (3 x^2)
+    return x ** 3 - a
+
+
+def newton(steps):
+    def solve(init, a):
+        x = init
+        for _ in range(steps):
+            x = x - cube(x, a) / (3 * x ** 2)
+        return x
+    return solve
+
+
+def cube_gradient(solver, a=8.0):
+    a = tf.convert_to_tensor(a, tf.float64)
+    with tf.GradientTape() as tape:
+        tape.watch(a)
+        x = solver(tf.constant(1.0, tf.float64), a)
+    return tape.gradient(x, a)
+
+
+def test_a_solver_output_that_is_not_a_root_is_an_error_naming_the_residual():
+    """One Newton step from 1 on x^3 = 8 stops at x = 10/3, F = 29.0: its implicit gradient
+    1 / (3 x^2) = 0.030 is not the root's 1/12 = 0.083."""
+    short = implicit.custom_root(cube)(newton(1))
+    with pytest.raises(ValueError, match=r"by optimality function cube: the solver did not "
+                                         r"return a root.*\|\|F\(x\)\|\| = 2\.9\d*e\+01"):
+        cube_gradient(short)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="cube: the solver did not return a root"):
+        tf.function(lambda a: cube_gradient(short, a))(tf.constant(8.0, tf.float64))
+    # the opt-out gives the gradient of the point returned, which is wrong
+    unchecked = cube_gradient(implicit.custom_root(cube, check_root=False)(newton(1)))
+    np.testing.assert_allclose(float(unchecked), 1 / (3 * (10 / 3) ** 2), rtol=1e-12)
+    # converged: the root's gradient, eagerly and compiled; a loose root_tol lets one step by
+    np.testing.assert_allclose(float(cube_gradient(implicit.custom_root(cube)(newton(30)))),
+                               1 / 12, rtol=1e-12)
+    compiled = tf.function(lambda a: cube_gradient(implicit.custom_root(cube)(newton(30)), a))
+    np.testing.assert_allclose(float(compiled(tf.constant(8.0, tf.float64))), 1 / 12,
+                               rtol=1e-12)
+    cube_gradient(implicit.custom_root(cube, root_tol=100.0)(newton(1)))
+    with pytest.raises(ValueError, match="root_tol must be a positive"):
+        implicit.custom_root(cube, root_tol=0.0)
+    with pytest.raises(ValueError, match="check_root must be True or False"):
+        implicit.custom_root(cube, check_root=1)
+
+
+def test_a_fixed_point_iteration_caught_in_a_cycle_is_an_error():
+    def flip(x, c):  # x -> c - x: from 0 the iteration cycles 0, c, 0, ...; x* = c / 2
+        return c - x
+
+    def iterate_flip(init, c):
+        x = init
+        for _ in range(10):
+            x = flip(x, c)
+        return x
+
+    solver = implicit.custom_fixed_point(flip, solve="dense")(iterate_flip)
+    with pytest.raises(ValueError, match=r"flip\(x\): the solver did not return a root.*"
+                                         r"\|\|F\(x\)\|\| = 1\.202e\+00"):  # |(.85, .85)|
+        grad_of(solver, [0.85, 0.85])
+
+
+def ridge_tasks_f(x, lam, a, b):  # ridge_f per task: x [B, 5], lam [B], a [B, 8, 5], b [B, 8]
+    r = tf.einsum("tij,tj->ti", a, x) - b
+    return tf.einsum("tij,ti->tj", a, r) + lam[:, None] * x
+
+
+def ridge_tasks_exact(init, lam, a, b):
+    h = tf.einsum("tij,tik->tjk", a, a) + lam[:, None, None] * tf.eye(5, dtype=a.dtype)
+    return tf.linalg.solve(h, tf.einsum("tij,ti->tj", a, b)[..., None])[..., 0]
+
+
+def tasks(n=3):
+    rng = np.random.default_rng(2)
+    return (tf.constant(rng.uniform(0.1, 3.0, size=n)),
+            tf.constant(A + 0.3 * rng.normal(size=(n, 8, 5))), tf.constant(rng.normal(size=(n, 8))))
+
+
+@pytest.mark.parametrize("solve", ["cg", "dense"])
+def test_batched_custom_root_with_the_tape_outside_equals_a_loop_over_tasks(solve):
+    """batched=True: one call on every task (no tf.vectorized_map), the gradient of a sum
+    over tasks; oracles: the closed form of d/dlam and d/db per task, and a loop of
+    single-task custom_roots for d/da."""
+    solver = implicit.custom_root(ridge_tasks_f, solve=solve, batched=True)(ridge_tasks_exact)
+    lams, a_s, b_s = tasks()
+
+    def grads(lams, a_s, b_s):
+        with tf.GradientTape() as tape:
+            tape.watch([lams, a_s, b_s])
+            x = solver(tf.zeros([3, 5], tf.float64), lams, a_s, b_s)
+            loss = 0.5 * tf.reduce_sum((x - T) ** 2)
+        return tape.gradient(loss, [lams, a_s, b_s])
+
+    single = implicit.custom_root(ridge_f, solve=solve)(
+        lambda init, lam, a, b: ridge_exact(lam, a, b))
+    rtol = 1e-10
+    for d_lam, d_a, d_b in (grads(lams, a_s, b_s), tf.function(grads)(lams, a_s, b_s)):
+        for i in range(3):
+            want_lam, want_b = ridge_oracle(lams[i].numpy(), a_s[i].numpy(), b_s[i].numpy())
+            np.testing.assert_allclose(d_lam[i].numpy(), want_lam, rtol=rtol)
+            np.testing.assert_allclose(d_b[i].numpy(), want_b, rtol=rtol)
+            a_i = tf.identity(a_s[i])
+            with tf.GradientTape() as tape:
+                tape.watch(a_i)
+                x = single(tf.zeros(5, tf.float64), lams[i], a_i, b_s[i])
+                loss = 0.5 * tf.reduce_sum((x - T) ** 2)
+            np.testing.assert_allclose(d_a[i].numpy(), tape.gradient(loss, a_i).numpy(),
+                                       rtol=rtol)
+
+
+def test_batched_custom_fixed_point_and_per_task_root_check():
+    """y = M_t y + c_t per task: dL/dc_t = (I - M_t)^{-T} (y_t - t) in closed form; a task
+    the solver leaves unconverged fails the root check, named by its index."""
+    rng = np.random.default_rng(3)
+    m = np.stack([0.8 * q / np.linalg.norm(q, 2) for q in rng.normal(size=(2, 5, 5))])
+    c = rng.normal(size=(2, 5))
+
+    def affine(y, m, c):
+        return tf.einsum("tij,tj->ti", m, y) + c
+
+    def exact(init, m, c):
+        return tf.linalg.solve(tf.eye(5, dtype=m.dtype) - m, c[..., None])[..., 0]
+
+    def one_task_converged(init, m, c):  # task 1 stops at its init
+        return tf.concat([exact(init, m, c)[:1], init[1:]], 0)
+
+    m_, c_ = tf.constant(m), tf.constant(c)
+    for solve in ("normal_cg", "dense"):
+        solver = implicit.custom_fixed_point(affine, solve=solve, batched=True)(exact)
+        with tf.GradientTape() as tape:
+            tape.watch(c_)
+            y = solver(tf.zeros([2, 5], tf.float64), m_, c_)
+            loss = 0.5 * tf.reduce_sum((y - T) ** 2)
+        d_c = tape.gradient(loss, c_).numpy()
+        for i in range(2):
+            y_i = np.linalg.solve(np.eye(5) - m[i], c[i])
+            np.testing.assert_allclose(d_c[i], np.linalg.solve((np.eye(5) - m[i]).T, y_i - T),
+                                       rtol=1e-9)
+    bad = implicit.custom_fixed_point(affine, batched=True)(one_task_converged)
+    with pytest.raises(ValueError, match=r"did not return a root.*\(task 1\)"):
+        bad(tf.zeros([2, 5], tf.float64), m_, c_)
+
+
+def test_batched_needs_one_task_axis_on_every_tensor():
+    solver = implicit.custom_root(ridge_tasks_f, batched=True)(ridge_tasks_exact)
+    lams, a_s, b_s = tasks()
+    with pytest.raises(ValueError, match=r"one leading task axis.*sizes differ"):
+        solver(tf.zeros([3, 5], tf.float64), lams[:2], a_s, b_s)
+    with pytest.raises(ValueError, match="lam is a scalar"):
+        solver(tf.zeros([3, 5], tf.float64), lams[0], a_s, b_s)
+    with pytest.raises(ValueError, match="batched must be True or False"):
+        implicit.custom_root(ridge_tasks_f, batched="yes")

@@ -50,7 +50,7 @@ import numpy as np
 import tensorflow as tf
 
 from experiments.bench import timing
-from experiments.bench.peers import ridge_exact_hypergradient, ridge_hyperproblem, ridge_losses
+from experiments.bench.peers import ridge_exact_hypergradient, ridge_hyperproblem, ridge_objectives
 from hogrod import harness, hypergrad, linalg, optim
 
 
@@ -104,7 +104,7 @@ def _cost_table(a, b, av, bv, s, targets, max_steps, rounds):
     exact, h = ridge_exact_hypergradient(a, b, av, bv, s)
     features = len(s)
     lr = 1.0 / np.linalg.eigvalsh(h)[-1]
-    inner, outer = ridge_losses(a, b, av, bv)
+    inner, outer = ridge_objectives(a, b, av, bv)
     w0, s_ = tf.zeros(features, tf.float64), tf.constant(s)
     unrolled_err, implicit_err = _error_curves(a, b, av, bv, s, h, lr, exact, max_steps)
     norm = np.linalg.norm(exact)
@@ -183,7 +183,7 @@ def memory_child(spec):
                                spec["condition"], spec["seed"])
     _, h = ridge_exact_hypergradient(a, b, av, bv, s)
     lr = 1.0 / np.linalg.eigvalsh(h)[-1]
-    inner, outer = ridge_losses(a, b, av, bv)
+    inner, outer = ridge_objectives(a, b, av, bv)
     w0, s_ = tf.zeros(len(s), tf.float64), tf.constant(s)
     unrolled, implicit = _methods(lr, len(s), spec["steps"], spec["steps"], 1e-10,
                                   tf.Variable(-1, dtype=tf.int64))

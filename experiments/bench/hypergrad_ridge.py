@@ -5,9 +5,10 @@ validation MSE; float64. A has singular values log-spaced so that the inner Hess
 condition number is about `condition`: gradient descent (rate 1/L) needs O(condition)
 steps, which is what unrolled differentiation and the Neumann series pay for. The exact
 hypergradient is -e^s * w* * H^{-1} grad_w L_out (numpy). Reported: relative errors of
-implicit-CG, unrolled (K steps of GD from 0) and implicit-Neumann (terms), each method's
-seconds (a `tf.function`, timed on its second call) and Hessian-vector products (unrolled:
-one per step, backpropagated; Neumann: one per term; CG: its iterations).
+implicit-CG, unrolled (K steps of GD from 0) and implicit-Neumann (`steps` terms after the
+first), each method's seconds (a `tf.function`, timed on its second call) and
+Hessian-vector products (unrolled: one per step, backpropagated; Neumann: one per term
+after the first; CG: its iterations).
 
     python -m experiments.bench.hypergrad_ridge \
         --gin_file=experiments/bench/configs/hypergrad_ridge.gin
@@ -19,7 +20,7 @@ import gin
 import numpy as np
 import tensorflow as tf
 
-from experiments.bench.peers import ridge_exact_hypergradient, ridge_hyperproblem, ridge_losses
+from experiments.bench.peers import ridge_exact_hypergradient, ridge_hyperproblem, ridge_objectives
 from hogrod import harness, hypergrad, linalg, optim
 
 
@@ -33,12 +34,12 @@ def _timed(fn, *args):
 @gin.configurable
 def bench_hypergrad_ridge(output_dir, features=20, train=100, validation=50, condition=100.0,
                           unrolled_steps=(10, 30, 100, 300, 1000),
-                          neumann_terms=(10, 30, 100, 300), cg_tol=1e-12, seed=0):
+                          neumann_steps=(10, 30, 100, 300), cg_tol=1e-12, seed=0):
     del output_dir  # metrics.json is written by the harness
     a, b, av, bv, s = ridge_hyperproblem(features, train, validation, condition, seed)
     exact, h = ridge_exact_hypergradient(a, b, av, bv, s)
     lr = 1.0 / np.linalg.eigvalsh(h)[-1]
-    inner, outer = ridge_losses(a, b, av, bv)
+    inner, outer = ridge_objectives(a, b, av, bv)
     w0, s_ = tf.zeros(features, tf.float64), tf.constant(s)
 
     def measure(method):
@@ -67,11 +68,11 @@ def bench_hypergrad_ridge(output_dir, features=20, train=100, validation=50, con
         err, seconds = measure(hypergrad.unrolled(optim.sgd(lr), k))
         results["unrolled_rel_err"][str(k)], results["unrolled_seconds"][str(k)] = err, seconds
     results["neumann_rel_err"], results["neumann_seconds"] = {}, {}
-    for terms in neumann_terms:
+    for steps in neumann_steps:
         err, seconds = measure(hypergrad.implicit(
             optim.sgd(lr), inner_steps, inner_tol=1e-11,
-            solve=hypergrad.neumann_series(terms, step=lr)))
-        results["neumann_rel_err"][str(terms)], results["neumann_seconds"][str(terms)] = \
+            solve=hypergrad.neumann_series(steps, step=lr)))
+        results["neumann_rel_err"][str(steps)], results["neumann_seconds"][str(steps)] = \
             err, seconds
     for key, value in results.items():
         print(f"{key:24s} {value}")

@@ -37,7 +37,7 @@ def ridge_exact_hypergradient(a, b, av, bv, s):
     return -np.exp(s) * w * np.linalg.solve(h, 2 * av.T @ (av @ w - bv) / len(bv)), h
 
 
-def ridge_losses(a, b, av, bv):
+def ridge_objectives(a, b, av, bv):
     """The ridge hyperproblem's (inner(w, s), outer(w, s)) as TF functions of float64 tensors."""
     a_, b_, av_, bv_ = (tf.constant(x) for x in (a, b, av, bv))
 

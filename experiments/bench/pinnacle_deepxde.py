@@ -38,7 +38,7 @@ from absl import logging
 
 from experiments.bench import peers
 from experiments.bench import runs
-from hogrod import harness, pinn
+from hogrod import harness, pinn, train
 
 PINNACLE_CONFIGS = "configs/pinn/pinnacle"
 
@@ -140,7 +140,7 @@ def _seed_run(case, seed, iterations, warmup, output_dir):
     if r is None:
         l2re, s = deepxde_vanilla(case, iterations, seed, warmup)
         r = {"iterations": iterations, "deepxde_l2re": l2re, "deepxde_s_per_step": s}
-        harness.write_json(path, r)
+        train.write_json(path, r)
     h = hogrod_run(case, iterations, iterations // 10, os.path.join(output_dir, "hogrod"),
                    [f"pinn_experiment.seed = {seed}"])
     out = dict(r, hogrod_l2re=h["l2re"],
@@ -203,7 +203,7 @@ def bench_pinnacle_deepxde(output_dir, iterations=1000, cases=("burgers1d_c", "p
                                         os.path.join(output_dir, case, f"seed{s}"))
                               for s in seeds]
             summary[case] = summarize(per_case[case])
-            harness.write_json(os.path.join(output_dir, "peers.json"),
+            train.write_json(os.path.join(output_dir, "peers.json"),
                                {"per_seed": per_case, "summary": summary})
         m.update(per_seed=per_case, summary=summary)
         with open(os.path.join(output_dir, "table.md"), "w") as f:

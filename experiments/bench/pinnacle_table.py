@@ -25,7 +25,7 @@ import gin
 from absl import logging
 
 from experiments.bench import runs
-from hogrod import harness
+from hogrod import harness, train
 
 PINNACLE_CONFIGS = "configs/pinn/pinnacle"
 CASES = ("burgers1d_c", "poisson2d_c", "poisson2d_cg", "heat2d_ms", "heat2d_lt", "ns2d_c",
@@ -144,7 +144,7 @@ def pinnacle_table(output_dir, cases=CASES, methods=None, seeds=(0, 1, 2), itera
 
 
 def _write(output_dir, table, methods, failures, iterations, seeds):
-    harness.write_json(os.path.join(output_dir, "table.json"),
+    train.write_json(os.path.join(output_dir, "table.json"),
                        {"table": table, "methods": methods, "iterations": iterations,
                         "seeds": list(seeds), "failures": failures}, indent=1)
     text = (f"PINNacle table: {iterations} Adam iterations, seeds {list(seeds)}\n\n"
