@@ -11,10 +11,8 @@ X~^T diag(p(1-p)) X~ / n (hessian.png: the matrix and its eigenvalues).
     python -m experiments.hessian_spectrum --gin_file=configs/curvature/spectrum_mlp.gin
     python -m experiments.hessian_spectrum --gin_file=configs/curvature/inspect_logistic.gin
 
-(`hogrod-hessian-inspect` runs this binary too, for its dense and closed-form checks: the
-configs `configs/curvature/inspect_logistic.gin` and `inspect_mlp.gin`, bindings
-`hessian_spectrum.*`. A config written for `experiments.hessian_inspect` needs
-`n_features` renamed `dim` and `n_classes` renamed `classes`.)
+(The dense and closed-form checks of a small model are the configs
+`configs/curvature/inspect_logistic.gin` and `inspect_mlp.gin`, bindings `hessian_spectrum.*`.)
 
 Outputs: metrics.json, operative_config.gin, TensorBoard events (train/), checkpoints (ckpt/;
 a re-run with the same --output_dir resumes), density.png, hessian.png.
@@ -265,8 +263,7 @@ def hessian_spectrum(output_dir, dim: harness.PositiveInt = 10,
 
 
 def main():
-    """The console commands `hogrod-hessian-spectrum` and `hogrod-hessian-inspect` (see the
-    module docstring)."""
+    """The console command `hogrod-hessian-spectrum` (see the module docstring)."""
     harness.main(hessian_spectrum)
 
 

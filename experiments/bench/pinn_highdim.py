@@ -30,8 +30,8 @@ def step_seconds(dim, laplacian, points=1000, width=128, depth=3, steps=10, seed
         + [keras.layers.Dense(1)])
     u = training.solution_fn(prob, net)
     x = tf.constant(pinn.sample(prob.domain, points, "sobol", seed))
-    loss_fn = training.pinn_loss(prob, u, x, [])
-    step = train.make_train_step(loss_fn, keras.optimizers.Adam(1e-3), net.trainable_variables)
+    objective = training.pinn_loss(prob, u, x, [])
+    step = train.make_train_step(objective, keras.optimizers.Adam(1e-3), net.trainable_variables)
     t0 = time.perf_counter()
     step(None)
     first = time.perf_counter() - t0
