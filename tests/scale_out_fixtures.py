@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from hogrod import curvature, distribute, gan, meta, pinn, train
 from hogrod.pinn import training as pinn_training
+from train_fixtures import GLOBAL_BATCH, make_problem
 
 
 def flat(variables):
@@ -99,5 +100,15 @@ def curvature_product(strategy):
     return op.matvec_flat(v).numpy().astype(np.float64)
 
 
-FAMILIES = {"meta": meta_step, "gan": gan_step, "pinn": pinn_step,
+def train_step(strategy):
+    """The plain train step: a tanh MLP, SGD, two named terms; the global batch sharded."""
+    with strategy.scope():
+        model, opt, objective, data = make_problem()
+    step = train.make_train_step(objective, opt, model.trainable_variables, strategy=strategy)
+    before = flat(model.trainable_variables)
+    step(next(iter(strategy.experimental_distribute_dataset(data.batch(GLOBAL_BATCH)))))
+    return flat(model.trainable_variables) - before
+
+
+FAMILIES = {"train": train_step, "meta": meta_step, "gan": gan_step, "pinn": pinn_step,
             "curvature": curvature_product}

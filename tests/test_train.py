@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hogrod import distribute, train
+from hogrod import train
 from conftest import REPO_ROOT
 from train_fixtures import GLOBAL_BATCH, make_problem, weights
 
@@ -259,33 +259,6 @@ def test_sigkill_and_resume_ends_with_the_uninterrupted_weights(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "STEP 11" in resumed.stdout and "STEP 10" not in resumed.stdout  # resumed at 10
     np.testing.assert_array_equal(np.load(out), np.load(ref))
-
-
-def test_mirrored_two_logical_devices_equals_one_device():
-    model, opt, objective, data = make_problem()
-    step = train.make_train_step(objective, opt, model.trainable_variables)
-    for b in data.batch(GLOBAL_BATCH).take(3):
-        step(b)
-    single = weights(model)
-    strategy = distribute.make_strategy("mirrored")
-    assert strategy.num_replicas_in_sync == 2
-    with strategy.scope():
-        model, opt, objective, data = make_problem()
-    step = train.make_train_step(objective, opt, model.trainable_variables, strategy=strategy)
-    for b in strategy.experimental_distribute_dataset(data.batch(GLOBAL_BATCH).take(3)):
-        step(b)
-    np.testing.assert_allclose(weights(model), single, atol=1e-5)
-
-
-def test_two_process_multi_worker_step_equals_one_device(tmp_path):
-    model, opt, objective, data = make_problem()
-    train.make_train_step(objective, opt, model.trainable_variables)(big_batch(data))
-    out = tmp_path / "mw.npy"
-    results = distribute.launch_local(
-        [sys.executable, os.path.join(WORKERS, "one_step.py"), "multi_worker", str(out)], 2,
-        timeout_s=240, cwd=REPO_ROOT, env={"PYTHONPATH": REPO_ROOT})
-    assert all("DONE 2" in r.stdout for r in results)
-    np.testing.assert_allclose(np.load(out), weights(model), atol=1e-5)
 
 
 def test_integrated_gradients_completeness_and_saliency_against_finite_differences():
