@@ -82,7 +82,7 @@ def _check_callable(where, fn, doc_owner=None, skip_first=False):
         if ret is inspect.Signature.empty:
             problems.append(f"{where}: no return annotation")
         elif ret is not None and ret is not type(None) and ret != "None":
-            if doc.returns is None and not doc.many_returns:
+            if doc.returns is None and not doc.many_returns and doc.yields is None:
                 problems.append(f"{where}: no Returns (or Yields) section")
     return problems
 
