@@ -155,8 +155,9 @@ class Checkpointer:
     def save(self) -> str:
         """Save a checkpoint numbered by the current `step`.
 
-        Checkpoints beyond `max_to_keep` are deleted, oldest first. A data iterator that cannot be saved (its pipeline holds Python state) is dropped
-        from the checkpoint with a warning, and the save retried without it.
+        Checkpoints beyond `max_to_keep` are deleted, oldest first. A data iterator that
+        cannot be saved (its pipeline holds Python state) is dropped from the checkpoint
+        with a warning, and the save retried without it.
 
         Returns:
           The path prefix of the checkpoint written.

@@ -321,10 +321,10 @@ def make_train_step(objective: Objective,
         optimizer in `keras.optimizers.LossScaleOptimizer` for mixed precision.
       variables: the variables to train with a single optimizer (None with a list of
         groups, which hold their variables).
-      weights: {term: weight}; terms not named get weight 1 (None: every weight 1). A weight for a term the loss
-        does not return is an error (raised on the first step). A Python number is applied
-        at the dtype of the loss (float64 for a float64 loss: exact); a scalar tensor or
-        variable (a schedule) is cast to it.
+      weights: {term: weight}; terms not named get weight 1 (None: every weight 1). A weight
+        for a term the loss does not return is an error (raised on the first step). A Python
+        number is applied at the dtype of the loss (float64 for a float64 loss: exact); a
+        scalar tensor or variable (a schedule) is cast to it.
       transform: `transform(grads, variables) -> grads` (see `hogrod.train.transforms`),
         applied to the global gradient; unconnected gradients are zeros (with a warning).
         None: the gradient as it is.
