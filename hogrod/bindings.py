@@ -24,6 +24,7 @@ import os
 import re
 import types
 import typing
+from typing import Callable, Optional, Sequence
 
 import gin
 from gin import config_parser
@@ -39,7 +40,17 @@ class ConfigError(Exception):
 
 
 class Range(typing.NamedTuple):
-    """The interval a number annotated `Annotated[int or float, Range(...)]` must lie in."""
+    """The interval a number annotated `Annotated[int or float, Range(...)]` must lie in.
+
+    `Range(0)` is ``[0, inf)``, `Range(0, low_open=True)` is ``(0, inf)``, `Range(0, 1)` is
+    ``[0, 1]``. `check_values` refuses a bound value outside it, naming the interval.
+
+    Attributes:
+      low: the lower bound (default -inf: none).
+      high: the upper bound (default inf: none).
+      low_open: whether `low` itself is excluded (default False: included).
+      high_open: whether `high` itself is excluded (default False: included).
+    """
     low: float = -math.inf
     high: float = math.inf
     low_open: bool = False
@@ -72,22 +83,30 @@ class _SyntaxOnly(config_parser.ParserDelegate):
 
 
 class Named(io.StringIO):
-    """A config text (a file-like object) that gin's parser reports errors in under `name`."""
+    """A config text (a file-like object) that gin's parser reports errors in under `name`.
 
-    def __init__(self, text, name):
+    Args:
+      text: the gin config text, read from its beginning.
+      name: the file it came from (None: unnamed), set as the object's `name`, which gin's
+        parser puts in a syntax error's location.
+    """
+
+    def __init__(self, text: str, name: Optional[str]) -> None:
         super().__init__(text)
         self.name = name
 
 
-def statements(text, name=None):
+def statements(text: str, name: Optional[str] = None) -> list:
     """The statements of a gin config text, parsed without gin's registry.
 
     Args:
       text: gin config text.
-      name: the file it came from, named in a syntax error.
+      name: the file it came from, named in a syntax error (None: unnamed).
+
     Returns:
       A list of `gin.config_parser` statements; a reference or macro value stands as the
       text it was written as (`@maml`, `%N_WAY`).
+
     Raises:
       SyntaxError: the text is not gin.
     """
@@ -154,11 +173,12 @@ def _hints(selector):
         return {}
 
 
-def check_values():
+def check_values() -> None:
     """Check every bound value of the parsed config against its parameter's annotation.
 
-    Returns:
-      None.
+    Reads gin's current config (`gin.config_str()`); a macro is checked for its value, a
+    reference is not checked; a configurable without annotations is not checked.
+
     Raises:
       ConfigError: naming each binding whose value does not fit, and what it must be.
     """
@@ -178,14 +198,15 @@ def check_values():
         raise ConfigError("bad value for the gin binding(s):\n  " + "\n  ".join(wrong))
 
 
-def shipped_configs(bindings):
+def shipped_configs(bindings: Sequence[str]) -> list[str]:
     """The shipped configs that give any of `bindings`, themselves or through includes.
 
     Args:
-      bindings: 'configurable.parameter' names.
+      bindings: 'configurable.parameter' names (a scoped binding `scope/name` matches too).
+
     Returns:
       Paths relative to CONFIG_DIR; of the configs in subfolders (fragments such as
-      maml/algorithms/maml.gin), only those nothing includes.
+      maml/algorithms/maml.gin), only those nothing includes; sorted.
     """
     texts = {}
     for path in glob.glob(os.path.join(CONFIG_DIR, "**", "*.gin"), recursive=True):
@@ -205,13 +226,12 @@ def shipped_configs(bindings):
                   and binds_it(n, frozenset()))
 
 
-def check_required(fn):
+def check_required(fn: Callable) -> None:
     """Check that every parameter `fn` marks `gin.REQUIRED` is bound.
 
     Args:
-      fn: the experiment function.
-    Returns:
-      None.
+      fn: the experiment function (a gin configurable; its bindings are `fn.__name__.param`).
+
     Raises:
       ConfigError: naming the missing bindings and the shipped configs that give them.
     """

@@ -21,9 +21,12 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Mapping, Optional, Sequence
 
 import gin
 import tensorflow as tf
+
+from hogrod.types import Tree
 
 __all__ = ["make_strategy", "shard", "parse_tf_config", "launch_local", "free_ports",
            "ClusterError"]
@@ -36,7 +39,7 @@ class ClusterError(RuntimeError):
     """TF_CONFIG is malformed, or a worker cannot be reached in time."""
 
 
-def _logical_cpus(n):
+def _logical_cpus(n: int) -> None:
     """Split the first CPU into n logical devices (must run before TF initializes devices)."""
     cpus = tf.config.list_physical_devices("CPU")
     current = tf.config.get_logical_device_configuration(cpus[0])
@@ -55,17 +58,32 @@ def _logical_cpus(n):
 
 @gin.configurable
 def make_strategy(kind: str = "default", logical_cpus: int | None = None,
-                  connect_timeout_s: float = 60.0, collective_timeout_s: float | None = None):
+                  connect_timeout_s: float = 60.0,
+                  collective_timeout_s: float | None = None) -> tf.distribute.Strategy:
     """A `tf.distribute.Strategy` by name.
 
     Args:
       kind: "default", "mirrored" or "multi_worker".
       logical_cpus: for testing without GPUs, split the CPU into this many logical devices
-        (mirrored: one replica per device; multi_worker: devices per worker).
-      connect_timeout_s: multi_worker: how long to wait for every peer in TF_CONFIG to
-        accept a TCP connection before raising ClusterError.
-      collective_timeout_s: multi_worker: a deadline for each collective op, so a worker
-        that dies mid-run fails the others instead of hanging them.
+        (mirrored: one replica per device; multi_worker: devices per worker); None or 0:
+        the devices as they are. Must come before any other TensorFlow work.
+      connect_timeout_s: multi_worker: how long to wait, in seconds, for every peer in
+        TF_CONFIG to accept a TCP connection before raising ClusterError.
+      collective_timeout_s: multi_worker: a deadline in seconds for each collective op, so
+        a worker that dies mid-run fails the others instead of hanging them; None: no
+        deadline.
+
+    Returns:
+      "default": the current strategy (`tf.distribute.get_strategy()`); "mirrored": a
+      `MirroredStrategy` over every local GPU, else every logical CPU, one instance per
+      device set and process (a second call returns the same object); "multi_worker": a
+      `MultiWorkerMirroredStrategy` whose peers have been reached.
+
+    Raises:
+      ValueError: `kind` is not one of the three.
+      RuntimeError: `logical_cpus` asks for more CPU devices than TensorFlow started with.
+      ClusterError: multi_worker: TF_CONFIG is unset or malformed, or a peer is unreachable
+        within `connect_timeout_s`.
     """
     if kind not in STRATEGY_KINDS:
         raise ValueError(f"make_strategy.kind must be one of {STRATEGY_KINDS}, got {kind!r}")
@@ -93,14 +111,28 @@ def make_strategy(kind: str = "default", logical_cpus: int | None = None,
     return strategy
 
 
-def shard(strategy, tensors):
-    """Split every tensor of a nested structure along axis 0 into equal, contiguous shards,
-    one per replica of `strategy` (over all workers): a distributed value to pass to a
-    step built with that strategy. With one replica, the tensors themselves.
+def shard(strategy: tf.distribute.Strategy, tensors: Tree) -> Tree:
+    """Split every tensor of a nested structure into one equal shard per replica.
 
-    A replica's term that is a mean over its shard then averages (over replicas) to the mean
-    over all rows, which is what `make_train_step` computes; so every row count must divide
-    by the number of replicas, or the error names the tensor.
+    Each tensor is split along axis 0 into equal, contiguous shards, one per replica of
+    `strategy` (over all workers): replica i gets rows ``[i * n / r, (i + 1) * n / r)``.
+    A replica's term that is a mean over its shard then averages (over replicas) to the
+    mean over all rows, which is what `make_train_step` computes; so every row count must
+    divide by the number of replicas.
+
+    Args:
+      strategy: the strategy whose replicas get the shards (`num_replicas_in_sync` of them).
+      tensors: a nested structure of tensors (or arrays), each of rank at least 1 with a
+        row count divisible by the number of replicas.
+
+    Returns:
+      A distributed value of `tensors`' structure to pass to a step built with `strategy`
+      (`strategy.experimental_distribute_values_from_function`); with one replica, the
+      tensors themselves (converted to tensors).
+
+    Raises:
+      ValueError: a tensor is a scalar or its row count does not divide into equal shards;
+        the message names the tensor's index in the flattened structure and its shape.
     """
     n = strategy.num_replicas_in_sync
     flat = [tf.convert_to_tensor(t) for t in tf.nest.flatten(tensors)]
@@ -118,11 +150,20 @@ def shard(strategy, tensors):
     return strategy.experimental_distribute_values_from_function(part)
 
 
-def parse_tf_config(raw=None):
+def parse_tf_config(raw: Optional[str] = None) -> dict:
     """The TF_CONFIG of this process, checked: a dict with 'cluster' and 'task'.
 
-    Raises ClusterError naming the problem (unset, not JSON, no 'worker' list, a task index
-    outside it, an address without a port).
+    Args:
+      raw: the TF_CONFIG JSON text; None: the environment variable TF_CONFIG.
+
+    Returns:
+      The parsed dict: 'cluster' maps each job to its list of "host:port" addresses (a
+      non-empty 'worker' list among them), 'task' is {"type": a job of the cluster,
+      "index": an index into that job's list}.
+
+    Raises:
+      ClusterError: naming the problem (unset, not JSON, no 'worker' list, a task index
+        outside it, an address without a port).
     """
     raw = os.environ.get("TF_CONFIG") if raw is None else raw
     if not raw:
@@ -152,7 +193,7 @@ def parse_tf_config(raw=None):
     return config
 
 
-def wait_for_peers(config, timeout_s):
+def wait_for_peers(config: dict, timeout_s: float) -> None:
     """Block until every other address in the cluster accepts TCP, or raise ClusterError."""
     me = config["cluster"][config["task"]["type"]][config["task"]["index"]]
     peers = [a for addrs in config["cluster"].values() for a in addrs if a != me]
@@ -171,8 +212,17 @@ def wait_for_peers(config, timeout_s):
                 time.sleep(0.2)
 
 
-def free_ports(n):
-    """n distinct free TCP ports on loopback."""
+def free_ports(n: int) -> list[int]:
+    """Distinct free TCP ports on loopback (127.0.0.1).
+
+    The ports are free when found; another process may take one before it is used.
+
+    Args:
+      n: how many ports.
+
+    Returns:
+      `n` distinct port numbers.
+    """
     socks = [socket.socket() for _ in range(n)]
     try:
         for s in socks:
@@ -183,7 +233,9 @@ def free_ports(n):
             s.close()
 
 
-def launch_local(argv, num_workers=2, timeout_s=300, env=None, cwd=None):
+def launch_local(argv: Sequence[str], num_workers: int = 2, timeout_s: float = 300,
+                 env: Optional[Mapping[str, str]] = None,
+                 cwd: Optional[str] = None) -> list[subprocess.CompletedProcess]:
     """Run `argv` as `num_workers` processes on loopback, each with its own TF_CONFIG.
 
     Args:
@@ -192,11 +244,17 @@ def launch_local(argv, num_workers=2, timeout_s=300, env=None, cwd=None):
       num_workers: how many processes.
       timeout_s: a deadline for the whole run; on expiry every worker is killed and a
         ClusterError raised (never a hang).
-      env, cwd: extra environment variables and working directory for the workers.
+      env: extra environment variables for the workers, on top of this process's (None:
+        none); each worker's TF_CONFIG is set over them.
+      cwd: the workers' working directory (None: this process's).
 
     Returns:
-      a list of `subprocess.CompletedProcess`, one per worker (index order). A worker that
-      exits non-zero raises ClusterError with the tail of its stderr.
+      A list of `subprocess.CompletedProcess`, one per worker (index order), with its
+      stdout and stderr as text.
+
+    Raises:
+      ClusterError: the run exceeded `timeout_s` (every worker killed), or a worker exited
+        non-zero (the message holds the tail of its stderr).
     """
     addresses = [f"localhost:{p}" for p in free_ports(num_workers)]
     procs = []

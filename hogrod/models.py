@@ -1,5 +1,6 @@
-"""Backbones and losses for experiments: the networks of the papers hogrod reproduces and the
-losses they train with.
+"""Backbones and losses for experiments: the networks of hogrod's papers and their losses.
+
+The networks are those of the papers hogrod reproduces; the losses are what they train with.
 
 - `dense_net(widths, activation)`: a Keras MLP; `relu_mlp` (the toy-GAN generator and
   critic) and `mlp` (Finn et al.'s sinusoid network) are dense nets with fixed choices.
@@ -12,11 +13,14 @@ losses they train with.
 32`); the rest take arguments only.
 """
 
+from typing import Callable, Optional, Sequence
+
 import gin
 import keras
 import tensorflow as tf
 
 from hogrod import checks
+from hogrod.types import DType, TensorLike
 
 __all__ = ["dense_net", "relu_mlp", "mlp", "conv4", "classifier", "mse", "cross_entropy",
            "binary_cross_entropy"]
@@ -33,8 +37,11 @@ def _widths(widths, arg, where):
     return tuple(checks.integer(w, f"{arg}[{i}]", where, least=1) for i, w in enumerate(widths))
 
 
-def dense_net(widths, activation="tanh", dtype=None, name=None, head_name=None,
-              kernel_initializer="glorot_uniform"):
+def dense_net(widths: Sequence[int], activation: str | Callable = "tanh",
+              dtype: Optional[DType] = None, name: Optional[str] = None,
+              head_name: Optional[str] = None,
+              kernel_initializer: str | keras.initializers.Initializer = "glorot_uniform"
+              ) -> keras.Sequential:
     """A Keras MLP: `activation` after every hidden layer, a linear output layer.
 
     Args:
@@ -43,9 +50,13 @@ def dense_net(widths, activation="tanh", dtype=None, name=None, head_name=None,
       dtype: the inputs' and every layer's dtype (None: Keras's default policy).
       name: the model's name (None: Keras's).
       head_name: the output layer's name (None: Keras's).
-      kernel_initializer: every layer's kernel initializer.
+      kernel_initializer: every layer's kernel initializer (a Keras initializer or its
+        name); biases start at zero.
+
     Returns:
-      A built `keras.Sequential`.
+      A built `keras.Sequential` of input [batch, widths[0]] and output
+      [batch, widths[-1]].
+
     Raises:
       ArgumentError: `widths` is not at least two positive integers.
     """
@@ -58,7 +69,8 @@ def dense_net(widths, activation="tanh", dtype=None, name=None, head_name=None,
     return keras.Sequential(layers, name=name)
 
 
-def relu_mlp(inputs, outputs, width, depth, name=None):
+def relu_mlp(inputs: int, outputs: int, width: int, depth: int,
+             name: Optional[str] = None) -> keras.Sequential:
     """The toy-GAN generator or critic: `depth` ReLU layers of `width` (WGAN-GP's 2-512-512-512).
 
     Args:
@@ -66,9 +78,12 @@ def relu_mlp(inputs, outputs, width, depth, name=None):
       outputs: the output dimension.
       width: each hidden layer's width.
       depth: the number of hidden layers (0: a linear map).
-      name: the model's name.
+      name: the model's name (None: Keras's).
+
     Returns:
-      A built `keras.Sequential` (see `dense_net`).
+      A built `keras.Sequential` (see `dense_net`) of input [batch, inputs] and output
+      [batch, outputs], at Keras's default dtype policy.
+
     Raises:
       ArgumentError: a size is not a positive integer (`depth` may be 0).
     """
@@ -79,18 +94,23 @@ def relu_mlp(inputs, outputs, width, depth, name=None):
 
 
 @gin.configurable
-def mlp(input_dim=1, widths=(40, 40), outputs=1, activation="relu", init_stddev=None):
+def mlp(input_dim: int = 1, widths: Sequence[int] = (40, 40), outputs: int = 1,
+        activation: str | Callable = "relu", init_stddev: Optional[float] = None
+        ) -> keras.Sequential:
     """The sinusoid network of Finn et al.: 1-40-40-1, ReLU.
 
     Args:
       input_dim: the input dimension.
       widths: the hidden widths.
       outputs: the output dimension.
-      activation: the hidden layers' activation.
+      activation: the hidden layers' activation (a Keras activation name or callable).
       init_stddev: kernels from a truncated normal with this deviation and zero biases, as
         Finn et al.'s code (0.01); None: Keras's Glorot uniform.
+
     Returns:
-      A built `keras.Sequential` (see `dense_net`).
+      A built `keras.Sequential` (see `dense_net`) of input [batch, input_dim] and output
+      [batch, outputs].
+
     Raises:
       ArgumentError: a width is not a positive integer, or `init_stddev` not positive.
     """
@@ -109,7 +129,8 @@ def mlp(input_dim=1, widths=(40, 40), outputs=1, activation="relu", init_stddev=
 
 
 @gin.configurable
-def conv4(image_size=28, channels=1, filters=64, n_way=5):
+def conv4(image_size: int = 28, channels: int = 1, filters: int = 64,
+          n_way: int = 5) -> keras.Sequential:
     """MAML's Omniglot network: 4 x (3x3 conv stride 2, BatchNorm, ReLU), then linear.
 
     Args:
@@ -117,9 +138,11 @@ def conv4(image_size=28, channels=1, filters=64, n_way=5):
       channels: the input images' channels.
       filters: each convolution's filters.
       n_way: the number of classes (the output width).
+
     Returns:
       A built `keras.Sequential` of input [batch, image_size, image_size, channels] and
       output logits [batch, n_way].
+
     Raises:
       ArgumentError: a size is not a positive integer.
     """
@@ -135,9 +158,12 @@ def conv4(image_size=28, channels=1, filters=64, n_way=5):
     return keras.Sequential(layers)
 
 
-def classifier(input_shape, num_classes, conv_filters, hidden):
-    """An image classifier: a backbone (stride-2 3x3 ReLU convs, then ReLU dense layers) and
-    a linear head named "head", kept in float32 under a mixed-precision policy.
+def classifier(input_shape: Sequence[int], num_classes: int, conv_filters: Sequence[int],
+               hidden: Sequence[int]) -> keras.Sequential:
+    """An image classifier: a convolutional backbone and a linear head named "head".
+
+    The backbone is stride-2 3x3 ReLU convolutions (no padding), a flatten, then ReLU dense
+    layers; the head is kept in float32 under a mixed-precision policy.
 
     Args:
       input_shape: one example's shape (height, width, channels), or (features,) without
@@ -145,8 +171,10 @@ def classifier(input_shape, num_classes, conv_filters, hidden):
       num_classes: the head's width.
       conv_filters: each convolution's filters, in order (empty: none).
       hidden: each dense layer's width, in order (empty: none).
+
     Returns:
-      A built `keras.Sequential` giving logits [batch, num_classes].
+      A built `keras.Sequential` giving float32 logits [batch, num_classes].
+
     Raises:
       ArgumentError: a width or count is not a positive integer.
     """
@@ -163,24 +191,26 @@ def classifier(input_shape, num_classes, conv_filters, hidden):
                                                            dtype="float32")])
 
 
-def mse(y_true, y_pred):
+def mse(y_true: TensorLike, y_pred: tf.Tensor) -> tf.Tensor:
     """Mean squared error over every element.
 
     Args:
       y_true: the targets.
-      y_pred: the predictions, y_true's shape.
+      y_pred: the predictions, y_true's shape (or one it broadcasts with).
+
     Returns:
       A scalar, y_pred's dtype.
     """
     return tf.reduce_mean((y_true - y_pred) ** 2)
 
 
-def cross_entropy(y_true, y_pred):
+def cross_entropy(y_true: TensorLike, y_pred: tf.Tensor) -> tf.Tensor:
     """Mean softmax cross-entropy of integer labels under logits.
 
     Args:
       y_true: integer labels [batch].
       y_pred: logits [batch, classes].
+
     Returns:
       A scalar, the logits' dtype.
     """
@@ -188,15 +218,18 @@ def cross_entropy(y_true, y_pred):
         labels=tf.cast(y_true, tf.int32), logits=y_pred))
 
 
-def binary_cross_entropy(y_true, y_pred):
-    """Mean logistic loss of 0/1 labels under one logit per example: the logistic-regression
-    form (its Hessian has a closed form).
+def binary_cross_entropy(y_true: TensorLike, y_pred: tf.Tensor) -> tf.Tensor:
+    """Mean logistic loss of 0/1 labels under one logit per example.
+
+    The logistic-regression form: its Hessian has a closed form.
 
     Args:
       y_true: 0/1 labels [batch].
       y_pred: logits [batch, 1].
+
     Returns:
       A scalar, the logits' dtype.
+
     Raises:
       ValueError: the logits are not [batch, 1].
     """

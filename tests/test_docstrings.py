@@ -82,7 +82,7 @@ def _check_callable(where, fn, doc_owner=None, skip_first=False):
         if ret is inspect.Signature.empty:
             problems.append(f"{where}: no return annotation")
         elif ret is not None and ret is not type(None) and ret != "None":
-            if doc.returns is None and not doc.many_returns:
+            if doc.returns is None and not doc.many_returns and doc.yields is None:
                 problems.append(f"{where}: no Returns (or Yields) section")
     return problems
 
@@ -96,7 +96,10 @@ def _check_class(where, cls):
     if _record_like(cls):
         fields = (cls._fields if hasattr(cls, "_fields")
                   else [f.name for f in dataclasses.fields(cls)])
-        missing = set(fields) - _documented(doc)
+        # docstring_parser 0.18 keeps `Attributes:` entries out of `doc.params`
+        attributes = {part.strip() for m in doc.meta if m.args[:1] == ["attribute"]
+                      for part in m.args[-1].split(",")}
+        missing = set(fields) - _documented(doc) - attributes
         problems += [f"{where}: field `{f}` is not in Attributes" for f in sorted(missing)]
     elif issubclass(cls, BaseException):
         pass  # an error: its message is its interface

@@ -47,8 +47,12 @@ Adding a penalty is one function and one binding:
     r1_plus_r2.ratio = 0.5
 """
 
+from typing import Callable, Mapping, Optional
+
 import gin
 import tensorflow as tf
+
+from hogrod.types import Seed, TensorLike
 
 __all__ = ["input_gradient_norm", "squared_input_gradient", "gradient_penalty", "lp_penalty",
            "r1_penalty", "r2_penalty", "dragan_penalty", "perturbation", "NOISE_KEYS"]
@@ -57,8 +61,13 @@ NOISE_KEYS = ("interpolation", "perturbation")  # what `with_noise` draws for th
 
 _DATA = ["critic", "real", "fake", "noise"]  # arguments gin must not bind
 
+# a critic: a batch [batch, ...] to one score per example, [batch] or [batch, 1]
+Critic = Callable[[tf.Tensor], tf.Tensor]
+# a batch's random numbers for the penalty, keyed by NOISE_KEYS
+Noise = Optional[Mapping[str, TensorLike]]
 
-def _safe_norm(squared):
+
+def _safe_norm(squared: tf.Tensor) -> tf.Tensor:
     """sqrt with value 0 and gradient 0 (not NaN) where the argument is 0."""
     positive = squared > 0
     return tf.where(positive, tf.sqrt(tf.where(positive, squared, 1.0)), 0.0)
@@ -76,8 +85,22 @@ def _one_score_per_example(shape, n):
     return shape[0] is None or n is None or shape[0] == n
 
 
-def squared_input_gradient(critic, x):
-    """||d critic(x)_i / d x_i||^2 per example, shape [batch] (float32 for half precision)."""
+def squared_input_gradient(critic: Critic, x: TensorLike) -> tf.Tensor:
+    """The squared norm of each example's input gradient, ``||d critic(x)_i / d x_i||^2``.
+
+    The gradient is taken with an inner tape, so an outer tape differentiates through it
+    (double backprop); the norm is over all non-batch axes.
+
+    Args:
+      critic: a callable from a batch to one score per example ([batch] or [batch, 1]).
+      x: the inputs, [batch, ...].
+
+    Returns:
+      A tensor [batch], x's dtype (float32 for half precision: reduced in float32).
+
+    Raises:
+      ValueError: the critic does not return one score per example.
+    """
     x = tf.convert_to_tensor(x)
     with tf.GradientTape() as tape:
         tape.watch(x)
@@ -93,8 +116,21 @@ def squared_input_gradient(critic, x):
     return tf.reduce_sum(tf.square(grad), axis=axes)
 
 
-def input_gradient_norm(critic, x):
-    """||d critic(x)_i / d x_i|| per example, shape [batch]."""
+def input_gradient_norm(critic: Critic, x: TensorLike) -> tf.Tensor:
+    """The norm of each example's input gradient, ``||d critic(x)_i / d x_i||``.
+
+    Exact and safe at a zero gradient: value 0, gradient 0 (not NaN).
+
+    Args:
+      critic: a callable from a batch to one score per example ([batch] or [batch, 1]).
+      x: the inputs, [batch, ...].
+
+    Returns:
+      A tensor [batch], of `squared_input_gradient`'s dtype.
+
+    Raises:
+      ValueError: the critic does not return one score per example.
+    """
     return _safe_norm(squared_input_gradient(critic, x))
 
 
@@ -148,9 +184,19 @@ def _per_example_weights(noise, real, name):
     return tf.reshape(tf.cast(e, real.dtype), _per_example_shape(real))
 
 
-def perturbation(real, seed=None):
-    """DRAGAN's perturbation at unit scale: std(real) (over the whole batch, every element)
-    times U[0, 1] per element; `seed`: a stateless seed pair (None: stateful op)."""
+def perturbation(real: TensorLike, seed: Optional[Seed] = None) -> tf.Tensor:
+    """DRAGAN's perturbation at unit scale: ``std(real) * U[0, 1]`` per element.
+
+    The std is over the whole batch, every element.
+
+    Args:
+      real: the real batch, [batch, ...].
+      seed: a stateless seed, a [2] int tensor or pair (`tf.random.stateless_uniform`);
+        None: a stateful random op.
+
+    Returns:
+      A tensor of real's shape and dtype.
+    """
     real = tf.convert_to_tensor(real)
     if seed is None:
         u = tf.random.uniform(tf.shape(real), dtype=real.dtype)
@@ -160,12 +206,32 @@ def perturbation(real, seed=None):
 
 
 @gin.configurable(denylist=_DATA)
-def gradient_penalty(critic, real, fake, target=1.0, one_sided=False, *, noise=None):
-    """WGAN-GP (Gulrajani et al. 2017): E[(||grad D(x_hat)|| - target)^2] at random
-    interpolates x_hat = e real + (1 - e) fake, e ~ U[0, 1] per example (noise
-    "interpolation"). one_sided: E[max(0, ||grad|| - target)^2], the Lipschitz penalty
-    (WGAN-LP, Petzka et al. 2018; `lp_penalty`). target 0: the zero-centred GP.
-    The weights e come from noise["interpolation"] (shape [batch]) when given."""
+def gradient_penalty(critic: Critic, real: TensorLike, fake: TensorLike, target: float = 1.0,
+                     one_sided: bool = False, *, noise: Noise = None) -> tf.Tensor:
+    """WGAN-GP (Gulrajani et al. 2017): ``E[(||grad D(x_hat)|| - target)^2]``.
+
+    At random interpolates ``x_hat = e real + (1 - e) fake``, ``e ~ U[0, 1]`` per example.
+    `one_sided`: ``E[max(0, ||grad|| - target)^2]``, the Lipschitz penalty (WGAN-LP,
+    Petzka et al. 2018; `lp_penalty`). `target` 0: the zero-centred GP.
+
+    Args:
+      critic: a callable from a batch to one score per example ([batch] or [batch, 1]).
+      real: the real batch, [batch, ...].
+      fake: the generated batch, real's shape (cast to real's dtype).
+      target: the gradient norm aimed at (1: WGAN-GP; 0: zero-centred).
+      one_sided: penalize only norms above `target` (WGAN-LP).
+      noise: the batch's random numbers (see the module docstring): the weights e are
+        noise["interpolation"] (shape [batch]) when given, else drawn here; None: all
+        drawn here.
+
+    Returns:
+      The penalty, a scalar: the mean over the batch, unweighted.
+
+    Raises:
+      ValueError: real and fake differ in shape, `noise` has an unknown key or a wrong
+        shape, or the critic does not return one score per example.
+      TypeError: `noise` is not a dict.
+    """
     real, fake = _pair(real, fake)
     noise = _noise(noise, "gradient_penalty")
     e = _per_example_weights(noise, real, "gradient_penalty")
@@ -177,34 +243,104 @@ def gradient_penalty(critic, real, fake, target=1.0, one_sided=False, *, noise=N
 
 
 @gin.configurable(denylist=_DATA)
-def lp_penalty(critic, real, fake, target=1.0, *, noise=None):
-    """WGAN-LP (Petzka et al. 2018): the one-sided `gradient_penalty`,
-    E[max(0, ||grad D(x_hat)|| - target)^2] at the same interpolates."""
+def lp_penalty(critic: Critic, real: TensorLike, fake: TensorLike, target: float = 1.0, *,
+               noise: Noise = None) -> tf.Tensor:
+    """WGAN-LP (Petzka et al. 2018): the one-sided `gradient_penalty`.
+
+    ``E[max(0, ||grad D(x_hat)|| - target)^2]`` at the same interpolates.
+
+    Args:
+      critic: a callable from a batch to one score per example ([batch] or [batch, 1]).
+      real: the real batch, [batch, ...].
+      fake: the generated batch, real's shape.
+      target: the largest gradient norm not penalized.
+      noise: the batch's random numbers, as `gradient_penalty` reads them; None: drawn here.
+
+    Returns:
+      The penalty, a scalar: the mean over the batch, unweighted.
+
+    Raises:
+      ValueError: as `gradient_penalty`.
+      TypeError: `noise` is not a dict.
+    """
     return gradient_penalty(critic, real, fake, target=target, one_sided=True, noise=noise)
 
 
 @gin.configurable(denylist=_DATA)
-def r1_penalty(critic, real, fake=None, *, noise=None):
-    """R1 (Mescheder et al. 2018): E[||grad D(x)||^2] on real data."""
+def r1_penalty(critic: Critic, real: TensorLike, fake: Optional[TensorLike] = None, *,
+               noise: Noise = None) -> tf.Tensor:
+    """R1 (Mescheder et al. 2018): ``E[||grad D(x)||^2]`` on real data.
+
+    Args:
+      critic: a callable from a batch to one score per example ([batch] or [batch, 1]).
+      real: the real batch, [batch, ...].
+      fake: the generated batch, unused but checked to have real's shape; None: unchecked.
+      noise: the batch's random numbers (unused; its keys are checked); None: none.
+
+    Returns:
+      The penalty, a scalar: the mean over the batch, unweighted.
+
+    Raises:
+      ValueError: real and fake differ in shape, `noise` has an unknown key, or the critic
+        does not return one score per example.
+      TypeError: `noise` is not a dict.
+    """
     real, _ = _pair(real, fake)
     _noise(noise, "r1_penalty")
     return tf.reduce_mean(squared_input_gradient(critic, real))
 
 
 @gin.configurable(denylist=_DATA)
-def r2_penalty(critic, real, fake, *, noise=None):
-    """R2: E[||grad D(x)||^2] on generated data (`fake`)."""
+def r2_penalty(critic: Critic, real: TensorLike, fake: TensorLike, *,
+               noise: Noise = None) -> tf.Tensor:
+    """R2: ``E[||grad D(x)||^2]`` on generated data (`fake`).
+
+    Args:
+      critic: a callable from a batch to one score per example ([batch] or [batch, 1]).
+      real: the real batch, unused but checked to have fake's shape.
+      fake: the generated batch, [batch, ...].
+      noise: the batch's random numbers (unused; its keys are checked); None: none.
+
+    Returns:
+      The penalty, a scalar: the mean over the batch, unweighted.
+
+    Raises:
+      ValueError: real and fake differ in shape, `noise` has an unknown key, or the critic
+        does not return one score per example.
+      TypeError: `noise` is not a dict.
+    """
     _, fake = _pair(real, fake)
     _noise(noise, "r2_penalty")
     return tf.reduce_mean(squared_input_gradient(critic, fake))
 
 
 @gin.configurable(denylist=_DATA)
-def dragan_penalty(critic, real, fake=None, target=1.0, scale=0.5, *, noise=None):
-    """DRAGAN (Kodali et al. 2017): E[(||grad D(x_hat)|| - target)^2] at points between
-    real data and a perturbation of it: x_hat = x + alpha * scale * p, with p the
-    perturbation at unit scale (noise "perturbation": std(x) * U[0, 1] per element, see
-    `perturbation`) and alpha ~ U[0, 1] per example (noise "interpolation")."""
+def dragan_penalty(critic: Critic, real: TensorLike, fake: Optional[TensorLike] = None,
+                   target: float = 1.0, scale: float = 0.5, *, noise: Noise = None) -> tf.Tensor:
+    """DRAGAN (Kodali et al. 2017): ``E[(||grad D(x_hat)|| - target)^2]`` near real data.
+
+    At points between real data and a perturbation of it: ``x_hat = x + alpha * scale * p``,
+    with p the perturbation at unit scale (``std(x) * U[0, 1]`` per element, see
+    `perturbation`) and ``alpha ~ U[0, 1]`` per example.
+
+    Args:
+      critic: a callable from a batch to one score per example ([batch] or [batch, 1]).
+      real: the real batch, [batch, ...].
+      fake: the generated batch, unused but checked to have real's shape; None: unchecked.
+      target: the gradient norm aimed at.
+      scale: the perturbation's scale, multiplying p.
+      noise: the batch's random numbers: p is noise["perturbation"] (real's shape) and
+        alpha noise["interpolation"] (shape [batch]) when given, else drawn here; None:
+        all drawn here.
+
+    Returns:
+      The penalty, a scalar: the mean over the batch, unweighted.
+
+    Raises:
+      ValueError: real and fake differ in shape, `noise` has an unknown key or a wrong
+        shape, or the critic does not return one score per example.
+      TypeError: `noise` is not a dict.
+    """
     real, _ = _pair(real, fake)
     noise = _noise(noise, "dragan_penalty")
     p = noise.get("perturbation")

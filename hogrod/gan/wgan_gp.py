@@ -19,17 +19,22 @@ own numbers: the same distribution, other numbers).
 """
 
 import inspect
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import gin
+import keras
 import tensorflow as tf
 
 from hogrod import checks, train
 from hogrod.gan import penalties
+from hogrod.types import Batch
 
 __all__ = ["make_wgan_gp_step", "grouped", "with_noise"]
 
 
-def _checked_penalty(penalty, where="make_wgan_gp_step.penalty"):
+def _checked_penalty(penalty: Optional[Callable[..., tf.Tensor]],
+                     where: str = "make_wgan_gp_step.penalty"
+                     ) -> Optional[Callable[..., tf.Tensor]]:
     """`penalty` if it is None (no penalty) or a callable that takes `(critic, real, fake, *,
     noise)` (see `hogrod.gan.penalties`); else an error naming the binding."""
     if penalty is None:
@@ -50,7 +55,8 @@ def _checked_penalty(penalty, where="make_wgan_gp_step.penalty"):
     return penalty
 
 
-def _scores(critic, x):  # half precision is reduced in float32; float64 stays float64
+# half precision is reduced in float32; float64 stays float64
+def _scores(critic: keras.Model, x: tf.Tensor) -> tf.Tensor:
     s = critic(x, training=True)
     if s.dtype in (tf.float16, tf.bfloat16):
         s = tf.cast(s, tf.float32)
@@ -58,19 +64,56 @@ def _scores(critic, x):  # half precision is reduced in float32; float64 stays f
 
 
 @gin.configurable(denylist=["generator", "critic", "critic_optimizer", "generator_optimizer"])
-def make_wgan_gp_step(generator, critic, critic_optimizer, generator_optimizer, latent_dim: int,
-                      penalty=penalties.gradient_penalty, penalty_weight: float = 10.0,
-                      n_critic: int = 5, lazy_every: int = 1, strategy=None):
-    """Returns `step(real_batches) -> logs`; `real_batches` is a tuple of `n_critic` batches.
+def make_wgan_gp_step(generator: keras.Model, critic: keras.Model,
+                      critic_optimizer: keras.optimizers.Optimizer,
+                      generator_optimizer: keras.optimizers.Optimizer, latent_dim: int,
+                      penalty: Optional[Callable[..., tf.Tensor]] = penalties.gradient_penalty,
+                      penalty_weight: float = 10.0, n_critic: int = 5, lazy_every: int = 1,
+                      strategy: Optional[tf.distribute.Strategy] = None
+                      ) -> Callable[[Sequence[Batch]], dict[str, tf.Tensor]]:
+    """Build the WGAN-GP step: `n_critic` critic updates, then one generator update.
+
+    The critic minimizes ``E[D(fake)] - E[D(real)] + penalty_weight * penalty``, the
+    generator ``-E[D(G(z))]``, each with `hogrod.train.make_train_step` (one compiled
+    step each, NaN-guarded). Gin-configurable: every argument but the models and the
+    optimizers may be bound.
 
     Args:
+      generator: the generator, latent codes [batch, latent_dim] to samples of the real
+        batches' shape (cast to their dtype); built (it has trainable variables).
+      critic: the critic, a batch to one score per example ([batch] or [batch, 1]);
+        built. The Wasserstein terms call it with `training=True`.
+      critic_optimizer: the Keras optimizer of the critic's variables; its `iterations`
+        count the critic steps (lazy regularization reads it).
+      generator_optimizer: the Keras optimizer of the generator's variables.
+      latent_dim: the latent codes' width, >= 1; codes are drawn N(0, 1) in the step when
+        a batch brings no "z".
       penalty: a function `penalty(critic, real, fake, *, noise) -> scalar` (`hogrod.gan`:
         `gradient_penalty` (WGAN-GP), `lp_penalty`, `r1_penalty`, `r2_penalty`,
         `dragan_penalty`, or your own), by reference in gin (`= @r1_penalty`), or None for
         no penalty. Its hyperparameters are its own gin bindings
         (`gradient_penalty.target = 0.0`).
-      penalty_weight: lambda (the paper's 10; the original toy code's 0.1).
-      lazy_every: compute the penalty every this many critic steps, scaled by it.
+      penalty_weight: lambda (the paper's 10; the original toy code's 0.1), >= 0.
+      n_critic: critic steps per generator step, >= 1.
+      lazy_every: compute the penalty every this many critic steps, scaled by it, >= 1
+        (1: every step).
+      strategy: the `tf.distribute.Strategy` both steps run under; None: the current one.
+        The batches are then distributed batches.
+
+    Returns:
+      `step(real_batches) -> logs`: `real_batches` a tuple of `n_critic` batches (each the
+      real samples, or a dict as `with_noise` gives), one per critic step; the generator
+      step takes the last one. The logs are the last critic step's as "critic/<name>"
+      ("critic/wasserstein", "critic/penalty", "critic/loss", "critic/grad_norm", ...),
+      the generator step's as "generator/<name>", and "loss" (= "critic/loss"). The
+      function also carries `critic_step`, `generator_step`, `n_critic` and `penalty`
+      as attributes.
+
+    Raises:
+      ArgumentError: `penalty` is not callable or None, or a count or weight is out of
+        range; the message names the binding.
+      TypeError: `penalty` does not take `(critic, real, fake, *, noise)`.
+      ValueError: the generator or critic has no trainable variables (not built yet).
     """
     where = "make_wgan_gp_step"
     penalty = _checked_penalty(penalty)
@@ -147,12 +190,25 @@ def make_wgan_gp_step(generator, critic, critic_optimizer, generator_optimizer, 
     return step
 
 
-def with_noise(dataset, latent_dim, seed=0):
-    """Batches of `dataset` as {"real", "z", "interpolation", "perturbation"}: the latent
-    codes and every penalty's random numbers (`penalties.NOISE_KEYS`: the GP/DRAGAN
+def with_noise(dataset: tf.data.Dataset, latent_dim: int, seed: int = 0) -> tf.data.Dataset:
+    """Batches of `dataset` with the step's random numbers: the latent codes and the noise.
+
+    The latent codes and every penalty's random numbers (`NOISE_KEYS`: the GP/DRAGAN
     per-example weights and DRAGAN's unit-scale perturbation, whose std is the whole
-    batch's) drawn by tf.data (stateless, from `seed` and the batch index) instead of
-    inside the step, so a tf.distribute strategy shards them with the data."""
+    batch's) are drawn by tf.data (stateless, from `seed` and the batch index) instead of
+    inside the step, so a tf.distribute strategy shards them with the data.
+
+    Args:
+      dataset: a dataset of real batches [batch, ...], a float dtype.
+      latent_dim: the latent codes' width.
+      seed: the integer seed; seeds `seed`, `seed + 1` and `seed + 2` with the batch index
+        draw the codes, the interpolation weights and the perturbation.
+
+    Returns:
+      A dataset of dicts {"real": the batch, "z": N(0, 1) codes [batch, latent_dim],
+      "interpolation": U[0, 1] weights [batch], "perturbation": `perturbation(real)`, the
+      real batch's shape}, all in the batch's dtype.
+    """
     def add(i, real):
         n = tf.shape(real)[0]
         return {"real": real,
@@ -163,10 +219,17 @@ def with_noise(dataset, latent_dim, seed=0):
 
 
 class grouped:  # noqa: N801  (used like a function: grouped(iterator, n))
-    """An iterator of n-tuples of consecutive elements of `iterator` (the fresh real
-    batches of one generator step); checkpoint the underlying iterator."""
+    """An iterator of n-tuples of consecutive elements of `iterator`.
 
-    def __init__(self, iterator, n):
+    Each tuple holds the fresh real batches of one generator step (`n` = `n_critic`);
+    checkpoint the underlying iterator, which this one advances.
+
+    Args:
+      iterator: the iterator of batches.
+      n: the elements per tuple.
+    """
+
+    def __init__(self, iterator: Iterator[Any], n: int) -> None:
         self.iterator, self.n = iterator, n
 
     def __iter__(self):

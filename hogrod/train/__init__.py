@@ -11,6 +11,7 @@
 - `read_history`, `record_eval`, `write_json`: a run's evaluations beside its checkpoints,
   kept across a resume (`history.py`).
 - `saliency`, `integrated_gradients`: input attribution (`attribution.py`).
+
 Strategies come from `hogrod.distribute.make_strategy`.
 """
 

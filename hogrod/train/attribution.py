@@ -5,7 +5,11 @@ for every example), an int tensor of shape [batch] (one index per example), or N
 model's output is already one scalar per example).
 """
 
+from typing import Callable, Optional
+
 import tensorflow as tf
+
+from hogrod.types import TensorLike
 
 __all__ = ["saliency", "integrated_gradients"]
 
@@ -22,8 +26,27 @@ def _score(model, x, target):
     return tf.gather(out, tf.cast(target, tf.int32), axis=1, batch_dims=1)
 
 
-def saliency(model, x, target=None):
-    """d score / d x for each example: the gradient of the target output w.r.t. the input."""
+def saliency(model: Callable[[tf.Tensor], tf.Tensor], x: TensorLike,
+             target: Optional[int | TensorLike] = None) -> tf.Tensor:
+    """d score / d x for each example: the gradient of the target output w.r.t. the input.
+
+    Example i's score depends only on its own input row, so one gradient of the summed
+    scores gives every example's gradient.
+
+    Args:
+      model: a Keras model or callable from a batch [batch, ...] to outputs
+        [batch, outputs] (or [batch] with `target=None`).
+      x: the inputs, [batch, ...], a float dtype.
+      target: the output to explain: an int (the same output index for every example),
+        an int tensor [batch] (one index per example), or None (the model gives one
+        scalar per example, [batch] or [batch, 1]).
+
+    Returns:
+      The gradients, x's shape and dtype.
+
+    Raises:
+      ValueError: `target` is None and the model gives more than one output per example.
+    """
     x = tf.convert_to_tensor(x)
     with tf.GradientTape() as tape:
         tape.watch(x)
@@ -31,11 +54,31 @@ def saliency(model, x, target=None):
     return tape.gradient(score, x)
 
 
-def integrated_gradients(model, x, baseline=None, target=None, steps=64):
+def integrated_gradients(model: Callable[[tf.Tensor], tf.Tensor], x: TensorLike,
+                         baseline: Optional[TensorLike] = None,
+                         target: Optional[int | TensorLike] = None,
+                         steps: int = 64) -> tf.Tensor:
     """Integrated gradients (Sundararajan et al. 2017), trapezoidal rule over `steps` intervals.
 
-    (x - baseline) * mean over the path of d score / d x. Completeness: the attributions of
-    an example sum to score(x) - score(baseline), up to the quadrature error.
+    ``(x - baseline) * mean over the path of d score / d x``, the path the straight line
+    from `baseline` to `x`. Completeness: the attributions of an example sum to
+    ``score(x) - score(baseline)``, up to the quadrature error. The ``steps + 1`` path points
+    of every example go through the model as one batch of ``(steps + 1) * batch`` rows.
+
+    Args:
+      model: a Keras model or callable from a batch [batch, ...] to outputs
+        [batch, outputs] (or [batch] with `target=None`).
+      x: the inputs, [batch, ...], a float dtype.
+      baseline: the path's start, x's shape (cast to x's dtype); None: zeros.
+      target: the output to explain, as in `saliency`: an int, an int tensor [batch], or
+        None (one scalar output per example).
+      steps: the number of trapezoidal intervals along the path, >= 1.
+
+    Returns:
+      The attributions, x's shape and dtype.
+
+    Raises:
+      ValueError: `target` is None and the model gives more than one output per example.
     """
     x = tf.convert_to_tensor(x)
     baseline = tf.zeros_like(x) if baseline is None else tf.cast(baseline, x.dtype)

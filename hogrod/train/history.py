@@ -14,22 +14,24 @@ rewrites `<output_dir>/eval_history.json` atomically and writes its scalars to T
 import json
 import numbers
 import os
+from typing import Any, Iterable, Mapping
 
 import tensorflow as tf
 
 __all__ = ["EvalHistory", "read_history", "record_eval", "write_json"]
 
 
-def write_json(path, value, **kwargs):
-    """Write `value` as JSON atomically: a kill mid-write leaves the previous file, never a
-    truncated one.
+def write_json(path: str | os.PathLike, value: Any, **kwargs: Any) -> None:
+    """Write `value` as JSON atomically: a kill mid-write leaves the previous file.
+
+    The text goes to `<path>.tmp` first, which then replaces `path` (`os.replace`), so the
+    file is never left truncated.
 
     Args:
       path: the file to write.
-      value: anything `json.dump` takes (numpy scalars are written as floats).
+      value: anything `json.dump` takes; any other value (a numpy scalar) is written as
+        `float(value)`.
       **kwargs: passed to `json.dump` (e.g. `indent`, `sort_keys`).
-    Returns:
-      None.
     """
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
@@ -38,17 +40,24 @@ def write_json(path, value, **kwargs):
 
 
 class EvalHistory(list):
-    """The evaluations of one run's `output_dir` (a list of {"step": ..., name: value}),
-    owning the TensorBoard writer `record_eval` writes `<output_dir>/eval` with: one events
-    file per run, never shared with another run that names the same (relative) directory
-    from another working directory."""
+    """The evaluations of one run's `output_dir`: a list of {"step": ..., name: value}.
 
-    def __init__(self, output_dir, evaluations=()):
+    It owns the TensorBoard writer `record_eval` writes `<output_dir>/eval` with: one events
+    file per run, never shared with another run that names the same (relative) directory
+    from another working directory. `read_history` makes it; a user rarely does.
+
+    Args:
+      output_dir: the run's directory, kept as an absolute path (`self.output_dir`).
+      evaluations: the evaluations recorded so far, in step order (default: none).
+    """
+
+    def __init__(self, output_dir: str | os.PathLike,
+                 evaluations: Iterable[Mapping[str, Any]] = ()) -> None:
         super().__init__(evaluations)
         self.output_dir = os.path.abspath(output_dir)
         self._writer = None
 
-    def writer(self):
+    def writer(self) -> tf.summary.SummaryWriter:
         """The run's summary writer (created on first use).
 
         Returns:
@@ -59,13 +68,14 @@ class EvalHistory(list):
         return self._writer
 
 
-def read_history(output_dir, upto_step):
+def read_history(output_dir: str | os.PathLike, upto_step: int) -> EvalHistory:
     """The evaluations earlier runs recorded in `<output_dir>/eval_history.json`.
 
     Args:
       output_dir: the run's directory.
       upto_step: the step this run resumes from (`Checkpointer.latest_step()`); later
         evaluations are dropped (the run makes them again).
+
     Returns:
       An `EvalHistory` to give `record_eval`; empty for a new run.
     """
@@ -76,7 +86,8 @@ def read_history(output_dir, upto_step):
         return EvalHistory(output_dir, [h for h in json.load(f) if h["step"] <= upto_step])
 
 
-def record_eval(output_dir, history, result):
+def record_eval(output_dir: str | os.PathLike, history: list,
+                result: Mapping[str, Any]) -> None:
     """Append an evaluation to a run's history, on disk and in TensorBoard.
 
     An evaluation at the step of the last one replaces it (a finished run's re-evaluation).
@@ -85,9 +96,9 @@ def record_eval(output_dir, history, result):
       output_dir: the run's directory.
       history: what `read_history(output_dir, ...)` returned (its writer keeps one events
         file for the run); a plain list also works, with an events file for each call.
-      result: {"step": ..., name: value}; its real-number values become scalars.
-    Returns:
-      None.
+      result: {"step": ..., name: value}; its real-number values become TensorBoard
+        scalars at that step, the others are only written to the JSON file.
+
     Raises:
       ValueError: `history` is another directory's.
       TypeError: `history` is not a list.

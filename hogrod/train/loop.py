@@ -17,10 +17,13 @@ import math
 import os
 import sys
 import time
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import keras
 import tensorflow as tf
 from absl import logging
+
+from hogrod.types import Batch, Scalar
 
 __all__ = ["Checkpointer", "train_loop", "NonFiniteError", "CheckpointMismatchError"]
 
@@ -59,20 +62,30 @@ class CheckpointMismatchError(ValueError):
 class Checkpointer:
     """Save and restore every piece of training state under `<directory>/ckpt`.
 
+    A tf.data iterator whose pipeline cannot be saved (Python state: `from_generator`,
+    `py_function`) or a tf.distribute iterator is dropped from the checkpoint with a
+    warning: a resumed run restarts its data. Every Keras layer's or model's non-trainable
+    variables are saved too (Keras 3's random layers keep their seed state there).
+
     Args:
       directory: the run's output dir (checkpoints go in `ckpt/` under it).
-      max_to_keep: how many checkpoints to keep.
+      max_to_keep: how many checkpoints to keep (the oldest are deleted).
       **trackables: the model, optimizers, `tf.random.Generator`s, tf.data iterators and
         anything else `tf.train.Checkpoint` can track, by name.
+
+    Attributes:
+      step: the int64 step counter variable (`train_loop` advances it), saved with the rest.
+      directory: `<directory>/ckpt`, where the checkpoints are.
     """
 
-    def __init__(self, directory, max_to_keep=3, **trackables):
+    def __init__(self, directory: str | os.PathLike, max_to_keep: int = 3,
+                 **trackables: Any) -> None:
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="train_step")
         self.directory = os.path.join(directory, "ckpt")
         self.max_to_keep = max_to_keep
         self._build(trackables)
 
-    def _build(self, trackables):
+    def _build(self, trackables: dict) -> None:
         # tf.distribute's DistributedIterator (experimental_distribute_dataset) is not
         # trackable in TF 2.21: under a multi-replica strategy the data restarts on resume.
         untracked = [k for k, v in trackables.items()
@@ -93,7 +106,7 @@ class Checkpointer:
         self.manager = tf.train.CheckpointManager(self.checkpoint, self.directory,
                                                   self.max_to_keep)
 
-    def _drop_iterators(self, why):
+    def _drop_iterators(self, why: str) -> bool:
         """tf.data saves an iterator's position unless its pipeline holds Python state
         (`from_generator`, `py_function`); such data restarts from its beginning on resume."""
         names = [k for k, v in self.trackables.items() if _is_iterator(v)]
@@ -103,8 +116,16 @@ class Checkpointer:
             self._build({k: v for k, v in self.trackables.items() if k not in names})
         return bool(names)
 
-    def restore(self):
-        """Restore the latest checkpoint if there is one; return the step it was taken at."""
+    def restore(self) -> int:
+        """Restore the latest checkpoint if there is one.
+
+        Returns:
+          The step it was taken at (also the value of `step` now); 0 if there is none.
+
+        Raises:
+          CheckpointMismatchError: the checkpoint does not match the trackables (another
+            model or setup wrote it).
+        """
         path = self.manager.latest_checkpoint
         if not path:
             return 0
@@ -122,12 +143,25 @@ class Checkpointer:
         logging.info("restored %s (step %d)", path, int(self.step))
         return int(self.step)
 
-    def latest_step(self):
-        """The step of the latest checkpoint (0 if none), read without restoring it."""
+    def latest_step(self) -> int:
+        """The step of the latest checkpoint, read without restoring it.
+
+        Returns:
+          That step; 0 if there is no checkpoint.
+        """
         path = self.manager.latest_checkpoint
         return int(tf.train.load_variable(path, "step/.ATTRIBUTES/VARIABLE_VALUE")) if path else 0
 
-    def save(self):
+    def save(self) -> str:
+        """Save a checkpoint numbered by the current `step`.
+
+        Checkpoints beyond `max_to_keep` are deleted, oldest first. A data iterator that
+        cannot be saved (its pipeline holds Python state) is dropped from the checkpoint
+        with a warning, and the save retried without it.
+
+        Returns:
+          The path prefix of the checkpoint written.
+        """
         try:
             return self.manager.save(checkpoint_number=int(self.step))
         except tf.errors.FailedPreconditionError as e:
@@ -149,9 +183,13 @@ def _check_finite(logs, step):
                                  "and the last checkpoint is the last good state")
 
 
-def train_loop(step_fn, iterator, steps, checkpointer=None, output_dir=None,
-               checkpoint_every=500, log_every=100, summary_every=10, callback=None,
-               time_limit_s=None, stats=None):
+def train_loop(step_fn: Callable[[Batch], Mapping[str, Scalar]], iterator: Iterator[Batch],
+               steps: int, checkpointer: Optional[Checkpointer] = None,
+               output_dir: Optional[str | os.PathLike] = None, checkpoint_every: int = 500,
+               log_every: Optional[int] = 100, summary_every: int = 10,
+               callback: Optional[Callable[[int, dict[str, float]], Any]] = None,
+               time_limit_s: Optional[float] = None,
+               stats: Optional[dict] = None) -> dict[str, float]:
     """Run `step_fn(next(iterator))` until `checkpointer.step` reaches `steps`.
 
     Args:
@@ -162,6 +200,8 @@ def train_loop(step_fn, iterator, steps, checkpointer=None, output_dir=None,
       checkpointer: a `Checkpointer`; restored before the first step, saved every
         `checkpoint_every` steps and at the end. None: no checkpoints.
       output_dir: TensorBoard events go to `<output_dir>/train`. None: no summaries.
+      checkpoint_every: save a checkpoint every this many steps (counted over the run),
+        besides the one at the last step.
       log_every: a progress line (step, loss, steps/s, ETA) every this many steps and at
         the last, through absl logging when it shows INFO (binaries), else printed to
         stderr. None or 0: no progress lines.
@@ -174,7 +214,12 @@ def train_loop(step_fn, iterator, steps, checkpointer=None, output_dir=None,
         `train_steps_per_s`; binaries put them in metrics.json.
 
     Returns:
-      the last step's logs as Python floats (empty if there was nothing left to do).
+      The last step's logs as Python floats (empty if there was nothing left to do).
+
+    Raises:
+      NonFiniteError: a step's log (a loss term or "grad_norm") is NaN or Inf; raised
+        before that step is counted or saved.
+      CheckpointMismatchError: the checkpoint in the output dir is another setup's.
     """
     ckpt = checkpointer
     step = ckpt.restore() if ckpt else 0

@@ -17,13 +17,14 @@ overflow (that step is skipped) and grows after a run of finite steps.
 
 import contextlib
 import warnings
+from typing import Iterator
 
 import keras
 
 __all__ = ["mixed_precision", "precision_policy"]
 
 
-def _policy(policy, argument):
+def _policy(policy: str | keras.DTypePolicy, argument: str) -> keras.DTypePolicy:
     if isinstance(policy, keras.DTypePolicy):
         return policy
     if not isinstance(policy, str):
@@ -36,15 +37,33 @@ def _policy(policy, argument):
         raise ValueError(f"{argument}: {e}") from None
 
 
-def mixed_precision(optimizer, policy="mixed_float16"):
-    """`optimizer` as a model computing under `policy` needs it: wrapped in
-    `keras.optimizers.LossScaleOptimizer` when the policy computes in float16, else as it is
-    ("mixed_bfloat16" and "float32" need no loss scaling).
+def mixed_precision(optimizer: keras.optimizers.Optimizer,
+                    policy: str | keras.DTypePolicy = "mixed_float16"
+                    ) -> keras.optimizers.Optimizer:
+    """`optimizer` as a model computing under `policy` needs it: loss-scaled for float16.
+
+    The optimizer is wrapped in `keras.optimizers.LossScaleOptimizer` when the policy
+    computes in float16, else returned as it is ("mixed_bfloat16" and "float32" need no
+    loss scaling).
 
     It does not set any dtype policy: build the model inside `precision_policy(policy)`
     (or give its layers `dtype=keras.DTypePolicy(policy)`). Called where the global policy
-    computes in another dtype (the old usage, `mixed_precision(opt)` then building the
-    model, which set the policy itself), it warns that a model built there is not mixed.
+    computes in another dtype (`mixed_precision(opt)` then building the model outside
+    `precision_policy`), it warns (`UserWarning`) that a model built there is not mixed.
+
+    Args:
+      optimizer: the Keras optimizer to train with; not already a LossScaleOptimizer.
+      policy: a Keras dtype policy or its name ("mixed_float16", "mixed_bfloat16",
+        "float32", ...), the one the model is built under.
+
+    Returns:
+      `keras.optimizers.LossScaleOptimizer(optimizer)` (dynamic loss scale) if `policy`
+      computes in float16, else `optimizer` itself.
+
+    Raises:
+      TypeError: `optimizer` is not a Keras optimizer, or `policy` not a name or policy.
+      ValueError: `optimizer` is already a LossScaleOptimizer, or `policy` is an unknown
+        name.
     """
     policy = _policy(policy, "mixed_precision's policy")
     if not isinstance(optimizer, keras.optimizers.Optimizer):
@@ -66,10 +85,23 @@ def mixed_precision(optimizer, policy="mixed_float16"):
 
 
 @contextlib.contextmanager
-def precision_policy(policy):
-    """Within the block, Keras's global dtype policy is `policy` (a name or a
-    keras.DTypePolicy), so the layers built there compute in its dtype; on exit, even by an
-    exception, the previous policy is back. Yields the policy."""
+def precision_policy(policy: str | keras.DTypePolicy) -> Iterator[keras.DTypePolicy]:
+    """A context manager: within its block, Keras's global dtype policy is `policy`.
+
+    The layers built in the block compute in the policy's dtype (and keep it after); on
+    exit, even by an exception, the previous global policy is back.
+
+    Args:
+      policy: a Keras dtype policy or its name ("mixed_float16", "mixed_bfloat16",
+        "float32", ...).
+
+    Yields:
+      The policy, as a `keras.DTypePolicy`.
+
+    Raises:
+      TypeError: `policy` is not a name or a policy.
+      ValueError: `policy` is an unknown name.
+    """
     policy = _policy(policy, "precision_policy's policy")
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(policy)

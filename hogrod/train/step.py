@@ -38,6 +38,7 @@ scale.
 
 import math
 import numbers
+from typing import Callable, Mapping, Optional, Sequence
 
 import gin
 import keras
@@ -46,10 +47,14 @@ from absl import logging
 
 from hogrod import checks
 from hogrod.train.transforms import global_norm, zeros_for_unconnected
+from hogrod.types import Batch, Objective, Scalar, Tensor
 
 __all__ = ["make_train_step", "build_optimizers", "objective_terms", "weighted_total", "MONITOR"]
 
 MONITOR = "monitor/"  # terms named "monitor/..." are logged and guarded, not optimized
+
+# [(optimizer, variables)]: each group of variables updated by its own optimizer
+Groups = Sequence[tuple[keras.optimizers.Optimizer, Sequence[tf.Variable]]]
 
 
 def _name(v):
@@ -90,11 +95,15 @@ def _groups(optimizer, variables):
     return groups
 
 
-def build_optimizers(groups):
+def build_optimizers(groups: Groups) -> None:
     """Create every optimizer's slots now (inside the current strategy scope).
 
     Keras 3 creates optimizer variables lazily on the first apply, which fails inside a
     replica function; building here, before the first step, is what makes strategies work.
+    An optimizer already built is left as it is.
+
+    Args:
+      groups: (optimizer, variables) pairs; each optimizer is built for its variables.
     """
     for opt, vs in groups:
         if not opt.built:
@@ -111,16 +120,22 @@ def _split(batch, k):
     return tf.nest.map_structure(split, batch)
 
 
-def objective_terms(value):
+def objective_terms(value: Scalar | Mapping[str, Scalar]) -> dict[str, tf.Tensor]:
     """An objective's value as {name: scalar tensor}.
 
     Half-precision terms are promoted to float32 (the mixed-precision convention); float32
     and float64 terms keep their dtype.
 
     Args:
-      value: a scalar, or a dict {name: scalar}.
+      value: an objective's value: a scalar, or a dict {name: scalar}.
+
     Returns:
-      A dict {name: scalar tensor} (a single scalar is named "loss").
+      A dict {name: scalar tensor} (a single scalar is named "loss"), each float32 or
+      float64.
+
+    Raises:
+      TypeError: a term's name is not a string.
+      ValueError: a term is not a scalar; the message names it.
     """
     terms = dict(value) if isinstance(value, dict) else {"loss": value}
     out = {}
@@ -160,13 +175,26 @@ def _check_weights(weights):
     return out
 
 
-def weighted_total(terms, weights):
-    """The weighted sum of the minimized terms (Args: `terms` as `objective_terms` returns
-    them, `weights` a dict {name: float or scalar tensor}; Returns: a scalar tensor).
+def weighted_total(terms: Mapping[str, tf.Tensor],
+                   weights: Mapping[str, float | Tensor]) -> tf.Tensor:
+    """The weighted sum of the minimized terms.
 
-    sum_name weight * term over the optimized terms (not "monitor/..."), in float64 if
-    any term is float64, else float32. A Python-number weight becomes a tensor of that
-    dtype directly, so 1e-4 on a float64 loss is the float64 1e-4."""
+    ``sum over name of weight * term`` over the optimized terms (not "monitor/..."), in
+    float64 if any of them is float64, else float32. A Python-number weight becomes a
+    tensor of that dtype directly, so 1e-4 on a float64 loss is the float64 1e-4; a tensor
+    weight is cast to it.
+
+    Args:
+      terms: {name: scalar tensor}, as `objective_terms` returns them.
+      weights: {name: weight}, a Python float or a scalar tensor or variable (read when
+        called); a term not named has weight 1.
+
+    Returns:
+      A scalar tensor, float64 if any optimized term is, else float32.
+
+    Raises:
+      ValueError: a weight names no term, or every term is a "monitor/..." term.
+    """
     unknown = sorted(set(weights) - set(terms))
     if unknown:
         raise ValueError(f"weights given for unknown loss term(s) {unknown}; the loss "
@@ -271,9 +299,18 @@ def _logs(terms, total, norm, groups):
 
 
 @gin.configurable(denylist=["objective", "optimizer", "variables"])
-def make_train_step(objective, optimizer, variables=None, weights=None, transform=None,
-                    accumulation_steps: int = 1, strategy=None, jit_compile: bool = False):
+def make_train_step(objective: Objective,
+                    optimizer: keras.optimizers.Optimizer | Groups,
+                    variables: Optional[Sequence[tf.Variable]] = None,
+                    weights: Optional[Mapping[str, Scalar]] = None,
+                    transform: Optional[Callable[..., list]] = None,
+                    accumulation_steps: int = 1,
+                    strategy: Optional[tf.distribute.Strategy] = None,
+                    jit_compile: bool = False) -> Callable[[Batch], dict[str, tf.Tensor]]:
     """Build a compiled train step.
+
+    Gin-configurable: `weights`, `transform`, `accumulation_steps`, `strategy` and
+    `jit_compile` may be bound (`make_train_step.accumulation_steps = 2`).
 
     Args:
       objective: the objective over a batch (not a Keras `loss(y_true, y_pred)`):
@@ -282,16 +319,18 @@ def make_train_step(objective, optimizer, variables=None, weights=None, transfor
       optimizer: a Keras optimizer (with `variables`), or a list of (optimizer, variables)
         groups, e.g. [(Adam(1e-5), backbone_vars), (Adam(1e-3), head_vars)]. Wrap a single
         optimizer in `keras.optimizers.LossScaleOptimizer` for mixed precision.
-      variables: the variables to train with a single optimizer.
-      weights: {term: weight}; terms not named get weight 1. A weight for a term the loss
-        does not return is an error (raised on the first step). A Python number is applied
-        at the dtype of the loss (float64 for a float64 loss: exact); a scalar tensor or
-        variable (a schedule) is cast to it.
+      variables: the variables to train with a single optimizer (None with a list of
+        groups, which hold their variables).
+      weights: {term: weight}; terms not named get weight 1 (None: every weight 1). A weight
+        for a term the loss does not return is an error (raised on the first step). A Python
+        number is applied at the dtype of the loss (float64 for a float64 loss: exact); a
+        scalar tensor or variable (a schedule) is cast to it.
       transform: `transform(grads, variables) -> grads` (see `hogrod.train.transforms`),
         applied to the global gradient; unconnected gradients are zeros (with a warning).
+        None: the gradient as it is.
       accumulation_steps: split each batch into this many micro-batches, average their
         gradients, and make one update: the same update as one step on the whole batch,
-        with the memory of one micro-batch.
+        with the memory of one micro-batch. Must divide every batch's (per-replica) size.
       strategy: a `tf.distribute.Strategy`; default the current one. The batch passed to
         the step is then a distributed batch (`strategy.experimental_distribute_dataset`).
       jit_compile: compile the loss and its gradient (per replica) with XLA, which fuses
@@ -306,6 +345,14 @@ def make_train_step(objective, optimizer, variables=None, weights=None, transfor
       term is), "grad_norm" (global, before the transform), "lr" (first group;
       "lr_group_1", ... for the others) and "applied" (1.0 if the update was applied,
       0.0 if a non-finite value stopped it).
+
+    Raises:
+      ValueError: the optimizer groups are empty or overlap, `variables` is given with
+        groups or missing without them, a LossScaleOptimizer comes with other groups, or a
+        weight is not finite.
+      TypeError: a variable is not a variable, `objective` or `transform` not callable,
+        or `weights` not a dict of numbers or scalar tensors.
+      ArgumentError: `accumulation_steps` is not a positive integer.
     """
     strategy = strategy or tf.distribute.get_strategy()
     groups = _groups(optimizer, variables)
