@@ -169,7 +169,8 @@ def test_the_check_catches_a_missing_argument_and_annotation():
 
 def test_pydoclint_finds_no_mismatched_args_or_returns():
     out = subprocess.run(
-        [sys.executable, "-m", "pydoclint", "--config", str(ROOT / "pyproject.toml"), "hogrod"],
+        [str(Path(sys.executable).parent / "pydoclint"), "--config", str(ROOT / "pyproject.toml"),
+         "hogrod"],
         cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
 
