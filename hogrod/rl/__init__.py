@@ -1,0 +1,18 @@
+"""Policy gradients with estimators of every order.
+
+- `magic_box`, `dice_objective` (`estimators.py`): DiCE and Loaded DiCE, a scalar to be
+  maximized whose derivatives of every order under nested tapes are unbiased estimates of
+  the expected discounted return's.
+- `discounted_returns`, `gae_advantages`, `LinearFeatureBaseline` (`returns.py`): returns,
+  advantages and MAML's linear feature baseline on `[batch, T]` tensors.
+
+Conventions: a batch of trajectories is `[batch, T]` tensors (`log_probs`, `rewards`,
+`values`, `mask`); `mask` is 1 before an episode ends and 0 after. Discounts and lambdas are
+Python numbers applied at the tensors' dtype.
+"""
+
+from hogrod.rl.estimators import dice_objective, magic_box
+from hogrod.rl.returns import LinearFeatureBaseline, discounted_returns, gae_advantages
+
+__all__ = ["magic_box", "dice_objective", "discounted_returns", "gae_advantages",
+           "LinearFeatureBaseline"]
