@@ -5,6 +5,10 @@
   the expected discounted return's.
 - `discounted_returns`, `gae_advantages`, `LinearFeatureBaseline` (`returns.py`): returns,
   advantages and MAML's linear feature baseline on `[batch, T]` tensors.
+- `CategoricalPolicy`, `GaussianPolicy` (`policies.py`): Keras models whose
+  `distribution(observations, params=None)` is a `Categorical` or `DiagonalGaussian`
+  (`log_prob`, stateless `sample(seed)`, `entropy`, `kl`); `params` substitutes tensors for
+  the policy's variables through `hogrod.functional_call` (MAML's inner step).
 
 Conventions: a batch of trajectories is `[batch, T]` tensors (`log_probs`, `rewards`,
 `values`, `mask`); `mask` is 1 before an episode ends and 0 after. Discounts and lambdas are
@@ -12,7 +16,10 @@ Python numbers applied at the tensors' dtype.
 """
 
 from hogrod.rl.estimators import dice_objective, magic_box
+from hogrod.rl.policies import (Categorical, CategoricalPolicy, DiagonalGaussian,
+                                GaussianPolicy)
 from hogrod.rl.returns import LinearFeatureBaseline, discounted_returns, gae_advantages
 
 __all__ = ["magic_box", "dice_objective", "discounted_returns", "gae_advantages",
-           "LinearFeatureBaseline"]
+           "LinearFeatureBaseline", "Categorical", "DiagonalGaussian", "CategoricalPolicy",
+           "GaussianPolicy"]
