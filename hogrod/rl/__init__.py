@@ -9,7 +9,7 @@
   `distribution(observations, params=None)` is a `Categorical` or `DiagonalGaussian`
   (`log_prob`, stateless `sample(seed)`, `entropy`, `kl`); `params` substitutes tensors for
   the policy's variables through `hogrod.functional_call` (MAML's inner step).
-- `TabularMDP` (`envs.py`): environments as batched pure TensorFlow functions,
+- `TabularMDP`, `Navigation2D`, `IteratedPrisonersDilemma` (`envs.py`): environments as batched pure TensorFlow functions,
   `sample_tasks(seed, n)`, `reset(task, seed, batch)`, `step(task, state, action)`.
 - `expected_return` (`exact.py`): the exact expected return of a tabular softmax policy on a
   small MDP, differentiable to every order: the oracle of the estimators.
@@ -19,7 +19,7 @@ Conventions: a batch of trajectories is `[batch, T]` tensors (`log_probs`, `rewa
 Python numbers applied at the tensors' dtype.
 """
 
-from hogrod.rl.envs import TabularMDP
+from hogrod.rl.envs import IteratedPrisonersDilemma, Navigation2D, TabularMDP
 from hogrod.rl.estimators import dice_objective, magic_box
 from hogrod.rl.exact import expected_return
 from hogrod.rl.policies import (Categorical, CategoricalPolicy, DiagonalGaussian,
@@ -28,4 +28,5 @@ from hogrod.rl.returns import LinearFeatureBaseline, discounted_returns, gae_adv
 
 __all__ = ["magic_box", "dice_objective", "discounted_returns", "gae_advantages",
            "LinearFeatureBaseline", "Categorical", "DiagonalGaussian", "CategoricalPolicy",
-           "GaussianPolicy", "TabularMDP", "expected_return"]
+           "GaussianPolicy", "TabularMDP", "Navigation2D",
+           "IteratedPrisonersDilemma", "expected_return"]

@@ -9,7 +9,10 @@ Every environment has
   carries everything the next step needs (a stateless seed where the dynamics are random);
 - `horizon`: the number of steps of an episode; `observation_dim`.
 
-The functions take one task; map them over a task axis with `tf.vectorized_map`.
+The functions take one task; map them over a task axis with `tf.vectorized_map`. An
+environment keeps stepping an episode after its `done`: the rollout masks what follows.
+Continuous actions are clipped by the environment; a policy's log-probability is that of
+the unclipped action it drew.
 """
 
 from typing import Optional
@@ -21,7 +24,7 @@ from hogrod import checks
 from hogrod.rl import _tensors
 from hogrod.types import DType, Seed, TensorLike, Tree
 
-__all__ = ["TabularMDP"]
+__all__ = ["TabularMDP", "Navigation2D", "IteratedPrisonersDilemma"]
 
 
 def _seed(seed, where):
@@ -151,3 +154,176 @@ class TabularMDP:
         t = state["t"] + 1
         done = tf.fill(tf.shape(s), t >= self.horizon)
         return {"s": nxt, "t": t, "seed": following}, self._observe(nxt), reward, done
+
+
+def _check_steps(state, action, where, shape, integer):
+    a = tf.convert_to_tensor(action)
+    kind = "integer" if integer else "floating"
+    ok = a.dtype.is_integer if integer else a.dtype.is_floating
+    if not ok or not a.shape.is_compatible_with(shape):
+        raise checks.ArgumentError(f"{where}: action must be {kind} {shape.as_list()}, got "
+                                   f"{checks.describe(a)}")
+    return a
+
+
+class Navigation2D:
+    """MAML's 2D navigation: a point moved by velocity actions toward a goal.
+
+    A task is a goal drawn uniformly from [-0.5, 0.5]^2; an episode starts at the origin;
+    an action (`[batch, 2]`) is clipped to [-0.1, 0.1] per coordinate and added to the
+    position; the reward is the negative Euclidean distance from the new position to the
+    goal; `done` is True within Euclidean distance 0.01 of the goal. The observation is the
+    position.
+
+    Args:
+      horizon: the episode length, an int >= 1 (100 in MAML).
+      dtype: the positions' and rewards' dtype; None: Keras's floatx.
+    """
+
+    observation_dim = 2
+    action_dim = 2
+
+    def __init__(self, horizon: int = 100, dtype: Optional[DType] = None) -> None:
+        self.horizon = checks.integer(horizon, "horizon", "Navigation2D", 1)
+        self.dtype = tf.as_dtype(dtype or keras.backend.floatx())
+
+    def sample_tasks(self, seed: Seed, n: int) -> Tree:
+        """`n` goals uniform in [-0.5, 0.5]^2.
+
+        Args:
+          seed: an int >= 0 or a `[2]` integer tensor.
+          n: the number of tasks, an int >= 1.
+
+        Returns:
+          A dict with `goal` `[n, 2]`.
+        """
+        s = _seed(seed, "Navigation2D.sample_tasks")
+        n = checks.integer(n, "n", "Navigation2D.sample_tasks", 1)
+        half = tf.constant(0.5, self.dtype)
+        return {"goal": tf.random.stateless_uniform([n, 2], s, -half, half, dtype=self.dtype)}
+
+    def reset(self, task: Tree, seed: Seed, batch: int) -> tuple:
+        """Starts `batch` episodes at the origin.
+
+        Args:
+          task: one task, `{"goal": [2]}`.
+          seed: an int >= 0 or a `[2]` integer tensor (the start is deterministic).
+          batch: the number of episodes, an int >= 1.
+
+        Returns:
+          `(state, observation)`: the state `{"position": [batch, 2], "t": int32 scalar}` and
+          the `[batch, 2]` position.
+        """
+        _seed(seed, "Navigation2D.reset")
+        batch = checks.integer(batch, "batch", "Navigation2D.reset", 1)
+        position = tf.zeros([batch, 2], self.dtype)
+        return {"position": position, "t": tf.zeros([], tf.int32)}, position
+
+    def step(self, task: Tree, state: Tree, action: TensorLike) -> tuple:
+        """One step of every episode.
+
+        Args:
+          task: one task, `{"goal": [2]}`.
+          state: the state from `reset` or `step`.
+          action: `[batch, 2]` velocities of the environment's dtype (clipped here).
+
+        Returns:
+          `(state, observation, reward, done)`: the next state, the `[batch, 2]` position,
+          the `[batch]` negative distances to the goal and the `[batch]` bool done.
+
+        Raises:
+          ArgumentError: an action not floating `[batch, 2]` of the environment's dtype.
+        """
+        where = "Navigation2D.step"
+        a = _check_steps(state, action, where, state["position"].shape, integer=False)
+        if a.dtype != self.dtype:
+            raise checks.ArgumentError(f"{where}: action has dtype {a.dtype.name}, the "
+                                       f"environment {self.dtype.name}")
+        bound = tf.constant(0.1, self.dtype)
+        position = state["position"] + tf.clip_by_value(a, -bound, bound)
+        distance = tf.norm(position - task["goal"], axis=-1)
+        done = distance < tf.constant(0.01, self.dtype)
+        return ({"position": position, "t": state["t"] + 1}, position, -distance, done)
+
+
+class IteratedPrisonersDilemma:
+    """The iterated prisoner's dilemma of two agents.
+
+    Actions are int32 `[batch, 2]`, agent 0's then agent 1's, 0 = cooperate, 1 = defect.
+    Each agent's per-step payoff, own action first: (C, C) -1, (C, D) -3, (D, C) 0,
+    (D, D) -2. Each agent observes a one-hot `[5]` state from its own perspective: the last
+    joint action (own, other) as ``2 own + other``, or 4 at the start. `done` is True at the
+    horizon's last step. The task is the payoff table (`{"payoffs": [2, 2]}`, own action
+    first); `sample_tasks` repeats the one above.
+
+    Args:
+      horizon: the episode length, an int >= 1 (150 in LOLA-DiCE).
+      dtype: the observations' and rewards' dtype; None: Keras's floatx.
+    """
+
+    observation_dim = 5
+    num_actions = 2
+    PAYOFFS = ((-1.0, -3.0), (0.0, -2.0))
+
+    def __init__(self, horizon: int = 150, dtype: Optional[DType] = None) -> None:
+        self.horizon = checks.integer(horizon, "horizon", "IteratedPrisonersDilemma", 1)
+        self.dtype = tf.as_dtype(dtype or keras.backend.floatx())
+
+    def sample_tasks(self, seed: Seed, n: int) -> Tree:
+        """`n` copies of the payoff table.
+
+        Args:
+          seed: unused (one game); an int >= 0 or a `[2]` integer tensor.
+          n: the number of tasks, an int >= 1.
+
+        Returns:
+          A dict with `payoffs` `[n, 2, 2]`.
+        """
+        _seed(seed, "IteratedPrisonersDilemma.sample_tasks")
+        n = checks.integer(n, "n", "IteratedPrisonersDilemma.sample_tasks", 1)
+        return {"payoffs": tf.tile(tf.constant(self.PAYOFFS, self.dtype)[None], [n, 1, 1])}
+
+    def reset(self, task: Tree, seed: Seed, batch: int) -> tuple:
+        """Starts `batch` games in the start state.
+
+        Args:
+          task: one task, `{"payoffs": [2, 2]}`.
+          seed: an int >= 0 or a `[2]` integer tensor (the start is deterministic).
+          batch: the number of games, an int >= 1.
+
+        Returns:
+          `(state, observation)`: the state `{"s": int32[batch, 2], "t": int32 scalar}`
+          (each agent's state index) and the `[batch, 2, 5]` one-hot observations.
+        """
+        _seed(seed, "IteratedPrisonersDilemma.reset")
+        batch = checks.integer(batch, "batch", "IteratedPrisonersDilemma.reset", 1)
+        s = tf.fill([batch, 2], 4)
+        return {"s": s, "t": tf.zeros([], tf.int32)}, tf.one_hot(s, 5, dtype=self.dtype)
+
+    def step(self, task: Tree, state: Tree, action: TensorLike) -> tuple:
+        """One round of every game.
+
+        Args:
+          task: one task, `{"payoffs": [2, 2]}`.
+          state: the state from `reset` or `step`.
+          action: int `[batch, 2]` actions (agent 0's, agent 1's), 0 = C, 1 = D.
+
+        Returns:
+          `(state, observation, reward, done)`: the next state, the `[batch, 2, 5]`
+          observations, the `[batch, 2]` payoffs (agent 0's, agent 1's) and the `[batch]`
+          bool done.
+
+        Raises:
+          ArgumentError: actions not integers of shape `[batch, 2]` in {0, 1}.
+        """
+        where = "IteratedPrisonersDilemma.step"
+        a = tf.cast(_check_steps(state, action, where, state["s"].shape, integer=True), tf.int32)
+        _tensors.require(tf.reduce_all((a >= 0) & (a <= 1)),
+                         f"{where}: action must lie in 0..1 (0 cooperate, 1 defect)")
+        own, other = a[:, 0], a[:, 1]
+        reward = tf.stack([tf.gather_nd(task["payoffs"], tf.stack([own, other], 1)),
+                           tf.gather_nd(task["payoffs"], tf.stack([other, own], 1))], 1)
+        s = tf.stack([2 * own + other, 2 * other + own], 1)
+        t = state["t"] + 1
+        done = tf.fill(tf.shape(own), t >= self.horizon)
+        return ({"s": s, "t": t}, tf.one_hot(s, 5, dtype=self.dtype), reward, done)
