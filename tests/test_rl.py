@@ -225,3 +225,21 @@ def test_bad_inputs_are_named():
     compiled = tf.function(lambda m: rl.dice_objective(lp, r, mask=m))
     with pytest.raises(tf.errors.InvalidArgumentError, match="must not increase"):
         compiled(tf.constant([[0, 1, 1, 1]] * 3, F64))
+
+
+def test_a_meta_batch_of_tasks_maps_returns_baseline_and_objective_without_fallback():
+    rng = np.random.default_rng(7)
+    lp, r = rng.normal(size=(3, 4, 5)), rng.normal(size=(3, 4, 5))
+    mask = np.stack([episodes(8 + i, batch=4, steps=5)[2] for i in range(3)])
+    obs = rng.normal(size=(3, 4, 5, 2))
+    baseline = rl.LinearFeatureBaseline(2, dtype="float64")
+
+    def one(lp, r, m, o):
+        values = baseline.predict(o, m, baseline.solve(o, rl.discounted_returns(r, 0.9, m), m))
+        return rl.dice_objective(lp, r, 0.9, values=values, gae_lambda=0.95, mask=m)
+
+    mapped = tf.function(lambda *xs: tf.vectorized_map(lambda x: one(*x), xs,
+                                                       fallback_to_while_loop=False))
+    np.testing.assert_allclose(mapped(lp, r, mask, obs),
+                               [float(one(lp[i], r[i], mask[i], obs[i])) for i in range(3)],
+                               rtol=1e-10)
