@@ -243,3 +243,14 @@ def test_a_meta_batch_of_tasks_maps_returns_baseline_and_objective_without_fallb
     np.testing.assert_allclose(mapped(lp, r, mask, obs),
                                [float(one(lp[i], r[i], mask[i], obs[i])) for i in range(3)],
                                rtol=1e-10)
+
+
+def test_the_fitted_baseline_is_saved_with_a_checkpoint(tmp_path):
+    rng = np.random.default_rng(9)
+    obs, returns = rng.normal(size=(2, 4, 1)), rng.normal(size=(2, 4))
+    baseline = rl.LinearFeatureBaseline(1, dtype="float64")
+    fitted = baseline.fit(obs, returns).numpy()
+    path = tf.train.Checkpoint(baseline=baseline).save(str(tmp_path / "ckpt"))
+    restored = rl.LinearFeatureBaseline(1, dtype="float64")
+    tf.train.Checkpoint(baseline=restored).restore(path).assert_consumed()
+    np.testing.assert_array_equal(restored.coefficients, fitted)

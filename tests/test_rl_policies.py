@@ -131,3 +131,23 @@ def test_bad_actions_and_arguments_are_named():
     compiled = tf.function(lambda a: c.log_prob(a))
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"actions must lie in 0\.\.3"):
         compiled(tf.constant([0, 1, 2, 3, 4, 0]))
+
+
+def test_distributions_cross_compiled_boundaries_and_trace_once():
+    gaussian, categorical = policies()
+
+    @tf.function
+    def frozen_kl(obs, params):
+        old = tf.nest.map_structure(tf.stop_gradient, gaussian.distribution(obs))
+        return tf.reduce_mean(gaussian.distribution(obs, params).kl(old))
+
+    params = hogrod.trainable_values(gaussian)
+    for shift in (0.0, 0.1):
+        obs = tf.constant(np.full((4, 3), shift))
+        assert abs(float(frozen_kl(obs, params))) < 1e-15
+    assert frozen_kl.experimental_get_tracing_count() == 1
+    # log_std + 0.1 everywhere: KL = d (0.1 - (1 - exp(-0.2)) / 2) per state (means unchanged)
+    moved = [p + 0.1 if v.path.endswith("log_std") else p
+             for p, v in zip(params, gaussian.trainable_variables)]
+    np.testing.assert_allclose(float(frozen_kl(obs, moved)),
+                               2 * (-0.1 + 0.5 * (np.exp(0.2) - 1)), rtol=1e-12)
