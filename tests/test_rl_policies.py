@@ -134,7 +134,7 @@ def test_bad_actions_and_arguments_are_named():
 
 
 def test_distributions_cross_compiled_boundaries_and_trace_once():
-    gaussian, categorical = policies()
+    gaussian, _ = policies()
 
     @tf.function
     def frozen_kl(obs, params):
