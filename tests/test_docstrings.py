@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PUBLIC = ["hogrod", "hogrod.tree", "hogrod.linalg", "hogrod.checks", "hogrod.implicit",
           "hogrod.hypergrad", "hogrod.distribute", "hogrod.models", "hogrod.data",
           "hogrod.bindings", "hogrod.harness", "hogrod.train", "hogrod.optim", "hogrod.meta",
-          "hogrod.gan", "hogrod.pinn", "hogrod.curvature"]
+          "hogrod.gan", "hogrod.pinn", "hogrod.curvature", "hogrod.rl"]
 
 
 def _exported():

@@ -1,0 +1,32 @@
+"""Policy gradients with estimators of every order.
+
+- `magic_box`, `dice_objective` (`estimators.py`): DiCE and Loaded DiCE, a scalar to be
+  maximized whose derivatives of every order under nested tapes are unbiased estimates of
+  the expected discounted return's.
+- `discounted_returns`, `gae_advantages`, `LinearFeatureBaseline` (`returns.py`): returns,
+  advantages and MAML's linear feature baseline on `[batch, T]` tensors.
+- `CategoricalPolicy`, `GaussianPolicy` (`policies.py`): Keras models whose
+  `distribution(observations, params=None)` is a `Categorical` or `DiagonalGaussian`
+  (`log_prob`, stateless `sample(seed)`, `entropy`, `kl`); `params` substitutes tensors for
+  the policy's variables through `hogrod.functional_call` (MAML's inner step).
+- `TabularMDP`, `Navigation2D`, `IteratedPrisonersDilemma` (`envs.py`): environments as batched pure TensorFlow functions,
+  `sample_tasks(seed, n)`, `reset(task, seed, batch)`, `step(task, state, action)`.
+- `expected_return` (`exact.py`): the exact expected return of a tabular softmax policy on a
+  small MDP, differentiable to every order: the oracle of the estimators.
+
+Conventions: a batch of trajectories is `[batch, T]` tensors (`log_probs`, `rewards`,
+`values`, `mask`); `mask` is 1 before an episode ends and 0 after. Discounts and lambdas are
+Python numbers applied at the tensors' dtype.
+"""
+
+from hogrod.rl.envs import IteratedPrisonersDilemma, Navigation2D, TabularMDP
+from hogrod.rl.estimators import dice_objective, magic_box
+from hogrod.rl.exact import expected_return
+from hogrod.rl.policies import (Categorical, CategoricalPolicy, DiagonalGaussian,
+                                GaussianPolicy)
+from hogrod.rl.returns import LinearFeatureBaseline, discounted_returns, gae_advantages
+
+__all__ = ["magic_box", "dice_objective", "discounted_returns", "gae_advantages",
+           "LinearFeatureBaseline", "Categorical", "DiagonalGaussian", "CategoricalPolicy",
+           "GaussianPolicy", "TabularMDP", "Navigation2D",
+           "IteratedPrisonersDilemma", "expected_return"]

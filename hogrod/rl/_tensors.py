@@ -1,0 +1,131 @@
+"""Checks of the `[batch, T]` tensors the estimators and returns take, written once for the
+package: each error names the public function and the argument."""
+
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+
+from hogrod import checks
+from hogrod.types import DType, TensorLike
+
+
+def floating(x: TensorLike, arg: str, where: str) -> tf.Tensor:
+    """`x` as a tensor of a floating dtype.
+
+    Args:
+      x: a tensor, variable or array.
+      arg: the argument's name in the message.
+      where: the public function checked.
+
+    Returns:
+      The tensor.
+
+    Raises:
+      ArgumentError: `x` is not convertible or not floating.
+    """
+    try:
+        t = tf.convert_to_tensor(x)
+    except (TypeError, ValueError) as e:
+        raise checks.ArgumentError(f"{where}: {arg} must be a floating tensor, got "
+                                   f"{type(x).__name__} ({e})") from None
+    if not t.dtype.is_floating:
+        raise checks.ArgumentError(f"{where}: {arg} must have a floating dtype, got "
+                                   f"{t.dtype.name}")
+    return t
+
+
+def like(x: TensorLike, arg: str, where: str, ref: tf.Tensor, ref_arg: str,
+         rank: Optional[int] = None) -> tf.Tensor:
+    """`x` as a floating tensor of `ref`'s dtype and shape (checked statically where known,
+    else when the graph runs).
+
+    Args:
+      x: a tensor, variable or array.
+      arg: the argument's name in the message.
+      where: the public function checked.
+      ref: the tensor `x` must match.
+      ref_arg: `ref`'s name in the message.
+      rank: if given, the rank `ref` must have (checked on `ref` too).
+
+    Returns:
+      The tensor.
+
+    Raises:
+      ArgumentError: a dtype or (static) shape differs, or the rank is wrong.
+    """
+    t = floating(x, arg, where)
+    if rank is not None:
+        for name, v in ((ref_arg, ref), (arg, t)):
+            if v.shape.rank is not None and v.shape.rank != rank:
+                raise checks.ArgumentError(
+                    f"{where}: {name} must have rank {rank} ([batch, T]), got shape "
+                    f"{v.shape.as_list()}")
+    if t.dtype != ref.dtype:
+        raise checks.ArgumentError(f"{where}: {arg} has dtype {t.dtype.name} but {ref_arg} "
+                                   f"has {ref.dtype.name}; they must be equal")
+    if not t.shape.is_compatible_with(ref.shape):
+        raise checks.ArgumentError(f"{where}: {arg} has shape {t.shape.as_list()} but "
+                                   f"{ref_arg} has {ref.shape.as_list()}; they must be equal")
+    if not (t.shape.is_fully_defined() and ref.shape.is_fully_defined()):
+        tf.debugging.assert_equal(tf.shape(t), tf.shape(ref),
+                                  message=f"{where}: {arg} and {ref_arg} differ in shape")
+    return t
+
+
+def require(ok: tf.Tensor, message: str) -> None:
+    """An error with `message` unless `ok` (a boolean scalar tensor) holds: an `ArgumentError`
+    eagerly, a `tf.debugging.Assert` that fails when the graph runs otherwise.
+
+    Args:
+      ok: a boolean scalar tensor.
+      message: the error message.
+
+    Raises:
+      ArgumentError: eagerly, where `ok` is False.
+    """
+    if tf.executing_eagerly():
+        if not bool(np.asarray(ok)):
+            raise checks.ArgumentError(message)
+        return
+    tf.debugging.Assert(ok, [message])
+
+
+def mask_of(mask: Optional[TensorLike], where: str, ref: tf.Tensor,
+            ref_arg: str) -> Optional[tf.Tensor]:
+    """The mask checked: `ref`'s dtype and shape, every entry 0 or 1, non-increasing along
+    time (1 before an episode ends, 0 after).
+
+    Args:
+      mask: the `[batch, T]` mask, or None.
+      where: the public function checked.
+      ref: the `[batch, T]` tensor the mask belongs to.
+      ref_arg: `ref`'s name in the message.
+
+    Returns:
+      The mask tensor, or None.
+    """
+    if mask is None:
+        return None
+    m = like(mask, "mask", where, ref, ref_arg, rank=2)
+    require(tf.reduce_all((m == 0) | (m == 1)),
+            f"{where}: mask must hold only 0 and 1 (1 before an episode ends, 0 after)")
+    require(tf.reduce_all(m[:, 1:] <= m[:, :-1]),
+            f"{where}: mask must not increase along time (1 before an episode ends, 0 after; "
+            "an episode cannot restart)")
+    return m
+
+
+def powers(base: float, steps: TensorLike, dtype: DType) -> tf.Tensor:
+    """`[base**0, ..., base**(steps-1)]` at `dtype` (the base a Python number applied at
+    `dtype`, never through float32).
+
+    Args:
+      base: a Python number.
+      steps: the length, a scalar int tensor or int.
+      dtype: the floating dtype.
+
+    Returns:
+      A `[steps]` tensor.
+    """
+    return tf.pow(tf.constant(base, dtype), tf.cast(tf.range(steps), dtype))

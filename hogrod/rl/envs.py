@@ -1,0 +1,329 @@
+"""Environments as batched, pure TensorFlow functions, so a meta-batch of tasks rolls out
+inside one compiled step.
+
+Every environment has
+
+- `sample_tasks(seed, n)`: a task tree with a leading axis of `n` tasks;
+- `reset(task, seed, batch) -> (state, observation)`: `batch` episodes of one task;
+- `step(task, state, action) -> (state, observation, reward, done)`, pure: the state
+  carries everything the next step needs (a stateless seed where the dynamics are random);
+- `horizon`: the number of steps of an episode; `observation_dim`.
+
+The functions take one task; map them over a task axis with `tf.vectorized_map`. An
+environment keeps stepping an episode after its `done`: the rollout masks what follows.
+Continuous actions are clipped by the environment; a policy's log-probability is that of
+the unclipped action it drew.
+"""
+
+from typing import Optional
+
+import keras
+import tensorflow as tf
+
+from hogrod import checks
+from hogrod.rl import _tensors
+from hogrod.types import DType, Seed, TensorLike, Tree
+
+__all__ = ["TabularMDP", "Navigation2D", "IteratedPrisonersDilemma"]
+
+
+def _seed(seed, where):
+    if isinstance(seed, (tf.Tensor, tf.Variable)):
+        s = tf.convert_to_tensor(seed)
+        if not s.dtype.is_integer or not s.shape.is_compatible_with([2]):
+            raise checks.ArgumentError(f"{where}: seed must be an int or a [2] integer tensor, "
+                                       f"got {checks.describe(s)}")
+        return tf.cast(s, tf.int64)
+    return tf.constant([checks.seed(seed, "seed", where), 0], tf.int64)
+
+
+class TabularMDP:
+    """A finite MDP with given transitions, rewards and initial distribution.
+
+    Observations are one-hot states (`[batch, S]`), actions int32 indices in 0..A-1; the
+    reward of a step is ``rewards[s, a]``; `done` is True at the last step of the horizon.
+    A task is the MDP's tables (`{"transitions", "rewards", "initial"}`), so tasks with other
+    tables of the same sizes can be built by hand; `sample_tasks` repeats the given one.
+
+    Args:
+      transitions: `[S, A, S]` next-state probabilities (rows summing to 1 within 1e-6).
+      rewards: `[S, A]` rewards.
+      initial: `[S]` initial distribution; None: uniform.
+      horizon: the episode length, an int >= 1.
+      dtype: the observations' and rewards' dtype; None: Keras's floatx.
+
+    Raises:
+      ArgumentError: tables of the wrong shapes, or not probabilities.
+    """
+
+    def __init__(self, transitions: TensorLike, rewards: TensorLike,
+                 initial: Optional[TensorLike] = None, horizon: int = 10,
+                 dtype: Optional[DType] = None) -> None:
+        where = "TabularMDP"
+        self.dtype = tf.as_dtype(dtype or keras.backend.floatx())
+        p = tf.cast(_tensors.floating(transitions, "transitions", where), self.dtype)
+        r = tf.cast(_tensors.floating(rewards, "rewards", where), self.dtype)
+        if p.shape.rank != 3 or p.shape[0] != p.shape[2] or r.shape != p.shape[:2]:
+            raise checks.ArgumentError(f"{where}: transitions must be [S, A, S] and rewards "
+                                       f"[S, A], got {checks.describe((p, r))}")
+        self.num_states, self.num_actions = int(p.shape[0]), int(p.shape[1])
+        mu = (tf.fill([self.num_states], tf.constant(1.0 / self.num_states, self.dtype))
+              if initial is None else tf.cast(_tensors.floating(initial, "initial", where),
+                                              self.dtype))
+        if mu.shape != [self.num_states]:
+            raise checks.ArgumentError(f"{where}: initial must be [{self.num_states}], got "
+                                       f"{mu.shape.as_list()}")
+        for name, t in (("transitions", p), ("initial", mu)):
+            sums = tf.reduce_sum(t, axis=-1)
+            _tensors.require(tf.reduce_all(t >= 0) & tf.reduce_all(tf.abs(sums - 1) < 1e-6),
+                             f"{where}: {name} must be probabilities summing to 1")
+        self.transitions, self.rewards, self.initial = p, r, mu
+        self.horizon = checks.integer(horizon, "horizon", where, 1)
+        self.observation_dim = self.num_states
+
+    def sample_tasks(self, seed: Seed, n: int) -> Tree:
+        """`n` copies of the MDP's tables (the task distribution is the one MDP).
+
+        Args:
+          seed: unused (the task is fixed); an int >= 0 or a `[2]` integer tensor.
+          n: the number of tasks, an int >= 1.
+
+        Returns:
+          A dict of `transitions` `[n, S, A, S]`, `rewards` `[n, S, A]` and `initial`
+          `[n, S]`.
+        """
+        _seed(seed, "TabularMDP.sample_tasks")
+        n = checks.integer(n, "n", "TabularMDP.sample_tasks", 1)
+        tile = lambda t: tf.tile(t[None], [n] + [1] * t.shape.rank)  # noqa: E731
+        return {"transitions": tile(self.transitions), "rewards": tile(self.rewards),
+                "initial": tile(self.initial)}
+
+    def _observe(self, s):
+        return tf.one_hot(s, self.num_states, dtype=self.dtype)
+
+    def reset(self, task: Tree, seed: Seed, batch: int) -> tuple:
+        """Starts `batch` episodes of one task.
+
+        Args:
+          task: one task (`sample_tasks`' tree without the leading axis).
+          seed: an int >= 0 or a `[2]` integer tensor; it and the step decide every draw.
+          batch: the number of episodes, an int >= 1.
+
+        Returns:
+          `(state, observation)`: the state `{"s": int32[batch], "t": int32 scalar, "seed":
+          int64[2]}` and the `[batch, S]` one-hot observation.
+        """
+        s = _seed(seed, "TabularMDP.reset")
+        batch = checks.integer(batch, "batch", "TabularMDP.reset", 1)
+        draw, following = tf.unstack(tf.random.experimental.stateless_split(s, 2))
+        logits = tf.math.log(tf.tile(task["initial"][None], [batch, 1]))
+        states = tf.random.stateless_categorical(logits, 1, draw, dtype=tf.int32)[:, 0]
+        return ({"s": states, "t": tf.zeros([], tf.int32), "seed": following},
+                self._observe(states))
+
+    def step(self, task: Tree, state: Tree, action: TensorLike) -> tuple:
+        """One step of every episode.
+
+        Args:
+          task: one task.
+          state: the state from `reset` or `step`.
+          action: int `[batch]` actions in 0..A-1.
+
+        Returns:
+          `(state, observation, reward, done)`: the next state, its `[batch, S]`
+          observation, the `[batch]` rewards ``rewards[s, a]`` and the `[batch]` bool done
+          (True at the horizon's last step).
+
+        Raises:
+          ArgumentError: actions not integers of shape `[batch]` in 0..A-1.
+        """
+        where = "TabularMDP.step"
+        a = tf.convert_to_tensor(action)
+        if not a.dtype.is_integer or not a.shape.is_compatible_with(state["s"].shape):
+            raise checks.ArgumentError(f"{where}: action must be integer [batch], got "
+                                       f"{checks.describe(a)}")
+        a = tf.cast(a, tf.int32)
+        _tensors.require(tf.reduce_all((a >= 0) & (a < self.num_actions)),
+                         f"{where}: action must lie in 0..{self.num_actions - 1}")
+        s = state["s"]
+        index = tf.stack([s, a], axis=1)
+        reward = tf.gather_nd(task["rewards"], index)
+        draw, following = tf.unstack(tf.random.experimental.stateless_split(state["seed"], 2))
+        logits = tf.math.log(tf.gather_nd(task["transitions"], index))
+        nxt = tf.random.stateless_categorical(logits, 1, draw, dtype=tf.int32)[:, 0]
+        t = state["t"] + 1
+        done = tf.fill(tf.shape(s), t >= self.horizon)
+        return {"s": nxt, "t": t, "seed": following}, self._observe(nxt), reward, done
+
+
+def _check_steps(state, action, where, shape, integer):
+    a = tf.convert_to_tensor(action)
+    kind = "integer" if integer else "floating"
+    ok = a.dtype.is_integer if integer else a.dtype.is_floating
+    if not ok or not a.shape.is_compatible_with(shape):
+        raise checks.ArgumentError(f"{where}: action must be {kind} {shape.as_list()}, got "
+                                   f"{checks.describe(a)}")
+    return a
+
+
+class Navigation2D:
+    """MAML's 2D navigation: a point moved by velocity actions toward a goal.
+
+    A task is a goal drawn uniformly from [-0.5, 0.5]^2; an episode starts at the origin;
+    an action (`[batch, 2]`) is clipped to [-0.1, 0.1] per coordinate and added to the
+    position; the reward is the negative Euclidean distance from the new position to the
+    goal; `done` is True within Euclidean distance 0.01 of the goal. The observation is the
+    position.
+
+    Args:
+      horizon: the episode length, an int >= 1 (100 in MAML).
+      dtype: the positions' and rewards' dtype; None: Keras's floatx.
+    """
+
+    observation_dim = 2
+    action_dim = 2
+
+    def __init__(self, horizon: int = 100, dtype: Optional[DType] = None) -> None:
+        self.horizon = checks.integer(horizon, "horizon", "Navigation2D", 1)
+        self.dtype = tf.as_dtype(dtype or keras.backend.floatx())
+
+    def sample_tasks(self, seed: Seed, n: int) -> Tree:
+        """`n` goals uniform in [-0.5, 0.5]^2.
+
+        Args:
+          seed: an int >= 0 or a `[2]` integer tensor.
+          n: the number of tasks, an int >= 1.
+
+        Returns:
+          A dict with `goal` `[n, 2]`.
+        """
+        s = _seed(seed, "Navigation2D.sample_tasks")
+        n = checks.integer(n, "n", "Navigation2D.sample_tasks", 1)
+        half = tf.constant(0.5, self.dtype)
+        return {"goal": tf.random.stateless_uniform([n, 2], s, -half, half, dtype=self.dtype)}
+
+    def reset(self, task: Tree, seed: Seed, batch: int) -> tuple:
+        """Starts `batch` episodes at the origin.
+
+        Args:
+          task: one task, `{"goal": [2]}`.
+          seed: an int >= 0 or a `[2]` integer tensor (the start is deterministic).
+          batch: the number of episodes, an int >= 1.
+
+        Returns:
+          `(state, observation)`: the state `{"position": [batch, 2], "t": int32 scalar}` and
+          the `[batch, 2]` position.
+        """
+        _seed(seed, "Navigation2D.reset")
+        batch = checks.integer(batch, "batch", "Navigation2D.reset", 1)
+        position = tf.zeros([batch, 2], self.dtype)
+        return {"position": position, "t": tf.zeros([], tf.int32)}, position
+
+    def step(self, task: Tree, state: Tree, action: TensorLike) -> tuple:
+        """One step of every episode.
+
+        Args:
+          task: one task, `{"goal": [2]}`.
+          state: the state from `reset` or `step`.
+          action: `[batch, 2]` velocities of the environment's dtype (clipped here).
+
+        Returns:
+          `(state, observation, reward, done)`: the next state, the `[batch, 2]` position,
+          the `[batch]` negative distances to the goal and the `[batch]` bool done.
+
+        Raises:
+          ArgumentError: an action not floating `[batch, 2]` of the environment's dtype.
+        """
+        where = "Navigation2D.step"
+        a = _check_steps(state, action, where, state["position"].shape, integer=False)
+        if a.dtype != self.dtype:
+            raise checks.ArgumentError(f"{where}: action has dtype {a.dtype.name}, the "
+                                       f"environment {self.dtype.name}")
+        bound = tf.constant(0.1, self.dtype)
+        position = state["position"] + tf.clip_by_value(a, -bound, bound)
+        distance = tf.norm(position - task["goal"], axis=-1)
+        done = distance < tf.constant(0.01, self.dtype)
+        return ({"position": position, "t": state["t"] + 1}, position, -distance, done)
+
+
+class IteratedPrisonersDilemma:
+    """The iterated prisoner's dilemma of two agents.
+
+    Actions are int32 `[batch, 2]`, agent 0's then agent 1's, 0 = cooperate, 1 = defect.
+    Each agent's per-step payoff, own action first: (C, C) -1, (C, D) -3, (D, C) 0,
+    (D, D) -2. Each agent observes a one-hot `[5]` state from its own perspective: the last
+    joint action (own, other) as ``2 own + other``, or 4 at the start. `done` is True at the
+    horizon's last step. The task is the payoff table (`{"payoffs": [2, 2]}`, own action
+    first); `sample_tasks` repeats the one above.
+
+    Args:
+      horizon: the episode length, an int >= 1 (150 in LOLA-DiCE).
+      dtype: the observations' and rewards' dtype; None: Keras's floatx.
+    """
+
+    observation_dim = 5
+    num_actions = 2
+    PAYOFFS = ((-1.0, -3.0), (0.0, -2.0))
+
+    def __init__(self, horizon: int = 150, dtype: Optional[DType] = None) -> None:
+        self.horizon = checks.integer(horizon, "horizon", "IteratedPrisonersDilemma", 1)
+        self.dtype = tf.as_dtype(dtype or keras.backend.floatx())
+
+    def sample_tasks(self, seed: Seed, n: int) -> Tree:
+        """`n` copies of the payoff table.
+
+        Args:
+          seed: unused (one game); an int >= 0 or a `[2]` integer tensor.
+          n: the number of tasks, an int >= 1.
+
+        Returns:
+          A dict with `payoffs` `[n, 2, 2]`.
+        """
+        _seed(seed, "IteratedPrisonersDilemma.sample_tasks")
+        n = checks.integer(n, "n", "IteratedPrisonersDilemma.sample_tasks", 1)
+        return {"payoffs": tf.tile(tf.constant(self.PAYOFFS, self.dtype)[None], [n, 1, 1])}
+
+    def reset(self, task: Tree, seed: Seed, batch: int) -> tuple:
+        """Starts `batch` games in the start state.
+
+        Args:
+          task: one task, `{"payoffs": [2, 2]}`.
+          seed: an int >= 0 or a `[2]` integer tensor (the start is deterministic).
+          batch: the number of games, an int >= 1.
+
+        Returns:
+          `(state, observation)`: the state `{"s": int32[batch, 2], "t": int32 scalar}`
+          (each agent's state index) and the `[batch, 2, 5]` one-hot observations.
+        """
+        _seed(seed, "IteratedPrisonersDilemma.reset")
+        batch = checks.integer(batch, "batch", "IteratedPrisonersDilemma.reset", 1)
+        s = tf.fill([batch, 2], 4)
+        return {"s": s, "t": tf.zeros([], tf.int32)}, tf.one_hot(s, 5, dtype=self.dtype)
+
+    def step(self, task: Tree, state: Tree, action: TensorLike) -> tuple:
+        """One round of every game.
+
+        Args:
+          task: one task, `{"payoffs": [2, 2]}`.
+          state: the state from `reset` or `step`.
+          action: int `[batch, 2]` actions (agent 0's, agent 1's), 0 = C, 1 = D.
+
+        Returns:
+          `(state, observation, reward, done)`: the next state, the `[batch, 2, 5]`
+          observations, the `[batch, 2]` payoffs (agent 0's, agent 1's) and the `[batch]`
+          bool done.
+
+        Raises:
+          ArgumentError: actions not integers of shape `[batch, 2]` in {0, 1}.
+        """
+        where = "IteratedPrisonersDilemma.step"
+        a = tf.cast(_check_steps(state, action, where, state["s"].shape, integer=True), tf.int32)
+        _tensors.require(tf.reduce_all((a >= 0) & (a <= 1)),
+                         f"{where}: action must lie in 0..1 (0 cooperate, 1 defect)")
+        own, other = a[:, 0], a[:, 1]
+        reward = tf.stack([tf.gather_nd(task["payoffs"], tf.stack([own, other], 1)),
+                           tf.gather_nd(task["payoffs"], tf.stack([other, own], 1))], 1)
+        s = tf.stack([2 * own + other, 2 * other + own], 1)
+        t = state["t"] + 1
+        done = tf.fill(tf.shape(own), t >= self.horizon)
+        return ({"s": s, "t": t}, tf.one_hot(s, 5, dtype=self.dtype), reward, done)

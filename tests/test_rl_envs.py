@@ -1,0 +1,107 @@
+"""hogrod.rl's environments in float64 against numpy steps: 2D navigation (clipping, reward,
+done), the iterated prisoner's dilemma (payoffs, own-perspective states); tasks mapped by
+tf.vectorized_map inside one compiled rollout; every bad action's error."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hogrod import checks, rl
+
+F64 = tf.float64
+
+
+def numpy_navigation_step(position, goal, action):
+    position = position + np.clip(action, -0.1, 0.1)
+    distance = np.sqrt(((position - goal) ** 2).sum(-1))
+    return position, -distance, distance < 0.01
+
+
+def test_navigation_steps_as_numpy():
+    env = rl.Navigation2D(dtype="float64")
+    goals = env.sample_tasks(5, 50)["goal"].numpy()
+    assert goals.shape == (50, 2) and np.all(np.abs(goals) <= 0.5)
+    np.testing.assert_array_equal(env.sample_tasks(5, 50)["goal"], goals)
+    task = {"goal": tf.constant(goals[0])}
+    state, obs = env.reset(task, 0, 8)
+    np.testing.assert_array_equal(obs, np.zeros((8, 2)))
+    rng = np.random.default_rng(0)
+    position = np.zeros((8, 2))
+    for _ in range(12):
+        action = rng.normal(size=(8, 2)) * 0.15
+        state, obs, reward, done = env.step(task, state, tf.constant(action))
+        position, want_reward, want_done = numpy_navigation_step(position, goals[0], action)
+        np.testing.assert_allclose(obs, position, rtol=1e-15, atol=1e-15)
+        np.testing.assert_allclose(reward, want_reward, rtol=1e-14)
+        np.testing.assert_array_equal(done, want_done)
+    # one step onto the goal is done
+    near = {"goal": tf.constant([0.05, -0.05], F64)}
+    state, _ = env.reset(near, 0, 1)
+    _, _, reward, done = env.step(near, state, tf.constant([[0.05, -0.05]], F64))
+    assert bool(done[0]) and float(reward[0]) > -0.01
+
+
+def test_a_meta_batch_of_navigation_tasks_rolls_out_in_one_compiled_step():
+    env = rl.Navigation2D(horizon=5, dtype="float64")
+    tasks = env.sample_tasks(1, 4)
+
+    @tf.function
+    def rollout(tasks):
+        def one(task):
+            state, _ = env.reset(task, 0, 3)
+            total = tf.zeros([3], F64)
+            for _ in range(env.horizon):  # toward the goal at full speed
+                state, _, reward, _ = env.step(task, state, tf.ones([3, 2], F64) * task["goal"])
+                total += reward
+            return total
+        return tf.vectorized_map(one, tasks)
+
+    totals = rollout(tasks).numpy()
+    for i, goal in enumerate(tasks["goal"].numpy()):
+        position, total = np.zeros((3, 2)), np.zeros(3)
+        for _ in range(5):
+            position, reward, _ = numpy_navigation_step(position, goal, np.ones((3, 2)) * goal)
+            total += reward
+        np.testing.assert_allclose(totals[i], total, rtol=1e-13)
+
+
+def test_the_prisoners_dilemma_pays_and_observes_as_the_table_says():
+    env = rl.IteratedPrisonersDilemma(horizon=3, dtype="float64")
+    task = tf.nest.map_structure(lambda x: x[0], env.sample_tasks(0, 2))
+    state, obs = env.reset(task, 0, 4)
+    np.testing.assert_array_equal(obs.numpy().argmax(-1), np.full((4, 2), 4))
+    payoff = {(0, 0): -1, (0, 1): -3, (1, 0): 0, (1, 1): -2}  # own action first
+    joint = np.array([[0, 0], [0, 1], [1, 0], [1, 1]])
+    for t in range(3):
+        action = np.roll(joint, t, axis=0)
+        state, obs, reward, done = env.step(task, state, tf.constant(action, tf.int32))
+        want = [[payoff[a, b], payoff[b, a]] for a, b in action]
+        np.testing.assert_array_equal(reward, want)
+        np.testing.assert_array_equal(obs.numpy().argmax(-1),
+                                      np.stack([2 * action[:, 0] + action[:, 1],
+                                                2 * action[:, 1] + action[:, 0]], 1))
+        assert obs.shape == (4, 2, 5)
+        np.testing.assert_array_equal(done, [t == 2] * 4)
+
+
+def test_bad_actions_are_named():
+    nav = rl.Navigation2D(dtype="float64")
+    task = {"goal": tf.zeros([2], F64)}
+    state, _ = nav.reset(task, 0, 3)
+    ipd = rl.IteratedPrisonersDilemma(dtype="float64")
+    game = {"payoffs": tf.constant(ipd.PAYOFFS, F64)}
+    istate, _ = ipd.reset(game, 0, 3)
+    bad = [
+        (lambda: nav.step(task, state, tf.zeros([3, 3], F64)), "action must be floating"),
+        (lambda: nav.step(task, state, tf.zeros([3, 2], tf.int32)), "action must be floating"),
+        (lambda: nav.step(task, state, tf.zeros([3, 2], tf.float32)), "action has dtype"),
+        (lambda: ipd.step(game, istate, tf.zeros([3], tf.int32)), "action must be integer"),
+        (lambda: ipd.step(game, istate, tf.zeros([3, 2], F64)), "action must be integer"),
+        (lambda: ipd.step(game, istate, tf.constant([[0, 2]] * 3)), r"action must lie in 0\.\.1"),
+        (lambda: nav.sample_tasks(-1, 2), "seed"),
+        (lambda: nav.sample_tasks(0, 0), "n must be"),
+        (lambda: rl.Navigation2D(horizon=0), "horizon"),
+    ]
+    for call, pattern in bad:
+        with pytest.raises(checks.ArgumentError, match=pattern):
+            call()
