@@ -42,7 +42,7 @@ from hogrod.pinn import pdes
 from hogrod.pinn.geometry import Box, Disk, Geometry, difference, sample, union
 from hogrod.pinn.operators import laplacian, partials
 from hogrod.pinn.pinnacle_data import TabulatedReference, pinnacle_data_dir, read_reference
-from hogrod.pinn.problems import Condition, Problem
+from hogrod.pinn.problem import Condition, Problem
 
 __all__ = ["pinnacle_burgers1d", "pinnacle_poisson2d_classic", "pinnacle_poisson_boltzmann2d",
            "pinnacle_heat2d_longtime", "pinnacle_ns2d_liddriven", "pinnacle_ns2d_backstep",

@@ -26,7 +26,7 @@ from absl import logging
 import hogrod
 from hogrod import checks
 from hogrod.pinn.pdes import residual
-from hogrod.pinn.problems import condition_misfit
+from hogrod.pinn.problem import condition_misfit
 from hogrod.train import objective_terms, weighted_total
 
 __all__ = ["solution_fn", "term_names", "Term", "pointwise_terms", "pinn_loss", "lbfgs",
