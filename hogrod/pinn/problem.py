@@ -94,7 +94,8 @@ class Condition(tuple):
 
     Args:
       name: the condition's name, its loss term's name.
-      points_fn: `points_fn(n, seed) -> numpy [n, dim]`, the condition's points.
+      points_fn: `points_fn(n, seed, dtype=None) -> numpy [n, dim]` of `dtype` (None:
+        Keras's floatx), the condition's points.
       target_fn: `target_fn(x) -> [n, k]`, TensorFlow code (it runs in the train step).
       operator: `operator(u_fn, x) -> [n, k]` (one output component, a normal derivative).
     Raises:
@@ -171,11 +172,13 @@ class Problem:
         own with an integer `dim` (docs/guide).
       pde: the `PDE` (residual and the derivatives it needs); None for an inverse problem
         until `bind_unknowns`.
-      conditions: (name, points_fn(n, seed) -> x, target_fn(x) -> u) triples, each a soft
-        penalty term mean((u(x) - target(x))^2), or `Condition`s (`condition_misfit`
-        computes either). `points_fn` is numpy code run once before training (numpy
-        [n, dim]); `target_fn` is TensorFlow code (`tf.sin`, not `np.sin`): it runs in the
-        compiled train step on symbolic tensors. Stored as a tuple.
+      conditions: (name, points_fn(n, seed, dtype=None) -> x, target_fn(x) -> u) triples,
+        each a soft penalty term mean((u(x) - target(x))^2), or `Condition`s
+        (`condition_misfit` computes either). `points_fn` is numpy code run once before
+        training: numpy [n, dim] of `dtype` (None: Keras's floatx; the built-in ones draw
+        in float64 and cast once, so a float64 run's points never pass through float32);
+        `target_fn` is TensorFlow code (`tf.sin`, not `np.sin`): it runs in the compiled
+        train step on symbolic tensors. Stored as a tuple.
       transform: None, or a hard constraint `transform(x, net_out) -> u` built so that u
         satisfies the initial/boundary conditions exactly (then `conditions` can be empty).
       reference: None, or numpy code `reference(x) -> u` on numpy points [n, dim] (run

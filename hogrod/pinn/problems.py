@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from hogrod import checks
 from hogrod.pinn import pdes, reference
+from hogrod.pinn.csg import _dtype
 from hogrod.pinn.geometry import Box, Disk, sample
 from hogrod.pinn.problem import Observations, Problem, Unknown
 
@@ -30,28 +31,32 @@ def _grid(domain, shape):
     return np.stack([m.ravel() for m in mesh], axis=1)
 
 
+# points_fn(n, seed, dtype=None): drawn in float64, cast once to dtype (None: floatx)
+
 def _on_face(domain, axis, value):
-    def points(n, seed):
+    def points(n, seed, dtype=None):
+        dtype = _dtype(dtype, "points_fn")
         rng = np.random.default_rng(seed)
         x = domain.low + rng.random((n, domain.dim)) * (domain.high - domain.low)
         x[:, axis] = value
-        return x.astype(np.float32)
+        return x.astype(dtype)
     return points
 
 
 def _on_faces(domain, axis):
     """Points on both faces normal to `axis`, half on each."""
     low, high = _on_face(domain, axis, domain.low[axis]), _on_face(domain, axis, domain.high[axis])
-    return lambda n, s: np.concatenate([low(n // 2, s), high(n - n // 2, s + 1)])
+    return lambda n, s, dtype=None: np.concatenate([low(n // 2, s, dtype),
+                                                    high(n - n // 2, s + 1, dtype)])
 
 
 def _boundary_of_box(domain):
     """Points on every face of a box, spread evenly."""
-    def points(n, seed):
+    def points(n, seed, dtype=None):
         faces = [_on_face(domain, a, v) for a in range(domain.dim)
                  for v in (domain.low[a], domain.high[a])]
         per = -(-n // len(faces))
-        return np.concatenate([f(per, seed + i) for i, f in enumerate(faces)])[:n]
+        return np.concatenate([f(per, seed + i, dtype) for i, f in enumerate(faces)])[:n]
     return points
 
 
