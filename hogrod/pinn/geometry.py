@@ -191,7 +191,7 @@ def refine(points: TensorLike, residual_fn: Callable[[np.ndarray], TensorLike],
       seed: an integer seed.
       dtype: the points' dtype (that of `points`); None for Keras's floatx.
     Returns:
-      numpy array [m + add, dim] of `dtype`: `points` first, then the chosen candidates.
+      numpy array [m + add, dim] of `dtype`, `points` first, then the chosen candidates.
     Raises:
       ArgumentError: `points` of another dtype than `dtype` or of another shape than
         [m, dim], `add` outside [0, candidates], or a `residual_fn` that is not callable.

@@ -36,8 +36,8 @@ def partials(u_fn: Callable[[tf.Tensor], TensorLike], x: TensorLike,
       wanted: tuples of coordinate indices, each in [0, dim): () for u, (0,) for du/dx0,
         (0, 1) for d2u/dx0dx1, ...
     Returns:
-      {key as given in `wanted` (a tuple): tensor [batch, m] of x's dtype} (a [batch] u
-      becomes [batch, 1]).
+      A dict mapping each key as given in `wanted` (a tuple) to a tensor [batch, m] of x's
+      dtype (a [batch] u becomes [batch, 1]).
     Raises:
       ValueError: x not [batch, dim], a key that is not a tuple of integers or holds an
         index outside [0, dim), or u_fn(x) of another shape than [batch] or [batch, m].
@@ -95,7 +95,7 @@ def check_wanted(x: tf.Tensor,
       x: the points, [batch, dim].
       wanted: tuples of coordinate indices in [0, dim).
     Returns:
-      {key as given (a tuple): the key sorted}.
+      A dict mapping each key as given (a tuple) to the key sorted.
     Raises:
       ValueError: x of another rank than 2, or a bad key (named in the message).
     """

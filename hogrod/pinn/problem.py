@@ -1,7 +1,7 @@
 """What a PINN problem is: `Problem`, its conditions, and an inverse problem's unknowns.
 
 A `Problem` (built with keywords; its docstring lists the fields) bundles what a PINN run
-needs: a PDE, a domain, conditions (plain triples, or `Condition`s on an operator of u,
+needs: a PDE, a domain, conditions (plain triples, or `Condition` objects on an operator of u,
 whose misfit `condition_misfit` computes) and, when known, a reference solution. An
 inverse problem is a `Problem` too: its `unknowns` are the PDE coefficients learned with
 the solution (`Unknown`), its `pde_with(**coefficients) -> PDE` builds the PDE from them,
@@ -49,8 +49,8 @@ class Unknown(NamedTuple):
           dtype: the variable's dtype (the network's); the Python float goes straight to
             it, never through float32.
         Returns:
-          A scalar tf.Variable named "unknown_<name>": log(initial) when `positive`, else
-          initial.
+          A scalar tf.Variable named "unknown_<name>", holding log(initial) when
+          `positive`, else initial.
         Raises:
           ValueError: `positive` with an initial value <= 0.
         """
@@ -66,7 +66,7 @@ class Unknown(NamedTuple):
         Args:
           variable: the variable from `variable()` (or its value).
         Returns:
-          A scalar tensor of the variable's dtype: exp(variable) when `positive`, else the
+          A scalar tensor of the variable's dtype, exp(variable) when `positive`, else the
           variable's value.
         """
         return tf.exp(variable) if self.positive else tf.convert_to_tensor(variable)
@@ -146,8 +146,8 @@ def condition_misfit(condition: tuple, u_fn: Callable[[tf.Tensor], tf.Tensor],
       u_fn: the solution, [n, dim] -> [n, m].
       x: the condition's points, [n, dim].
     Returns:
-      [n, k]: u_fn(x) - target(x) for a triple, operator(u_fn, x) - target(x) for a
-      `Condition`.
+      The misfit [n, k], u_fn(x) - target(x) for a triple and operator(u_fn, x) -
+      target(x) for a `Condition`.
     Raises:
       ValueError: a `Condition`'s operator and target differ in shape.
       TypeError: the target is numpy code called on symbolic points (in a compiled step).
@@ -173,7 +173,7 @@ class Problem:
       pde: the `PDE` (residual and the derivatives it needs); None for an inverse problem
         until `bind_unknowns`.
       conditions: (name, points_fn(n, seed, dtype=None) -> x, target_fn(x) -> u) triples,
-        each a soft penalty term mean((u(x) - target(x))^2), or `Condition`s
+        each a soft penalty term mean((u(x) - target(x))^2), or `Condition` objects
         (`condition_misfit` computes either). `points_fn` is numpy code run once before
         training: numpy [n, dim] of `dtype` (None: Keras's floatx; the built-in ones draw
         in float64 and cast once, so a float64 run's points never pass through float32);
@@ -282,9 +282,9 @@ def unknowns_report(problem: Problem,
       problem: a `Problem` with `unknowns`.
       variables: {unknown's name: its variable from `Unknown.variable`}.
     Returns:
-      {name: learned value, name_true: true value, name_rel_err: ``abs(learned - true) /
-      abs(true)``} for each unknown (no _true or _rel_err where the true value is not
-      known).
+      A dict holding, for each unknown, its learned value under its name, and where its
+      true value is known, that value under name_true and ``abs(learned - true) /
+      abs(true)`` under name_rel_err.
     """
     out = {}
     for u in problem.unknowns:

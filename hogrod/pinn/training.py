@@ -134,7 +134,8 @@ def pointwise_terms(problem: Problem, u_fn: Callable[[tf.Tensor], tf.Tensor],
       use_jet: `residual`'s derivative path (the operator jet where it applies).
       jet_jit_compile: `residual`'s `jit_compile` (the jet XLA-compiled in a tf.function).
     Returns:
-      {name: Term} for `term_names(problem, gpinn)`, in that order.
+      A dict mapping each name of `term_names(problem, gpinn)`, in that order, to its
+      `Term`.
     """
     coords = _check_gpinn(problem, gpinn)
     pde = problem.pde
@@ -185,8 +186,9 @@ def pinn_loss(problem: Problem, u_fn: Callable[[tf.Tensor], tf.Tensor], points: 
       check_domain: check that every point set lies in `problem.domain` (its `inside`;
         domains without one are not checked); False fits points outside it on purpose.
     Returns:
-      `objective(batch=None)`. `batch`, when given, is `(points, condition_points)`: this
-      replica's shard of them under a tf.distribute strategy
+      The objective `objective(batch=None)`, returning a dict of the terms' scalars.
+      `batch`, when given, is `(points, condition_points)`, this replica's shard of them
+      under a tf.distribute strategy
       (`hogrod.distribute.shard(strategy, (points, condition_points))`); None uses the
       points given here. Every replica fits all the observations.
     Raises:
@@ -275,8 +277,8 @@ def lbfgs(objective: Objective, variables: Sequence[tf.Variable], maxiter: int =
         iterate (error curves); its time is not counted in the returned seconds.
       jit_compile: compile each replica's value and gradient with XLA.
     Returns:
-      (final value, iterations, seconds): the minimized sum as a float, scipy's iteration
-      count, and the wall seconds less the time spent in `callback`.
+      (final value, iterations, seconds), the minimized sum as a float, scipy's iteration
+      count and the wall seconds less the time spent in `callback`.
     Raises:
       ArgumentError: a non-callable objective, or a bad `maxiter`, `tol`, `history_size`
         or `callback_every`.

@@ -115,7 +115,7 @@ def grad_norm_weights(problem: Problem, u_fn: Callable[[tf.Tensor], tf.Tensor], 
       alpha: the moving average's weight on the old value, in [0, 1).
       every: the steps between updates, >= 1.
     Returns:
-      A `Weighting` with `weights` {term: variable} and their compiled `update`.
+      A `Weighting` with `weights` (a variable per term) and their compiled `update`.
     Raises:
       ValueError: the residual is the problem's only term, or a bad `alpha` or `every`.
     """
@@ -223,7 +223,7 @@ def ntk_weights(problem: Problem, u_fn: Callable[[tf.Tensor], tf.Tensor], points
       chunk: points per Jacobian, >= 1; `update()` runs the compiled Jacobians chunk by
         chunk.
     Returns:
-      A `Weighting` with `weights` {term: variable} and their `update`.
+      A `Weighting` with `weights` (a variable per term) and their `update`.
     Raises:
       ValueError: the residual is the problem's only term, or a bad `alpha`, `every` or
         `chunk`.
