@@ -215,7 +215,7 @@ def collocation(prob, n_collocation, n_condition, sampling, seed, dtype,
         checks.integer(count, f"pinn_experiment.n_condition (condition {name!r})", where,
                        least=1)
     points = tf.constant(pinn.sample(prob.domain, n_collocation, sampling, seed, dtype=dtype))
-    cond_points = [tf.constant(fn(counts[name], seed + 1 + i), dtype)
+    cond_points = [tf.constant(fn(counts[name], seed + 1 + i, dtype=dtype), dtype)
                    for i, (name, fn, _) in enumerate(prob.conditions)]
     if residual_on_conditions:
         points = tf.concat([points] + cond_points, axis=0)

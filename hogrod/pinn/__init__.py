@@ -1,6 +1,7 @@
 """Physics-informed networks.
 
 What a user calls is exported here:
+
 - derivatives of a network in its inputs: `partials`, `laplacian`, `divergence`;
   `stochastic_laplacian` (Hutchinson or STDE probes);
 - an equation: `PDE` (wanted derivatives and a residual) and `residual`;
@@ -27,14 +28,15 @@ ten cases `pinnacle_*`). Importing this package registers all of them with gin.
 """
 
 from hogrod.pinn import (geometry, jet, networks, operators, pdes, pinnacle,  # noqa: F401
-                         pinnacle_data, problems, reference, stochastic, training, weighting)
+                         pinnacle_data, problem, problems, reference, stochastic, training,
+                         weighting)
 from hogrod.pinn.geometry import Box, Disk, difference, intersection, refine, sample, union
 from hogrod.pinn.networks import mlp_network, modified_mlp
 from hogrod.pinn.operators import divergence, laplacian, partials
 from hogrod.pinn.pdes import PDE, residual
 from hogrod.pinn.pinnacle_data import l2re, read_reference
-from hogrod.pinn.problems import (Condition, Observations, Problem, Unknown, bind_unknowns,
-                                  condition_misfit, unknowns_report)
+from hogrod.pinn.problem import (Condition, Observations, Problem, Unknown, bind_unknowns,
+                                 condition_misfit, unknowns_report)
 from hogrod.pinn.reference import burgers_cole_hopf
 from hogrod.pinn.stochastic import stochastic_laplacian
 from hogrod.pinn.training import (lbfgs, pinn_loss, predict_on_grid, relative_l2,

@@ -31,12 +31,14 @@ points are kept. CSG nodes are limited to 3-D, where these rules are checked; a 
 """
 
 import math
+from typing import Optional
 
 import keras
 import numpy as np
 import scipy.special
 
 from hogrod import checks
+from hogrod.types import DType, TensorLike
 
 __all__ = ["Geometry", "Box", "Disk", "union", "difference", "intersection",
            "MIN_ACCEPTANCE", "MAX_CSG_DIM"]
@@ -77,37 +79,41 @@ class Geometry:
     `_boundary(n, rng)` (float64 points [n, dim]).
     """
 
-    def inside(self, x, tol=None):
+    def inside(self, x: TensorLike, tol: Optional[float] = None) -> np.ndarray:
         """Whether points are in the closed set (within `tol`).
 
+        A point is inside when the ball of radius `tol` around it meets the set's interior.
+
         Args:
-          x: points, [n, dim].
-          tol: the distance allowed outside; None for 1e-9 times the larger of 1 and the
-            bounding box's diameter.
+          x: points, [n, dim] (converted to float64; ArgumentError for another shape).
+          tol: the distance allowed outside, >= 0; None for 1e-9 times the larger of 1 and
+            the bounding box's diameter.
         Returns:
           bool array [n].
         """
         where = f"{type(self).__name__}.inside"
         return self._inside(_points(x, self.dim, where), self._tol(tol, where))
 
-    def interior(self, x, tol=None):
+    def interior(self, x: TensorLike, tol: Optional[float] = None) -> np.ndarray:
         """Whether points are inside by more than `tol`.
 
+        A point is interior when the ball of radius `tol` around it lies in the interior.
+
         Args:
-          x: points, [n, dim].
-          tol: the margin; None for the default of `inside`.
+          x: points, [n, dim] (converted to float64; ArgumentError for another shape).
+          tol: the margin, >= 0; None for the default of `inside`.
         Returns:
           bool array [n].
         """
         where = f"{type(self).__name__}.interior"
         return self._interior(_points(x, self.dim, where), self._tol(tol, where))
 
-    def on_boundary(self, x, tol=None):
+    def on_boundary(self, x: TensorLike, tol: Optional[float] = None) -> np.ndarray:
         """Whether points are within `tol` of the boundary (inside and not interior).
 
         Args:
-          x: points, [n, dim].
-          tol: the distance allowed; None for the default of `inside`.
+          x: points, [n, dim] (converted to float64; ArgumentError for another shape).
+          tol: the distance allowed, >= 0; None for the default of `inside`.
         Returns:
           bool array [n].
         """
@@ -123,15 +129,21 @@ class Geometry:
             return 1e-9 * self._scale()
         return checks.nonnegative(tol, "tol", where)
 
-    def boundary(self, n, seed=0, dtype=None):
+    def boundary(self, n: int, seed: int = 0, dtype: Optional[DType] = None) -> np.ndarray:
         """n points uniform (by length in 2-D, area in 3-D) on the boundary.
+
+        The points are drawn in float64 and cast to `dtype`; the module's docstring gives
+        the rules for combinations of shapes.
 
         Args:
           n: the number of points, >= 1.
-          seed: an integer seed.
-          dtype: the points' dtype; None for Keras's floatx.
+          seed: an integer seed (the same seed gives the same points).
+          dtype: the points' floating dtype; None for Keras's floatx.
         Returns:
           numpy array [n, dim] of `dtype`.
+        Raises:
+          ValueError: a combination of shapes whose boundary the sampler cannot reach (too
+            few candidates on its primitives' boundaries lie on its own).
         """
         where = f"{type(self).__name__}.boundary"
         n = checks.integer(n, "n", where, least=1)
@@ -172,12 +184,15 @@ class _Primitive(Geometry):
 class Box(_Primitive):
     """An axis-aligned box [low_i, high_i]; for space-time put time last.
 
+    The corners are kept as float64 vectors `low` and `high`; see `Geometry` for the methods.
+
     Args:
       low: the lower corner, a vector.
-      high: the upper corner, a vector of the same length, high > low.
+      high: the upper corner, a vector of the same length, high > low componentwise
+        (ArgumentError otherwise).
     """
 
-    def __init__(self, low, high):
+    def __init__(self, low: TensorLike, high: TensorLike) -> None:
         self.low, self.high = np.asarray(low, np.float64), np.asarray(high, np.float64)
         if (self.low.ndim != 1 or self.low.shape != self.high.shape
                 or not np.all(self.high > self.low)):
@@ -185,12 +200,12 @@ class Box(_Primitive):
                                        f"{high}")
 
     @property
-    def dim(self):
+    def dim(self) -> int:
         """The dimension, len(low)."""
         return len(self.low)
 
     @property
-    def bbox(self):
+    def bbox(self) -> "Box":
         """The box itself."""
         return self
 
@@ -207,17 +222,16 @@ class Box(_Primitive):
         side = self.high - self.low
         return np.array([np.prod(np.delete(side, a)) for a in range(self.dim)])
 
-    def boundary_measure(self):
+    def boundary_measure(self) -> float:
         """The boundary's measure (perimeter in 2-D, area in 3-D).
 
         Returns:
-          float.
+          Twice the sum over axes of the product of the other sides' lengths.
         """
         return 2.0 * float(self._face_measures().sum())
 
     def _draw(self, n, rng):
-        """n points uniform on the faces (a face chosen in proportion to its measure) and
-        their outward normals."""
+        """n points uniform on the faces (by measure) and their outward normals."""
         x = self.low + rng.random((n, self.dim)) * (self.high - self.low)
         faces = self._face_measures()
         axis = rng.choice(self.dim, size=n, p=faces / faces.sum())
@@ -229,14 +243,16 @@ class Box(_Primitive):
 
 
 class Disk(_Primitive):
-    """The closed ball |x - center| <= radius (a disk in 2-D, any dimension).
+    """The closed ball ``||x - center|| <= radius`` (a disk in 2-D, any dimension).
+
+    Kept as a float64 vector `center` and a float `radius`; see `Geometry` for the methods.
 
     Args:
-      center: the center, a vector.
+      center: the center, a vector of at least one coordinate (ArgumentError otherwise).
       radius: a positive number.
     """
 
-    def __init__(self, center, radius):
+    def __init__(self, center: TensorLike, radius: float) -> None:
         self.center = np.asarray(center, np.float64)
         if self.center.ndim != 1 or len(self.center) < 1:
             raise checks.ArgumentError(f"Disk: center must be a vector of coordinates, got "
@@ -244,12 +260,12 @@ class Disk(_Primitive):
         self.radius = checks.positive(radius, "radius", "Disk")
 
     @property
-    def dim(self):
+    def dim(self) -> int:
         """The dimension, len(center)."""
         return len(self.center)
 
     @property
-    def bbox(self):
+    def bbox(self) -> Box:
         """The bounding box, a Box."""
         return Box(self.center - self.radius, self.center + self.radius)
 
@@ -265,11 +281,11 @@ class Disk(_Primitive):
     def _interior(self, x, tol):
         return self._distance(x) < self.radius - tol
 
-    def boundary_measure(self):
+    def boundary_measure(self) -> float:
         """The sphere's measure (2 pi r in 2-D, 4 pi r^2 in 3-D, 2 in 1-D).
 
         Returns:
-          float.
+          ``2 pi^(d/2) / Gamma(d/2) r^(d-1)`` for dimension d and radius r.
         """
         d = self.dim
         return 2 * math.pi ** (d / 2) / scipy.special.gamma(d / 2) * self.radius ** (d - 1)
@@ -305,7 +321,7 @@ class _CSG(Geometry):
         self.a, self.b = a, b
 
     @property
-    def dim(self):
+    def dim(self) -> int:
         """The dimension of the operands."""
         return self.a.dim
 
@@ -324,8 +340,10 @@ class _CSG(Geometry):
         return self._eval(iter([leaf._interior(p, 0.0) for leaf in self._leaves()]))
 
     def _corner_values(self, x, tol):
-        """bool [n, 2^dim]: the interior at the corners x + tol (+-1, ..., +-1), each
-        primitive farther than tol from x taken as at x."""
+        """bool [n, 2^dim]: the interior at the corners x + tol (+-1, ..., +-1).
+
+        Each primitive farther than tol from x is taken as at x.
+        """
         if tol == 0.0:
             return self._open_interior(x)[:, None]
         signs = _corners(self.dim)
@@ -344,8 +362,11 @@ class _CSG(Geometry):
         return self._corner_values(x, tol).all(axis=1)
 
     def _keep(self, x, normal, index, leaves, step):
-        """Candidates on leaves[index] with outward normals: on this set's boundary (one
-        side of the step in the interior) and on no boundary of a leaf listed before."""
+        """Candidates on leaves[index] that lie on this set's boundary.
+
+        Kept: one side of the step along the outward normal is in the interior, and the
+        candidate is on no boundary of a leaf listed before.
+        """
         keep = self._open_interior(x + step * normal) != self._open_interior(x - step * normal)
         for j in range(index):
             keep &= ~leaves[j]._near(x, step)
@@ -379,7 +400,7 @@ class _Union(_CSG):
     op = "union"
 
     @property
-    def bbox(self):
+    def bbox(self) -> Box:
         """The bounding box, a Box."""
         return Box(np.minimum(self.a.bbox.low, self.b.bbox.low),
                    np.maximum(self.a.bbox.high, self.b.bbox.high))
@@ -393,7 +414,7 @@ class _Difference(_CSG):
     op = "difference"
 
     @property
-    def bbox(self):
+    def bbox(self) -> Box:
         """The bounding box, a Box (the first operand's)."""
         return self.a.bbox
 
@@ -406,7 +427,7 @@ class _Intersection(_CSG):
     op = "intersection"
 
     @property
-    def bbox(self):
+    def bbox(self) -> Box:
         """The bounding box, a Box."""
         low = np.maximum(self.a.bbox.low, self.b.bbox.low)
         high = np.minimum(self.a.bbox.high, self.b.bbox.high)
@@ -419,38 +440,50 @@ class _Intersection(_CSG):
         return a & b
 
 
-def union(a, b):
+def union(a: Geometry, b: Geometry) -> Geometry:
     """The regularized union: the closure of the interior of a or b.
+
+    Also written `a | b`.
 
     Args:
       a: a Box, a Disk or a combination of them.
       b: another, of the same dimension (at most 3 for combinations).
     Returns:
-      A Geometry.
+      A Geometry with every method of one (`inside`, `boundary`, `bbox`, ...).
+    Raises:
+      ArgumentError: a non-geometry operand, or dimensions that differ or exceed 3.
     """
     return _Union(a, b)
 
 
-def difference(a, b):
-    """The regularized difference: the closure of a's interior less b (b's boundary inside
-    a bounds the result; a's boundary inside b does not).
+def difference(a: Geometry, b: Geometry) -> Geometry:
+    """The regularized difference: the closure of a's interior less b.
+
+    Also written `a - b`. b's boundary inside a bounds the result; a's boundary inside b
+    does not.
 
     Args:
       a: a Box, a Disk or a combination of them.
       b: the part removed, of the same dimension (at most 3 for combinations).
     Returns:
-      A Geometry.
+      A Geometry with every method of one (`inside`, `boundary`, `bbox`, ...).
+    Raises:
+      ArgumentError: a non-geometry operand, or dimensions that differ or exceed 3.
     """
     return _Difference(a, b)
 
 
-def intersection(a, b):
+def intersection(a: Geometry, b: Geometry) -> Geometry:
     """The regularized intersection: the closure of the interior of a and b.
+
+    Also written `a & b`.
 
     Args:
       a: a Box, a Disk or a combination of them.
       b: another, of the same dimension (at most 3 for combinations).
     Returns:
-      A Geometry.
+      A Geometry with every method of one (`inside`, `boundary`, `bbox`, ...).
+    Raises:
+      ArgumentError: a non-geometry operand, or dimensions that differ or exceed 3.
     """
     return _Intersection(a, b)

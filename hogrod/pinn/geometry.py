@@ -19,12 +19,14 @@ adaptive refinement. Every sampler returns `dtype`, Keras's floatx by default.
 """
 
 import warnings
+from typing import Callable, Optional
 
 import numpy as np
 import scipy.stats
 import scipy.stats.qmc
 
 from hogrod import checks
+from hogrod.types import DType, TensorLike
 from hogrod.pinn.csg import (MIN_ACCEPTANCE, Box, Disk, Geometry, _dtype, difference,
                              intersection, union)
 
@@ -34,16 +36,16 @@ __all__ = ["Geometry", "Box", "Disk", "union", "difference", "intersection", "sa
 METHODS = ("uniform", "lhs", "sobol", "hammersley")
 
 
-def radical_inverse(i, base):
+def radical_inverse(i: TensorLike, base: int) -> np.ndarray:
     """The radical inverse: the base-`base` digits of i mirrored about the radix point.
 
-    phi_base(i) = sum_k d_k base^(-k-1) for i = sum_k d_k base^k.
+    ``phi_base(i) = sum_k d_k base^(-k-1)`` for ``i = sum_k d_k base^k``.
 
     Args:
-      i: integers >= 0 (an array or a number).
+      i: integers >= 0 (an array or a number; ArgumentError for a negative one).
       base: an integer >= 2.
     Returns:
-      float64 array of the shape of i.
+      float64 array of the shape of i, in [0, 1).
     """
     base = checks.integer(base, "base", "radical_inverse", least=2)
     i = np.asarray(i, np.int64).copy()
@@ -66,7 +68,7 @@ def _primes(k):
     return primes
 
 
-def hammersley(n, dim, dtype=None):
+def hammersley(n: int, dim: int, dtype: Optional[DType] = None) -> np.ndarray:
     """The Hammersley set in [0, 1)^dim, deterministic.
 
     Point i (i = 0..n-1) is (i / n, phi_2(i), phi_3(i), phi_5(i), ...): radical inverses
@@ -102,7 +104,8 @@ def _unit(method, n, dim, rng):
     return _hammersley(n, dim)
 
 
-def sample(geometry, n, method="sobol", seed=0, dtype=None):
+def sample(geometry: Geometry, n: int, method: str = "sobol", seed: int = 0,
+           dtype: Optional[DType] = None) -> np.ndarray:
     """n points in a geometry.
 
     A Box maps the unit points directly; a Disk (ball) of dimension > 5 maps dim + 1 unit
@@ -116,10 +119,16 @@ def sample(geometry, n, method="sobol", seed=0, dtype=None):
       n: the number of points, >= 1.
       method: "uniform", "lhs", "sobol" or "hammersley" (deterministic: the seed only
         chooses among the points inside, for other geometries than a Box).
-      seed: an integer seed.
-      dtype: the points' dtype; None for Keras's floatx.
+      seed: an integer seed (the same seed gives the same points).
+      dtype: the points' floating dtype; None for Keras's floatx. Points are computed in
+        float64 and cast.
     Returns:
       numpy array [n, dim] of `dtype`.
+    Raises:
+      ArgumentError: a geometry that is not a Box, a Disk or a combination of them, or a
+        bad `n`, `method`, `seed` or `dtype`.
+      ValueError: a geometry that fills too little of its bounding box (below 1e-3) for
+        rejection sampling.
     """
     method = checks.choice(method, METHODS, "method", "sample")
     if not isinstance(geometry, Geometry):
@@ -153,18 +162,25 @@ def sample(geometry, n, method="sobol", seed=0, dtype=None):
 
 
 def _in_ball(ball, method, n, rng):
-    """n points uniform in a ball, mapped from dim + 1 unit coordinates: a normal vector's
-    direction (inverse normal CDF) and the radius R u^(1/dim). Rejection from the bounding box
-    cannot: a ball fills 2.5e-3 of its box at dim 10, 2e-70 at dim 100."""
+    """n points uniform in a ball, mapped from dim + 1 unit coordinates.
+
+    A normal vector's direction (inverse normal CDF) and the radius R u^(1/dim). Rejection
+    from the bounding box cannot: a ball fills 2.5e-3 of its box at dim 10, 2e-70 at dim 100.
+    """
     unit = np.clip(_unit(method, n, ball.dim + 1, rng), 1e-12, 1 - 1e-12)
     g = scipy.stats.norm.ppf(unit[:, :-1])
     radius = ball.radius * unit[:, -1:] ** (1.0 / ball.dim)
     return ball.center + radius * g / np.linalg.norm(g, axis=1, keepdims=True)
 
 
-def refine(points, residual_fn, geometry, candidates=10000, add=1000, seed=0, dtype=None):
-    """Residual-based adaptive refinement: `points` and the `add` of `candidates` fresh
-    Sobol points in `geometry` with the largest |residual|.
+def refine(points: TensorLike, residual_fn: Callable[[np.ndarray], TensorLike],
+           geometry: Geometry, candidates: int = 10000, add: int = 1000, seed: int = 0,
+           dtype: Optional[DType] = None) -> np.ndarray:
+    """Residual-based adaptive refinement: the current points and those of largest residual.
+
+    `candidates` fresh Sobol points are drawn in `geometry` (`sample`); the `add` of them
+    with the largest residual (``abs(residual)`` summed over its columns) are appended to
+    `points`.
 
     Args:
       points: the current points, [m, dim] of `dtype`.
@@ -175,7 +191,10 @@ def refine(points, residual_fn, geometry, candidates=10000, add=1000, seed=0, dt
       seed: an integer seed.
       dtype: the points' dtype (that of `points`); None for Keras's floatx.
     Returns:
-      numpy array [m + add, dim] of `dtype`.
+      numpy array [m + add, dim] of `dtype`, `points` first, then the chosen candidates.
+    Raises:
+      ArgumentError: `points` of another dtype than `dtype` or of another shape than
+        [m, dim], `add` outside [0, candidates], or a `residual_fn` that is not callable.
     """
     dtype = _dtype(dtype, "refine")
     candidates = checks.integer(candidates, "candidates", "refine", least=1)

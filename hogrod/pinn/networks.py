@@ -21,6 +21,7 @@ drawn in float64 and cast once; Python-number hyperparameters multiply tensors d
 """
 
 import math
+from typing import Callable, Optional, Tuple, Union
 
 import gin
 import keras
@@ -28,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from hogrod import checks
+from hogrod.types import DType
 
 __all__ = ["FourierFeatures", "PeriodicEmbedding", "FactorizedDense", "fourier_features",
            "periodic_embedding", "mlp_network", "modified_mlp", "EmbeddingChain",
@@ -270,14 +272,42 @@ def _embedded_input(input_dim, embedding, dtype):
 
 
 @gin.configurable
-def mlp_network(input_dim, width=20, depth=8, outputs=1, activation="tanh", embedding=None,
-                factorization=None, dtype=None, name=None, output_scale=None):
-    """embedding (optional), `depth` hidden Dense layers of `width` with `activation`, a
-    linear output Dense of `outputs`; factorization (mu, sigma): FactorizedDense layers.
+def mlp_network(input_dim: int, width: int = 20, depth: int = 8, outputs: int = 1,
+                activation: Union[str, Callable] = "tanh",
+                embedding: Optional[Union[keras.layers.Layer,
+                                          Callable[..., keras.layers.Layer]]] = None,
+                factorization: Optional[Tuple[float, float]] = None, dtype: Optional[DType] = None,
+                name: Optional[str] = None,
+                output_scale: Optional[float] = None) -> keras.Model:
+    """A multilayer perceptron: an optional embedding, hidden Dense layers, a linear output.
 
-    output_scale: None, or a fixed factor on the output (the solution's typical size): a
-    solution far from O(1) (with a large constant part) is otherwise fitted by saturating
-    the tanh units, which then pass no gradient to learn its variation."""
+    `depth` hidden Dense layers of `width` with `activation` (Glorot-normal kernels), then a
+    linear output Dense of `outputs`; every layer computes at `dtype`.
+
+    Args:
+      input_dim: the input dimension (space, then time), >= 1.
+      width: the hidden layers' width, >= 1.
+      depth: the number of hidden layers, >= 1.
+      outputs: the output size m, >= 1.
+      activation: the hidden layers' activation, a Keras name or callable.
+      embedding: None, a Keras layer at the network's dtype, or a factory called with
+        `dtype=` (`@fourier_features`, `@periodic_embedding`, `@embedding_chain`) applied
+        to the input first.
+      factorization: None, or (mu, sigma): every Dense a `FactorizedDense` with
+        s ~ N(mu, sigma).
+      dtype: the network's dtype; None for Keras's floatx.
+      name: the model's name; None for Keras's default.
+      output_scale: None, or a fixed factor > 0 on the output (the solution's typical
+        size), applied at the network's dtype: a solution far from O(1) (with a large
+        constant part) is otherwise fitted by saturating the tanh units, which then pass no
+        gradient to learn its variation.
+    Returns:
+      A keras.Model [batch, input_dim] -> [batch, outputs].
+    Raises:
+      ArgumentError: a bad `input_dim`, `width`, `depth` or `outputs` or `output_scale`.
+      ValueError: a malformed `factorization`, or an embedding of another dtype.
+      TypeError: an embedding that is neither a layer nor a factory.
+    """
     _check(input_dim, width, depth, "mlp_network")
     x, h = _embedded_input(input_dim, embedding, dtype)
     for _ in range(depth):
@@ -291,15 +321,42 @@ def mlp_network(input_dim, width=20, depth=8, outputs=1, activation="tanh", embe
 
 
 @gin.configurable
-def modified_mlp(input_dim, width=20, depth=8, outputs=1, activation="tanh", embedding=None,
-                 factorization=None, dtype=None, name=None):
-    """The modified MLP of Wang, Teng and Perdikaris (2021), with H_0 = the (embedded) input:
+def modified_mlp(input_dim: int, width: int = 20, depth: int = 8, outputs: int = 1,
+                 activation: Union[str, Callable] = "tanh",
+                 embedding: Optional[Union[keras.layers.Layer,
+                                           Callable[..., keras.layers.Layer]]] = None,
+                 factorization: Optional[Tuple[float, float]] = None, dtype: Optional[DType] = None,
+                 name: Optional[str] = None) -> keras.Model:
+    """The modified MLP of Wang, Teng and Perdikaris (2021): gated mixing of two encoders.
+
+    With H_0 the (embedded) input::
 
         U = act(H_0 W_u + b_u),  V = act(H_0 W_v + b_v),
         Z_k = act(H_{k-1} W_k + b_k),  H_k = (1 - Z_k) * U + Z_k * V,  k = 1..depth,
         u = H_depth W + b.
 
-    Layers are named "encoder_u", "encoder_v", "gate_1".."gate_depth" and "head"."""
+    Layers are named "encoder_u", "encoder_v", "gate_1".."gate_depth" and "head".
+
+    Args:
+      input_dim: the input dimension (space, then time), >= 1.
+      width: the hidden layers' width, >= 1.
+      depth: the number of hidden layers, >= 1.
+      outputs: the output size m, >= 1.
+      activation: the hidden layers' activation, a Keras name or callable.
+      embedding: None, a Keras layer at the network's dtype, or a factory called with
+        `dtype=` (`@fourier_features`, `@periodic_embedding`, `@embedding_chain`) applied
+        to the input first.
+      factorization: None, or (mu, sigma): every Dense a `FactorizedDense` with
+        s ~ N(mu, sigma).
+      dtype: the network's dtype; None for Keras's floatx.
+      name: the model's name; None for Keras's default.
+    Returns:
+      A keras.Model [batch, input_dim] -> [batch, outputs].
+    Raises:
+      ArgumentError: a bad `input_dim`, `width`, `depth` or `outputs`.
+      ValueError: a malformed `factorization`, or an embedding of another dtype.
+      TypeError: an embedding that is neither a layer nor a factory.
+    """
     _check(input_dim, width, depth, "modified_mlp")
     x, h = _embedded_input(input_dim, embedding, dtype)
     u = _dense(width, activation, factorization, dtype, "encoder_u")(h)

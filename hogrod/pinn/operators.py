@@ -10,8 +10,11 @@ du_j/dx for the whole batch. Reverse-over-reverse: one tape per derivative order
 """
 
 import numbers
+from typing import Callable, Dict, Iterable, Mapping, Sequence, Tuple
 
 import tensorflow as tf
+
+from hogrod.types import TensorLike
 
 __all__ = ["partials", "laplacian", "divergence"]
 
@@ -20,13 +23,24 @@ def _key(k):
     return tuple(sorted(k))
 
 
-def partials(u_fn, x, wanted):
-    """{key: tensor [batch, m]} for each key in `wanted` (m: u's output size).
+def partials(u_fn: Callable[[tf.Tensor], TensorLike], x: TensorLike,
+             wanted: Iterable[Sequence[int]]) -> Dict[Tuple[int, ...], tf.Tensor]:
+    """Every partial derivative in `wanted` of the network at the points x, in one pass.
+
+    Reverse-over-reverse (one tape per derivative order); derivatives share their prefixes
+    and mixed partials are symmetric (the module docstring).
 
     Args:
-      u_fn: the network, [batch, dim] -> [batch] or [batch, m].
+      u_fn: the network, [batch, dim] -> [batch] or [batch, m], applied pointwise.
       x: collocation points, [batch, dim].
-      wanted: iterable of tuples of coordinate indices.
+      wanted: tuples of coordinate indices, each in [0, dim): () for u, (0,) for du/dx0,
+        (0, 1) for d2u/dx0dx1, ...
+    Returns:
+      A dict mapping each key as given in `wanted` (a tuple) to a tensor [batch, m] of x's
+      dtype (a [batch] u becomes [batch, 1]).
+    Raises:
+      ValueError: x not [batch, dim], a key that is not a tuple of integers or holds an
+        index outside [0, dim), or u_fn(x) of another shape than [batch] or [batch, m].
     """
     x = tf.convert_to_tensor(x)
     keys = check_wanted(x, wanted)
@@ -73,9 +87,18 @@ def partials(u_fn, x, wanted):
     return {k: cache[v] for k, v in keys.items()}
 
 
-def check_wanted(x, wanted):
-    """{key as given: sorted key} for `partials`' wanted derivatives at points x [batch,
-    dim] (ValueError naming the bad key otherwise)."""
+def check_wanted(x: tf.Tensor,
+                 wanted: Iterable[Sequence[int]]) -> Dict[Tuple[int, ...], Tuple[int, ...]]:
+    """The wanted derivatives of `partials`, checked, with their sorted keys.
+
+    Args:
+      x: the points, [batch, dim].
+      wanted: tuples of coordinate indices in [0, dim).
+    Returns:
+      A dict mapping each key as given (a tuple) to the key sorted.
+    Raises:
+      ValueError: x of another rank than 2, or a bad key (named in the message).
+    """
     if x.shape.rank != 2:
         raise ValueError(f"collocation points must have shape [batch, dim], got {x.shape}")
     dim = x.shape[-1]
@@ -93,11 +116,27 @@ def check_wanted(x, wanted):
     return keys
 
 
-def laplacian(d, coords):
-    """sum_i d2u/dx_i^2 over `coords`, from a `partials` dict holding (i, i) for each."""
+def laplacian(d: Mapping[Tuple[int, ...], tf.Tensor], coords: Iterable[int]) -> tf.Tensor:
+    """The Laplacian ``sum_i d2u/dx_i^2`` over `coords`, from a `partials` dict.
+
+    Args:
+      d: `partials`' dict, holding the key (i, i) for each i in `coords`.
+      coords: the coordinate indices summed over (e.g. `range(dim)`, or the space
+        coordinates only of a space-time problem).
+    Returns:
+      [batch, m], the sum of the d[(i, i)].
+    """
     return tf.add_n([d[(i, i)] for i in coords])
 
 
-def divergence(d, coords):
-    """sum_i du_i/dx_i for vector-valued u (output i paired with coordinate coords[i])."""
+def divergence(d: Mapping[Tuple[int, ...], tf.Tensor], coords: Sequence[int]) -> tf.Tensor:
+    """The divergence ``sum_i du_i/dx_{coords[i]}`` of a vector-valued u.
+
+    Args:
+      d: `partials`' dict, holding the key (c,) for each c in `coords`; its values are
+        [batch, m] with m >= len(coords).
+      coords: the coordinate paired with each output: output i with coordinate coords[i].
+    Returns:
+      [batch, 1].
+    """
     return tf.add_n([d[(c,)][:, i:i + 1] for i, c in enumerate(coords)])

@@ -20,6 +20,7 @@ time-dependent problems.
 import collections
 import math
 import numbers
+from typing import Callable, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import gin
 import tensorflow as tf
@@ -27,25 +28,51 @@ import tensorflow as tf
 from hogrod import checks
 from hogrod.pinn import jet
 from hogrod.pinn.operators import laplacian, partials
+from hogrod.types import TensorLike
 
 __all__ = ["PDE", "residual", "jet_applies", "burgers", "poisson", "heat",
            "wave", "allen_cahn", "helmholtz", "advection", "LaplacianOperator",
            "exact_laplacian", "randomized_laplacian"]
 
-# uses_network: the residual is called as residual(x, d, u_fn), so it can apply operators
-# to the network itself (a randomized Laplacian) besides the `partials` dict d.
-# linear: None or {name: {partial key: Python-number coefficient}}, linear combinations of
-# first and second partials that the residual reads as d[name] (its keys need not be in
-# `wanted`); the operator jet carries each as one channel (Burgers' u_t - nu u_xx: one
-# channel in place of two), `partials` sums them.
-PDE = collections.namedtuple("PDE", ["wanted", "residual", "uses_network", "linear"],
-                             defaults=(False, None))
+class PDE(NamedTuple):
+    """An equation: the derivatives its residual reads, and the residual.
+
+    A new equation is a few lines, no subclassing (the module docstring); `residual`
+    evaluates it for a network.
+
+    Attributes:
+      wanted: the partial derivatives the residual reads, tuples of coordinate indices
+        (`partials`' keys: () for u, (0,) for du/dx0, (0, 1) for d2u/dx0dx1).
+      residual: `residual(x, d) -> [batch, m]` for points x [batch, dim] and d the dict of
+        the wanted partials and of `linear`'s combinations, each [batch, m];
+        `residual(x, d, u_fn)` with `uses_network`.
+      uses_network: the residual is called as residual(x, d, u_fn), so it can apply
+        operators to the network itself (a randomized Laplacian) besides d; default False.
+      linear: None (the default), or {name: {partial key: Python-number coefficient}}:
+        linear combinations of first and second partials that the residual reads as
+        d[name] (their keys need not be in `wanted`); the operator jet carries each as one
+        channel (Burgers' u_t - nu u_xx: one channel in place of two), `partials` sums them.
+    """
+    wanted: Sequence[Tuple[int, ...]]
+    residual: Callable[..., tf.Tensor]
+    uses_network: bool = False
+    linear: Optional[Mapping[str, Mapping[Tuple[int, ...], float]]] = None
 
 
-def jet_applies(pde, u_fn, x):
-    """Whether `residual` takes the jet for `pde`, `u_fn` at points x: derivatives of order
-    <= 2, a residual that does not call the network itself, and `u_fn` a Dense tanh MLP
-    computing in x's dtype (`jet.applies`: not a lambda, an embedding, a modified MLP, ...)."""
+def jet_applies(pde: PDE, u_fn: Callable[[tf.Tensor], tf.Tensor], x: TensorLike) -> bool:
+    """Whether `residual` takes the operator jet for `pde` and `u_fn` at points x.
+
+    It does for derivatives of order <= 2, a residual that does not call the network
+    itself, and `u_fn` a Dense tanh MLP computing in x's dtype (`jet.applies`: not a
+    lambda, an embedding, a modified MLP, ...).
+
+    Args:
+      pde: a `PDE`.
+      u_fn: the network, [batch, dim] -> [batch, m].
+      x: the points, [batch, dim].
+    Returns:
+      True where the jet applies.
+    """
     return (bool(pde.wanted or pde.linear) and not pde.uses_network
             and jet.jet_plan(pde.wanted) is not None
             and jet.applies(u_fn, tf.convert_to_tensor(x).dtype))
@@ -62,7 +89,8 @@ def _partials_path(pde, u_fn, x):
     return out
 
 
-def residual(pde, u_fn, x, use_jet=True, jit_compile=True):
+def residual(pde: PDE, u_fn: Callable[[tf.Tensor], tf.Tensor], x: TensorLike,
+             use_jet: bool = True, jit_compile: bool = True) -> tf.Tensor:
     """The residual of `pde` for the network `u_fn` at the points x.
 
     Both derivative paths can be differentiated again in x (gPINN's terms) and in the
@@ -83,9 +111,10 @@ def residual(pde, u_fn, x, use_jet=True, jit_compile=True):
         Eager calls never compile: XLA's compile per new shape costs seconds that one
         evaluation does not win back.
     Returns:
-      The residual, [batch, m].
+      The residual, [batch, m], of x's dtype.
     Raises:
-      ValueError: the residual function gives another shape.
+      ArgumentError: `use_jet` or `jit_compile` not a bool.
+      ValueError: the residual function gives another shape, or a bad `PDE.linear`.
     """
     x = tf.convert_to_tensor(x)
     if not isinstance(use_jet, bool) or not isinstance(jit_compile, bool):

@@ -39,10 +39,11 @@ import numpy as np
 import tensorflow as tf
 
 from hogrod.pinn import pdes
+from hogrod.pinn.csg import _dtype
 from hogrod.pinn.geometry import Box, Disk, Geometry, difference, sample, union
 from hogrod.pinn.operators import laplacian, partials
 from hogrod.pinn.pinnacle_data import TabulatedReference, pinnacle_data_dir, read_reference
-from hogrod.pinn.problems import Condition, Problem
+from hogrod.pinn.problem import Condition, Problem
 
 __all__ = ["pinnacle_burgers1d", "pinnacle_poisson2d_classic", "pinnacle_poisson_boltzmann2d",
            "pinnacle_heat2d_longtime", "pinnacle_ns2d_liddriven", "pinnacle_ns2d_backstep",
@@ -62,15 +63,15 @@ def _file_problem(name, path, default_file, space, outputs, times=None, mesh=Fal
 
 # ---------------------------------------------------------------------------- point sets
 
-def _float32(x):
-    return np.asarray(x, np.float32)
-
+# points_fn(n, seed, dtype=None): drawn in float64, cast once to dtype (None: floatx), so a
+# float64 run's points are not rounded through float32
 
 def _on_boundary(geometry, keep=None):
     """points_fn: n points uniform on the geometry's boundary, where `keep(x)` (a piece)."""
-    def points(n, seed):
+    def points(n, seed, dtype=None):
+        dtype = _dtype(dtype, "points_fn")
         if keep is None:
-            return _float32(geometry.boundary(n, seed))
+            return geometry.boundary(n, seed, dtype=np.float64).astype(dtype)
         rng, got, drawn = np.random.default_rng(seed), [], 0
         while sum(map(len, got)) < n:
             x = geometry.boundary(max(2 * n, 1024), int(rng.integers(2 ** 31)),
@@ -80,37 +81,40 @@ def _on_boundary(geometry, keep=None):
             if sum(map(len, got)) < 1e-3 * drawn and drawn >= 100000:
                 raise ValueError(f"no points of the boundary of {geometry!r} lie on the "
                                  "piece asked for")
-        return _float32(np.concatenate(got)[:n])
+        return np.concatenate(got)[:n].astype(dtype)
     return points
 
 
 def _lateral(space, t0, t1):
     """points_fn: n points on the spatial boundary of space x [t0, t1], t uniform."""
-    def points(n, seed):
+    def points(n, seed, dtype=None):
+        dtype = _dtype(dtype, "points_fn")
         x = space.boundary(n, seed, dtype=np.float64)
         t = t0 + (t1 - t0) * np.random.default_rng(seed + 7919).random((n, 1))
-        return _float32(np.concatenate([x, t], axis=1))
+        return np.concatenate([x, t], axis=1).astype(dtype)
     return points
 
 
 def _initial(space, t0):
     """points_fn: n Hammersley points of the space at time t0."""
-    def points(n, seed):
+    def points(n, seed, dtype=None):
+        dtype = _dtype(dtype, "points_fn")
         x = sample(space, n, "hammersley", seed, dtype=np.float64)
-        return _float32(np.concatenate([x, np.full((n, 1), t0)], axis=1))
+        return np.concatenate([x, np.full((n, 1), t0)], axis=1).astype(dtype)
     return points
 
 
 def _fixed(points_array, name):
     """points_fn for a fixed point set: n must be its size."""
-    pts = _float32(points_array)
+    pts = np.asarray(points_array, np.float64)
 
-    def points(n, seed):
+    def points(n, seed, dtype=None):
+        dtype = _dtype(dtype, "points_fn")
         if n != len(pts):
             raise ValueError(f"condition {name!r} is at the {len(pts)} fixed point(s) "
                              f"{pts.tolist()}: give it n = {len(pts)} points (pinn_experiment."
                              f"n_condition = {{..., '{name}': {len(pts)}}}), got {n}")
-        return pts
+        return pts.astype(dtype)
     return points
 
 

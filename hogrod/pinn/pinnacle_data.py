@@ -7,11 +7,13 @@ the folder ref/ of github.com/i207M/PINNacle; `pinnacle.py` builds its cases on 
 
 import os
 import re
+from typing import Optional, Sequence, Tuple
 
 import gin
 import numpy as np
 
 from hogrod import data as hogrod_data
+from hogrod.types import TensorLike
 
 __all__ = ["l2re", "read_reference", "pinnacle_data_dir", "TabulatedReference"]
 
@@ -19,9 +21,21 @@ __all__ = ["l2re", "read_reference", "pinnacle_data_dir", "TabulatedReference"]
 
 # ---------------------------------------------------------------------------- the metric
 
-def l2re(y_true, y_pred):
-    """PINNacle's relative L2 error: sqrt(mean((pred - ref)^2)) / sqrt(mean(ref^2)) over the
-    rows of `y_true` [n, m] without NaN, all m outputs pooled."""
+def l2re(y_true: TensorLike, y_pred: TensorLike) -> float:
+    """PINNacle's relative L2 error, ``sqrt(mean((pred - ref)^2)) / sqrt(mean(ref^2))``.
+
+    Taken over the rows of `y_true` without NaN (points where the reference has no
+    solution), all m outputs pooled, in float64.
+
+    Args:
+      y_true: the reference, [n, m]; rows holding a NaN are left out.
+      y_pred: the prediction, [n, m].
+    Returns:
+      The relative error, a float >= 0.
+    Raises:
+      ValueError: shapes other than one [n, m], a reference NaN in every row, or a
+        prediction NaN where the reference is defined.
+    """
     ref, pred = np.asarray(y_true, np.float64), np.asarray(y_pred, np.float64)
     if ref.ndim != 2 or pred.shape != ref.shape:
         raise ValueError(f"l2re: y_true and y_pred must both be [n, m], got shapes {ref.shape} "
@@ -38,7 +52,7 @@ def l2re(y_true, y_pred):
 # ---------------------------------------------------------------------------- reference files
 
 @gin.configurable
-def pinnacle_data_dir(directory=None):
+def pinnacle_data_dir(directory: Optional[str] = None) -> str:
     """The folder of PINNacle's reference files.
 
     Args:
@@ -93,7 +107,8 @@ def _bad_line(path):
     return ""
 
 
-def read_reference(path, space, outputs, times=None):
+def read_reference(path: str, space: Sequence[str], outputs: Sequence[str],
+                   times: Optional[Sequence[float]] = None) -> Tuple[np.ndarray, np.ndarray]:
     """The points and values of a PINNacle (COMSOL) reference file.
 
     A steady file has the columns space..., outputs...; a time-dependent one has the space

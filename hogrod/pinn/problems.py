@@ -1,35 +1,14 @@
-"""Problems: a PDE, its domain, its conditions and (when known) its reference solution.
+"""The catalogue of problems: one gin-configurable factory per PDE problem.
 
-A `Problem` (built with keywords) bundles what a PINN run needs:
-- `pde`: a `PDE` (residual and the derivatives it needs);
-- `domain`: a `Box` (space first, time last);
-- `conditions`: (name, points_fn(n, seed) -> x, target_fn(x) -> u) triples, each a soft
-  penalty term mean((u(x) - target(x))^2), or `Condition`s, whose misfit is
-  operator(u_fn, x) - target(x) (one output component, a normal derivative);
-  `condition_misfit` computes either. `points_fn` is numpy code (it runs once, before
-  training: numpy [n, dim]); `target_fn` is TensorFlow code (`tf.sin`, not `np.sin`): it
-  runs inside the compiled train step on symbolic tensors, which numpy cannot read;
-- `transform`: optional hard constraint, `transform(x, net_out) -> u`, built so that u
-  satisfies the initial/boundary conditions exactly (then `conditions` can be empty);
-- `reference`: numpy code `reference(x) -> u` on numpy points [n, dim] (run outside
-  training, on the grid) or None; `grid`, `grid_shape`: evaluation points;
-- `time_dependent`: the last coordinate is time (what causal weighting needs).
-
-An inverse problem is a `Problem` too: its `unknowns` are the PDE coefficients learned with
-the solution (`Unknown`: initial value, parametrization, the true value for reporting), its
-`pde_with(**coefficients) -> PDE` builds the PDE from them, and its `data` (`Observations`)
-is the measured solution, a loss term of its own. `pde` is None until `bind_unknowns`
-builds it from the training variables, so nothing trains an inverse problem on the truth.
-
+Each factory builds a `Problem` (`problem.py`: a PDE, its domain, its conditions and, when
+known, its reference solution); a config swaps problems and coefficients by binding them.
 Adding an equation is one `PDE` line (`pdes.py`) and one factory here: see `advection` and
-`advection_problem`. Every factory is gin-configurable, so a config swaps problems and
-coefficients.
+`advection_problem`.
 """
 
 import dataclasses
 import functools
 import math
-from typing import Callable, NamedTuple, Optional
 
 import gin
 import numpy as np
@@ -37,191 +16,13 @@ import tensorflow as tf
 
 from hogrod import checks
 from hogrod.pinn import pdes, reference
+from hogrod.pinn.csg import _dtype
 from hogrod.pinn.geometry import Box, Disk, sample
+from hogrod.pinn.problem import Observations, Problem, Unknown
 
-__all__ = ["Problem", "Unknown", "Observations", "bind_unknowns", "unknowns_report",
-           "Condition", "condition_misfit", "burgers_problem", "burgers_inverse_problem",
-           "poisson_problem", "heat_problem", "wave_problem", "helmholtz_problem",
-           "allen_cahn_problem", "advection_problem", "poisson_nd_problem",
-           "two_body_solution", "two_body_laplacian"]
-
-
-class Unknown(NamedTuple):
-    """A PDE coefficient an inverse problem learns with the solution.
-
-    name: the keyword `Problem.pde_with` takes it by, and the prefix of its metrics;
-    initial: the value training starts from; true: the value the data came from (reported
-    with the relative error; None where it is not known); positive: learn log(value), as
-    Raissi et al. do for a viscosity: positive, and ~1e-3, far from the weights' scale,
-    which L-BFGS handles badly in the raw value."""
-    name: str
-    initial: float
-    true: Optional[float] = None
-    positive: bool = False
-
-    def variable(self, dtype=tf.float32):
-        """A trainable variable holding the initial value in its parametrization (the
-        Python float goes straight to `dtype`, never through float32)."""
-        if self.positive and not self.initial > 0:
-            raise ValueError(f"Unknown {self.name!r} is positive (learned as its log): its "
-                             f"initial value must be > 0, got {self.initial}")
-        raw = math.log(self.initial) if self.positive else float(self.initial)
-        return tf.Variable(raw, dtype=dtype, name=f"unknown_{self.name}")
-
-    def value(self, variable):
-        """The coefficient that `variable` (from `variable()`) holds, a scalar tensor."""
-        return tf.exp(variable) if self.positive else tf.convert_to_tensor(variable)
-
-
-class Observations(NamedTuple):
-    """Measured solution values: `points` [n, dim], `values` [n, m] (numpy)."""
-    points: np.ndarray
-    values: np.ndarray
-
-
-class Condition(tuple):
-    """A condition on operator(u_fn, x) rather than on u(x): its misfit is
-    `operator(u_fn, x) - target(x)`, both [n, k] (`condition_misfit`).
-
-    It unpacks as the plain (name, points_fn, target_fn) triple, but its third element
-    raises when called: code that would compute u(x) - target(x) for it (and so ignore the
-    operator) fails instead of fitting the wrong quantity. `target` is the real target."""
-
-    def __new__(cls, name, points_fn, target_fn, operator):
-        if not isinstance(name, str) or not callable(points_fn) or not callable(target_fn) \
-                or not callable(operator):
-            raise TypeError(f"Condition(name: str, points_fn, target_fn, operator) with "
-                            f"callables, got {name!r}, {points_fn!r}, {target_fn!r}, "
-                            f"{operator!r}")
-
-        def guarded(x):
-            raise ValueError(f"condition {name!r} constrains operator(u_fn, x), not u(x): "
-                             "compute its misfit with pinn.condition_misfit(condition, u_fn, x)")
-        self = super().__new__(cls, (name, points_fn, guarded))
-        self.target, self.operator = target_fn, operator
-        return self
-
-    def __reduce__(self):  # copies (dataclasses.replace, deepcopy) keep the operator
-        return (Condition, (self[0], self[1], self.target, self.operator))
-
-
-def _target(name, target_fn, x):
-    """target_fn(x), or an error naming the condition where it is numpy code meeting the
-    symbolic points of a compiled step."""
-    try:
-        return target_fn(x)
-    except NotImplementedError as e:
-        if "symbolic" not in str(e):
-            raise
-        raise TypeError(f"condition {name!r}: its target_fn {target_fn!r} runs numpy on the "
-                        "points, but it runs inside the compiled train step, where the points "
-                        "are symbolic tensors: write it with TensorFlow ops (tf.sin, not "
-                        f"np.sin) ({e})") from e
-
-
-def condition_misfit(condition, u_fn, x):
-    """The pointwise misfit of one condition.
-
-    Args:
-      condition: a (name, points_fn, target_fn) triple or a `Condition`; `target_fn` is
-        TensorFlow code.
-      u_fn: the solution, [n, dim] -> [n, m].
-      x: the condition's points, [n, dim].
-    Returns:
-      [n, k]: u_fn(x) - target(x) for a triple, operator(u_fn, x) - target(x) for a
-      `Condition`.
-    Raises:
-      ValueError: a `Condition`'s operator and target differ in shape.
-      TypeError: the target is numpy code called on symbolic points (in a compiled step).
-    """
-    if not isinstance(condition, Condition):
-        return u_fn(x) - _target(condition[0], condition[2], x)
-    value = condition.operator(u_fn, x)
-    target = _target(condition[0], condition.target, x)
-    if value.shape.rank != 2 or not value.shape.is_compatible_with(target.shape):
-        raise ValueError(f"condition {condition[0]!r}: its operator gives shape {value.shape} "
-                         f"but its target {target.shape}; both must be [n, k]")
-    return value - target
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Problem:
-    name: str
-    domain: Box  # or a geometry of one's own with an integer `dim` (docs/guide)
-    pde: Optional[pdes.PDE] = None
-    conditions: tuple = ()
-    transform: Optional[Callable] = None
-    reference: Optional[Callable] = None
-    grid: Optional[np.ndarray] = None
-    grid_shape: Optional[tuple] = None
-    unknowns: tuple = ()
-    pde_with: Optional[Callable[..., pdes.PDE]] = None
-    data: Optional[Observations] = None
-    time_dependent: bool = False  # the last coordinate is time
-
-    def __post_init__(self):
-        where = f"Problem {self.name!r}"
-        if not isinstance(getattr(self.domain, "dim", None), int):
-            raise TypeError(f"{where}: domain must be a pinn.Box or a geometry of your own "
-                            f"with an integer `dim`, got {type(self.domain).__name__}")
-        object.__setattr__(self, "conditions", tuple(self.conditions))
-        object.__setattr__(self, "unknowns", tuple(self.unknowns))
-        for c in self.conditions:
-            if not (isinstance(c, tuple) and len(c) == 3 and isinstance(c[0], str)):
-                raise ValueError(f"{where}: each condition must be (name, points_fn, "
-                                 f"target_fn), got {c!r}")
-        if not isinstance(self.time_dependent, bool):
-            raise TypeError(f"{where}: time_dependent must be True or False, got "
-                            f"{self.time_dependent!r}")
-        names = [u.name for u in self.unknowns]
-        if not all(isinstance(u, Unknown) for u in self.unknowns) or len(set(names)) < len(names):
-            raise ValueError(f"{where}: unknowns must be pinn.Unknown's with distinct names, "
-                             f"got {self.unknowns!r}")
-        if bool(self.unknowns) != (self.pde_with is not None):
-            raise ValueError(f"{where}: unknowns and pde_with go together (pde_with(**{{name: "
-                             f"coefficient}}) builds the PDE from the unknowns)")
-        if self.pde is None and not self.unknowns:
-            raise ValueError(f"{where}: a PDE is required (pde=...), or unknowns and pde_with "
-                             "for an inverse problem")
-        # grid: evaluation points [n, dim]; grid_shape, when the points form a mesh to plot
-        if self.grid_shape is not None and self.grid is None:
-            raise ValueError(f"{where}: grid_shape {self.grid_shape} without a grid")
-        if self.grid is not None and (
-                np.ndim(self.grid) != 2 or np.shape(self.grid)[1] != self.domain.dim or (
-                    self.grid_shape is not None
-                    and len(self.grid) != int(np.prod(self.grid_shape)))):
-            raise ValueError(f"{where}: grid must be [n, {self.domain.dim}] points (n = "
-                             f"prod(grid_shape) when grid_shape is given), got grid of shape "
-                             f"{np.shape(self.grid)} and grid_shape {self.grid_shape}")
-        if self.data is not None:
-            x, y = (np.asarray(a) for a in self.data)
-            if x.ndim != 2 or x.shape[1] != self.domain.dim or y.ndim != 2 or len(y) != len(x):
-                raise ValueError(f"{where}: data must be Observations(points [n, "
-                                 f"{self.domain.dim}], values [n, m]), got shapes {x.shape} "
-                                 f"and {y.shape}")
-
-
-def bind_unknowns(problem, variables):
-    """The problem with its `pde` built from the unknowns' `variables` ({name: the variable
-    from `Unknown.variable`}), read at every evaluation (so training moves them)."""
-    names = sorted(u.name for u in problem.unknowns)
-    if sorted(variables) != names:
-        raise ValueError(f"bind_unknowns: problem {problem.name!r} has unknowns {names}, "
-                         f"got variables for {sorted(variables)}")
-    coefficients = {u.name: (lambda u=u: u.value(variables[u.name])) for u in problem.unknowns}
-    return dataclasses.replace(problem, pde=problem.pde_with(**coefficients))
-
-
-def unknowns_report(problem, variables):
-    """{name: learned value, name_true: true value, name_rel_err: |learned - true| / |true|}
-    for each unknown (no _true or _rel_err where the true value is not known)."""
-    out = {}
-    for u in problem.unknowns:
-        value = out[u.name] = float(u.value(variables[u.name]))
-        if u.true is not None:
-            out[f"{u.name}_true"] = u.true
-            out[f"{u.name}_rel_err"] = abs(value - u.true) / abs(u.true)
-    return out
+__all__ = ["burgers_problem", "burgers_inverse_problem", "poisson_problem", "heat_problem",
+           "wave_problem", "helmholtz_problem", "allen_cahn_problem", "advection_problem",
+           "poisson_nd_problem", "two_body_solution", "two_body_laplacian"]
 
 
 def _grid(domain, shape):
@@ -230,28 +31,32 @@ def _grid(domain, shape):
     return np.stack([m.ravel() for m in mesh], axis=1)
 
 
+# points_fn(n, seed, dtype=None): drawn in float64, cast once to dtype (None: floatx)
+
 def _on_face(domain, axis, value):
-    def points(n, seed):
+    def points(n, seed, dtype=None):
+        dtype = _dtype(dtype, "points_fn")
         rng = np.random.default_rng(seed)
         x = domain.low + rng.random((n, domain.dim)) * (domain.high - domain.low)
         x[:, axis] = value
-        return x.astype(np.float32)
+        return x.astype(dtype)
     return points
 
 
 def _on_faces(domain, axis):
     """Points on both faces normal to `axis`, half on each."""
     low, high = _on_face(domain, axis, domain.low[axis]), _on_face(domain, axis, domain.high[axis])
-    return lambda n, s: np.concatenate([low(n // 2, s), high(n - n // 2, s + 1)])
+    return lambda n, s, dtype=None: np.concatenate([low(n // 2, s, dtype),
+                                                    high(n - n // 2, s + 1, dtype)])
 
 
 def _boundary_of_box(domain):
     """Points on every face of a box, spread evenly."""
-    def points(n, seed):
+    def points(n, seed, dtype=None):
         faces = [_on_face(domain, a, v) for a in range(domain.dim)
                  for v in (domain.low[a], domain.high[a])]
         per = -(-n // len(faces))
-        return np.concatenate([f(per, seed + i) for i, f in enumerate(faces)])[:n]
+        return np.concatenate([f(per, seed + i, dtype) for i, f in enumerate(faces)])[:n]
     return points
 
 

@@ -11,14 +11,26 @@ import math
 
 import numpy as np
 
+from hogrod.types import TensorLike
+
 __all__ = ["burgers_cole_hopf", "poisson_sine", "heat_sine", "wave_sine", "helmholtz_sine",
            "allen_cahn_spectral"]
 
 
-def burgers_cole_hopf(x, t, nu=0.01 / math.pi, nodes=300):
-    """u(x, t) for arrays x, t of one shape (t = 0 gives the initial condition).
+def burgers_cole_hopf(x: TensorLike, t: TensorLike, nu: float = 0.01 / math.pi,
+                      nodes: int = 300) -> np.ndarray:
+    """Burgers' solution u(x, t) for u(x, 0) = -sin(pi x) on x in [-1, 1], by Cole-Hopf.
 
-    nodes: Gauss-Hermite nodes (numpy's weights overflow beyond about 360)."""
+    The two integrals of the module docstring are Gauss-Hermite quadratures, in float64.
+
+    Args:
+      x: positions, an array (or a number) broadcastable with t.
+      t: times >= 0 (t = 0 gives the initial condition -sin(pi x)).
+      nu: the viscosity, > 0; the default is Raissi et al.'s 0.01 / pi.
+      nodes: Gauss-Hermite nodes (numpy's weights overflow beyond about 360).
+    Returns:
+      float64 array of the broadcast shape of x and t.
+    """
     x, t = np.broadcast_arrays(np.asarray(x, np.float64), np.asarray(t, np.float64))
     z, w = np.polynomial.hermite.hermgauss(nodes)
     out = -np.sin(np.pi * x)

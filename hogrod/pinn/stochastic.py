@@ -27,10 +27,12 @@ scalar u.
 """
 
 import numbers
+from typing import Callable
 
 import tensorflow as tf
 
 from hogrod import autodiff, checks
+from hogrod.types import Seed, TensorLike
 
 __all__ = ["stochastic_laplacian", "laplacian_probes", "METHODS"]
 
@@ -101,11 +103,28 @@ def _quadratic_form_reverse(u_fn, xs, vs):
 
 
 @_no_autograph
-def laplacian_probes(u_fn, x, num_probes, seed=0, method="hutchinson"):
-    """The per-probe estimates, [num_probes, batch, 1]: their mean over the first axis is
-    `stochastic_laplacian`; their spread gives its standard error (for "stde", times the
-    finite-population factor (d - K) / (d - 1) on the variance: coordinates are drawn
-    without replacement). See the module docstring for the methods."""
+def laplacian_probes(u_fn: Callable[[tf.Tensor], tf.Tensor], x: TensorLike, num_probes: int,
+                     seed: Seed = 0, method: str = "hutchinson") -> tf.Tensor:
+    """The per-probe estimates of the Laplacian, whose mean is `stochastic_laplacian`.
+
+    Their spread gives its standard error (for "stde", times the finite-population factor
+    (d - K) / (d - 1) on the variance: coordinates are drawn without replacement). See the
+    module docstring for the methods.
+
+    Args:
+      u_fn: [batch, dim] -> [batch] or [batch, 1], applied pointwise.
+      x: points [batch, dim] (floating; the estimates have its dtype).
+      num_probes: random directions per point, >= 1 (for "stde", at most dim).
+      seed: an integer or integer scalar tensor; the same seed gives the same probes.
+      method: "hutchinson" or "stde".
+    Returns:
+      [num_probes, batch, 1] of x's dtype.
+    Raises:
+      ArgumentError: a bad `method` or `num_probes`.
+      ValueError: x not [batch, dim] with a known dim, more "stde" probes than dim, or u_fn
+        not scalar.
+      TypeError: x not floating, or a seed that is not an integer (scalar tensor).
+    """
     x = _check(x, num_probes, method, seed)
     dim = x.shape[-1]
     v, factor = _directions(x, num_probes, seed, method)
@@ -116,15 +135,28 @@ def laplacian_probes(u_fn, x, num_probes, seed=0, method="hutchinson"):
 
 
 @_no_autograph
-def stochastic_laplacian(u_fn, x, num_probes, seed=0, method="hutchinson"):
-    """Unbiased per-point estimates of the Laplacian sum_i d2u/dx_i^2 of a scalar network u,
-    [batch, 1].
+def stochastic_laplacian(u_fn: Callable[[tf.Tensor], tf.Tensor], x: TensorLike,
+                         num_probes: int, seed: Seed = 0,
+                         method: str = "hutchinson") -> tf.Tensor:
+    """Unbiased per-point estimates of the Laplacian of a scalar network u.
+
+    The Laplacian is ``sum_i d2u/dx_i^2``; each estimate averages `num_probes` per-probe
+    estimates (`laplacian_probes`) at a cost linear in the dimension.
 
     Args:
       u_fn: [batch, dim] -> [batch] or [batch, 1], applied pointwise.
       x: points [batch, dim] (floating; the estimates have its dtype).
-      num_probes: random directions per point (for "stde", at most dim).
-      seed: an integer or integer scalar tensor; the same seed gives the same probes.
-      method: "hutchinson" or "stde" (module docstring).
+      num_probes: random directions per point, >= 1 (for "stde", at most dim).
+      seed: an integer or integer scalar tensor (which can change every step inside a
+        `tf.function` without retracing); the same seed gives the same probes.
+      method: "hutchinson" (Rademacher probes) or "stde" (coordinates sampled without
+        replacement); the module docstring gives each one's variance.
+    Returns:
+      [batch, 1] of x's dtype, like `laplacian(partials(...), coords)` for a scalar u.
+    Raises:
+      ArgumentError: a bad `method` or `num_probes`.
+      ValueError: x not [batch, dim] with a known dim, more "stde" probes than dim, or u_fn
+        not scalar.
+      TypeError: x not floating, or a seed that is not an integer (scalar tensor).
     """
     return tf.reduce_mean(laplacian_probes(u_fn, x, num_probes, seed, method), axis=0)

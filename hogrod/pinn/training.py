@@ -16,7 +16,8 @@ import contextlib
 import math
 import numbers
 import time
-from typing import Callable, NamedTuple
+from typing import (Callable, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence,
+                    Tuple)
 
 import numpy as np
 import scipy.optimize
@@ -25,16 +26,26 @@ from absl import logging
 
 import hogrod
 from hogrod import checks
+from hogrod.pinn import pointsets
 from hogrod.pinn.pdes import residual
-from hogrod.pinn.problems import condition_misfit
+from hogrod.pinn.problem import Problem, condition_misfit
 from hogrod.train import objective_terms, weighted_total
+from hogrod.types import Batch, DType, Objective, TensorLike
 
 __all__ = ["solution_fn", "term_names", "Term", "pointwise_terms", "pinn_loss", "lbfgs",
            "relative_l2", "reference_nan_rows", "predict_on_grid", "Clock", "seconds_to_error"]
 
 
-def solution_fn(problem, net):
-    """u(x): the network, through the problem's hard-constraint transform if it has one."""
+def solution_fn(problem: Problem,
+                net: Callable[[tf.Tensor], tf.Tensor]) -> Callable[[tf.Tensor], tf.Tensor]:
+    """u(x): the network, through the problem's hard-constraint transform if it has one.
+
+    Args:
+      problem: a `Problem`; its `transform(x, net_out) -> u`, if not None, is applied.
+      net: the network, [n, dim] -> [n, m].
+    Returns:
+      `net` itself without a transform, else `x -> problem.transform(x, net(x))`.
+    """
     if problem.transform is None:
         return net
     return lambda x: problem.transform(x, net(x))
@@ -61,24 +72,22 @@ def _check_gpinn(problem, gpinn):
     return dict(sorted(out.items()))
 
 
-def term_names(problem, gpinn=None):
-    """The names of `pinn_loss`'s terms for `problem`, in order ("gpinn" last, with gPINN
-    terms)."""
+def term_names(problem: Problem, gpinn: Optional[Mapping[int, float]] = None) -> List[str]:
+    """The names of `pinn_loss`'s terms for `problem`, in order.
+
+    Args:
+      problem: a `Problem`.
+      gpinn: None, or {coordinate index: weight > 0} (checked against the domain).
+    Returns:
+      ["residual", each condition's name, "data" for an inverse problem, "gpinn" with
+      gPINN weights].
+    Raises:
+      TypeError, ValueError: `gpinn` not a non-empty dict of coordinates and finite
+        weights > 0.
+    """
     return (["residual"] + [name for name, _, _ in problem.conditions]
             + (["data"] if problem.data is not None else [])
             + (["gpinn"] if _check_gpinn(problem, gpinn) else []))
-
-
-def _check_one_set_per_condition(problem, names, condition_points,
-                                 what="condition_points"):
-    """One set of points per condition, in order: zipping shorter lists would drop terms."""
-    if len(condition_points) != len(names):
-        missing = names[len(condition_points):]
-        detail = (f"no points for condition(s) {missing}" if missing else
-                  f"{len(condition_points) - len(names)} set(s) of points beyond them")
-        raise ValueError(f"pinn_loss: {what} must hold one set of points per condition of "
-                         f"problem {problem.name!r}, in order {names}; got "
-                         f"{len(condition_points)}: {detail}")
 
 
 class Term(NamedTuple):
@@ -105,8 +114,10 @@ def _gpinn_values(pde, u_fn, coords, derivatives):
     return values
 
 
-def pointwise_terms(problem, u_fn, points, condition_points, gpinn=None, use_jet=True,
-                    jet_jit_compile=True):
+def pointwise_terms(problem: Problem, u_fn: Callable[[tf.Tensor], tf.Tensor],
+                    points: tf.Tensor, condition_points: Sequence[tf.Tensor],
+                    gpinn: Optional[Mapping[int, float]] = None, use_jet: bool = True,
+                    jet_jit_compile: bool = True) -> Dict[str, Term]:
     """Each loss term's pointwise values before the mean (what weighting schemes look at).
 
     The terms are the residual at the collocation points, each condition's misfit u -
@@ -123,7 +134,8 @@ def pointwise_terms(problem, u_fn, points, condition_points, gpinn=None, use_jet
       use_jet: `residual`'s derivative path (the operator jet where it applies).
       jet_jit_compile: `residual`'s `jit_compile` (the jet XLA-compiled in a tf.function).
     Returns:
-      {name: Term} for `term_names(problem, gpinn)`, in that order.
+      A dict mapping each name of `term_names(problem, gpinn)`, in that order, to its
+      `Term`.
     """
     coords = _check_gpinn(problem, gpinn)
     pde = problem.pde
@@ -140,61 +152,14 @@ def pointwise_terms(problem, u_fn, points, condition_points, gpinn=None, use_jet
     return terms
 
 
-def _point_sets(problem, points, condition_points, names):
-    """[(what, points)]: every point set `pinn_loss` fits, named for messages."""
-    sets = [("the collocation points", points)] + [
-        (f"the {name!r} condition's points", x) for name, x in zip(names, condition_points)]
-    if problem.data is not None:
-        sets.append(("the observations' points (problem.data)",
-                     np.asarray(problem.data.points)))
-    return sets
-
-
-def _check_dtypes(problem, u_fn, sets):
-    """Every point set of the dtype the solution computes in (a float64 set with a float32
-    network fails deep inside the compiled step, on the first op mixing the two)."""
-    points = sets[0][1]
-    try:
-        out = tf.convert_to_tensor(u_fn(points[:1]))
-    except (TypeError, ValueError, tf.errors.InvalidArgumentError) as e:
-        raise TypeError(f"pinn_loss: u_fn fails on the collocation points (dtype "
-                        f"{points.dtype.name}) of problem {problem.name!r}; the points must "
-                        f"be of the network's dtype: {e}") from e
-    for what, x in sets:
-        if tf.is_tensor(x) and x.dtype != out.dtype:  # the observations are cast to it
-            raise TypeError(
-                f"pinn_loss: {what} of problem {problem.name!r} are {x.dtype.name} but "
-                f"the network computes in {out.dtype.name}: make them tf.constant(x, "
-                f"{out.dtype.name}) (or build the network with dtype={x.dtype.name!r})")
-
-
-def _check_inside(problem, sets):
-    """Every point of every set in the closed domain (`domain.inside`), to within the
-    rounding of the points' dtype."""
-    inside = getattr(problem.domain, "inside", None)
-    if inside is None:  # a geometry of one's own with only `dim`: nothing to ask
-        return
-    for what, x in sets:
-        if tf.is_tensor(x) and not hasattr(x, "numpy"):  # symbolic: no values to check
-            continue
-        x64 = np.asarray(x, np.float64)
-        if not len(x64):
-            continue
-        eps = np.finfo(np.asarray(x).dtype).eps if np.asarray(x).dtype.kind == "f" else 0.0
-        tol = max(1e-9, 16 * eps) * max(1.0, float(np.abs(x64).max()))
-        outside = ~np.asarray(inside(x64, tol=tol), bool)
-        if outside.any():
-            raise ValueError(
-                f"pinn_loss: {what}: {int(outside.sum())} of {len(x64)} lie outside the "
-                f"domain of problem {problem.name!r} ({problem.domain!r}), e.g. "
-                f"{x64[np.argmax(outside)].tolist()}: draw them in the domain (pinn.sample, "
-                "the condition's points_fn), or pass check_domain=False to fit points outside "
-                "it on purpose")
-
-
-def pinn_loss(problem, u_fn, points, condition_points, weights=None, extra_terms=None,
-              gpinn=None, reducers=None, use_jet=True, jet_jit_compile=True,
-              check_domain=True):
+def pinn_loss(problem: Problem, u_fn: Callable[[tf.Tensor], tf.Tensor], points: TensorLike,
+              condition_points: Sequence[TensorLike],
+              weights: Optional[Mapping[str, TensorLike]] = None,
+              extra_terms: Optional[Mapping[str, Callable[[], tf.Tensor]]] = None,
+              gpinn: Optional[Mapping[int, float]] = None,
+              reducers: Optional[Mapping[str, Callable[[tf.Tensor, tf.Tensor], tf.Tensor]]] = None,
+              use_jet: bool = True, jet_jit_compile: bool = True,
+              check_domain: bool = True) -> Objective:
     """The PINN objective: a function `objective(batch=None) -> {term: scalar}`.
 
     Its terms are the mean squared residual at the collocation points, the mean squared
@@ -221,8 +186,9 @@ def pinn_loss(problem, u_fn, points, condition_points, weights=None, extra_terms
       check_domain: check that every point set lies in `problem.domain` (its `inside`;
         domains without one are not checked); False fits points outside it on purpose.
     Returns:
-      `objective(batch=None)`. `batch`, when given, is `(points, condition_points)`: this
-      replica's shard of them under a tf.distribute strategy
+      The objective `objective(batch=None)`, returning a dict of the terms' scalars.
+      `batch`, when given, is `(points, condition_points)`, this replica's shard of them
+      under a tf.distribute strategy
       (`hogrod.distribute.shard(strategy, (points, condition_points))`); None uses the
       points given here. Every replica fits all the observations.
     Raises:
@@ -242,16 +208,16 @@ def pinn_loss(problem, u_fn, points, condition_points, weights=None, extra_terms
     points = tf.convert_to_tensor(points)
     condition_points = [tf.convert_to_tensor(x) for x in condition_points]
     names = [name for name, _, _ in problem.conditions]
-    _check_one_set_per_condition(problem, names, condition_points)
+    pointsets.one_set_per_condition(problem, names, condition_points)
     dim = problem.domain.dim
-    sets = _point_sets(problem, points, condition_points, names)
+    sets = pointsets.point_sets(problem, points, condition_points, names)
     for what, x in sets:
         if len(x.shape) != 2 or x.shape[-1] != dim:
             raise ValueError(f"pinn_loss: {what} must have shape [n, {dim}] for the "
                              f"{dim}-D domain of problem {problem.name!r}, got {x.shape}")
-    _check_dtypes(problem, u_fn, sets)
+    pointsets.check_dtypes(problem, u_fn, sets)
     if check_domain:
-        _check_inside(problem, sets)
+        pointsets.check_inside(problem, sets)
     all_names = term_names(problem, gpinn)
     weights = dict(weights or {})
     unknown = set(weights) - set(all_names) - set(extra_terms or {})
@@ -268,7 +234,7 @@ def pinn_loss(problem, u_fn, points, condition_points, weights=None, extra_terms
 
     def objective(batch=None):
         pts, cond_pts = (points, condition_points) if batch is None else batch
-        _check_one_set_per_condition(problem, names, cond_pts, "the batch's condition points")
+        pointsets.one_set_per_condition(problem, names, cond_pts, "the batch's condition points")
         at = dict(zip(names, cond_pts), residual=pts, gpinn=pts)
         terms = {}
         for name, term in pointwise.items():
@@ -283,8 +249,11 @@ def pinn_loss(problem, u_fn, points, condition_points, weights=None, extra_terms
     return objective
 
 
-def lbfgs(objective, variables, maxiter=10000, tol=1e-12, history_size=50,
-          callback_every=500, strategy=None, batch=None, callback=None, jit_compile=False):
+def lbfgs(objective: Objective, variables: Sequence[tf.Variable], maxiter: int = 10000,
+          tol: float = 1e-12, history_size: int = 50, callback_every: int = 500,
+          strategy: Optional[tf.distribute.Strategy] = None, batch: Batch = None,
+          callback: Optional[Callable[[int], None]] = None,
+          jit_compile: bool = False) -> Tuple[float, int, float]:
     """Minimize `objective` over `variables` with scipy's L-BFGS-B.
 
     The value minimized is the sum of the objective's terms, as `make_train_step`
@@ -308,7 +277,11 @@ def lbfgs(objective, variables, maxiter=10000, tol=1e-12, history_size=50,
         iterate (error curves); its time is not counted in the returned seconds.
       jit_compile: compile each replica's value and gradient with XLA.
     Returns:
-      (final value, iterations, seconds).
+      (final value, iterations, seconds), the minimized sum as a float, scipy's iteration
+      count and the wall seconds less the time spent in `callback`.
+    Raises:
+      ArgumentError: a non-callable objective, or a bad `maxiter`, `tol`, `history_size`
+        or `callback_every`.
     """
     checks.function(objective, "objective", "lbfgs", "objective(batch) -> scalar or dict")
     maxiter = checks.integer(maxiter, "maxiter", "lbfgs", least=1)
@@ -371,7 +344,8 @@ def lbfgs(objective, variables, maxiter=10000, tol=1e-12, history_size=50,
     return float(result.fun), int(result.nit), time.perf_counter() - start - outside[0]
 
 
-def predict_on_grid(problem, u_fn, dtype=tf.float32):
+def predict_on_grid(problem: Problem, u_fn: Callable[[tf.Tensor], tf.Tensor],
+                    dtype: DType = tf.float32) -> np.ndarray:
     """The solution on the problem's grid, evaluated in chunks of 8192 points.
 
     Args:
@@ -386,10 +360,11 @@ def predict_on_grid(problem, u_fn, dtype=tf.float32):
                            for i in range(0, len(grid), 8192)])
 
 
-def reference_nan_rows(problem):
-    """How many grid points the problem's reference leaves undefined (a row holding NaN: a
-    PINNacle file's point where the export has no solution); `relative_l2` and `l2re`
-    leave them out.
+def reference_nan_rows(problem: Problem) -> int:
+    """How many grid points the problem's reference leaves undefined.
+
+    A row holding NaN is a PINNacle file's point where the export has no solution;
+    `relative_l2` and `l2re` leave them out.
 
     Args:
       problem: a `Problem`.
@@ -403,8 +378,9 @@ def reference_nan_rows(problem):
     return int(np.isnan(ref.reshape(len(ref), -1)).any(axis=1).sum())
 
 
-def relative_l2(problem, u_fn, dtype=tf.float32):
-    """||u - u_ref|| / ||u_ref|| on the problem's grid, over every output.
+def relative_l2(problem: Problem, u_fn: Callable[[tf.Tensor], tf.Tensor],
+                dtype: DType = tf.float32) -> Optional[float]:
+    """``||u - u_ref|| / ||u_ref||`` on the problem's grid, over every output.
 
     Rows where the reference holds NaN are left out, as `l2re` leaves them out
     (`reference_nan_rows` counts them).
@@ -435,21 +411,36 @@ def relative_l2(problem, u_fn, dtype=tf.float32):
 
 
 class Clock:
-    """Training seconds: wall time since it was made, plus `offset` (a resumed run's earlier
-    seconds), less the time spent inside `paused()` blocks (evaluations). While paused,
-    `seconds()` is the time the pause began."""
+    """Training seconds: wall time since it was made, plus `offset`, less paused time.
 
-    def __init__(self, offset=0.0):
+    The time spent inside `paused()` blocks (evaluations) is not counted. While paused,
+    `seconds()` is the time the pause began.
+
+    Args:
+      offset: a resumed run's earlier seconds.
+    """
+
+    def __init__(self, offset: float = 0.0) -> None:
         self._start = time.perf_counter() - float(offset)
         self._paused_total = 0.0
         self._paused_at = None
 
-    def seconds(self):
+    def seconds(self) -> float:
+        """The training seconds so far.
+
+        Returns:
+          Seconds since construction plus `offset`, less the paused time.
+        """
         now = time.perf_counter() if self._paused_at is None else self._paused_at
         return now - self._start - self._paused_total
 
     @contextlib.contextmanager
-    def paused(self):
+    def paused(self) -> Iterator[None]:
+        """A block whose time is not counted (nested blocks count once).
+
+        Yields:
+          None, inside the block.
+        """
         if self._paused_at is not None:  # already paused: the outer block counts the time
             yield
             return
@@ -461,9 +452,18 @@ class Clock:
             self._paused_at = None
 
 
-def seconds_to_error(curve, threshold):
-    """The seconds of the first point of an error curve ([seconds, phase, step, error] rows,
-    error None where there is no reference) at or below `threshold`; None if none is."""
+def seconds_to_error(curve: Sequence[Sequence], threshold: float) -> Optional[float]:
+    """The seconds of the first point of an error curve at or below `threshold`.
+
+    Args:
+      curve: rows [seconds, phase, step, error], in order; error None where there is no
+        reference.
+      threshold: the error to reach, > 0.
+    Returns:
+      The first row's seconds whose error is <= threshold; None if no row's is.
+    Raises:
+      ValueError: threshold <= 0.
+    """
     if not threshold > 0:
         raise ValueError(f"seconds_to_error: threshold must be > 0, got {threshold}")
     return next((row[0] for row in curve if row[3] is not None and row[3] <= threshold), None)

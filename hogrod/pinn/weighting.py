@@ -6,10 +6,7 @@ A scheme is a function
 
 (its hyperparameters are further keywords, bound in gin), selected with e.g.
 `pinn_experiment.weighting = @ntk_weights`. The `Weighting` it returns says how it enters
-training: scalar `weights` multiplying `pinn_loss`'s terms (tf.Variables moved by `update()`
-every `every` steps), `reducers` replacing a term's plain mean over its points (causal and
-per-point weights), `ascent` variables the train step maximizes the loss over with their
-own optimizer (`ascent_lr`), and the `state` to checkpoint with the run.
+training (its docstring lists the fields).
 
 - `grad_norm_weights`: learning-rate annealing by gradient norms (Wang, Teng and
   Perdikaris 2021); `annealing_weights` is its low-level form.
@@ -25,15 +22,17 @@ own optimizer (`ascent_lr`), and the `state` to checkpoint with the run.
 import dataclasses
 import inspect
 import math
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional, Sequence
 
 import gin
-import numpy as np
 import tensorflow as tf
 
 import hogrod
 from hogrod import checks
 from hogrod.pinn import training
+from hogrod.pinn import weighting_parts as parts
+from hogrod.pinn.problem import Problem
+from hogrod.types import TensorLike
 
 __all__ = ["Weighting", "annealing_weights", "grad_norm_weights", "balance_grad_norms",
            "grad_norm_balance_weights", "annealed_causal_weights", "ntk_trace", "ntk_weights",
@@ -43,8 +42,18 @@ __all__ = ["Weighting", "annealing_weights", "grad_norm_weights", "balance_grad_
 
 @dataclasses.dataclass(frozen=True)
 class Weighting:
-    """How a weighting scheme enters training (see the module docstring). The default,
-    `Weighting()`, is no weighting."""
+    """How a weighting scheme enters training; the default, `Weighting()`, is no weighting.
+
+    Attributes:
+      weights: {term name: scalar tf.Variable} multiplying `pinn_loss`'s terms.
+      reducers: {term name: reduce(points, squares [n, m]) -> scalar} replacing a term's
+        plain mean over its points (causal and per-point weights).
+      update: None, or `update() -> {name: weight}` moving `weights`.
+      every: the steps between calls of `update` (0: never).
+      state: {name: variable} to checkpoint with the run.
+      ascent: variables the train step maximizes the loss over, with their own optimizer.
+      ascent_lr: the learning rate of that optimizer.
+    """
     weights: dict = dataclasses.field(default_factory=dict)
     reducers: dict = dataclasses.field(default_factory=dict)
     update: Optional[Callable] = None
@@ -52,28 +61,6 @@ class Weighting:
     state: dict = dataclasses.field(default_factory=dict)
     ascent: tuple = ()
     ascent_lr: float = 0.0
-
-
-def _check_every_alpha(every, alpha, where):
-    """`every` (steps between updates) and `alpha` (the moving average's weight on the old
-    value), named by their gin bindings."""
-    checks.integer(every, f"{where}.every", where, least=1)
-    checks.number(alpha, f"{where}.alpha", where, 0.0, 1.0, high_open=True)
-
-
-def _terms_to_balance(problem, gpinn, where):
-    names = training.term_names(problem, gpinn)
-    if len(names) < 2:
-        raise ValueError(
-            f"{where}: problem {problem.name!r} has the residual as its only loss term (its "
-            "conditions are hard constraints), so there are no terms to balance; give it soft "
-            "conditions (e.g. burgers_problem.hard_constraints = False) or choose another "
-            "pinn_experiment.weighting")
-    return names
-
-
-def _points_dtype(points):
-    return tf.convert_to_tensor(points).dtype
 
 
 def annealing_weights(term_fn, variables, names, alpha=0.9, dtype=tf.float32):
@@ -105,21 +92,39 @@ def annealing_weights(term_fn, variables, names, alpha=0.9, dtype=tf.float32):
 
 
 @gin.configurable
-def grad_norm_weights(problem, u_fn, points, condition_points, variables, gpinn=None,
-                      alpha=0.9, every=100):
-    """Learning-rate annealing (Wang, Teng and Perdikaris 2021): every `every` steps each
-    term i other than the residual gets
+def grad_norm_weights(problem: Problem, u_fn: Callable[[tf.Tensor], tf.Tensor], points: TensorLike,
+                      condition_points: Sequence[TensorLike], variables: Sequence[tf.Variable],
+                      gpinn: Optional[Mapping[int, float]] = None,
+                      alpha: float = 0.9, every: int = 100) -> Weighting:
+    """Learning-rate annealing (Wang, Teng and Perdikaris 2021) of the non-residual terms.
+
+    Every `every` steps each term i other than the residual gets::
 
         lambda_i <- alpha lambda_i + (1 - alpha) max_theta |dL_r/dtheta| / mean_theta |dL_i/dtheta|
 
     (the residual's weight stays 1), so terms whose gradients are small next to the
-    residual's are weighed up."""
+    residual's are weighed up.
+
+    Args:
+      problem: the `Problem` (its terms: `term_names(problem, gpinn)`).
+      u_fn: the solution, [n, dim] -> [n, m] (`solution_fn`).
+      points: the collocation points, [n, dim], of the network's dtype (the weights').
+      condition_points: one set of points per condition of the problem, in order.
+      variables: the network's trainable variables.
+      gpinn: None, or {coordinate: weight}, `pinn_loss`'s gPINN term.
+      alpha: the moving average's weight on the old value, in [0, 1).
+      every: the steps between updates, >= 1.
+    Returns:
+      A `Weighting` with `weights` (a variable per term) and their compiled `update`.
+    Raises:
+      ValueError: the residual is the problem's only term, or a bad `alpha` or `every`.
+    """
     where = "grad_norm_weights"
-    _check_every_alpha(every, alpha, where)
-    names = _terms_to_balance(problem, gpinn, where)[1:]
+    parts.check_every_alpha(every, alpha, where)
+    names = parts.terms_to_balance(problem, gpinn, where)[1:]
     unweighted = training.pinn_loss(problem, u_fn, points, condition_points, gpinn=gpinn)
     weights, update = annealing_weights(unweighted, variables, names, alpha,
-                                        _points_dtype(points))
+                                        parts.points_dtype(points))
     return Weighting(weights=weights, update=update, every=every,
                      state={f"weight_{n}": w for n, w in weights.items()})
 
@@ -168,34 +173,14 @@ def grad_norm_balance_weights(problem, u_fn, points, condition_points, variables
     (causal weights), applied to the terms whose gradient norms are measured, as jaxpi
     measures the causally weighted residual; `combined_weights` passes them."""
     where = "grad_norm_balance_weights"
-    _check_every_alpha(every, alpha, where)
-    names = _terms_to_balance(problem, gpinn, where)
+    parts.check_every_alpha(every, alpha, where)
+    names = parts.terms_to_balance(problem, gpinn, where)
     unweighted = training.pinn_loss(problem, u_fn, points, condition_points, gpinn=gpinn,
                                     reducers=reducers)
     weights, update = balance_grad_norms(unweighted, variables, names, alpha,
-                                         _points_dtype(points))
+                                         parts.points_dtype(points))
     return Weighting(weights=weights, update=update, every=every,
                      state={f"weight_{n}": w for n, w in weights.items()})
-
-
-def _jacobian_square_sum(values_fn, variables):
-    """x -> (sum_j ||d r_j / d theta||^2, the number of values r_j = values_fn(x))."""
-    def square_sum(x):
-        jac = hogrod.jacobian(lambda _: values_fn(x), variables)
-        rows = tf.size(jac[0]) // tf.size(variables[0])
-        return tf.add_n([tf.reduce_sum(tf.square(j)) for j in jac]), rows
-    return square_sum
-
-
-def _chunked_mean(square_sum, x, chunk):
-    x = tf.convert_to_tensor(x)
-    n = x.shape[0]
-    if n is None or n == 0:
-        raise ValueError(f"ntk_trace: x must hold a known, non-zero number of points, got "
-                         f"shape {x.shape}")
-    parts = [square_sum(x[start:start + chunk]) for start in range(0, n, chunk)]
-    return tf.add_n([s for s, _ in parts]) / tf.cast(tf.add_n([c for _, c in parts]),
-                                                     parts[0][0].dtype)
 
 
 def ntk_trace(values_fn, x, variables, chunk=256):
@@ -205,13 +190,17 @@ def ntk_trace(values_fn, x, variables, chunk=256):
 
     The per-value Jacobians come from `hogrod.jacobian`, `chunk` points at a time (its
     memory grows with the square of the points it is given; every point is counted)."""
-    return _chunked_mean(_jacobian_square_sum(values_fn, list(variables)), x, chunk)
+    return parts.chunked_mean(parts.jacobian_square_sum(values_fn, list(variables)), x, chunk)
 
 
 @gin.configurable
-def ntk_weights(problem, u_fn, points, condition_points, variables, gpinn=None, alpha=0.9,
-                every=100, chunk=256):
-    """NTK weighting (Wang, Yu and Perdikaris 2022): every `every` steps each term i gets
+def ntk_weights(problem: Problem, u_fn: Callable[[tf.Tensor], tf.Tensor], points: TensorLike,
+                condition_points: Sequence[TensorLike], variables: Sequence[tf.Variable],
+                gpinn: Optional[Mapping[int, float]] = None, alpha: float = 0.9,
+                every: int = 100, chunk: int = 256) -> Weighting:
+    """NTK weighting (Wang, Yu and Perdikaris 2022) of every term by kernel trace ratios.
+
+    Every `every` steps each term i gets
 
         lambda_i <- alpha lambda_i + (1 - alpha) sum_k tr(K_kk)/N_k / (tr(K_ii)/N_i)
 
@@ -220,26 +209,43 @@ def ntk_weights(problem, u_fn, points, condition_points, variables, gpinn=None, 
     respect to the network's parameters. With equal point counts this is the paper's
     lambda_i = tr(K) / tr(K_ii); the mean diagonal (jaxpi's form) matches the terms, which
     are means over their points. A term's `scale` (the gPINN term's sum over coordinates)
-    multiplies its trace as it multiplies its mean. `chunk`: points per Jacobian; `update()`
-    runs the compiled Jacobians chunk by chunk."""
+    multiplies its trace as it multiplies its mean.
+
+    Args:
+      problem: the `Problem` (its terms: `term_names(problem, gpinn)`).
+      u_fn: the solution, [n, dim] -> [n, m] (`solution_fn`).
+      points: the collocation points, [n, dim], of the network's dtype (the weights').
+      condition_points: one set of points per condition of the problem, in order.
+      variables: the network's trainable variables.
+      gpinn: None, or {coordinate: weight}, `pinn_loss`'s gPINN term.
+      alpha: the moving average's weight on the old value, in [0, 1).
+      every: the steps between updates, >= 1.
+      chunk: points per Jacobian, >= 1; `update()` runs the compiled Jacobians chunk by
+        chunk.
+    Returns:
+      A `Weighting` with `weights` (a variable per term) and their `update`.
+    Raises:
+      ValueError: the residual is the problem's only term, or a bad `alpha`, `every` or
+        `chunk`.
+    """
     where = "ntk_weights"
-    _check_every_alpha(every, alpha, where)
+    parts.check_every_alpha(every, alpha, where)
     checks.integer(chunk, f"{where}.chunk", where, least=1)
-    names = _terms_to_balance(problem, gpinn, where)
+    names = parts.terms_to_balance(problem, gpinn, where)
     terms = training.pointwise_terms(problem, u_fn, tf.convert_to_tensor(points),
                                      [tf.convert_to_tensor(x) for x in condition_points], gpinn)
-    dtype = _points_dtype(points)
+    dtype = parts.points_dtype(points)
     weights = {n: tf.Variable(tf.ones([], dtype), trainable=False, name=f"weight_{n}")
                for n in names}
     variables = list(variables)
 
     # one compiled Jacobian per term, traced for the chunk's shape and the remainder's only;
     # the loop over chunks stays outside (one graph for all of them would grow with n)
-    square_sums = {n: tf.function(_jacobian_square_sum(terms[n].values, variables))
+    square_sums = {n: tf.function(parts.jacobian_square_sum(terms[n].values, variables))
                    for n in names}
 
     def update():
-        traces = {n: tf.cast(terms[n].scale * _chunked_mean(square_sums[n], terms[n].points,
+        traces = {n: tf.cast(terms[n].scale * parts.chunked_mean(square_sums[n], terms[n].points,
                                                              chunk), dtype)
                   for n in names}
         total = tf.add_n(list(traces.values()))
@@ -259,60 +265,45 @@ def causal_chunk_weights(chunk_losses, eps):
     return tf.stop_gradient(tf.exp(-eps * cumulative))
 
 
-def _causal_chunks(problem, points, chunks, where):
-    """t -> the index of t's time chunk (the last coordinate's range split into `chunks`
-    equal intervals), after checking the problem has time and every chunk holds points."""
-    if not problem.time_dependent:
-        raise ValueError(
-            f"{where}: problem {problem.name!r} has no time coordinate (Problem.time_dependent "
-            "is False), and causal weighting splits the collocation points by time (the last "
-            "coordinate); choose another pinn_experiment.weighting, or give the problem time "
-            "as its last coordinate and time_dependent=True")
-    checks.integer(chunks, f"{where}.chunks", where, least=1)
-    t0, t1 = float(problem.domain.low[-1]), float(problem.domain.high[-1])
-
-    def chunk_of(t):
-        return tf.clip_by_value(tf.cast(tf.floor((t - t0) / (t1 - t0) * chunks), tf.int32),
-                                0, chunks - 1)
-
-    points = tf.convert_to_tensor(points)
-    counts = np.bincount(chunk_of(points[:, -1]).numpy(), minlength=chunks)
-    if counts.min() == 0:
-        raise ValueError(f"{where}: {int((counts == 0).sum())} of the {chunks} time chunks hold "
-                         f"no collocation point (of {points.shape[0]}); lower {where}.chunks "
-                         f"or raise pinn_experiment.n_collocation")
-    return chunk_of
-
-
 @gin.configurable
-def causal_weights(problem, u_fn, points, condition_points, variables, gpinn=None, eps=1.0,
-                   chunks=32):
-    """Causal training (Wang, Sankaran and Perdikaris 2024): the collocation points are split
-    by time (the last coordinate) into `chunks` equal intervals t_1 < ... < t_M of the
-    domain, and the residual term becomes
+def causal_weights(problem: Problem, u_fn: Callable[[tf.Tensor], tf.Tensor], points: TensorLike,
+                   condition_points: Sequence[TensorLike], variables: Sequence[tf.Variable],
+                   gpinn: Optional[Mapping[int, float]] = None, eps: float = 1.0,
+                   chunks: int = 32) -> Weighting:
+    """Causal training (Wang, Sankaran and Perdikaris 2024): later times wait for earlier.
+
+    The collocation points are split by time (the last coordinate) into `chunks` equal
+    intervals t_1 < ... < t_M of the domain, and the residual term becomes
 
         L_r = (1/M) sum_i w_i L_r(t_i),   w_i = exp(-eps sum_{k<i} L_r(t_k))   (no gradient)
 
     with L_r(t_i) the mean squared residual in chunk i: a later time is weighed in only once
-    the earlier ones are fitted. `eps` sets how strictly (the paper raises it over training;
-    here it is one binding). Computed at every evaluation (`every` = 0: no update)."""
+    the earlier ones are fitted. Computed at every evaluation (no update).
+
+    Args:
+      problem: the `Problem` (its terms: `term_names(problem, gpinn)`).
+      u_fn: the solution, [n, dim] -> [n, m] (`solution_fn`).
+      points: the collocation points, [n, dim], of the network's dtype (the weights').
+      condition_points: one set of points per condition of the problem, in order.
+      variables: the network's trainable variables.
+      gpinn: None, or {coordinate: weight}, `pinn_loss`'s gPINN term.
+      eps: how strictly, >= 0 (the paper raises it over training:
+        `annealed_causal_weights`).
+      chunks: the number of time chunks M, >= 1; each must hold collocation points.
+    Returns:
+      A `Weighting` with a `reducers` entry for "residual".
+    Raises:
+      ValueError: a problem without time (`time_dependent`), an empty chunk, or a bad
+        `eps` or `chunks`.
+    """
     where = "causal_weights"
     checks.nonnegative(eps, f"{where}.eps", where)
-    chunk_of = _causal_chunks(problem, points, chunks, where)
+    chunk_of = parts.causal_chunks(problem, points, chunks, where)
 
     def reduce(x, squares):
-        losses = _chunk_losses(chunk_of, chunks, x, squares)
+        losses = parts.chunk_losses(chunk_of, chunks, x, squares)
         return tf.reduce_mean(causal_chunk_weights(losses, eps) * losses)
     return Weighting(reducers={"residual": reduce})
-
-
-def _chunk_losses(chunk_of, chunks, x, squares):
-    """The mean squared residual of each time chunk, [chunks] (an empty chunk: 0)."""
-    index = chunk_of(x[:, -1])
-    per_point = tf.reduce_mean(squares, axis=1)
-    sums = tf.math.unsorted_segment_sum(per_point, index, chunks)
-    count = tf.math.unsorted_segment_sum(tf.ones_like(per_point), index, chunks)
-    return sums / tf.maximum(count, 1)
 
 
 @gin.configurable
@@ -334,8 +325,8 @@ def annealed_causal_weights(problem, u_fn, points, condition_points, variables, 
         raise ValueError(f"{where}.eps must be a non-empty increasing list of finite numbers "
                          f">= 0, got {eps!r}")
     checks.probability(tol, f"{where}.tol", where, open_ends=True)
-    chunk_of = _causal_chunks(problem, points, chunks, where)
-    dtype = _points_dtype(points)
+    chunk_of = parts.causal_chunks(problem, points, chunks, where)
+    dtype = parts.points_dtype(points)
     schedule = tf.constant(list(eps), dtype)
     index = tf.Variable(0, dtype=tf.int32, trainable=False, name="causal_eps_index")
 
@@ -343,7 +334,7 @@ def annealed_causal_weights(problem, u_fn, points, condition_points, variables, 
         return tf.gather(schedule, index)
 
     def reduce(x, squares):
-        losses = _chunk_losses(chunk_of, chunks, x, squares)
+        losses = parts.chunk_losses(chunk_of, chunks, x, squares)
         weights = causal_chunk_weights(losses, eps_value())
         # raised after this evaluation: the loss returned is at the eps it was computed with
         index.assign(tf.where(tf.reduce_min(weights) > tol,
@@ -363,20 +354,43 @@ _MASKS = {"polynomial": None, "softplus": tf.nn.softplus}
 
 
 @gin.configurable
-def self_adaptive_weights(problem, u_fn, points, condition_points, variables, gpinn=None,
-                          terms=None, mask="polynomial", power=2.0, initial=1.0,
-                          learning_rate=5e-3):
-    """Self-adaptive PINNs (McClenny and Braga-Neto 2023): every point j of each term in
-    `terms` (default: the residual and every condition) has a trainable weight lambda_j,
-    and the term becomes
+def self_adaptive_weights(problem: Problem, u_fn: Callable[[tf.Tensor], tf.Tensor],
+                          points: TensorLike, condition_points: Sequence[TensorLike],
+                          variables: Sequence[tf.Variable],
+                          gpinn: Optional[Mapping[int, float]] = None,
+                          terms: Optional[Sequence[str]] = None, mask: str = "polynomial",
+                          power: float = 2.0, initial: float = 1.0,
+                          learning_rate: float = 5e-3) -> Weighting:
+    """Self-adaptive PINNs (McClenny and Braga-Neto 2023): trainable per-point weights.
+
+    Every point j of each term in `terms` has a trainable weight lambda_j, and the term
+    becomes
 
         L_i = mean_j m(lambda_j) r_j^2,   min over theta, MAX over lambda
 
     so points with large residuals get larger weights. The train step descends in the
-    network's parameters and ascends in lambda (its own Adam, `learning_rate`), in one pass.
-    m is the mask: "polynomial" lambda^power, or "softplus". lambda starts at `initial`.
-    The weights belong to the training points: the batch must be the points given here
-    (no sharding); L-BFGS keeps them fixed."""
+    network's parameters and ascends in lambda (its own Adam), in one pass. The weights
+    belong to the training points: the batch must be the points given here (no sharding);
+    L-BFGS keeps them fixed.
+
+    Args:
+      problem: the `Problem` (its terms: `term_names(problem, gpinn)`).
+      u_fn: the solution, [n, dim] -> [n, m] (`solution_fn`).
+      points: the collocation points, [n, dim], of the network's dtype (the weights').
+      condition_points: one set of points per condition of the problem, in order.
+      variables: the network's trainable variables.
+      gpinn: None, or {coordinate: weight}, `pinn_loss`'s gPINN term.
+      terms: the terms weighted; None for the residual and every condition.
+      mask: m, "polynomial" (lambda^power) or "softplus".
+      power: the polynomial mask's exponent.
+      initial: every lambda's initial value (at the points' dtype).
+      learning_rate: the ascent's Adam learning rate, > 0.
+    Returns:
+      A `Weighting` with `reducers` for `terms`, the lambdas as `ascent` and `state`.
+    Raises:
+      ValueError: `terms` empty or naming no term of the problem, a bad `mask` or
+        `learning_rate`, or (when evaluated) a batch of other points.
+    """
     where = "self_adaptive_weights"
     checks.choice(mask, tuple(sorted(_MASKS)), f"{where}.mask", where)
     checks.positive(learning_rate, f"{where}.learning_rate", where)
@@ -391,7 +405,7 @@ def self_adaptive_weights(problem, u_fn, points, condition_points, variables, gp
     pointwise = training.pointwise_terms(
         problem, u_fn, tf.convert_to_tensor(points),
         [tf.convert_to_tensor(x) for x in condition_points], gpinn)
-    dtype = _points_dtype(points)
+    dtype = parts.points_dtype(points)
     lambdas = {n: tf.Variable(tf.fill([pointwise[n].points.shape[0], 1],
                                       tf.constant(initial, dtype)), name=f"sa_{n}")
                for n in terms}
