@@ -26,7 +26,7 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from hogrod import checks, implicit
+from hogrod import checks, implicit, implicit_solves, linalg, tree
 from hogrod.types import Scalar, TensorLike
 
 __all__ = ["prototype_logits", "ridge_logits", "svm_logits", "SVM_MAXITER"]
@@ -381,7 +381,13 @@ def svm_dual(support, labels, n_way, c, maxiter, tol, batched, asserts=(),
     def _one_hot(y):
         return tf.one_hot(y, tf.cast(n_way, tf.int32), dtype=dtype)
 
-    @implicit.custom_root(optimality, solve="cg", root_tol=2 * tol, batched=batched)
+    # CG's iteration limit: 10 x the system's size (hogrod.implicit's default), that size
+    # bounded by n^2 where n_way is not static (every class has a support example)
+    n = support.shape[-2] if support.shape[-2] is not None else 1000
+    cg_maxiter = 10 * n * (n_way if isinstance(n_way, int) else n)
+
+    @implicit.custom_root(optimality, solve=_cg(cg_maxiter, eps ** 0.75, where),
+                          root_tol=2 * tol, batched=batched)
     def solve(init, x, y):
         args = (init, x, _one_hot(y), tf.constant(c, dtype), tf.constant(maxiter),
                 tf.constant(tol, dtype))
@@ -392,6 +398,25 @@ def svm_dual(support, labels, n_way, c, maxiter, tol, batched, asserts=(),
         support = tf.identity(support)
     init = tf.zeros_like(_one_hot(labels))
     return solve(init, support, labels)
+
+
+def _cg(maxiter, tol, where):
+    """The implicit gradient's linear solve: conjugate gradient on the symmetric Jacobian
+    ``P K P + I - P``, checked (a callable solve: the system's size may be dynamic, the
+    number of classes read from the labels)."""
+    def solve(matvec, b):
+        w, info = linalg.cg(matvec, b, maxiter=maxiter, tol=tol, on_negative_curvature="stop")
+        ok = tf.logical_and(tf.logical_not(info.negative_curvature),
+                            tf.logical_and(tf.math.is_finite(info.residual_norm),
+                                           info.residual_norm <= tol * tree.norm(b)))
+        asserts = implicit_solves.ensure(
+            ok, f"{where}: the implicit gradient's CG solve did not reach tol={tol:.1e} in "
+                f"{maxiter} steps or met non-positive curvature: the dual solution is not "
+                "unique (support embeddings linearly dependent, e.g. more support examples "
+                "than the embedding width)")
+        with tf.control_dependencies(asserts):
+            return tf.nest.map_structure(tf.identity, w)
+    return solve
 
 
 def _per_class(gram, a):
