@@ -213,3 +213,84 @@ def test_svm_stopped_short_of_its_tolerance_is_an_error():
     xs, ys, xq = episode_arrays(seed=9)
     with pytest.raises(ValueError, match="did not return a root"):
         heads.svm_logits(xs, ys, xq, 4, maxiter=2)
+
+
+def embedding_net():
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([keras.Input((6,), dtype="float64"),
+                             keras.layers.Dense(8, activation="tanh", dtype="float64"),
+                             keras.layers.Dense(5, dtype="float64")])
+
+
+def tiny_episodes(tasks=2, n_way=3, k=2, q=2, seed=10):
+    rng = np.random.default_rng(seed)
+    ys = np.stack([rng.permutation(np.repeat(np.arange(n_way), k)) for _ in range(tasks)])
+    yq = np.stack([rng.permutation(np.repeat(np.arange(n_way), q)) for _ in range(tasks)])
+    return (tf.constant(rng.normal(size=(tasks, n_way * k, 6))), tf.constant(ys, tf.int32),
+            tf.constant(rng.normal(size=(tasks, n_way * q, 6))), tf.constant(yq, tf.int32))
+
+
+def cross_entropy(y, logits):
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=tf.cast(y, tf.int32), logits=logits))
+
+
+def direct_logits(name, model, xs, ys, xq, n_way):
+    es, eq = model(xs), model(xq)
+    if name == "protonet":
+        return heads.prototype_logits(es, ys, eq, n_way)
+    if name == "r2d2":  # the starting values bound below
+        return heads.ridge_logits(es, ys, eq, n_way, l2=0.5, scale=3.0, bias=0.25)
+    return 2.0 * heads.svm_logits(es, ys, eq, n_way, c=0.2)
+
+
+SETTINGS = {"protonet": {}, "r2d2": dict(l2=0.5, scale=3.0, bias=0.25),
+            "metaoptnet": dict(c=0.2, scale=2.0)}
+
+
+@pytest.mark.parametrize("name", ["protonet", "r2d2", "metaoptnet"])
+def test_few_shot_meta_loss_and_evaluation_equal_the_heads_on_the_embeddings(name):
+    model = embedding_net()
+    tasks = tiny_episodes()
+    # one algorithm vectorized (the default), the others sequentially: traces are the cost
+    mode = "vectorized" if name == "r2d2" else "sequential"
+    algo = meta.FEW_SHOT[name](model, cross_entropy, task_map=mode, **SETTINGS[name])
+    per_task = [direct_logits(name, model, *(t[i] for t in tasks[:3]), 3) for i in range(2)]
+    want = np.mean([cross_entropy(tasks[3][i], per_task[i]).numpy() for i in range(2)])
+    loss, grads = meta.meta_gradient(algo, model, tasks)
+    np.testing.assert_allclose(loss.numpy(), want, rtol=1e-7)
+    assert all(np.all(np.isfinite(g.numpy())) for g in grads)
+    assert np.linalg.norm(grads[0].numpy()) > 0  # the meta-gradient reaches the backbone
+    learned = {"protonet": 0, "r2d2": 3, "metaoptnet": 1}[name]
+    assert len(algo.variables) == learned
+    for g in grads[len(model.trainable_variables):]:
+        assert float(tf.abs(g)) > 0  # and the head's learned scalars
+    result = meta.evaluate(algo, model, cross_entropy, tasks, steps=(0,), accuracy=True,
+                           task_map=mode)
+    accuracy = np.mean([np.mean(np.argmax(per_task[i], -1) == tasks[3][i].numpy())
+                        for i in range(2)])
+    np.testing.assert_allclose(result["loss_after_0"], want, rtol=1e-7)
+    np.testing.assert_allclose(result["accuracy_after_0"], accuracy, rtol=1e-7)
+    with pytest.raises(checks.ArgumentError, match=r"steps=\(0,\)"):
+        algo.adapt((tasks[0][0], tasks[1][0]), 1)
+
+
+def test_r2d2_learns_its_penalty_on_the_log_scale_and_checks_its_starting_values():
+    model = embedding_net()
+    algo = meta.r2d2(model, cross_entropy, l2=0.5)
+    np.testing.assert_allclose(algo.variables[0].numpy(), np.log(0.5), rtol=1e-15)
+    assert algo.variables[0].dtype == tf.float64
+    with pytest.raises(checks.ArgumentError, match="l2"):
+        meta.r2d2(model, cross_entropy, l2=0.0)
+    with pytest.raises(checks.ArgumentError, match="c must"):
+        meta.metaoptnet(model, cross_entropy, c=-1.0)
+    with pytest.raises(checks.ArgumentError, match="task_map"):
+        meta.protonet(model, cross_entropy, task_map="parallel")
+
+
+def test_a_task_missing_a_class_is_named_by_the_algorithm():
+    model = embedding_net()
+    xs, ys, xq, yq = tiny_episodes()
+    ys = tf.constant([[0, 1, 2, 0, 1, 2], [0, 1, 1, 0, 1, 0]], tf.int32)  # task 1: no class 2
+    with pytest.raises(tf.errors.InvalidArgumentError, match="no support example"):
+        meta.protonet(model, cross_entropy).meta_loss((xs, ys, xq, yq))

@@ -32,6 +32,10 @@ from hogrod.types import Loss
 
 __all__ = ["protonet", "r2d2", "metaoptnet", "FEW_SHOT"]
 
+# The traced functions have no Python control flow on tensors: converting them (and the
+# implicit differentiation they call) with AutoGraph would only multiply the trace time.
+_no_autograph = tf.autograph.experimental.do_not_convert
+
 
 def _embeddings(model, params, inputs, seeds):
     """One task's support and query embeddings, one forward pass (and seed) each."""
@@ -55,6 +59,7 @@ def _headed(model, loss, fit, logits_of, variables, task_map, where):
         raise checks.ArgumentError(f"{where}: the model has no trainable variables (not "
                                    "built?); give a built embedding network")
 
+    @_no_autograph
     def meta_loss(tasks, step=None):  # step: unused (no schedule)
         params = initial_params(model)  # read once, under the train step's tape
         seeds = task_seeds(model, tasks, 2)  # the support pass, then the query pass
@@ -66,6 +71,7 @@ def _headed(model, loss, fit, logits_of, variables, task_map, where):
                              (tasks[3], logits), fn_output_signature=logits.dtype)
         return {"loss": tf.reduce_mean(per_task)}
 
+    @_no_autograph
     def adapt(support, steps=0, seeds=None):
         """The head's solution on one task's support set (steps must be 0)."""
         if not checks.integer(steps, "steps", where) == 0:
@@ -78,6 +84,7 @@ def _headed(model, loss, fit, logits_of, variables, task_map, where):
         embedded = run(model, initial_params(model), xs, True, None)
         return fit(embedded, ys, _classes(ys))
 
+    @_no_autograph
     def predict(solution, x, steps=0, seed=None):
         """The query logits `[q, n_way]` under the head's solution."""
         return logits_of(solution, run(model, initial_params(model), x, True, seed))

@@ -349,6 +349,9 @@ def svm_dual_logits(support, alpha, query):
     return tf.linalg.matmul(query, tf.linalg.matmul(support, alpha, transpose_a=True))
 
 
+# No Python control flow on tensors here: AutoGraph's conversion of it and of the implicit
+# differentiation it calls would only multiply a caller's trace time (by about 4).
+@tf.autograph.experimental.do_not_convert
 def svm_dual(support, labels, n_way, c, maxiter, tol, batched, asserts=(),
              where="hogrod.meta.svm_logits"):
     """The Crammer-Singer dual solution alpha `[..., n, n_way]` (see `svm_logits`), with its
