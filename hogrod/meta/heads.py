@@ -21,7 +21,7 @@ every class present, a tensor `c` or `l2` positive) raise it eagerly and are
 `tf.debugging.Assert`s in a graph (`tf.errors.InvalidArgumentError` when run).
 """
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -54,7 +54,8 @@ def _n_way(n_way, where):
     return checks.integer(n_way, "n_way", where, least=1)
 
 
-def episode(support_embeddings, support_labels, query_embeddings, n_way, where):
+def episode(support_embeddings: TensorLike, support_labels: TensorLike,
+            query_embeddings: TensorLike, n_way: Scalar, where: str) -> tuple:
     """The checked inputs of a head, with one-hot support targets.
 
     Args:
@@ -154,7 +155,7 @@ def prototype_logits(support_embeddings: TensorLike, support_labels: TensorLike,
     return distance_logits(xq, prototypes)
 
 
-def prototypes_of(support, one_hot, counts):
+def prototypes_of(support: tf.Tensor, one_hot: tf.Tensor, counts: tf.Tensor) -> tf.Tensor:
     """Class means `[..., n_way, d]` of support `[..., n, d]` under one-hot `[..., n, n_way]`.
 
     Args:
@@ -168,7 +169,7 @@ def prototypes_of(support, one_hot, counts):
     return tf.linalg.matmul(one_hot, support, transpose_a=True) / counts[..., None]
 
 
-def distance_logits(query, prototypes):
+def distance_logits(query: tf.Tensor, prototypes: tf.Tensor) -> tf.Tensor:
     """``-||query_j - prototype_k||**2`` as `[..., q, n_way]`.
 
     Args:
@@ -214,11 +215,12 @@ def ridge_logits(support_embeddings: TensorLike, support_labels: TensorLike,
     xs, _, xq, one_hot, _, asserts = episode(support_embeddings, support_labels,
                                              query_embeddings, n_way, where)
     l2, more = _positive(l2, "l2", xs.dtype, where)
-    logits = _with(asserts + more, ridge_solution_logits(xs, one_hot, xq, l2))
+    cross = tf.linalg.matmul(xq, xs, transpose_b=True)  # [q, n]: the cost is in n, not d
+    logits = _with(asserts + more, tf.linalg.matmul(cross, ridge_dual(xs, one_hot, l2)))
     return affine(logits, scale, bias)
 
 
-def ridge_dual(support, one_hot, l2):
+def ridge_dual(support: tf.Tensor, one_hot: tf.Tensor, l2: tf.Tensor) -> tf.Tensor:
     """``(X X^T + l2 I)^{-1} Y`` `[..., n, n_way]` by Cholesky (the Woodbury form's solve).
 
     Args:
@@ -235,23 +237,7 @@ def ridge_dual(support, one_hot, l2):
     return tf.linalg.cholesky_solve(chol, one_hot)
 
 
-def ridge_solution_logits(support, one_hot, query, l2):
-    """``query X^T (X X^T + l2 I)^{-1} Y``, `[..., q, n_way]`.
-
-    Args:
-      support: X, `[..., n, d]`.
-      one_hot: Y, `[..., n, n_way]`.
-      query: `[..., q, d]`.
-      l2: the ridge penalty, a scalar tensor at X's dtype.
-
-    Returns:
-      The unscaled ridge logits.
-    """
-    cross = tf.linalg.matmul(query, support, transpose_b=True)
-    return tf.linalg.matmul(cross, ridge_dual(support, one_hot, l2))
-
-
-def affine(logits, scale, bias):
+def affine(logits: tf.Tensor, scale: Optional[Scalar], bias: Optional[Scalar]) -> tf.Tensor:
     """``scale * logits + bias`` (None: 1 and 0), numbers applied at the logits' dtype.
 
     Args:
@@ -332,28 +318,15 @@ def svm_logits(support_embeddings: TensorLike, support_labels: TensorLike,
                                         n_way, where)
     alpha = svm_dual(xs, ys, n_way, c, maxiter, tol, batched=False, asserts=asserts,
                      where=where)
-    return svm_dual_logits(xs, alpha, xq)
-
-
-def svm_dual_logits(support, alpha, query):
-    """``query X^T alpha``: the SVM's logits from its dual solution.
-
-    Args:
-      support: X, `[..., n, d]`.
-      alpha: the dual solution, `[..., n, n_way]`.
-      query: `[..., q, d]`.
-
-    Returns:
-      The logits, `[..., q, n_way]`.
-    """
-    return tf.linalg.matmul(query, tf.linalg.matmul(support, alpha, transpose_a=True))
+    return tf.linalg.matmul(xq, tf.linalg.matmul(xs, alpha, transpose_a=True))  # query W^T
 
 
 # No Python control flow on tensors here: AutoGraph's conversion of it and of the implicit
 # differentiation it calls would only multiply a caller's trace time (by about 4).
 @tf.autograph.experimental.do_not_convert
-def svm_dual(support, labels, n_way, c, maxiter, tol, batched, asserts=(),
-             where="hogrod.meta.svm_logits"):
+def svm_dual(support: tf.Tensor, labels: tf.Tensor, n_way: Scalar, c: float, maxiter: int,
+             tol: Optional[float], batched: bool, asserts: Sequence = (),
+             where: str = "hogrod.meta.svm_logits") -> tf.Tensor:
     """The Crammer-Singer dual solution alpha `[..., n, n_way]` (see `svm_logits`), with its
     implicit gradient with respect to `support`.
 
@@ -422,11 +395,6 @@ def _cg(maxiter, tol, where):
     return solve
 
 
-def _per_class(gram, a):
-    """``(K kron I) a``: the Gram matrix applied to each class's column of a."""
-    return tf.linalg.matmul(gram, a)
-
-
 def _project(v, bound, c):
     """Each row of v projected onto {a : a <= bound, sum(a) = 0} (bound = c one_hot): with
     b = bound - a, the Euclidean projection of bound - v onto the simplex {b >= 0, sum b =
@@ -464,10 +432,10 @@ def _kkt(alpha, support, one_hot, c):
     gram = tf.linalg.matmul(support, support, transpose_b=True)
     # the multipliers of the active bounds, mean_S(g) - g_k, must be >= 0; where they are
     # (strictly, at a solution) this term and its derivative are zero
-    g = _per_class(gram, alpha) - one_hot
+    g = tf.linalg.matmul(gram, alpha) - one_hot
     multipliers = tf.reduce_sum(free * g, -1, keepdims=True) / count - g
     signs = (1 - free) * tf.minimum(multipliers, tf.zeros_like(multipliers))
-    return (project(_per_class(gram, project(alpha) + r) - one_hot) + alpha - project(alpha)
+    return (project(tf.linalg.matmul(gram, project(alpha) + r) - one_hot) + alpha - project(alpha)
             - r + signs)
 
 
@@ -491,7 +459,7 @@ def _solve_dual(init, support, one_hot, c, maxiter, tol):
         return tf.logical_and(i < maxiter, tf.reduce_any(residual(x) > goal))
 
     def body(i, x, y, t):
-        new = _project(y - step * (_per_class(gram, y) - one_hot), bound, c)
+        new = _project(y - step * (tf.linalg.matmul(gram, y) - one_hot), bound, c)
         t_new = (1 + tf.sqrt(1 + 4 * t * t)) / 2
         # adaptive restart: momentum off where the step went against the last move
         restart = tf.reduce_sum((y - new) * (new - x), axis=[-2, -1], keepdims=True) > 0
