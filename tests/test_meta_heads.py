@@ -9,7 +9,7 @@ import pytest
 import scipy.optimize
 import tensorflow as tf
 
-from hogrod import checks, meta
+from hogrod import checks, distribute, meta, train
 from hogrod.meta import heads
 
 
@@ -294,3 +294,27 @@ def test_a_task_missing_a_class_is_named_by_the_algorithm():
     ys = tf.constant([[0, 1, 2, 0, 1, 2], [0, 1, 1, 0, 1, 0]], tf.int32)  # task 1: no class 2
     with pytest.raises(tf.errors.InvalidArgumentError, match="no support example"):
         meta.protonet(model, cross_entropy).meta_loss((xs, ys, xq, yq))
+
+
+def test_mirrored_step_equals_single_device():
+    # MetaOptNet: a learned scale to all-reduce, and the implicit solve in every replica
+    name = "metaoptnet"
+    tasks = tiny_episodes(tasks=4, seed=11)
+
+    def run(strategy, steps=1):
+        with strategy.scope():
+            model = embedding_net()
+            opt = keras.optimizers.SGD(0.1)
+            algo = meta.FEW_SHOT[name](model, cross_entropy, task_map="sequential",
+                                       **SETTINGS[name])
+        variables = model.trainable_variables + algo.variables
+        if steps:
+            step = train.make_train_step(algo.meta_loss, opt, variables, strategy=strategy)
+            data = tf.data.Dataset.from_tensors(tasks).unbatch().batch(4)
+            step(next(iter(strategy.experimental_distribute_dataset(data))))
+        return np.concatenate([np.ravel(v.numpy()) for v in variables])
+
+    single = run(tf.distribute.get_strategy())
+    mirrored = run(distribute.make_strategy("mirrored"))
+    np.testing.assert_allclose(mirrored, single, rtol=1e-9, atol=1e-10)
+    assert np.abs(single - run(tf.distribute.get_strategy(), steps=0)).max() > 1e-4
