@@ -278,21 +278,22 @@ def svm_logits(support_embeddings: TensorLike, support_labels: TensorLike,
     The dual is solved by projected gradient with Nesterov acceleration and adaptive
     restart (O'Donoghue and Candes 2015), step 1 / the largest eigenvalue of ``X X^T``,
     each example's row projected onto its constraint set (a projection onto a simplex of
-    radius c), from alpha = 0, in a `tf.while_loop` (graph and XLA friendly) until the
+    radius c), from alpha = 0, in a `tf.while_loop` (one traced loop) until the
     optimality residual below is at most ``tol * max(1, ||F(0)||)`` or `maxiter`
     iterations have run. Its gradient is implicit (`hogrod.implicit.custom_root`) on the
     KKT conditions reduced to the free coordinates of the solution (alpha_ik < c
     delta(k, y_i)): with P the projection onto the directions that keep every active bound
     and every row's sum, ``F(alpha) = P (K (P alpha + r) - Y) + (I - P) alpha - r`` (K
     ``= X X^T`` applied per class, Y one-hot, r the part of alpha the constraints fix), whose
-    Jacobian ``P K P + I - P`` is symmetric, so the linear solve is conjugate gradient. The
-    root check is on, at ``2 tol``: a solver stopped by `maxiter` short of `tol` is an
-    error, never a wrong gradient.
+    Jacobian ``P K P + I - P`` is symmetric, so the linear solve is conjugate gradient; a
+    term ``min(lambda, 0)`` on the active coordinates (lambda their bounds' multipliers,
+    positive at the optimum, where the term and its derivative vanish) makes F zero only at
+    the optimum. The root check is on, at ``2 tol``: a solver stopped by `maxiter` short
+    of `tol` is an error, never a wrong gradient.
 
-    The dual solution (and its gradient) is unique when ``X X^T`` is nonsingular: at most
-    d linearly independent support embeddings. With more support examples than the width d
-    the SVM's weights are still unique but the dual is not, and the implicit solve may fail
-    (an error naming it).
+    The dual solution (and its gradient) is unique when ``X X^T`` is nonsingular, the
+    support embeddings linearly independent (so n <= d). Otherwise the SVM's weights are
+    still unique but the dual is not, and the implicit solve may fail (an error naming it).
 
     Args:
       support_embeddings: `[n, d]` floating.
