@@ -47,10 +47,14 @@ from hogrod.meta.algorithms import (ALGORITHMS, Algorithm, anil, fomaml, imaml, 
 from hogrod.meta.common import MODES, meta_gradient
 from hogrod.meta.episodes import ImageClasses, episodes, load_omniglot, load_tfds_classes
 from hogrod.meta.evaluation import evaluate, evaluator
+from hogrod.meta.fewshot import FEW_SHOT, metaoptnet, protonet, r2d2
+from hogrod.meta.heads import prototype_logits, ridge_logits, svm_logits
 from hogrod.meta.inner import adapt, initial_params
 from hogrod.meta.tasks import sample_sinusoids, sinusoid_meta_batches
 
 __all__ = ["adapt", "initial_params", "Algorithm", "ALGORITHMS", "MODES", "maml", "fomaml",
            "reptile", "anil", "meta_sgd", "maml_plus_plus", "imaml", "meta_gradient",
            "sample_sinusoids", "sinusoid_meta_batches", "ImageClasses", "episodes",
-           "load_omniglot", "load_tfds_classes", "evaluate", "evaluator"]
+           "load_omniglot", "load_tfds_classes", "evaluate", "evaluator",
+           "protonet", "r2d2", "metaoptnet", "FEW_SHOT", "prototype_logits", "ridge_logits",
+           "svm_logits"]

@@ -22,6 +22,7 @@ its own, from an evaluation seed and the task's index.
 
 from hogrod.meta.anil import anil
 from hogrod.meta.common import Algorithm
+from hogrod.meta.fewshot import FEW_SHOT, metaoptnet, protonet, r2d2
 from hogrod.meta.imaml import imaml
 from hogrod.meta.maml import fomaml, maml
 from hogrod.meta.maml_plus_plus import maml_plus_plus
@@ -29,7 +30,8 @@ from hogrod.meta.meta_sgd import meta_sgd
 from hogrod.meta.reptile import reptile
 
 __all__ = ["Algorithm", "maml", "fomaml", "reptile", "anil", "meta_sgd", "maml_plus_plus",
-           "imaml", "ALGORITHMS"]
+           "imaml", "ALGORITHMS",
+           "protonet", "r2d2", "metaoptnet", "FEW_SHOT"]
 
 ALGORITHMS = {"maml": maml, "fomaml": fomaml, "reptile": reptile, "anil": anil,
               "meta_sgd": meta_sgd, "maml_plus_plus": maml_plus_plus, "imaml": imaml}

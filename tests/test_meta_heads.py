@@ -1,0 +1,320 @@
+"""Few-shot heads against oracles: prototypes and ridge in numpy (primal and Woodbury), the
+SVM against an independent scipy solve of its primal (weights, KKT conditions, float64
+central differences of the query loss through the solve), graph equal to eager, ProtoNet
+as a nearest-class-mean classifier; the few-shot algorithms on tiny episodes; bad input."""
+
+import keras
+import numpy as np
+import pytest
+import scipy.optimize
+import tensorflow as tf
+
+from hogrod import checks, distribute, meta, train
+from hogrod.meta import heads
+
+
+def episode_arrays(seed=0, n_way=4, k=2, d=10, q=5):
+    rng = np.random.default_rng(seed)
+    xs = rng.normal(size=(n_way * k, d))
+    ys = rng.permutation(np.repeat(np.arange(n_way), k))
+    xq = rng.normal(size=(q, d))
+    return xs, ys, xq
+
+
+def one_hot(ys, n_way):
+    return np.eye(n_way)[ys]
+
+
+def test_prototype_logits_are_minus_squared_distances_to_class_means():
+    xs, ys, xq = episode_arrays()
+    got = heads.prototype_logits(xs, ys, xq, 4).numpy()
+    means = np.stack([xs[ys == k].mean(0) for k in range(4)])
+    want = -((xq[:, None, :] - means[None]) ** 2).sum(-1)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_protonet_is_the_nearest_class_mean_classifier_on_separable_data():
+    rng = np.random.default_rng(3)
+    centers = 10 * rng.normal(size=(5, 8))
+    ys = np.repeat(np.arange(5), 3)
+    xs = centers[ys] + 0.1 * rng.normal(size=(15, 8))
+    yq = rng.integers(0, 5, size=40)
+    xq = centers[yq] + 0.1 * rng.normal(size=(40, 8))
+    pred = np.argmax(heads.prototype_logits(xs, ys, xq, 5).numpy(), -1)
+    means = np.stack([xs[ys == k].mean(0) for k in range(5)])
+    nearest = np.argmin(np.linalg.norm(xq[:, None] - means[None], axis=-1), -1)
+    np.testing.assert_array_equal(pred, nearest)
+    np.testing.assert_array_equal(pred, yq)
+
+
+@pytest.mark.parametrize("d", [3, 12])  # fewer and more dimensions than support examples
+def test_ridge_logits_match_the_primal_and_the_woodbury_closed_forms(d):
+    xs, ys, xq = episode_arrays(seed=1, d=d)
+    y = one_hot(ys, 4)
+    l2 = 0.7
+    primal = np.linalg.solve(xs.T @ xs + l2 * np.eye(d), xs.T @ y)
+    woodbury = xs.T @ np.linalg.solve(xs @ xs.T + l2 * np.eye(len(xs)), y)
+    np.testing.assert_allclose(primal, woodbury, rtol=1e-10, atol=1e-12)
+    got = heads.ridge_logits(xs, ys, xq, 4, l2=l2).numpy()
+    np.testing.assert_allclose(got, xq @ primal, rtol=1e-10, atol=1e-12)
+    scaled = heads.ridge_logits(xs, ys, xq, 4, l2=l2, scale=2.5, bias=-0.25).numpy()
+    np.testing.assert_allclose(scaled, 2.5 * (xq @ primal) - 0.25, rtol=1e-10, atol=1e-12)
+
+
+def svm_primal(xs, ys, n_way, c, active=None):
+    """The Crammer-Singer primal, solved by scipy (SLSQP) and polished on its active set
+    (an equality-constrained QP solved exactly), or solved on the given active set alone
+    (checked to be the right one: feasible, multipliers >= 0): (W [n_way, d], active)."""
+    n, d = xs.shape
+    size = n_way * d + n
+    rows, rhs = [], []
+    for i in range(n):
+        for k in range(n_way):
+            row = np.zeros(size)
+            row[ys[i] * d:(ys[i] + 1) * d] += xs[i]
+            row[k * d:(k + 1) * d] -= xs[i]
+            row[n_way * d + i] = 1.0
+            rows.append(row)
+            rhs.append(1.0 - (k == ys[i]))
+    a, b = np.array(rows), np.array(rhs)
+    hess = np.diag(np.r_[np.ones(n_way * d), np.zeros(n)])
+    lin = np.r_[np.zeros(n_way * d), c * np.ones(n)]
+    if active is None:
+        res = scipy.optimize.minimize(
+            lambda z: 0.5 * z @ hess @ z + lin @ z, np.zeros(size),
+            jac=lambda z: hess @ z + lin, method="SLSQP", options={"ftol": 1e-15, "maxiter": 2000},
+            constraints=[{"type": "ineq", "fun": lambda z: a @ z - b, "jac": lambda z: a}])
+        assert res.success, res.message
+        active = a @ res.x - b < 1e-6
+    aa = a[active]
+    kkt = np.block([[hess, -aa.T], [aa, np.zeros((len(aa), len(aa)))]])
+    sol = np.linalg.lstsq(kkt, np.r_[-lin, b[active]], rcond=None)[0]
+    z, mult = sol[:size], sol[size:]
+    assert np.all(a @ z - b > -1e-9) and np.all(mult > -1e-9)  # the active set was right
+    return z[:n_way * d].reshape(n_way, d), active
+
+
+def svm_dual_solution(xs, ys, n_way, c):
+    return heads.svm_dual(tf.constant(xs), tf.constant(ys, tf.int32), n_way, c, 1000, None,
+                          batched=False).numpy()
+
+
+def test_svm_weights_match_an_independent_primal_solve_and_satisfy_kkt():
+    xs, ys, xq = episode_arrays(seed=2)
+    c = 0.1
+    w, _ = svm_primal(xs, ys, 4, c)
+    alpha = svm_dual_solution(xs, ys, 4, c)
+    np.testing.assert_allclose(xs.T @ alpha, w.T, atol=1e-6)
+    got = heads.svm_logits(xs, ys, xq, 4, c=c).numpy()
+    np.testing.assert_allclose(got, xq @ w.T, atol=1e-6)
+    # KKT of the dual: feasibility, and the gradient K alpha - Y equal on each row's free
+    # coordinates and no smaller on its bounds (their multipliers >= 0)
+    bound = c * one_hot(ys, 4)
+    assert np.all(alpha <= bound + 1e-12)
+    np.testing.assert_allclose(alpha.sum(1), 0, atol=1e-12)
+    g = xs @ xs.T @ alpha - one_hot(ys, 4)
+    for i in range(len(ys)):
+        free = bound[i] - alpha[i] > 1e-9
+        assert free.any()
+        level = g[i, free].mean()
+        np.testing.assert_allclose(g[i, free], level, atol=1e-7)
+        assert np.all(level - g[i, ~free] >= -1e-7)
+    # margins: xi_i = max_k (1 - delta + w_k x - w_y x); the primal objective's value equals
+    # the dual's (strong duality)
+    scores = xs @ w.T
+    xi = np.max(1 - one_hot(ys, 4) + scores - scores[np.arange(len(ys)), ys][:, None], 1)
+    primal = 0.5 * np.sum(w ** 2) + c * np.sum(xi)
+    dual = -(0.5 * np.sum((xs.T @ alpha) ** 2) - np.sum(alpha * one_hot(ys, 4)))
+    np.testing.assert_allclose(primal, dual, rtol=1e-7)
+
+
+def test_svm_gradient_matches_central_differences_of_the_independent_solve():
+    xs, ys, xq = episode_arrays(seed=4, n_way=3, k=2, d=7, q=4)
+    c = 0.1
+    weights = np.random.default_rng(5).normal(size=(4, 3))
+
+    def query_loss(logits):
+        return np.sum(weights * np.sin(logits))
+
+    support = tf.constant(xs)
+    query = tf.constant(xq)
+    with tf.GradientTape() as tape:
+        tape.watch([support, query])
+        logits = heads.svm_logits(support, ys, query, 3, c=c)
+        value = tf.reduce_sum(weights * tf.sin(logits))
+    g_support, g_query = tape.gradient(value, [support, query])
+    w, active = svm_primal(xs, ys, 3, c)
+    h = 1e-5  # the active set of the solution is that of the perturbed ones (checked)
+    fd = np.zeros_like(xs)
+    for idx in np.ndindex(*xs.shape):
+        up, down = xs.copy(), xs.copy()
+        up[idx] += h
+        down[idx] -= h
+        fd[idx] = (query_loss(xq @ svm_primal(up, ys, 3, c, active)[0].T)
+                   - query_loss(xq @ svm_primal(down, ys, 3, c, active)[0].T)) / (2 * h)
+    np.testing.assert_allclose(g_support.numpy(), fd, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(g_query.numpy(), (weights * np.cos(xq @ w.T)) @ w, atol=1e-7)
+    assert np.abs(fd).max() > 1e-2  # the support gradient is not trivially zero
+
+
+@pytest.mark.parametrize("head", ["prototype", "ridge", "svm"])
+def test_each_head_in_tf_function_equals_eager(head):
+    xs, ys, xq = episode_arrays(seed=6)
+    fn = {"prototype": heads.prototype_logits,
+          "ridge": lambda *a: heads.ridge_logits(*a, l2=0.5, scale=2.0, bias=0.1),
+          "svm": lambda *a: heads.svm_logits(*a, c=0.2)}[head]
+    eager = fn(xs, ys, xq, 4)
+    graph = tf.function(lambda a, b, c: fn(a, b, c, 4))(tf.constant(xs), tf.constant(ys),
+                                                        tf.constant(xq))
+    np.testing.assert_allclose(graph.numpy(), eager.numpy(), rtol=1e-9, atol=1e-11)
+
+
+BAD = [
+    (dict(ys=np.array([0, 1, 2, 4, 0, 1, 2, 3])), "0..n_way-1"),
+    (dict(ys=np.array([0, 1, 2, -1, 0, 1, 2, 3])), "0..n_way-1"),
+    (dict(ys=np.array([0, 1, 2, 2, 0, 1, 2, 1])), "no support example"),
+    (dict(xq=np.zeros((5, 9))), "widths differ"),
+    (dict(ys=np.array([0, 1, 2, 3])), "one label per support embedding"),
+    (dict(n_way=0), "n_way"),
+]
+
+
+@pytest.mark.parametrize("head", ["prototype", "ridge", "svm"])
+@pytest.mark.parametrize("change,message", BAD)
+def test_bad_input_is_named(head, change, message):
+    xs, ys, xq = episode_arrays(seed=7)
+    args = dict(xs=xs, ys=ys, xq=xq, n_way=4)
+    args.update(change)
+    fn = {"prototype": heads.prototype_logits, "ridge": heads.ridge_logits,
+          "svm": heads.svm_logits}[head]
+    with pytest.raises(checks.ArgumentError, match=message):
+        fn(args["xs"], args["ys"], args["xq"], args["n_way"])
+
+
+def test_bad_labels_fail_inside_a_graph_too():
+    xs, _, xq = episode_arrays(seed=7)
+    fn = tf.function(lambda a, b, c: heads.prototype_logits(a, b, c, 4))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="0..n_way-1"):
+        fn(xs, tf.constant([0, 1, 2, 5, 0, 1, 2, 3]), xq)
+
+
+def test_nonpositive_penalties_are_named():
+    xs, ys, xq = episode_arrays(seed=8)
+    for bad in (0.0, -1.0):
+        with pytest.raises(checks.ArgumentError, match="l2"):
+            heads.ridge_logits(xs, ys, xq, 4, l2=bad)
+        with pytest.raises(checks.ArgumentError, match="c must"):
+            heads.svm_logits(xs, ys, xq, 4, c=bad)
+    with pytest.raises(checks.ArgumentError, match="l2"):
+        heads.ridge_logits(xs, ys, xq, 4, l2=tf.constant(-1.0, tf.float64))
+
+
+def test_svm_stopped_short_of_its_tolerance_is_an_error():
+    xs, ys, xq = episode_arrays(seed=9)
+    with pytest.raises(ValueError, match="did not return a root"):
+        heads.svm_logits(xs, ys, xq, 4, maxiter=2)
+
+
+def embedding_net():
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([keras.Input((6,), dtype="float64"),
+                             keras.layers.Dense(8, activation="tanh", dtype="float64"),
+                             keras.layers.Dense(5, dtype="float64")])
+
+
+def tiny_episodes(tasks=2, n_way=3, k=2, q=2, seed=10):
+    rng = np.random.default_rng(seed)
+    ys = np.stack([rng.permutation(np.repeat(np.arange(n_way), k)) for _ in range(tasks)])
+    yq = np.stack([rng.permutation(np.repeat(np.arange(n_way), q)) for _ in range(tasks)])
+    return (tf.constant(rng.normal(size=(tasks, n_way * k, 6))), tf.constant(ys, tf.int32),
+            tf.constant(rng.normal(size=(tasks, n_way * q, 6))), tf.constant(yq, tf.int32))
+
+
+def cross_entropy(y, logits):
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=tf.cast(y, tf.int32), logits=logits))
+
+
+def direct_logits(name, model, xs, ys, xq, n_way):
+    es, eq = model(xs), model(xq)
+    if name == "protonet":
+        return heads.prototype_logits(es, ys, eq, n_way)
+    if name == "r2d2":  # the starting values bound below
+        return heads.ridge_logits(es, ys, eq, n_way, l2=0.5, scale=3.0, bias=0.25)
+    return 2.0 * heads.svm_logits(es, ys, eq, n_way, c=0.2)
+
+
+SETTINGS = {"protonet": {}, "r2d2": dict(l2=0.5, scale=3.0, bias=0.25),
+            "metaoptnet": dict(c=0.2, scale=2.0)}
+
+
+@pytest.mark.parametrize("name", ["protonet", "r2d2", "metaoptnet"])
+def test_few_shot_meta_loss_and_evaluation_equal_the_heads_on_the_embeddings(name):
+    model = embedding_net()
+    tasks = tiny_episodes()
+    # one algorithm vectorized (the default), the others sequentially: traces are the cost
+    mode = "vectorized" if name == "r2d2" else "sequential"
+    algo = meta.FEW_SHOT[name](model, cross_entropy, task_map=mode, **SETTINGS[name])
+    per_task = [direct_logits(name, model, *(t[i] for t in tasks[:3]), 3) for i in range(2)]
+    want = np.mean([cross_entropy(tasks[3][i], per_task[i]).numpy() for i in range(2)])
+    loss, grads = meta.meta_gradient(algo, model, tasks)
+    np.testing.assert_allclose(loss.numpy(), want, rtol=1e-7)
+    assert all(np.all(np.isfinite(g.numpy())) for g in grads)
+    assert np.linalg.norm(grads[0].numpy()) > 0  # the meta-gradient reaches the backbone
+    learned = {"protonet": 0, "r2d2": 3, "metaoptnet": 1}[name]
+    assert len(algo.variables) == learned
+    for g in grads[len(model.trainable_variables):]:
+        assert float(tf.abs(g)) > 0  # and the head's learned scalars
+    result = meta.evaluate(algo, model, cross_entropy, tasks, steps=(0,), accuracy=True,
+                           task_map=mode)
+    accuracy = np.mean([np.mean(np.argmax(per_task[i], -1) == tasks[3][i].numpy())
+                        for i in range(2)])
+    np.testing.assert_allclose(result["loss_after_0"], want, rtol=1e-7)
+    np.testing.assert_allclose(result["accuracy_after_0"], accuracy, rtol=1e-7)
+    with pytest.raises(checks.ArgumentError, match=r"steps=\(0,\)"):
+        algo.adapt((tasks[0][0], tasks[1][0]), 1)
+
+
+def test_r2d2_learns_its_penalty_on_the_log_scale_and_checks_its_starting_values():
+    model = embedding_net()
+    algo = meta.r2d2(model, cross_entropy, l2=0.5)
+    np.testing.assert_allclose(algo.variables[0].numpy(), np.log(0.5), rtol=1e-15)
+    assert algo.variables[0].dtype == tf.float64
+    with pytest.raises(checks.ArgumentError, match="l2"):
+        meta.r2d2(model, cross_entropy, l2=0.0)
+    with pytest.raises(checks.ArgumentError, match="c must"):
+        meta.metaoptnet(model, cross_entropy, c=-1.0)
+    with pytest.raises(checks.ArgumentError, match="task_map"):
+        meta.protonet(model, cross_entropy, task_map="parallel")
+
+
+def test_a_task_missing_a_class_is_named_by_the_algorithm():
+    model = embedding_net()
+    xs, ys, xq, yq = tiny_episodes()
+    ys = tf.constant([[0, 1, 2, 0, 1, 2], [0, 1, 1, 0, 1, 0]], tf.int32)  # task 1: no class 2
+    with pytest.raises(tf.errors.InvalidArgumentError, match="no support example"):
+        meta.protonet(model, cross_entropy).meta_loss((xs, ys, xq, yq))
+
+
+def test_mirrored_step_equals_single_device():
+    # MetaOptNet: a learned scale to all-reduce, and the implicit solve in every replica
+    name = "metaoptnet"
+    tasks = tiny_episodes(tasks=4, seed=11)
+
+    def run(strategy, steps=1):
+        with strategy.scope():
+            model = embedding_net()
+            opt = keras.optimizers.SGD(0.1)
+            algo = meta.FEW_SHOT[name](model, cross_entropy, task_map="sequential",
+                                       **SETTINGS[name])
+        variables = model.trainable_variables + algo.variables
+        if steps:
+            step = train.make_train_step(algo.meta_loss, opt, variables, strategy=strategy)
+            data = tf.data.Dataset.from_tensors(tasks).unbatch().batch(4)
+            step(next(iter(strategy.experimental_distribute_dataset(data))))
+        return np.concatenate([np.ravel(v.numpy()) for v in variables])
+
+    single = run(tf.distribute.get_strategy())
+    mirrored = run(distribute.make_strategy("mirrored"))
+    np.testing.assert_allclose(mirrored, single, rtol=1e-9, atol=1e-10)
+    assert np.abs(single - run(tf.distribute.get_strategy(), steps=0)).max() > 1e-4
