@@ -290,12 +290,16 @@ def config_changes(old_config: str, new_config: str
       bind it.
 
     Raises:
-      SyntaxError: a text is not gin.
+      SyntaxError: a text is not gin (an unclosed bracket or quote too).
     """
     def bound(text):
+        try:
+            parsed = statements(text)
+        except tokenize.TokenError as e:
+            raise SyntaxError(f"{e.args[0]}: an unclosed bracket or quote") from None
         return {(f"{s.scope}/" if s.scope else "") + s.selector
                 + (f".{s.arg_name}" if s.arg_name else ""): repr(s.value)
-                for s in statements(text) if isinstance(s, config_parser.BindingStatement)}
+                for s in parsed if isinstance(s, config_parser.BindingStatement)}
     old, new = bound(old_config), bound(new_config)
     return [(k, old.get(k), new.get(k)) for k in sorted(old.keys() | new.keys())
             if old.get(k) != new.get(k)]
