@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import time
+import tokenize
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import gin
@@ -105,8 +106,13 @@ def _parse_file(path, including=()):
         raise ConfigError(f"{path} includes itself (through {' -> '.join(including)})")
     with open(path) as f:
         lines = f.read().splitlines(keepends=True)
+    try:
+        parsed = statements("".join(lines), path)
+    except tokenize.TokenError:  # not a SyntaxError: gin's message would not name the file
+        raise ConfigError(f"bad gin config: {path} ends inside an unclosed bracket or quote"
+                          ) from None
     start = 0  # the first line not parsed yet; the blank lines before it keep line numbers
-    for statement in statements("".join(lines), path):
+    for statement in parsed:
         if isinstance(statement, config_parser.IncludeStatement):
             end = statement.location.line_num - 1
             gin.parse_config(Named("\n" * start + "".join(lines[start:end]), path))

@@ -161,6 +161,9 @@ def test_error_in_a_gin_file_names_file_and_line(tmp_path):
         harness.parse_config([str(bad)], [])
     message = str(e.value)
     assert "lerning_rate" in message and "bad.gin" in message and "2" in message
+    bad.write_text("hessian_spectrum.steps = (3\n")  # the tokenizer's error, not a SyntaxError
+    with pytest.raises(harness.ConfigError, match="bad.gin ends inside an unclosed bracket"):
+        harness.parse_config([str(bad)], [])
 
 
 def test_binary_exits_nonzero_on_bad_binding_and_zero_on_success(tmp_path):
