@@ -22,15 +22,17 @@ import math
 import numbers
 import os
 import re
+import tokenize
 import types
 import typing
-from typing import Callable, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import gin
 from gin import config_parser
 
 __all__ = ["Range", "Count", "PositiveInt", "Positive", "NonNegative", "Fraction", "ConfigError",
-           "check_values", "check_required", "shipped_configs", "statements", "Named"]
+           "check_values", "check_required", "shipped_configs", "statements", "Named",
+           "check_syntax", "config_changes", "format_changes"]
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 
@@ -249,3 +251,89 @@ def check_required(fn: Callable) -> None:
         raise ConfigError(f"no value for the required binding(s) {', '.join(missing)}: give a "
                           f"config with --gin_file or bind it with --gin_param='{missing[0]} "
                           f"= ...'{listing}")
+
+
+# Checking a binding's syntax and comparing two configs (the harness's refusal of a
+# changed config), both on the text alone: gin's registry is not consulted.
+
+def _syntax_hint(binding: str) -> str:
+    """How to write the value of a binding that does not parse."""
+    if "=" not in binding:
+        return "a binding is 'configurable.parameter = value'"
+    value = binding.split("=", 1)[1].strip()
+    if re.fullmatch(r"[+-]?\d{1,3}(,\d{3})+(\.\d*)?([eE][+-]?\d+)?", value):
+        return (f"write the number without thousands separators: {value.replace(',', '')} "
+                f"(or {value.replace(',', '_')}); a comma makes a tuple only in parentheses")
+    if re.fullmatch(r"[A-Za-z_][\w.]*", value):
+        return (f"a string needs quotes ('{value}'), a configurable an @ (@{value}), a macro "
+                f"a % (%{value})")
+    return ("the value must be a Python literal (2000, 1e-3, 'text', (1, 2), [1, 2], "
+            "{'a': 1}, True, None), a configurable reference (@maml) or a macro (%N_WAY)")
+
+
+def check_syntax(binding: str) -> None:
+    """Check that a binding (a `--gin_param`) is gin, before gin parses it.
+
+    Args:
+      binding: one binding, such as `'maml.inner_lr = 0.01'`.
+
+    Raises:
+      ConfigError: naming the binding, what is wrong (and where) and how to write it: a
+        number with thousands separators, an unquoted string, a missing `=`, an unclosed
+        bracket or quote.
+    """
+    try:
+        statements(binding)
+    except (SyntaxError, tokenize.TokenError) as e:
+        if isinstance(e, SyntaxError):
+            lines = [line.strip() for line in str(e.msg).splitlines()
+                     if "object at 0x" not in line]  # Python's ast reprs say nothing
+            what = " ".join(lines).rstrip(".") + (f" (column {e.offset})" if e.offset else "")
+        else:
+            what = "unclosed bracket or quote"
+        raise ConfigError(f"bad gin binding {binding!r}: {what}; {_syntax_hint(binding)}"
+                          ) from None
+
+
+def config_changes(old_config: str, new_config: str
+                   ) -> List[Tuple[str, Optional[str], Optional[str]]]:
+    """The bindings two gin config texts give differently.
+
+    Args:
+      old_config: a config text (such as a run's config.gin).
+      new_config: another.
+
+    Returns:
+      `[(binding, old value, new value)]`, sorted by binding (`scope/configurable.param`,
+      or a macro's name), the values as written (`repr`); None for a side that does not
+      bind it.
+
+    Raises:
+      SyntaxError: a text is not gin (an unclosed bracket or quote too).
+    """
+    def bound(text):
+        try:
+            parsed = statements(text)
+        except tokenize.TokenError as e:
+            raise SyntaxError(f"{e.args[0]}: an unclosed bracket or quote") from None
+        return {(f"{s.scope}/" if s.scope else "") + s.selector
+                + (f".{s.arg_name}" if s.arg_name else ""): repr(s.value)
+                for s in parsed if isinstance(s, config_parser.BindingStatement)}
+    old, new = bound(old_config), bound(new_config)
+    return [(k, old.get(k), new.get(k)) for k in sorted(old.keys() | new.keys())
+            if old.get(k) != new.get(k)]
+
+
+def format_changes(changes: Sequence[Tuple[str, Optional[str], Optional[str]]]) -> str:
+    """`config_changes`'s list as lines `  binding: old -> new`.
+
+    Args:
+      changes: `(binding, old value, new value)` triples; None for an unbound side.
+
+    Returns:
+      one line per change, indented by two spaces; an unbound side reads
+      `(not bound: the default)`.
+    """
+    unset = "(not bound: the default)"
+    return "\n".join(f"  {k}: {unset if a is None else a} -> {unset if b is None else b}"
+                     for k, a, b in changes)

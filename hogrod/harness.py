@@ -1,40 +1,34 @@
 """The one main of every experiment binary: absl flags + gin, Dopamine style.
 
 An experiment is a gin-configurable function `fn(output_dir) -> dict | None`; its binary
-ends with `def main(): harness.main(fn)` and runs as a console command or a module:
+ends with `def main(): harness.main(fn)` and runs as a console command or a module::
 
     hogrod-maml --gin_file=maml/sinusoid_maml.gin --gin_param='maml.inner_lr = 0.01'
     python -m experiments.maml --gin_file=configs/maml/sinusoid_maml.gin --output_dir=runs/x
 
 A `--gin_file`, and every `include` inside one, is a path as given, else one relative to the
-configs shipped in the package (`hogrod/configs/`; the repository's form `configs/maml/...`
-too), so every form works from any directory. Before it creates the output directory the
-harness parses the config, checks the required bindings and every bound value against its
-parameter's annotation (`hogrod.bindings`: `adam_steps: harness.Count = 2000`), and refuses
-a config other than the one `<output_dir>/config.gin` records (a resumed run) unless
-`--allow_config_change` (recorded in `config_changes.txt`); each failure exits with code 2
-and a message naming the binding, or the file and line, without a traceback. It then runs
-`fn`, writes the dict it returns with `wall_seconds` to `metrics.json` (a resumed run keeps
-the values it did not measure again) and the operative config. A `ValueError` or
-`TypeError` raised by the run (a bad input, named in its message) also exits 2 with that
-message; `--verbosity=1` shows the traceback.
+configs shipped in the package (`hogrod/configs/`, or the repository's `configs/...`), so
+every form works from any directory. `run` checks the config before it writes anything
+and says what a run writes; a bad config or a bad input exits with code 2 and the message
+alone (`run_cli`), `--verbosity=1` shows the traceback.
 """
 
 import datetime
 import importlib
 import json
 import os
-import re
 import sys
 import time
 import tokenize
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import gin
 from absl import app, flags, logging
 from gin import config_parser
 
-from hogrod.bindings import (ConfigError, Count, Fraction, Named, NonNegative, Positive,
-                             PositiveInt, Range, check_required, check_values, statements)
+from hogrod.bindings import (CONFIG_DIR, ConfigError, Count, Fraction, Named, NonNegative,
+                             Positive, PositiveInt, Range, check_required, check_syntax,
+                             check_values, config_changes, format_changes, statements)
 from hogrod.train.history import write_json
 
 __all__ = ["main", "run", "run_cli", "parse_config", "resolve_gin_file", "config_changes",
@@ -43,12 +37,12 @@ __all__ = ["main", "run", "run_cli", "parse_config", "resolve_gin_file", "config
 
 FLAGS = flags.FLAGS
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-CONFIG_DIR = os.path.join(PACKAGE_DIR, "configs")  # the shipped gin configs
 REPO_ROOT = os.path.dirname(PACKAGE_DIR)  # the checkout, for a development install
 # the library's packages whose configurables a config may bind (imported before parsing)
 LIBRARY = ("train", "meta", "gan", "pinn", "curvature", "distribute", "optim", "implicit",
            "hypergrad")
-
+#: An experiment: a gin configurable `fn(output_dir) -> metrics or None`.
+Experiment = Callable[[str], Optional[Mapping[str, Any]]]
 
 _FLAGS = (  # (name, flag type as absl names it, define, default, help)
     ("gin_file", "multi string", flags.DEFINE_multi_string, [],
@@ -65,13 +59,12 @@ _FLAGS = (  # (name, flag type as absl names it, define, default, help)
 )
 
 
-def define_flags(flag_values=FLAGS):
+def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
     """Define the binary's flags once per process (importing hogrod defines none).
 
     Args:
-      flag_values: the absl `FlagValues` to define them on.
-    Returns:
-      None.
+      flag_values: the absl `FlagValues` to define them on (default: absl's global one).
+
     Raises:
       flags.DuplicateFlagError: the program defines a flag of the same name and another type.
     """
@@ -85,52 +78,25 @@ def define_flags(flag_values=FLAGS):
                 f"{flag_type} flag: rename the program's flag")
 
 
-def resolve_gin_file(path):
+def resolve_gin_file(path: str) -> str:
     """The file a `--gin_file` or an `include` names.
 
     Args:
       path: as given, else relative to the shipped configs (`maml/sinusoid_maml.gin` or
         the repository's form `configs/maml/...`).
+
     Returns:
       The path of an existing file.
+
     Raises:
-      ConfigError: no such file.
+      ConfigError: no such file (naming the directories looked in).
     """
-    candidates = [path] + ([] if os.path.isabs(path) else [
-        os.path.join(CONFIG_DIR, path), os.path.join(PACKAGE_DIR, path)])
-    for candidate in candidates:
+    roots = [""] if os.path.isabs(path) else ["", CONFIG_DIR, PACKAGE_DIR]
+    for candidate in (os.path.join(root, path) for root in roots):
         if os.path.isfile(candidate):
             return candidate
     raise ConfigError(f"gin file not found: {path} (looked in the working directory "
                       f"{os.getcwd()} and in the shipped configs {CONFIG_DIR})")
-
-
-def _binding_hint(binding):
-    if "=" not in binding:
-        return "a binding is 'configurable.parameter = value'"
-    value = binding.split("=", 1)[1].strip()
-    if re.fullmatch(r"[+-]?\d{1,3}(,\d{3})+(\.\d*)?([eE][+-]?\d+)?", value):
-        return (f"write the number without thousands separators: {value.replace(',', '')} "
-                f"(or {value.replace(',', '_')}); a comma makes a tuple only in parentheses")
-    if re.fullmatch(r"[A-Za-z_][\w.]*", value):
-        return (f"a string needs quotes ('{value}'), a configurable an @ (@{value}), a macro "
-                f"a % (%{value})")
-    return ("the value must be a Python literal (2000, 1e-3, 'text', (1, 2), [1, 2], "
-            "{'a': 1}, True, None), a configurable reference (@maml) or a macro (%N_WAY)")
-
-
-def _check_syntax(binding):
-    try:
-        statements(binding)
-    except (SyntaxError, tokenize.TokenError) as e:
-        if isinstance(e, SyntaxError):
-            lines = [line.strip() for line in str(e.msg).splitlines()
-                     if "object at 0x" not in line]  # Python's ast reprs say nothing
-            what = " ".join(lines).rstrip(".") + (f" (column {e.offset})" if e.offset else "")
-        else:
-            what = "unclosed bracket or quote"
-        raise ConfigError(f"bad gin binding {binding!r}: {what}; {_binding_hint(binding)}"
-                          ) from None
 
 
 def _parse_file(path, including=()):
@@ -140,8 +106,13 @@ def _parse_file(path, including=()):
         raise ConfigError(f"{path} includes itself (through {' -> '.join(including)})")
     with open(path) as f:
         lines = f.read().splitlines(keepends=True)
-    start = 0
-    for statement in statements("".join(lines), path):
+    try:
+        parsed = statements("".join(lines), path)
+    except tokenize.TokenError:  # not a SyntaxError: gin's message would not name the file
+        raise ConfigError(f"bad gin config: {path} ends inside an unclosed bracket or quote"
+                          ) from None
+    start = 0  # the first line not parsed yet; the blank lines before it keep line numbers
+    for statement in parsed:
         if isinstance(statement, config_parser.IncludeStatement):
             end = statement.location.line_num - 1
             gin.parse_config(Named("\n" * start + "".join(lines[start:end]), path))
@@ -154,14 +125,13 @@ def _parse_file(path, including=()):
     gin.parse_config(Named("\n" * start + "".join(lines[start:]), path))
 
 
-def parse_config(gin_files, gin_params):
+def parse_config(gin_files: Sequence[str], gin_params: Sequence[str]) -> None:
     """Clear any previous config, then parse gin files and then bindings.
 
     Args:
       gin_files: paths (see `resolve_gin_file`), later ones overriding.
       gin_params: binding strings, parsed last.
-    Returns:
-      None.
+
     Raises:
       ConfigError: naming the binding (with a hint for a malformed value), or the
         configurable or parameter and, for files, the file and line.
@@ -170,7 +140,7 @@ def parse_config(gin_files, gin_params):
         importlib.import_module(f"hogrod.{name}")
     files = [resolve_gin_file(p) for p in gin_files]
     for binding in gin_params:
-        _check_syntax(binding)
+        check_syntax(binding)
     try:
         with gin.unlock_config():  # a previous run in this process may have locked it
             gin.clear_config()
@@ -181,52 +151,28 @@ def parse_config(gin_files, gin_params):
         raise ConfigError(f"bad gin config: {e}") from None
 
 
-def config_changes(old_config, new_config):
-    """The bindings two gin config strings give differently.
-
-    Args:
-      old_config: a config string (such as a run's config.gin).
-      new_config: another.
-    Returns:
-      [(binding, old value, new value)] as written; None for a side that does not bind it.
-    """
-    def bindings(text):
-        return {(f"{s.scope}/" if s.scope else "") + s.selector
-                + (f".{s.arg_name}" if s.arg_name else ""): repr(s.value)
-                for s in statements(text) if isinstance(s, config_parser.BindingStatement)}
-    old, new = bindings(old_config), bindings(new_config)
-    return [(k, old.get(k), new.get(k)) for k in sorted(old.keys() | new.keys())
-            if old.get(k) != new.get(k)]
-
-
-def _format_changes(changes):
-    unset = "(not bound: the default)"
-    return "\n".join(f"  {k}: {unset if a is None else a} -> {unset if b is None else b}"
-                     for k, a, b in changes)
-
-
-def _config_change(output_dir, config, allow):
-    """The changes from `<output_dir>/config.gin`; a ConfigError naming them unless `allow`."""
+def _changes_since(output_dir, config, allow):
+    """The bindings `config` changes from `<output_dir>/config.gin` (an earlier run), listed
+    as `format_changes` writes them ('' for none); a ConfigError naming them unless `allow`."""
     path = os.path.join(output_dir, "config.gin")
     if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        old = f.read()
+        return ""
     try:
-        changes = config_changes(old, config)
+        with open(path) as f:
+            changes = format_changes(config_changes(f.read(), config))
     except SyntaxError as e:
         raise ConfigError(f"cannot read {path}, the config of the run in {output_dir}: "
                           f"{e.msg}; use a new --output_dir") from None
     if changes and not allow:
         raise ConfigError(
             f"{output_dir} holds a run with another config ({path}); these bindings "
-            f"differ (old -> new):\n{_format_changes(changes)}\nUse a new --output_dir, the "
-            "same config, or --allow_config_change to continue this run with the new one "
-            "(recorded in config_changes.txt).")
+            f"differ (old -> new):\n{changes}\nUse a new --output_dir, the same config, or "
+            "--allow_config_change to continue this run with the new one (recorded in "
+            "config_changes.txt).")
     return changes
 
 
-def write_metrics(output_dir, metrics, resumed=False):
+def write_metrics(output_dir: str, metrics: Mapping[str, Any], resumed: bool = False) -> None:
     """Write `<output_dir>/metrics.json` atomically.
 
     Args:
@@ -234,77 +180,99 @@ def write_metrics(output_dir, metrics, resumed=False):
       metrics: a JSON-able dict.
       resumed: keep the earlier run's values these metrics do not replace (what it did not
         measure again, such as a skipped phase's time); else replace the file.
-    Returns:
-      None.
     """
     path = os.path.join(output_dir, "metrics.json")
-    old = {}
     if resumed and os.path.exists(path):
         with open(path) as f:
-            old = json.load(f)
-    write_json(path, dict(old, **metrics), indent=2, sort_keys=True)
+            metrics = dict(json.load(f), **metrics)
+    write_json(path, dict(metrics), indent=2, sort_keys=True)
 
 
-def run(fn, gin_files=(), gin_params=(), output_dir=None, allow_config_change=False):
+def _write(output_dir, name, text, mode="w"):
+    """Write (or with mode 'a' append) `text` to `<output_dir>/<name>`."""
+    with open(os.path.join(output_dir, name), mode) as f:
+        f.write(text)
+
+
+def run(fn: Experiment, gin_files: Sequence[str] = (), gin_params: Sequence[str] = (),
+        output_dir: Optional[str] = None, allow_config_change: bool = False
+        ) -> Tuple[str, Optional[Dict[str, Any]]]:
     """Parse and check the config, run `fn(output_dir)`, write metrics and operative config.
 
+    Before it creates `output_dir` it checks the required bindings and every bound value
+    against its parameter's annotation (`hogrod.bindings`: `adam_steps: harness.Count =
+    2000`), and refuses a config other than the one `<output_dir>/config.gin` records
+    unless `allow_config_change` (then the changes are appended to `config_changes.txt`).
+    It writes `config.gin`, `operative_config.gin` and `metrics.json` (a resumed run keeps
+    the values it did not measure again). The config is cleared afterwards, even when the
+    run fails: no binding reaches later code in the process.
+
     Args:
-      fn: the experiment's gin configurable.
+      fn: the experiment's gin configurable; an attribute `fn.check_config()`, if any, is
+        called after the bindings are checked (an experiment's own cross-checks).
       gin_files: config files (see `resolve_gin_file`).
       gin_params: bindings, parsed after the files.
-      output_dir: where the run writes; default runs/<fn name>/<timestamp>.
+      output_dir: where the run writes; default runs/<fn name>/<timestamp>. A directory
+        holding a checkpoint (`ckpt/`) is resumed.
       allow_config_change: continue a run whose `config.gin` records other bindings.
+
     Returns:
-      (output_dir, metrics) where metrics is what `fn` returned with `wall_seconds`, or None.
+      `(output_dir, metrics)`, metrics what `fn` returned with `wall_seconds`, or None.
+
     Raises:
-      ConfigError: a bad config (nothing is written).
+      ConfigError: a bad config, or one other than the earlier run's (nothing is written).
     """
     try:
         parse_config(list(gin_files), list(gin_params))
         check_required(fn)
         check_values()
-        if callable(getattr(fn, "check_config", None)):  # an experiment's own cross-checks
+        if callable(getattr(fn, "check_config", None)):
             fn.check_config()
-        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        output_dir = output_dir or os.path.join("runs", fn.__name__, stamp)
+        output_dir = output_dir or os.path.join(
+            "runs", fn.__name__, datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
         config = gin.config_str()
-        changes = _config_change(output_dir, config, allow_config_change)
-        resumed = os.path.isdir(os.path.join(output_dir, "ckpt"))  # a checkpointed earlier run
+        changes = _changes_since(output_dir, config, allow_config_change)
+        resumed = os.path.isdir(os.path.join(output_dir, "ckpt"))
         os.makedirs(output_dir, exist_ok=True)
-        with open(os.path.join(output_dir, "config.gin"), "w") as f:
-            f.write(config)
+        _write(output_dir, "config.gin", config)
         if changes:
-            with open(os.path.join(output_dir, "config_changes.txt"), "a") as f:
-                f.write(f"# {datetime.datetime.now().isoformat(timespec='seconds')}: continued "
-                        f"with --allow_config_change (old -> new)\n{_format_changes(changes)}\n")
+            now = datetime.datetime.now().isoformat(timespec="seconds")
+            _write(output_dir, "config_changes.txt", f"# {now}: continued with "
+                   f"--allow_config_change (old -> new)\n{changes}\n", mode="a")
             logging.warning("config changed from the earlier run in %s (old -> new):\n%s",
-                            output_dir, _format_changes(changes))
+                            output_dir, changes)
         logging.info("%s: writing outputs to %s", fn.__name__, os.path.abspath(output_dir))
         start = time.perf_counter()
         try:
             metrics = fn(output_dir)
         finally:
-            with open(os.path.join(output_dir, "operative_config.gin"), "w") as f:
-                f.write(gin.operative_config_str())
+            _write(output_dir, "operative_config.gin", gin.operative_config_str())
         if metrics is not None:
             metrics = dict(metrics, wall_seconds=time.perf_counter() - start)
             write_metrics(output_dir, metrics, resumed)
         return output_dir, metrics
     finally:
-        with gin.unlock_config():  # the run's bindings must not reach later code
+        with gin.unlock_config():
             gin.clear_config()
 
 
-def run_cli(fn, gin_files=(), gin_params=(), output_dir=None, show_traceback=False,
-            allow_config_change=False):
-    """`run` as a binary runs it.
+def run_cli(fn: Experiment, gin_files: Sequence[str] = (), gin_params: Sequence[str] = (),
+            output_dir: Optional[str] = None, show_traceback: bool = False,
+            allow_config_change: bool = False) -> int:
+    """`run` as a binary runs it: an error's message on stderr and an exit code.
 
     Args:
-      fn, gin_files, gin_params, output_dir, allow_config_change: as for `run`.
+      fn: the experiment's gin configurable, as for `run`.
+      gin_files: config files, as for `run`.
+      gin_params: bindings, as for `run`.
+      output_dir: where the run writes, as for `run`.
       show_traceback: re-raise a bad input's error instead of printing its message.
+      allow_config_change: as for `run`.
+
     Returns:
-      The exit code: 0, or 2 with the message of a bad config or of a bad input (a
-      ValueError, TypeError or FileNotFoundError raised by the run) on stderr.
+      The exit code: 0 (the output directory printed on stdout), or 2 with the message of a
+      bad config or of a bad input (a ValueError, TypeError or FileNotFoundError raised by
+      the run, or gin's RuntimeError naming a missing required binding) on stderr.
     """
     try:
         output_dir, _ = run(fn, gin_files, gin_params, output_dir, allow_config_change)
@@ -312,7 +280,6 @@ def run_cli(fn, gin_files=(), gin_params=(), output_dir=None, show_traceback=Fal
         print(f"{fn.__name__}: {e}", file=sys.stderr)
         return 2
     except (ValueError, TypeError, FileNotFoundError, RuntimeError) as e:
-        # gin's RuntimeError for a nested configurable's missing REQUIRED binding names it
         if show_traceback or (isinstance(e, RuntimeError)
                               and "Required bindings for" not in str(e)):
             raise
@@ -323,14 +290,14 @@ def run_cli(fn, gin_files=(), gin_params=(), output_dir=None, show_traceback=Fal
     return 0
 
 
-def main(fn):
-    """The absl entry point of an experiment binary: defines the flags (`define_flags`),
-    parses the command line and exits with `run_cli`'s code.
+def main(fn: Experiment) -> None:
+    """The absl entry point of an experiment binary: `define_flags`, then `run_cli`.
 
     Args:
       fn: the experiment's gin configurable.
-    Returns:
-      Never; exits the process.
+
+    Raises:
+      SystemExit: always, with `run_cli`'s exit code (a positional argument: a usage error).
     """
     define_flags()
 

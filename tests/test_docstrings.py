@@ -47,7 +47,8 @@ def _record_like(cls):
 
 def _documented(doc):
     names = set()
-    for p in doc.params:
+    # docstring_parser >= 0.17 keeps an Attributes section apart from Args (`attrs`)
+    for p in list(doc.params) + list(getattr(doc, "attrs", None) or []):
         names.add(p.arg_name.lstrip("*"))
         # "x, y: ..." documents two arguments in one entry
         names.update(part.strip().lstrip("*") for part in p.arg_name.split(","))

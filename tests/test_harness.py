@@ -72,6 +72,32 @@ def test_a_changed_config_exits_2_from_the_command_line(tmp_path, capsys):
     assert os.listdir(tmp_path) == ["config.gin"]
 
 
+def test_config_changes_name_each_binding_scope_and_macro_that_differs():
+    old = ("maml.inner_lr = 0.01\nmaml.inner_steps = 1\neval/maml.inner_steps = 1\n"
+           "N_WAY = 5\nx.y = @maml\n")
+    new = ("maml.inner_lr = 0.1\nmaml.inner_steps = 1\neval/maml.inner_steps = 3\n"
+           "N_WAY = 20\nx.y = @maml()\nz.w = 'a'\n")
+    changes = bindings.config_changes(old, new)
+    assert changes == [("N_WAY", "5", "20"), ("eval/maml.inner_steps", "1", "3"),
+                       ("maml.inner_lr", "0.01", "0.1"), ("x.y", "@maml", "@maml()"),
+                       ("z.w", None, "'a'")]
+    assert bindings.format_changes(changes[3:]) == ("  x.y: @maml -> @maml()\n"
+                                                    "  z.w: (not bound: the default) -> 'a'")
+    assert bindings.config_changes(new, new) == []
+
+
+@pytest.mark.parametrize("text", ["maml.inner_lr = (0.01\n", "maml.inner_lr 0.01\n"])
+def test_an_unreadable_config_of_an_earlier_run_exits_2_naming_it(text, tmp_path, capsys):
+    """An unclosed bracket (a tokenizer error, not a SyntaxError) too."""
+    (tmp_path / "config.gin").write_text(text)
+    from experiments import maml
+    code = harness.run_cli(maml.maml_experiment, ["configs/maml/sinusoid_maml.gin"], [],
+                           str(tmp_path))
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot read" in err and "config.gin" in err, err
+    assert "Traceback" not in err and os.listdir(tmp_path) == ["config.gin"]
+
+
 def test_gin_files_resolve_from_any_directory(tmp_path, monkeypatch):
     """The shipped-relative path, the repository's configs/ form and a user's own file that
     includes a shipped config, from another directory, with the repository root on sys.path
@@ -135,6 +161,9 @@ def test_error_in_a_gin_file_names_file_and_line(tmp_path):
         harness.parse_config([str(bad)], [])
     message = str(e.value)
     assert "lerning_rate" in message and "bad.gin" in message and "2" in message
+    bad.write_text("hessian_spectrum.steps = (3\n")  # the tokenizer's error, not a SyntaxError
+    with pytest.raises(harness.ConfigError, match="bad.gin ends inside an unclosed bracket"):
+        harness.parse_config([str(bad)], [])
 
 
 def test_binary_exits_nonzero_on_bad_binding_and_zero_on_success(tmp_path):

@@ -22,6 +22,7 @@ A task is `(x_support, y_support, x_query, y_query)`; `loss` is always a Keras l
   (`evaluation.py`).
 
 Adding an algorithm:
+
 1. a module `hogrod/meta/<name>.py` with a `@gin.configurable` function
    `<name>(model, loss, ..., task_map="vectorized")` that checks its arguments
    (`common.check_loss`, `common.check_task_map`, `hogrod.checks`) and returns
@@ -36,6 +37,7 @@ Adding an algorithm:
 2. its import in `algorithms.py` (and here), and its entry in `ALGORITHMS`;
 3. `configs/maml/algorithms/<name>.gin` (`maml_experiment.algorithm = @<name>` and its
    hyperparameters), and a `configs/maml/sinusoid_<name>.gin` that includes it.
+
 Every test in tests/test_meta.py that loops over `ALGORITHMS` then covers it.
 
 Note: the algorithm modules share their functions' names, so `hogrod.meta.maml` is the

@@ -10,39 +10,62 @@ as read once per meta-batch (what the meta-gradient reaches). `mean_over_tasks` 
 over the meta-batch as its mode says and averages every output over the tasks.
 """
 
-import collections
 import contextlib
 import functools
 import logging
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+import keras
 import tensorflow as tf
 from absl import logging as absl_logging
 from tensorflow.python.ops.parallel_for import control_flow_ops as pfor_ops
 
-from hogrod import checks
-from hogrod.meta.inner import adapt, draw_seeds, run
+from hogrod import checks, optim
+from hogrod.meta.inner import Rates, adapt, draw_seeds, run
+from hogrod.types import Loss, Params, Tree
 
-__all__ = ["Algorithm", "MODES", "check_task_map", "check_loss", "map_tasks",
-           "mean_over_tasks", "task_seeds", "pass_seed", "compiled_when_eager", "query_loss",
-           "adapt_with", "meta_gradient"]
+__all__ = ["Algorithm", "MODES", "Tasks", "TaskFn", "check_task_map", "check_loss",
+           "map_tasks", "mean_over_tasks", "task_seeds", "pass_seed", "compiled_when_eager",
+           "query_loss", "adapt_with", "meta_gradient"]
 
-Algorithm = collections.namedtuple(
-    "Algorithm", ["meta_loss", "adapt", "variables", "predict", "state"], defaults=(None, ()))
-Algorithm.__doc__ = """meta_loss(tasks, step=None) -> {"loss": scalar, "monitor/...": scalar}:
-the objective to minimize (under "loss") and values only logged; step is the outer
-iteration counter (e.g. `optimizer.iterations`), which MAML++ needs and the others ignore.
-adapt(support, steps, seeds=None) -> fast weights (seeds: None, the model's seed states
-for random layers, or one pass's seeds per step, [steps, generators, 2]); variables: the
-algorithm's own trainables; predict(fast, x, steps, seed=None) -> outputs on query inputs
-after `steps` adaptation steps (seed: one pass's seeds, or None; predict None:
-`functional_call(model, fast, x, training=True)`, BatchNorm on the query batch's
-statistics, the transductive setting); state: the algorithm's non-trainable variables
-(MAML++'s per-step BatchNorm statistics), to checkpoint with the model."""
+
+class Algorithm(NamedTuple):
+    """What every meta-learning algorithm returns (`hogrod.meta.maml(model, loss)`, ...).
+
+    Attributes:
+      meta_loss: `meta_loss(tasks, step=None) -> {"loss": scalar, "monitor/...": scalar}`:
+        the objective to minimize (under "loss") and values only logged; `tasks` is a
+        meta-batch (x_support, y_support, x_query, y_query), each with a leading task axis;
+        `step` the outer iteration counter (e.g. `optimizer.iterations`), which MAML++
+        needs and the others ignore.
+      adapt: `adapt(support, steps, seeds=None) -> fast weights` (a list of tensors in
+        `model.trainable_variables` order); `seeds` is None (random layers use the model's
+        seed states) or one pass's seeds per step, [steps, generators, 2].
+      variables: the algorithm's own trainable variables (learned rates, ...), meta-trained
+        with the model's.
+      predict: `predict(fast, x, steps, seed=None) -> outputs` on query inputs after `steps`
+        adaptation steps (`seed`: one pass's seeds, or None); None (the default) means
+        `functional_call(model, fast, x, training=True)`: BatchNorm on the query batch's
+        statistics, the transductive setting.
+      state: the algorithm's non-trainable variables (MAML++'s per-step BatchNorm
+        statistics), to checkpoint with the model; () by default.
+    """
+
+    meta_loss: Callable[..., Dict[str, tf.Tensor]]
+    adapt: Callable[..., List[tf.Tensor]]
+    variables: Sequence[tf.Variable]
+    predict: Optional[Callable[..., tf.Tensor]] = None
+    state: Sequence[tf.Variable] = ()
+
 
 MODES = ("vectorized", "sequential", "recomputed")
+#: A meta-batch (x_support, y_support, x_query, y_query), each with a leading task axis.
+Tasks = Sequence[tf.Tensor]
+#: The per-task computation `fn(task, seeds, params) -> any nest of tensors`.
+TaskFn = Callable[[Tasks, Optional[tf.Tensor], List[tf.Tensor]], Tree]
 
 
-def check_task_map(task_map, where):
+def check_task_map(task_map: str, where: str) -> str:
     """The task mapping an algorithm (or the evaluation) was given, checked.
 
     - 'vectorized': `tf.vectorized_map`, the inner tapes included (fastest for dense
@@ -53,24 +76,30 @@ def check_task_map(task_map, where):
       backward pass (`tf.recompute_grad`): the least memory, one more forward pass.
 
     Args:
-      task_map: the mode given.
+      task_map: the mode given, one of `MODES`.
       where: the public function (or gin binding) that takes it, named in the message.
 
     Returns:
-      `task_map`.
+      `task_map`, unchanged.
+
+    Raises:
+      hogrod.checks.ArgumentError: `task_map` is not one of `MODES`.
     """
     return checks.choice(task_map, MODES, "task_map", where)
 
 
-def check_loss(loss, where):
+def check_loss(loss: Loss, where: str) -> Loss:
     """A Keras loss `loss(y_true, y_pred) -> scalar`, returned unchanged.
 
     Args:
       loss: the loss given.
-      where: the public function that takes it.
+      where: the public function that takes it, named in the message.
 
     Returns:
-      `loss`.
+      `loss`, unchanged.
+
+    Raises:
+      hogrod.checks.ArgumentError: `loss` is not callable.
     """
     return checks.function(loss, "loss", where, "loss(y_true, y_pred) -> scalar (a Keras loss)")
 
@@ -150,17 +179,17 @@ def _recomputed(fn, tasks, seeds, params):
     return tf.nest.map_structure(lambda *v: tf.stack(v), *per_task)
 
 
-def map_tasks(fn, tasks, seeds=None, params=(), mode="vectorized"):
-    """fn(task, seeds, params) for every task of the meta-batch, outputs stacked on a
-    leading task axis. seeds: None, or one row per task (`task_seeds`), given to fn with
-    its task; params: what fn differentiates through (given as is to every task, and the
-    arguments `tf.recompute_grad` recomputes for in mode 'recomputed').
+def map_tasks(fn: TaskFn, tasks: Tasks, seeds: Optional[tf.Tensor] = None, params: Params = (),
+              mode: str = "vectorized") -> Tree:
+    """`fn(task, seeds, params)` for every task of the meta-batch, stacked on a task axis.
 
     Args:
-      fn: `fn(task, seeds, params)`, the per-task computation (any nest of tensors out).
+      fn: `fn(task, seeds, params)`, the per-task computation (any nest of tensors out);
+        it gets one task, that task's row of `seeds` (or None) and `params`.
       tasks: (x_support, y_support, x_query, y_query), each with a leading task axis.
-      seeds: None, or [tasks, passes, generators, 2].
-      params: the weights fn differentiates through.
+      seeds: None, or one row per task (`task_seeds`), [tasks, passes, generators, 2].
+      params: the weights fn differentiates through, given as is to every task (and the
+        arguments `tf.recompute_grad` recomputes for in mode 'recomputed').
       mode: one of `MODES`.
 
     Returns:
@@ -180,11 +209,16 @@ def map_tasks(fn, tasks, seeds=None, params=(), mode="vectorized"):
     return tf.map_fn(call, elems, fn_output_signature=_signature(call, elems))
 
 
-def mean_over_tasks(fn, tasks, seeds=None, params=(), mode="vectorized"):
+def mean_over_tasks(fn: TaskFn, tasks: Tasks, seeds: Optional[tf.Tensor] = None,
+                    params: Params = (), mode: str = "vectorized") -> Tree:
     """`map_tasks`, every output averaged over the task axis.
 
     Args:
-      fn, tasks, seeds, params, mode: as `map_tasks`.
+      fn: `fn(task, seeds, params)`, as for `map_tasks`.
+      tasks: the meta-batch, as for `map_tasks`.
+      seeds: None, or [tasks, passes, generators, 2], as for `map_tasks`.
+      params: the weights fn differentiates through, as for `map_tasks`.
+      mode: one of `MODES`.
 
     Returns:
       fn's outputs, each the mean over the tasks.
@@ -193,9 +227,10 @@ def mean_over_tasks(fn, tasks, seeds=None, params=(), mode="vectorized"):
                                  map_tasks(fn, tasks, seeds, params, mode))
 
 
-def task_seeds(model, tasks, passes):
-    """Seeds for `passes` forward passes per task (None without random layers); draws
-    (and advances the model's seed states) once per meta-batch.
+def task_seeds(model: keras.Model, tasks: Tasks, passes: int) -> Optional[tf.Tensor]:
+    """Seeds for `passes` forward passes per task (None without random layers).
+
+    Draws (and advances the model's seed states) once per meta-batch (`draw_seeds`).
 
     Args:
       model: the model meta-trained.
@@ -208,13 +243,14 @@ def task_seeds(model, tasks, passes):
     return draw_seeds(model, tf.shape(tasks[0])[0], passes)
 
 
-def pass_seed(seeds, i, stop=None):
+def pass_seed(seeds: Optional[tf.Tensor], i: int,
+              stop: Optional[int] = None) -> Optional[tf.Tensor]:
     """Pass i's seed of one task's seeds (passes i..stop-1 if stop is given), or None.
 
     Args:
       seeds: one task's seeds [passes, generators, 2], or None.
       i: the pass.
-      stop: None, or the end of a range of passes.
+      stop: None, or the end (exclusive) of a range of passes.
 
     Returns:
       the seed(s), or None when `seeds` is None.
@@ -243,17 +279,20 @@ def _check_step(step):
     return step
 
 
-def compiled_when_eager(meta_loss):
-    """`meta_loss(tasks, step=None)` run as one tf.function when called eagerly (eager
-    tf.vectorized_map traces a new function on every call and TF warns of retracing);
+def compiled_when_eager(meta_loss: Callable[..., Dict[str, tf.Tensor]]
+                        ) -> Callable[..., Dict[str, tf.Tensor]]:
+    """`meta_loss(tasks, step=None)` run as one tf.function when called eagerly.
+
+    Eager tf.vectorized_map traces a new function on every call and TF warns of retracing;
     inside a caller's tf.function (the train step) it is traced into that function as is.
-    Checks its arguments either way.
+    Checks its arguments either way: `tasks` a 4-tuple or list, `step` None or an integer
+    scalar (ValueError or TypeError naming `meta_loss(tasks, step)` otherwise).
 
     Args:
       meta_loss: an algorithm's `meta_loss(tasks, step)`.
 
     Returns:
-      `call(tasks, step=None)`.
+      `call(tasks, step=None)`, the checked and compiled `meta_loss`.
     """
     # a partial, because TF keys its retracing warning on the code object: every
     # algorithm built would count as a retrace of the others
@@ -267,14 +306,16 @@ def compiled_when_eager(meta_loss):
     return call
 
 
-def query_loss(model, loss, fast, xq, yq, seed=None):
-    """`loss(yq, model(xq))` at the fast weights, with one pass's seed.
+def query_loss(model: keras.Model, loss: Loss, fast: Sequence[tf.Tensor], xq: tf.Tensor,
+               yq: tf.Tensor, seed: Optional[tf.Tensor] = None) -> tf.Tensor:
+    """`loss(yq, model(xq))` at the fast weights, with one pass's seed (training=True).
 
     Args:
       model: the model.
       loss: a Keras loss `loss(y_true, y_pred)`.
-      fast: the fast weights.
-      xq, yq: the query set.
+      fast: the fast weights, in `model.trainable_variables` order.
+      xq: the query inputs.
+      yq: the query targets.
       seed: one pass's seeds [generators, 2], or None.
 
     Returns:
@@ -283,10 +324,13 @@ def query_loss(model, loss, fast, xq, yq, seed=None):
     return loss(yq, run(model, fast, xq, True, seed))
 
 
-def adapt_with(model, loss, rates, first_order=False, optimizer=None):
-    """`Algorithm.adapt` for an algorithm whose evaluation is plain gradient steps at
-    `rates` (a scalar, one per param, None to freeze, or a callable of the step), or the
-    steps of a `hogrod.optim` optimizer (then rates is None), from a fresh state.
+def adapt_with(model: keras.Model, loss: Loss, rates: Rates, first_order: bool = False,
+               optimizer: Optional[optim.Optimizer] = None) -> Callable[..., List[tf.Tensor]]:
+    """`Algorithm.adapt` of plain gradient steps at `rates`, or of an optimizer's steps.
+
+    For an algorithm whose evaluation is plain gradient steps at `rates` (a scalar, one per
+    param, None to freeze, or a callable of the step), or the steps of a `hogrod.optim`
+    optimizer (then rates is None) from a fresh state.
 
     Args:
       model: the model.
@@ -304,23 +348,30 @@ def adapt_with(model, loss, rates, first_order=False, optimizer=None):
     return adapt_eval
 
 
-def meta_gradient(algorithm, model, tasks, step=None):
-    """`(loss, grads)`: the algorithm's objective on a meta-batch and its gradient with
-    respect to `model.trainable_variables + algorithm.variables` (in that order; zeros
-    where a variable does not reach the loss), what `make_train_step` would apply.
+def meta_gradient(algorithm: Algorithm, model: keras.Model, tasks: Tasks,
+                  step: Optional[Any] = None) -> Tuple[tf.Tensor, List[tf.Tensor]]:
+    """The algorithm's objective on a meta-batch and its gradient.
 
-    step: the outer iteration counter; None gives `meta_loss(tasks)`, which MAML++ only
-    accepts when built with `iterations` (its annealing and first-order phase read it).
-    A meta-gradient at a given iteration: `step=0`, ...
+    The gradient is with respect to `model.trainable_variables + algorithm.variables` (in
+    that order; zeros where a variable does not reach the loss): what `make_train_step`
+    would apply.
 
     Args:
       algorithm: an `Algorithm` (`hogrod.meta.maml(model, loss)`, ...).
-      model: the model it was built on.
-      tasks: a meta-batch (x_support, y_support, x_query, y_query).
-      step: the outer iteration counter, or None.
+      model: the model it was built on (built: it has trainable variables).
+      tasks: a meta-batch (x_support, y_support, x_query, y_query), each with a leading
+        task axis.
+      step: the outer iteration counter (an integer scalar: `0`, `optimizer.iterations`);
+        None gives `meta_loss(tasks)`, which MAML++ only accepts when built with
+        `iterations` (its annealing and first-order phase read it).
 
     Returns:
-      `(loss, grads)`.
+      `(loss, grads)`: the scalar objective (`meta_loss(tasks, step)["loss"]`) and one
+      gradient per variable, in the order above.
+
+    Raises:
+      TypeError: `algorithm` is not an `Algorithm`.
+      ValueError: the model has no trainable variables (not built).
     """
     if not isinstance(algorithm, Algorithm):
         raise TypeError("meta_gradient: algorithm must be a hogrod.meta Algorithm (e.g. "

@@ -17,6 +17,7 @@ import io
 import os
 import zipfile
 import zlib
+from typing import NamedTuple, Optional
 
 import gin
 import numpy as np
@@ -26,7 +27,24 @@ from hogrod import data as hogrod_data
 
 __all__ = ["ImageClasses", "load_omniglot", "load_tfds_classes", "episodes", "OMNIGLOT_ZIPS"]
 
-ImageClasses = collections.namedtuple("ImageClasses", ["images", "offsets", "rotations"])
+
+
+class ImageClasses(NamedTuple):
+    """Images sorted by class, the classes of an N-way K-shot benchmark.
+
+    Attributes:
+      images: every image, sorted by class, uint8 [n, h, w, 1] (Omniglot: strokes 255,
+        background 0).
+      offsets: the class boundaries, int [num_classes + 1]: class c is
+        `images[offsets[c]:offsets[c + 1]]`, so classes of any size work.
+      rotations: each class counts as this many classes, its images rotated by 0, 90, ...
+        degrees (Omniglot: 4; a tfds set: 1).
+    """
+
+    images: np.ndarray
+    offsets: np.ndarray
+    rotations: int
+
 OMNIGLOT_ZIPS = ("images_background.zip", "images_evaluation.zip")
 
 
@@ -75,16 +93,35 @@ def _read_zip(path, size, Image):
 
 
 @gin.configurable
-def load_omniglot(data_dir=None, split="train", image_size=28, train_characters=1200, seed=1,
-                  cache_dir=None):
+def load_omniglot(data_dir: Optional[str] = None, split: str = "train", image_size: int = 28,
+                  train_characters: int = 1200, seed: int = 1,
+                  cache_dir: Optional[str] = None) -> ImageClasses:
     """Omniglot from the original zips in `data_dir`, split as in the MAML paper.
 
-    `data_dir` None is `$HOGROD_DATA/omniglot` (see `hogrod.data`); with neither, a
-    ValueError names the binding `episode_data.data_dir` and HOGROD_DATA.
-
     Decoding 32,460 PNGs takes a minute; the resized array is cached as
-    `<cache_dir>/omniglot_<size>.npz` (default ~/.cache/hogrod), never in the repository.
-    Images are inverted so strokes are 1 and background 0.
+    `<cache_dir>/omniglot_<size>.npz`, never in the repository. Images are inverted so
+    strokes are 255 (1 after `episodes` scales them) and background 0.
+
+    Args:
+      data_dir: the folder holding the two original zips (`OMNIGLOT_ZIPS`); None is
+        `$HOGROD_DATA/omniglot` (see `hogrod.data`).
+      split: 'train' (the first `train_characters` characters of a fixed shuffle) or
+        'test' (the rest).
+      image_size: the side of the square images, in pixels (the MAML paper: 28).
+      train_characters: how many characters are meta-training ones (the MAML paper:
+        1,200 of 1,623).
+      seed: the seed of the characters' shuffle (the split).
+      cache_dir: where the decoded array is cached (None: ~/.cache/hogrod).
+
+    Returns:
+      the split's characters, each rotated by 0, 90, 180 and 270 degrees into four classes
+      (`rotations=4`).
+
+    Raises:
+      ValueError: neither `data_dir` nor HOGROD_DATA given (naming the binding
+        `episode_data.data_dir`), a `split` other than 'train' or 'test', or an unreadable
+        zip.
+      FileNotFoundError: `data_dir` lacks a zip (naming where to get it).
     """
     data_dir = hogrod_data.data_dir(
         "omniglot", "episode_data.data_dir (or load_omniglot's data_dir)", data_dir)
@@ -107,9 +144,25 @@ def load_omniglot(data_dir=None, split="train", image_size=28, train_characters=
     return ImageClasses(images, offsets, rotations=4)
 
 
-def load_tfds_classes(name, split="train", image_key="image", label_key="label",
-                      image_size=None, data_dir=None):
-    """Any tfds image classification set, grouped by its label feature."""
+def load_tfds_classes(name: str, split: str = "train", image_key: str = "image",
+                      label_key: str = "label", image_size: Optional[int] = None,
+                      data_dir: Optional[str] = None) -> ImageClasses:
+    """Any tfds image classification set, grouped by its label feature.
+
+    Needs `tensorflow_datasets` (not a dependency of hogrod). RGB images are averaged to
+    one channel; only the first channel of any other is kept.
+
+    Args:
+      name: the tfds name of the data set (e.g. 'omniglot', 'mnist').
+      split: the tfds split to load.
+      image_key: the feature holding the image.
+      label_key: the feature holding the integer class label.
+      image_size: None (keep the size), or the side the images are resized to.
+      data_dir: tfds's data directory (None: its default).
+
+    Returns:
+      the images grouped by label (labels with no image dropped), `rotations=1`.
+    """
     import tensorflow_datasets as tfds
     ds = tfds.load(name, split=split, data_dir=data_dir)
     images, labels = [], []
@@ -129,8 +182,30 @@ def load_tfds_classes(name, split="train", image_key="image", label_key="label",
     return ImageClasses(np.stack(images)[order], offsets, rotations=1)
 
 
-def episodes(classes, n_way=5, k_shot=1, k_query=15, meta_batch_size=32, seed=0):
-    """An infinite stream of N-way K-shot meta-batches (see the module docstring)."""
+def episodes(classes: ImageClasses, n_way: int = 5, k_shot: int = 1, k_query: int = 15,
+             meta_batch_size: int = 32, seed: int = 0) -> tf.data.Dataset:
+    """An infinite stream of N-way K-shot meta-batches (see the module docstring).
+
+    Each episode takes N distinct classes (a rotation of a class counts as a class), K + Q
+    distinct images of each, support and query disjoint, labels 0..N-1 in a fresh random
+    order; sampled from stateless seeds, so the stream is deterministic given `seed`.
+
+    Args:
+      classes: the images grouped by class (`load_omniglot`, `load_tfds_classes`).
+      n_way: classes per episode, N (>= 1, at most the classes available).
+      k_shot: support images per class, K (>= 1).
+      k_query: query images per class, Q (>= 1; K + Q at most the smallest class's size).
+      meta_batch_size: episodes per meta-batch, T (>= 1).
+      seed: the stream's integer seed; meta-batch i comes from (seed, i).
+
+    Returns:
+      a `tf.data.Dataset` of (x_support [T, N*K, h, w, 1] float32 in [0, 1],
+      y_support [T, N*K] int32, x_query [T, N*Q, h, w, 1], y_query [T, N*Q]).
+
+    Raises:
+      ValueError: a count below 1, more classes than available, or K + Q more than the
+        smallest class holds.
+    """
     offsets = np.asarray(classes.offsets)
     sizes = np.diff(offsets)
     num_classes = len(sizes) * classes.rotations

@@ -10,13 +10,18 @@ evaluated independently. BatchNorm uses each batch's own statistics (transductiv
 the algorithm predicts otherwise (`Algorithm.predict`).
 """
 
+from typing import Callable, Dict, Sequence
+
 import gin
+import keras
 import numpy as np
 import tensorflow as tf
 
 from hogrod import checks
-from hogrod.meta.common import Algorithm, check_loss, check_task_map, map_tasks, pass_seed
+from hogrod.meta.common import (Algorithm, Tasks, check_loss, check_task_map, map_tasks,
+                                pass_seed)
 from hogrod.meta.inner import evaluation_seeds, run
+from hogrod.types import Loss
 
 __all__ = ["evaluate", "evaluator"]
 
@@ -34,18 +39,32 @@ def _steps(steps):
 
 
 @gin.configurable
-def evaluator(algorithm, model, loss, steps=(0, 1, 10), accuracy=False,
-              task_map="vectorized", seed=0):
-    """`evaluate` as a reusable function of the tasks: `ev = evaluator(algo, model, loss);
-    ev(tasks)` traces once per step count and reuses the traces on every later call (a
-    periodic evaluation). The compiled functions belong to the returned function, so a
-    later evaluator with another algorithm, model or loss never sees them.
+def evaluator(algorithm: Algorithm, model: keras.Model, loss: Loss,
+              steps: Sequence[int] = (0, 1, 10), accuracy: bool = False,
+              task_map: str = "vectorized", seed: int = 0
+              ) -> Callable[[Tasks], Dict[str, float]]:
+    """`evaluate` as a reusable function of the tasks, traced once per step count.
+
+    `ev = evaluator(algo, model, loss); ev(tasks)` traces once per step count and reuses
+    the traces on every later call (a periodic evaluation). The compiled functions belong
+    to the returned function, so a later evaluator with another algorithm, model or loss
+    never sees them. The arguments are checked here, as `evaluate` checks them.
 
     Args:
-      algorithm, model, loss, steps, accuracy, task_map, seed: as `evaluate`.
+      algorithm: an `Algorithm`, as for `evaluate`.
+      model: the model it was built on.
+      loss: a Keras loss `loss(y_true, y_pred) -> scalar`.
+      steps: numbers of adaptation steps to evaluate after (a non-empty sequence of
+        integers >= 0).
+      accuracy: also report query accuracy, as for `evaluate`.
+      task_map: 'vectorized', 'sequential' or 'recomputed', as for `evaluate`.
+      seed: the evaluation's integer seed for random layers (>= 0).
 
     Returns:
       `ev(tasks) -> dict of floats`, as `evaluate` returns.
+
+    Raises:
+      hogrod.checks.ArgumentError: an argument of the wrong type or out of range, named.
     """
     where = "hogrod.meta.evaluate"
     if not isinstance(algorithm, Algorithm):
@@ -103,20 +122,24 @@ def _summary(name, v):
     }
 
 
-def evaluate(algorithm, model, loss, tasks, steps=(0, 1, 10), accuracy=False,
-             task_map="vectorized", seed=0):
+def evaluate(algorithm: Algorithm, model: keras.Model, loss: Loss, tasks: Tasks,
+             steps: Sequence[int] = (0, 1, 10), accuracy: bool = False,
+             task_map: str = "vectorized", seed: int = 0) -> Dict[str, float]:
     """Per-step means over the tasks of a meta-batch, with 95% confidence half-widths.
 
     Each task is adapted with `algorithm.adapt` (so learned rates count) and its query
     loss taken, with Dropout masks fresh per task and per pass, drawn from `seed` and the
     task's index (see the module docstring): the same seed gives the same result.
+    Each call traces anew; to evaluate the same algorithm periodically, build
+    `evaluator(algorithm, model, loss, ...)` once and call it.
 
     Args:
       algorithm: an `Algorithm`.
       model: the model it was built on.
       loss: a Keras loss `loss(y_true, y_pred) -> scalar`.
       tasks: (x_support, y_support, x_query, y_query) with a leading task axis.
-      steps: numbers of adaptation steps to evaluate after.
+      steps: numbers of adaptation steps to evaluate after (a non-empty sequence of
+        integers >= 0).
       accuracy: also report query accuracy (classification: argmax of the outputs).
       task_map: 'vectorized' (`tf.vectorized_map` over the tasks, fast for dense nets);
         'sequential' (`tf.map_fn`: less memory, a faster trace, faster for conv nets,
@@ -126,10 +149,11 @@ def evaluate(algorithm, model, loss, tasks, steps=(0, 1, 10), accuracy=False,
 
     Returns:
       {"loss_after_{s}": mean, "loss_after_{s}_ci95": half-width, "loss_after_{s}_median",
-      "loss_after_{s}_nonfinite": how many tasks gave inf or NaN, ...} as floats. One task
-      that diverges makes the mean inf; the median and the count say how many did.
+      "loss_after_{s}_nonfinite": how many tasks gave inf or NaN, ...} as floats, and the
+      same four for "accuracy_after_{s}" with `accuracy`. One task that diverges makes the
+      mean inf; the median and the count say how many did.
 
-    Each call traces anew; to evaluate the same algorithm periodically, build
-    `evaluator(algorithm, model, loss, ...)` once and call it.
+    Raises:
+      hogrod.checks.ArgumentError: an argument of the wrong type or out of range, named.
     """
     return evaluator(algorithm, model, loss, steps, accuracy, task_map, seed)(tasks)

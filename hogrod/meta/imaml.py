@@ -4,6 +4,7 @@ import math
 import numbers
 
 import gin
+import keras
 import tensorflow as tf
 
 import hogrod
@@ -11,56 +12,62 @@ from hogrod import checks, implicit, linalg, tree
 from hogrod.meta.common import (Algorithm, check_loss, check_task_map, compiled_when_eager,
                                 mean_over_tasks, pass_seed, query_loss, task_seeds)
 from hogrod.meta.inner import as_dtype, initial_params, run
+from hogrod.types import Loss, Scalar
 
 __all__ = ["imaml"]
 
 
 @gin.configurable
-def imaml(model, loss, inner_lr=0.01, inner_steps=10, lam=1.0, maxiter=5,
-          curvature_probes=0, accelerated=False, task_map="vectorized"):
-    """iMAML: the implicit meta-gradient.
+def imaml(model: keras.Model, loss: Loss, inner_lr: Scalar = 0.01, inner_steps: int = 10,
+          lam: Scalar = 1.0, maxiter: int = 5, curvature_probes: int = 0,
+          accelerated: bool = False, task_map: str = "vectorized") -> Algorithm:
+    """iMAML: the implicit meta-gradient of a proximal inner problem.
 
-    The inner problem is min_phi L_s(phi) + lam/2 ||phi - theta||^2, solved approximately by
-    `inner_steps` gradient steps (the solver of a `hogrod.implicit.custom_root`, never
-    differentiated). Its optimality condition F(phi, theta) = grad L_s(phi) + lam (phi -
-    theta) = 0 gives, by the implicit function theorem, the meta-gradient
-    (I + H_s(phi)/lam)^{-1} grad L_q(phi), found by at most `maxiter` steps of conjugate
-    gradient on Hessian-vector products of the support loss at phi (the paper's fixed
-    budget; CG stops earlier at non-positive curvature). The implicit gradient assumes phi solves the inner
-    problem: give enough `inner_steps` at a stable `inner_lr`. `meta_loss` returns the
-    surrogate <theta, sg(g)> (g the implicit meta-gradient, computed per task) under
-    `loss`, the query loss at phi under `monitor/query` and the mean inner rate used
-    under `monitor/inner_lr`. `adapt` (evaluation) runs the same proximal steps.
-
-    curvature_probes: 0, or the number of power iterations (HVPs) that estimate, per task,
-    the largest curvature L of the proximal objective at theta; the inner rate is then
-    min(inner_lr, 1 / L). iMAML's objective rewards a support loss that is sharp relative
-    to lam (the exact proximal solution then fits the support), so meta-training raises the
-    curvature until a fixed rate diverges (on the sinusoids: experiments/RESULTS.md,
-    "Meta-learning"). The implicit gradient depends only on the inner solution, not on the
-    solver, so a curvature-safe rate keeps the algorithm the same.
-
-    accelerated: Nesterov's accelerated gradient steps (still `inner_steps` gradients of
-    the proximal objective, one per step) with the constant momentum (1 - sqrt(lam lr)) /
-    (1 + sqrt(lam lr)) of a lam-strongly convex objective at rate lr <= 1/L: a solver of the
-    same inner problem. At a curvature-safe rate 1/L plain steps shrink the error in a
-    direction of curvature lam only by (1 - lam/L) per step, the accelerated ones by about
-    (1 - sqrt(lam/L)): with L ~ 100 and lam 2, 16 plain steps leave 72% of it, 16
-    accelerated ones 10%. Evaluation (`adapt`) uses the same solver.
+    The inner problem is ``min_phi L_s(phi) + lam/2 ||phi - theta||**2``, solved
+    approximately by `inner_steps` gradient steps (the solver of a
+    `hogrod.implicit.custom_root`, never differentiated). Its optimality condition
+    ``F(phi, theta) = grad L_s(phi) + lam (phi - theta) = 0`` gives, by the implicit
+    function theorem, the meta-gradient ``(I + H_s(phi)/lam)^{-1} grad L_q(phi)``, found by
+    at most `maxiter` steps of conjugate gradient on Hessian-vector products of the
+    support loss at phi (the paper's fixed budget; CG stops earlier at non-positive
+    curvature). The implicit gradient assumes phi solves the inner problem: give enough
+    `inner_steps` at a stable `inner_lr`. `meta_loss` returns the surrogate
+    ``<theta, sg(g)>`` (g the implicit meta-gradient, computed per task) under `loss`, the
+    query loss at phi under `monitor/query` and the mean inner rate used under
+    `monitor/inner_lr`. `adapt` (evaluation) runs the same proximal steps.
 
     Args:
       model: a built Keras 3 model.
       loss: a Keras loss `loss(y_true, y_pred) -> scalar`.
       inner_lr: the proximal steps' rate (an upper bound with `curvature_probes`).
       inner_steps: proximal gradient steps per task (>= 0).
-      lam: the proximal weight (> 0).
+      lam: the proximal weight (> 0; a tensor is checked when run).
       maxiter: the iteration limit of the conjugate-gradient solve (>= 1).
-      curvature_probes: 0, or power iterations per task (see above).
-      accelerated: Nesterov steps (see above).
+      curvature_probes: 0, or the number of power iterations (HVPs) that estimate, per
+        task, the largest curvature L of the proximal objective at theta; the inner rate
+        is then ``min(inner_lr, 1 / L)``. iMAML's objective rewards a support loss that is
+        sharp relative to lam (the exact proximal solution then fits the support), so
+        meta-training raises the curvature until a fixed rate diverges (on the sinusoids:
+        experiments/RESULTS.md, "Meta-learning"). The implicit gradient depends only on
+        the inner solution, not on the solver, so a curvature-safe rate keeps the
+        algorithm the same.
+      accelerated: Nesterov's accelerated gradient steps (still `inner_steps` gradients of
+        the proximal objective, one per step) with the constant momentum
+        ``(1 - sqrt(lam lr)) / (1 + sqrt(lam lr))`` of a lam-strongly convex objective at
+        rate ``lr <= 1/L``: a solver of the same inner problem. At a curvature-safe rate
+        1/L plain steps shrink the error in a direction of curvature lam only by
+        ``(1 - lam/L)`` per step, the accelerated ones by about ``(1 - sqrt(lam/L))``:
+        with L ~ 100 and lam 2, 16 plain steps leave 72% of it, 16 accelerated ones 10%.
+        Evaluation (`adapt`) uses the same solver. A Python-number rate needs
+        ``lam * inner_lr`` in (0, 1] (a ValueError when the algorithm runs otherwise).
       task_map: 'vectorized', 'sequential' or 'recomputed' (see `hogrod.meta.maml`).
 
     Returns:
       an `Algorithm`.
+
+    Raises:
+      hogrod.checks.ArgumentError: a bad `loss`, `task_map`, `inner_steps`, `maxiter`,
+        `curvature_probes`, `lam` or `accelerated`, named.
     """
     where = "hogrod.meta.imaml"
     check_loss(loss, where)

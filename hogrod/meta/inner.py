@@ -15,19 +15,28 @@ draws them with `evaluation_seeds` from an evaluation seed and the task's index 
 so one evaluation reproduces exactly and never moves the model's seed states.
 """
 
+from typing import Any, Callable, List, Optional, Sequence, Union
+
+import keras
 import numpy as np
 import tensorflow as tf
 
 import hogrod
-from hogrod import checks
+from hogrod import checks, optim
+from hogrod.types import Batch, DType, Loss, Params, Scalar, Seed, TensorLike
 
-__all__ = ["adapt", "initial_params", "as_dtype", "seed_slots", "draw_seeds",
+__all__ = ["Rates", "adapt", "initial_params", "as_dtype", "seed_slots", "draw_seeds",
            "evaluation_seeds", "seeded_state", "run"]
 
 SEED_STATE = "seed_generator_state"  # the name Keras gives every SeedGenerator's state
 
+#: Inner rates (`adapt`'s inner_lr): a scalar; one per param (a scalar, a tensor
+#: broadcastable to the param, or None to freeze it); a callable `inner_lr(step)` returning
+#: either; or None (with an optimizer).
+Rates = Union[Scalar, Sequence[Optional[TensorLike]], Callable[[int], Any], None]
 
-def initial_params(model):
+
+def initial_params(model: keras.Model) -> List[tf.Tensor]:
     """The model's trainable variables read as tensors (recorded by any enclosing tape).
 
     Args:
@@ -39,10 +48,12 @@ def initial_params(model):
     return [tf.convert_to_tensor(v) for v in model.trainable_variables]
 
 
-def as_dtype(x, dtype):
-    """x at `dtype`: a Python or NumPy number is converted directly (0.05 in float64 is the
-    nearest float64, not float32's 0.05000000074505806, which `tf.cast(0.05, dtype)` gives);
-    a tensor or variable is cast.
+def as_dtype(x: TensorLike, dtype: DType) -> tf.Tensor:
+    """x at `dtype`, a Python number converted directly (never through float32).
+
+    A Python or NumPy number (or array, list, tuple) is converted directly (0.05 in float64
+    is the nearest float64, not float32's 0.05000000074505806, which `tf.cast(0.05, dtype)`
+    gives); a tensor or variable is cast.
 
     Args:
       x: a Python or NumPy number or array, a tensor or a variable.
@@ -56,7 +67,7 @@ def as_dtype(x, dtype):
     return tf.cast(x, dtype)
 
 
-def seed_slots(model):
+def seed_slots(model: keras.Model) -> List[int]:
     """Positions in `model.non_trainable_variables` of the random layers' seed states.
 
     Args:
@@ -68,10 +79,11 @@ def seed_slots(model):
     return [i for i, v in enumerate(model.non_trainable_variables) if v.name == SEED_STATE]
 
 
-def draw_seeds(model, num_tasks, passes):
-    """Seeds for `passes` forward passes of each of `num_tasks` tasks, or None for a model
-    without random layers: int64 [num_tasks, passes, generators, 2].
+def draw_seeds(model: keras.Model, num_tasks: Union[int, tf.Tensor],
+               passes: int) -> Optional[tf.Tensor]:
+    """Seeds for `passes` forward passes of each of `num_tasks` tasks (None: no random layer).
 
+    The seeds are [num_tasks, passes, generators, 2] of the seed states' dtype (int64).
     Derived statelessly from each seed generator's state (and the replica id, so replicas
     drop different units); each state is then advanced by one, so the next call draws new
     masks. Call once per meta-batch, outside the per-task map.
@@ -82,7 +94,7 @@ def draw_seeds(model, num_tasks, passes):
       passes: forward passes per task.
 
     Returns:
-      the seeds, or None.
+      the seeds, or None for a model without random layers.
     """
     slots = seed_slots(model)
     if not slots:
@@ -102,10 +114,12 @@ def draw_seeds(model, num_tasks, passes):
     return tf.stack(drawn, axis=2)
 
 
-def evaluation_seeds(model, num_tasks, passes, seed):
-    """Seeds for `passes` forward passes of each of `num_tasks` tasks in an evaluation, or
-    None for a model without random layers: [num_tasks, passes, generators, 2] of the seed
-    states' dtype, like `draw_seeds`.
+def evaluation_seeds(model: keras.Model, num_tasks: Union[int, tf.Tensor], passes: int,
+                     seed: int) -> Optional[tf.Tensor]:
+    """Seeds for `passes` forward passes of each of `num_tasks` tasks in an evaluation.
+
+    [num_tasks, passes, generators, 2] of the seed states' dtype, like `draw_seeds`; None
+    for a model without random layers.
 
     Task i's seeds are a function of `seed` and i only (not of the model's seed states,
     which they leave alone, nor of the number of tasks): an evaluation with the same seed
@@ -118,7 +132,10 @@ def evaluation_seeds(model, num_tasks, passes, seed):
       seed: the evaluation's integer seed (>= 0).
 
     Returns:
-      the seeds, or None.
+      the seeds, or None for a model without random layers.
+
+    Raises:
+      hogrod.checks.ArgumentError: `seed` is not an integer >= 0.
     """
     slots = seed_slots(model)
     if not slots:
@@ -135,7 +152,8 @@ def evaluation_seeds(model, num_tasks, passes, seed):
                      fn_output_signature=tf.TensorSpec([passes, len(slots), 2], dtype))
 
 
-def seeded_state(model, seed, state=None):
+def seeded_state(model: keras.Model, seed: Optional[tf.Tensor],
+                 state: Optional[Sequence[TensorLike]] = None) -> Optional[List[TensorLike]]:
     """The model's state (or `state`) with the seed states replaced by `seed`.
 
     Args:
@@ -154,7 +172,9 @@ def seeded_state(model, seed, state=None):
     return state
 
 
-def run(model, params, x, training=True, seed=None, state=None):
+def run(model: keras.Model, params: Sequence[TensorLike], x: Batch, training: bool = True,
+        seed: Optional[tf.Tensor] = None,
+        state: Optional[Sequence[TensorLike]] = None) -> Any:
     """One forward pass through `hogrod.functional_call` with one pass's seed.
 
     Args:
@@ -184,14 +204,16 @@ def _rates(inner_lr, step, params):
     return [lr] * len(params)
 
 
-def adapt(model, loss, support, inner_lr, steps=1, first_order=False, params=None,
-          training=True, seeds=None, optimizer=None):
+def adapt(model: keras.Model, loss: Loss, support: Sequence[TensorLike], inner_lr: Rates,
+          steps: int = 1, first_order: bool = False, params: Optional[Params] = None,
+          training: bool = True, seeds: Optional[tf.Tensor] = None,
+          optimizer: Optional[optim.Optimizer] = None) -> List[tf.Tensor]:
     """Fast weights after `steps` gradient steps on `support`.
 
     Args:
       model: a built Keras 3 model.
       loss: a Keras loss `loss(y_true, y_pred) -> scalar`.
-      support: `(x, y)`.
+      support: `(x, y)`, the support inputs and targets.
       inner_lr: a scalar; or a list with one rate per param (a scalar or a tensor
         broadcastable to the param, as Meta-SGD learns; None freezes that param, as ANIL
         does for the body); or a callable `inner_lr(step)` returning either (MAML++'s
@@ -213,6 +235,13 @@ def adapt(model, loss, support, inner_lr, steps=1, first_order=False, params=Non
 
     Returns:
       the fast weights, a list of tensors in `model.trainable_variables` order.
+
+    Raises:
+      hogrod.checks.ArgumentError: `loss` is not callable or `steps` is not an integer
+        >= 0.
+      ValueError: a list `inner_lr` whose length is not the number of params, or an
+        `inner_lr` given with an optimizer.
+      TypeError: `optimizer` is not a `hogrod.optim` optimizer.
     """
     checks.function(loss, "loss", "hogrod.meta.adapt", "loss(y_true, y_pred) -> scalar")
     steps = checks.integer(steps, "steps", "hogrod.meta.adapt")

@@ -2,22 +2,29 @@
 differentiated through the inner loop. `unrolled` is the shared form (any per-param
 rates, learned or frozen), which ANIL and Meta-SGD reuse."""
 
+from typing import Optional, Sequence, Union
+
 import gin
+import keras
+import tensorflow as tf
 
 from hogrod import checks, optim
 from hogrod.meta.common import (Algorithm, adapt_with, check_loss, check_task_map,
                                 compiled_when_eager, mean_over_tasks, pass_seed, query_loss,
                                 task_seeds)
-from hogrod.meta.inner import adapt, initial_params
+from hogrod.meta.inner import Rates, adapt, initial_params
+from hogrod.types import Loss, Scalar
 
 __all__ = ["maml", "fomaml", "unrolled"]
 
 
-def unrolled(model, loss, rates, inner_steps, first_order, task_map, variables=(),
-             optimizer=None, where="maml"):
-    """The `Algorithm` whose objective is the mean query loss after `inner_steps` steps at
-    `rates` (see `hogrod.meta.adapt`'s inner_lr), or of `optimizer` (rates None), from the
-    model's weights.
+def unrolled(model: keras.Model, loss: Loss, rates: Rates, inner_steps: int, first_order: bool,
+             task_map: str, variables: Sequence[tf.Variable] = (),
+             optimizer: Optional[optim.Optimizer] = None, where: str = "maml") -> Algorithm:
+    """The `Algorithm` whose objective is the mean query loss after `inner_steps` steps.
+
+    The steps are plain gradient steps at `rates` (see `hogrod.meta.adapt`'s inner_lr), or
+    those of `optimizer` (rates None), from the model's weights.
 
     Args:
       model: a built Keras 3 model.
@@ -32,6 +39,9 @@ def unrolled(model, loss, rates, inner_steps, first_order, task_map, variables=(
 
     Returns:
       an `Algorithm`.
+
+    Raises:
+      hogrod.checks.ArgumentError: a bad `loss`, `task_map` or `inner_steps`, named.
     """
     check_loss(loss, f"hogrod.meta.{where}")
     check_task_map(task_map, f"hogrod.meta.{where}")
@@ -93,10 +103,14 @@ def _inner(where, model, inner_lr, inner_optimizer, learn):
 
 
 @gin.configurable
-def maml(model, loss, inner_lr=None, inner_steps=1, first_order=False, task_map="vectorized",
-         inner_optimizer=None, learn_inner_hyperparameters=False):
-    """MAML: the query loss after `inner_steps` steps from theta, differentiated through
-    the inner loop (second order unless `first_order`).
+def maml(model: keras.Model, loss: Loss, inner_lr: Optional[Scalar] = None,
+         inner_steps: int = 1, first_order: bool = False, task_map: str = "vectorized",
+         inner_optimizer: Optional[optim.Optimizer] = None,
+         learn_inner_hyperparameters: Union[bool, Sequence[str]] = False) -> Algorithm:
+    """MAML: the query loss after `inner_steps` steps, differentiated through the inner loop.
+
+    The inner steps start from theta (the model's weights); the meta-gradient is second
+    order unless `first_order`.
 
     Args:
       model: a built Keras 3 model.
@@ -118,6 +132,13 @@ def maml(model, loss, inner_lr=None, inner_steps=1, first_order=False, task_map=
 
     Returns:
       an `Algorithm`.
+
+    Raises:
+      ValueError: inner_lr and inner_optimizer both given, learned hyperparameters without
+        an inner_optimizer or on a model of several dtypes.
+      TypeError: inner_optimizer is not a `hogrod.optim` optimizer, or
+        learn_inner_hyperparameters not False, True or a list of names.
+      hogrod.checks.ArgumentError: a bad `loss`, `task_map` or `inner_steps`, named.
     """
     rates, opt, variables = _inner("maml", model, inner_lr, inner_optimizer,
                                    learn_inner_hyperparameters)
@@ -126,16 +147,30 @@ def maml(model, loss, inner_lr=None, inner_steps=1, first_order=False, task_map=
 
 
 @gin.configurable
-def fomaml(model, loss, inner_lr=None, inner_steps=1, task_map="vectorized",
-           inner_optimizer=None, learn_inner_hyperparameters=False):
-    """First-order MAML: the inner gradients are treated as constants.
+def fomaml(model: keras.Model, loss: Loss, inner_lr: Optional[Scalar] = None,
+           inner_steps: int = 1, task_map: str = "vectorized",
+           inner_optimizer: Optional[optim.Optimizer] = None,
+           learn_inner_hyperparameters: Union[bool, Sequence[str]] = False) -> Algorithm:
+    """First-order MAML: `maml` with the inner gradients treated as constants.
 
     Args:
-      model, loss, inner_lr, inner_steps, task_map, inner_optimizer,
-        learn_inner_hyperparameters: as `maml`.
+      model: a built Keras 3 model.
+      loss: a Keras loss `loss(y_true, y_pred) -> scalar`.
+      inner_lr: the plain gradient step's rate (None: 0.01), as for `maml`.
+      inner_steps: inner steps per task (>= 1).
+      task_map: 'vectorized', 'sequential' or 'recomputed', as for `maml`.
+      inner_optimizer: instead of inner_lr, a `hogrod.optim` optimizer taking the inner
+        steps, as for `maml`.
+      learn_inner_hyperparameters: False, True or a list of the optimizer's hyperparameter
+        names to meta-train, as for `maml`.
 
     Returns:
       an `Algorithm`.
+
+    Raises:
+      ValueError: as for `maml`.
+      TypeError: as for `maml`.
+      hogrod.checks.ArgumentError: as for `maml`.
     """
     rates, opt, variables = _inner("fomaml", model, inner_lr, inner_optimizer,
                                    learn_inner_hyperparameters)

@@ -1,7 +1,10 @@
 """MAML++ (Antoniou et al. 2019): MAML with learned per-layer per-step rates, the annealed
 multi-step loss, a first-order warm-up and per-step BatchNorm statistics."""
 
+from typing import Optional
+
 import gin
+import keras
 import tensorflow as tf
 
 import hogrod
@@ -10,6 +13,7 @@ from hogrod.meta.common import (Algorithm, adapt_with, check_loss, check_task_ma
                                 compiled_when_eager, mean_over_tasks, pass_seed, query_loss,
                                 task_seeds)
 from hogrod.meta.inner import adapt, as_dtype, initial_params, seeded_state
+from hogrod.types import Loss, Scalar
 
 __all__ = ["maml_plus_plus"]
 
@@ -28,10 +32,12 @@ def _per_step_statistics(model, inner_steps, transductive):
 
 
 @gin.configurable
-def maml_plus_plus(model, loss, inner_lr=0.01, inner_steps=5, multi_step_iterations=10000,
-                   first_order_iterations=5000, iterations=None, transductive=True,
-                   task_map="vectorized"):
-    """MAML++:
+def maml_plus_plus(model: keras.Model, loss: Loss, inner_lr: Scalar = 0.01,
+                   inner_steps: int = 5, multi_step_iterations: int = 10000,
+                   first_order_iterations: int = 5000,
+                   iterations: Optional[tf.Variable] = None, transductive: bool = True,
+                   task_map: str = "vectorized") -> Algorithm:
+    """MAML++: MAML with per-step rates, the multi-step loss and per-step statistics.
 
     - learned per-layer, per-step inner rates (LSLR), initialized at `inner_lr`;
     - the multi-step loss: the query loss after every inner step, weighted from uniform
@@ -61,14 +67,21 @@ def maml_plus_plus(model, loss, inner_lr=0.01, inner_steps=5, multi_step_iterati
       multi_step_iterations: outer steps over which the multi-step loss's weights move to
         the last step (>= 0).
       first_order_iterations: outer steps run first-order (>= 0).
-      iterations: None, or the outer iteration counter (a variable), used when
-        `meta_loss` is called without a step.
-      transductive: see above.
+      iterations: None, or the outer iteration counter (a variable, e.g.
+        `optimizer.iterations`), used when `meta_loss` is called without a step.
+      transductive: True (the default): predictions use batch statistics; False: keep
+        per-step running statistics and predict with them (see above; needs BatchNorm).
       task_map: 'vectorized', 'sequential' or 'recomputed' (see `hogrod.meta.maml`).
 
     Returns:
       an `Algorithm` (its `predict` set when not transductive, its `state` the per-step
       statistics).
+
+    Raises:
+      ValueError: `transductive=False` on a model without BatchNorm; when run, no step and
+        no `iterations`.
+      hogrod.checks.ArgumentError: a bad `loss`, `task_map`, `inner_steps`, iteration
+        count or `transductive`, named.
     """
     where = "hogrod.meta.maml_plus_plus"
     check_loss(loss, where)

@@ -1,18 +1,24 @@
 """Meta-SGD (Li et al. 2017): MAML with a learned inner rate per parameter entry."""
 
 import gin
+import keras
 import tensorflow as tf
 
+from hogrod.meta.common import Algorithm
 from hogrod.meta.inner import as_dtype
 from hogrod.meta.maml import unrolled
+from hogrod.types import Loss, Scalar
 
 __all__ = ["meta_sgd"]
 
 
 @gin.configurable
-def meta_sgd(model, loss, inner_lr=0.01, inner_steps=1, task_map="vectorized"):
-    """Meta-SGD: a learned inner learning rate per parameter entry, initialized at
-    `inner_lr` and meta-trained with the weights (`Algorithm.variables`).
+def meta_sgd(model: keras.Model, loss: Loss, inner_lr: Scalar = 0.01, inner_steps: int = 1,
+             task_map: str = "vectorized") -> Algorithm:
+    """Meta-SGD: a learned inner learning rate per parameter entry.
+
+    The rates (one variable shaped like each trainable variable, at its dtype) start at
+    `inner_lr` and are meta-trained with the weights (`Algorithm.variables`).
 
     Args:
       model: a built Keras 3 model.
@@ -23,6 +29,9 @@ def meta_sgd(model, loss, inner_lr=0.01, inner_steps=1, task_map="vectorized"):
 
     Returns:
       an `Algorithm`.
+
+    Raises:
+      hogrod.checks.ArgumentError: a bad `loss`, `task_map` or `inner_steps`, named.
     """
     rates = [tf.Variable(tf.fill(v.shape, as_dtype(inner_lr, v.dtype)),
                          name=f"lr/{v.path.replace('/', '_')}")

@@ -1,6 +1,7 @@
 """Reptile (Nichol et al. 2018): move theta toward the adapted weights phi."""
 
 import gin
+import keras
 import tensorflow as tf
 
 from hogrod import checks
@@ -8,15 +9,19 @@ from hogrod.meta.common import (Algorithm, adapt_with, check_loss, check_task_ma
                                 compiled_when_eager, mean_over_tasks, pass_seed, query_loss,
                                 task_seeds)
 from hogrod.meta.inner import adapt, initial_params
+from hogrod.types import Loss, Scalar
 
 __all__ = ["reptile"]
 
 
 @gin.configurable
-def reptile(model, loss, inner_lr=0.01, inner_steps=5, task_map="vectorized"):
-    """Reptile: the surrogate objective 0.5 ||theta - sg(phi)||^2, averaged over tasks, has
-    gradient theta - mean phi; with SGD at rate eps the outer step is Reptile's
-    theta += eps (phi - theta). The inner loop runs on support and query together
+def reptile(model: keras.Model, loss: Loss, inner_lr: Scalar = 0.01, inner_steps: int = 5,
+            task_map: str = "vectorized") -> Algorithm:
+    """Reptile: move theta toward the adapted weights phi, through a surrogate objective.
+
+    The surrogate ``0.5 ||theta - sg(phi)||**2``, averaged over tasks, has gradient
+    ``theta - mean phi``; with SGD at rate eps the outer step is Reptile's
+    ``theta += eps (phi - theta)``. The inner loop runs on support and query together
     (Reptile has no query split); the query loss after it is logged as `monitor/query`.
 
     Args:
@@ -28,6 +33,9 @@ def reptile(model, loss, inner_lr=0.01, inner_steps=5, task_map="vectorized"):
 
     Returns:
       an `Algorithm`.
+
+    Raises:
+      hogrod.checks.ArgumentError: a bad `loss`, `task_map` or `inner_steps`, named.
     """
     check_loss(loss, "hogrod.meta.reptile")
     check_task_map(task_map, "hogrod.meta.reptile")

@@ -7,11 +7,13 @@ checkpointable (a resumed run continues the same stream).
 """
 
 import math
+from typing import Tuple, Union
 
 import gin
 import tensorflow as tf
 
 from hogrod import checks
+from hogrod.types import DType
 
 __all__ = ["sample_sinusoids", "sinusoid_meta_batches"]
 
@@ -20,19 +22,24 @@ PHASE = (0.0, math.pi)
 X_RANGE = (-5.0, 5.0)
 
 
-def sample_sinusoids(seed, num_tasks, k_support, k_query, dtype=tf.float32):
+def sample_sinusoids(seed: tf.Tensor, num_tasks: Union[int, tf.Tensor],
+                     k_support: Union[int, tf.Tensor], k_query: Union[int, tf.Tensor],
+                     dtype: DType = tf.float32) -> Tuple[tf.Tensor, ...]:
     """One meta-batch from a stateless seed.
 
     Args:
       seed: a stateless seed, an int tensor of shape [2].
-      num_tasks: tasks in the meta-batch (>= 1).
-      k_support: support points per task (>= 1).
-      k_query: query points per task (>= 1).
+      num_tasks: tasks in the meta-batch (>= 1; a tensor is not checked).
+      k_support: support points per task (>= 1; a tensor is not checked).
+      k_query: query points per task (>= 1; a tensor is not checked).
       dtype: the float dtype of the values.
 
     Returns:
       (x_support, y_support, x_query, y_query, amplitude, phase); x and y have shape
       [num_tasks, k, 1]; amplitude and phase [num_tasks, 1, 1].
+
+    Raises:
+      hogrod.checks.ArgumentError: a count that is not an integer >= 1.
     """
     for arg, value in (("num_tasks", num_tasks), ("k_support", k_support),
                        ("k_query", k_query)):
@@ -47,7 +54,8 @@ def sample_sinusoids(seed, num_tasks, k_support, k_query, dtype=tf.float32):
 
 
 @gin.configurable
-def sinusoid_meta_batches(seed=0, meta_batch_size=25, k_support=10, k_query=10):
+def sinusoid_meta_batches(seed: int = 0, meta_batch_size: int = 25, k_support: int = 10,
+                          k_query: int = 10) -> tf.data.Dataset:
     """An infinite tf.data stream of (x_s, y_s, x_q, y_q) meta-batches.
 
     Args:
@@ -59,6 +67,10 @@ def sinusoid_meta_batches(seed=0, meta_batch_size=25, k_support=10, k_query=10):
     Returns:
       a `tf.data.Dataset` of (x_support, y_support, x_query, y_query), each
       [meta_batch_size, k, 1] float32.
+
+    Raises:
+      hogrod.checks.ArgumentError: a seed that is not an integer >= 0, or a count that is
+        not an integer >= 1.
     """
     where = "hogrod.meta.sinusoid_meta_batches"
     seed = checks.seed(seed, "seed", where)
