@@ -4,6 +4,8 @@ eigenvalues (`KroneckerFactors`), and the products with them chosen by flop coun
 (`kron_plan`, `KRON_PRODUCTS`, `rotate`). The operators are in `kfac.py`.
 """
 
+from typing import Callable, Tuple
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -277,7 +279,8 @@ class KroneckerFactors:
         self.corrected = {name: t / count for name, t in totals.items()}
 
 
-def rotate(block, v, fn):
+def rotate(block: Tuple[tf.Tensor, tf.Tensor, tf.Tensor], v: tf.Tensor,
+           fn: Callable[[tf.Tensor, tf.Tensor], tf.Tensor]) -> tf.Tensor:
     """Q fn(Q^T v, values) for Q = Q_A (x) Q_G, on a row-major [d_in, d_out] matrix v.
 
     Args:
@@ -285,6 +288,7 @@ def rotate(block, v, fn):
         top eigenvectors are kept.
       v: a [..., d_in, d_out] tensor.
       fn: `fn(w, values)` applied in the eigenbasis.
+
     Returns:
       A tensor shaped like v.
     """

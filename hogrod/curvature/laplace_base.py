@@ -9,6 +9,7 @@ adds its curvature: `_fit_curvature(data)`, `_log_det(delta, factor)`,
 """
 
 import math
+from typing import Optional, Tuple
 
 import keras
 import numpy as np
@@ -19,6 +20,7 @@ from hogrod.curvature.laplace_predictive import LINK_APPROXES, LinearizedPredict
 from hogrod.curvature.laplace_tuning import PriorTuning
 from hogrod.curvature.data import check_strategy, data_batches, distribute_batches
 from hogrod.curvature.per_example import batch_gradients
+from hogrod.types import Batch, Scalar, TensorLike, Tree
 
 __all__ = ["BaseLaplace", "LIKELIHOODS", "SUBSETS", "LINK_APPROXES", "HALF_LOG_2PI"]
 
@@ -255,13 +257,18 @@ class BaseLaplace(PriorTuning, LinearizedPredictive):
         rows = batch_gradients(flat, self.params, tape)
         return z, tf.reshape(rows, tf.concat([tf.shape(z), [self.n_params]], 0))
 
-    def output_jacobian(self, x):
+    def output_jacobian(self, x: Tree) -> Tuple[tf.Tensor, tf.Tensor]:
         """The model output and its Jacobian in the subset's parameters at inputs `x`.
 
         Args:
-          x: a batch of model inputs.
+          x: a batch of model inputs (N examples).
+
         Returns:
-          (z [N, C], J [N, C, n_params]) at the model's dtype.
+          `(z [N, C], J [N, C, n_params])` at the model's dtype.
+
+        Raises:
+          ArgumentError: the output is not [N, C], or not logits (C >= 2) for
+            classification.
         """
         where = "Laplace.output_jacobian"
         inputs = self._inputs(x)
@@ -332,14 +339,21 @@ class BaseLaplace(PriorTuning, LinearizedPredictive):
 
     # ------------------------------------------------------------------------------ fit
 
-    def fit(self, data):
+    def fit(self, data: Batch) -> "BaseLaplace":
         """Compute the curvature H over `data` at the model's current weights, which become
         the posterior mean.
 
         Args:
-          data: one (x, y) batch or a tf.data.Dataset of them (a Dataset under a strategy).
+          data: one (x, y) batch or a tf.data.Dataset of them (a Dataset under a strategy):
+            regression targets [N, C] (or [N] when C == 1) or integer class labels [N].
+
         Returns:
-          self.
+          self, fitted.
+
+        Raises:
+          ArgumentError: data that is empty, not finite, or of targets that do not match the
+            likelihood; a model output that is not finite; a last layer that does not
+            produce the model's output (subset="last_layer").
         """
         where = "Laplace.fit"
         batches = data_batches(data, where, pair=True)
@@ -413,14 +427,19 @@ class BaseLaplace(PriorTuning, LinearizedPredictive):
 
     # ------------------------------------------------------------------------- evidence
 
-    def log_likelihood(self, sigma_noise=None):
+    def log_likelihood(self, sigma_noise: Optional[Scalar] = None) -> tf.Tensor:
         """log p(y | theta*) summed over the fitted data.
 
         Args:
-          sigma_noise: the regression noise (default the stored one); None for
-            classification.
+          sigma_noise: the regression noise (> 0; a number or a scalar tensor; default None:
+            the stored one); None for classification.
+
         Returns:
           A float64 scalar tensor.
+
+        Raises:
+          ValueError: not fitted.
+          ArgumentError: `sigma_noise` given for classification, or not positive.
         """
         self._require_fit("log_likelihood")
         if self.likelihood == "classification":
@@ -442,7 +461,8 @@ class BaseLaplace(PriorTuning, LinearizedPredictive):
         loglik = self.log_likelihood(sigma if self.likelihood == "regression" else None)
         return loglik - 0.5 * (self._log_det(delta, factor) - log_det_prior + scatter)
 
-    def log_marginal_likelihood(self, prior_precision=None, sigma_noise=None):
+    def log_marginal_likelihood(self, prior_precision: Optional[TensorLike] = None,
+                                sigma_noise: Optional[Scalar] = None) -> tf.Tensor:
         """The Laplace log evidence; like laplace-torch, values given are STORED (so a later
         `predictive` uses them).
 
@@ -450,8 +470,14 @@ class BaseLaplace(PriorTuning, LinearizedPredictive):
           prior_precision: a number, a vector (n_layers or n_params values) or a float
             tensor / variable (differentiable through); default the stored value.
           sigma_noise: the regression noise, likewise; default the stored value.
+
         Returns:
           A float64 scalar tensor.
+
+        Raises:
+          ValueError: not fitted.
+          ArgumentError: a value out of range, `sigma_noise` for classification, or values
+            given inside a tf.function (they cannot be stored there).
         """
         where = "Laplace.log_marginal_likelihood"
         self._require_fit("log_marginal_likelihood")

@@ -5,6 +5,8 @@ likelihoods) of the SUMMED Keras loss, `FisherOperator` (dense) or `gauss_newton
 or the factors of `KFACOperator`, times `gauss_newton_scale`.
 """
 
+from typing import Any, Dict, List, Tuple
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -13,6 +15,7 @@ from hogrod import checks
 from hogrod.curvature.fisher import FisherOperator, gauss_newton_diagonal
 from hogrod.curvature.kfac import KFACOperator
 from hogrod.curvature.laplace_base import BaseLaplace
+from hogrod.types import Batch
 
 __all__ = ["FullLaplace", "DiagLaplace", "KronLaplace", "KRON_BIASES"]
 
@@ -118,8 +121,24 @@ class KronLaplace(BaseLaplace):
 
     hessian = "kron"
 
-    def __init__(self, model, likelihood="regression", subset="all", *, kron_bias="joint",
-                 **kwargs):
+    def __init__(self, model: keras.Model, likelihood: str = "regression", subset: str = "all",
+                 *, kron_bias: str = "joint", **kwargs: Any) -> None:
+        """The K-FAC Laplace approximation of `model` at its current weights.
+
+        Args:
+          model: a built Keras 3 model, as for `hogrod.curvature.Laplace`.
+          likelihood: "regression" or "classification".
+          subset: "all" or "last_layer".
+          kron_bias: "joint" (kernel and bias in one Kronecker block) or "separate"
+            (laplace-torch's: the bias its own block).
+          **kwargs: `prior_precision`, `sigma_noise`, `prior_mean`, `strategy`, as for
+            `hogrod.curvature.Laplace`; a prior precision must be constant on each
+            Kronecker block.
+
+        Raises:
+          ArgumentError: an argument out of its choices or range, or a prior precision
+            that varies inside a Kronecker block.
+        """
         self.kron_bias = checks.choice(kron_bias, KRON_BIASES, "kron_bias", "Laplace")
         self._blocks = None
         super().__init__(model, likelihood, subset, **kwargs)
