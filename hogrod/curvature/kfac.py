@@ -1,9 +1,11 @@
 """Kronecker-factored curvature: K-FAC and EK-FAC as `tf.linalg.LinearOperator`s.
 
 Both act on the flat vector of `model.trainable_variables` (the order of `hogrod.hessian`
-and of the other operators here) and approximate the Gauss-Newton matrix / Fisher of the
-objective `L = mean(loss(y, model(x)))` (a Keras loss `loss(y_true, y_pred)`), averaged
-over a data set like the other operators (each batch weighted by its size).
+and of the other operators here), or of `params=` (kernels and biases of the factored
+layers: a layer is factored when its kernel is among them), and approximate the
+Gauss-Newton matrix / Fisher of the objective `L = mean(loss(y, model(x)))` (a Keras loss
+`loss(y_true, y_pred)`), averaged over a data set like the other operators (each batch
+weighted by its size).
 
 Blocks, one per layer (the approximation is block-diagonal over layers):
 
@@ -74,7 +76,7 @@ import keras
 import tensorflow as tf
 
 from hogrod import checks
-from hogrod.types import Batch, Loss, TensorLike
+from hogrod.types import Batch, Loss, Params, TensorLike
 from hogrod.curvature.kronecker import (KRON_PRODUCTS, KroneckerFactors, kron_plan, rotate,
                                         row_count)
 
@@ -90,11 +92,13 @@ class _Kronecker(tf.linalg.LinearOperator):
     def __init__(self, model: keras.Model, loss: Loss, data: Batch, fisher: str = "type2",
                  approx: str = "expand", damping: float = 0.0, *, mc_samples: int = 1,
                  seed: int = 0, other_layers: str = "raise",
-                 strategy: Optional[tf.distribute.Strategy] = None) -> None:
+                 strategy: Optional[tf.distribute.Strategy] = None,
+                 params: Optional[Params] = None) -> None:
         where = type(self).__name__
         damping = checks.nonnegative(damping, "damping", where)
         factors = KroneckerFactors(model, loss, data, fisher, approx, mc_samples, seed,
-                                   other_layers, self._eigen_corrected, where, strategy)
+                                   other_layers, self._eigen_corrected, where, strategy,
+                                   params)
         self._setup(factors, damping)
 
     def _setup(self, factors, damping):
@@ -284,7 +288,8 @@ class _Kronecker(tf.linalg.LinearOperator):
 class KFACOperator(_Kronecker):
     """K-FAC: ``A (x) G`` per Dense / Conv2D layer, plus ``damping * I``.
 
-    A `tf.linalg.LinearOperator` on the flat vector of `model.trainable_variables`:
+    A `tf.linalg.LinearOperator` on the flat vector of `model.trainable_variables` (or of
+    `params`):
     `matvec`/`matmul` (and `matvec_flat`) give ``(approximation + damping I) v``, `solve`
     the damped inverse, `logdet()` its log-determinant, `with_damping(d)` the same factors
     with another damping, `refresh()` the factors at the current weights;
@@ -294,8 +299,8 @@ class KFACOperator(_Kronecker):
     Args:
       model: a built Keras 3 model, called as `model(x, training=False)`.
       loss: a Keras loss `loss(y_true, y_pred)`; the objective is `mean(loss(y, model(x)))`
-        (fisher="mc" needs MeanSquaredError or (Sparse)CategoricalCrossentropy with
-        from_logits=True).
+        (fisher="mc" samples labels from its likelihood: one of the Keras losses
+        `FisherOperator` takes; "mc" and "empirical" need a batch-mean reduction).
       data: one `(x, y)` batch or a `tf.data.Dataset` of them (a Dataset under a strategy).
       fisher: "type2" (default), "mc" or "empirical": the curvature approximated.
       approx: "expand" (default) or "reduce" for weight-sharing layers (Eschenhagen et al.
@@ -307,10 +312,20 @@ class KFACOperator(_Kronecker):
         naming it) or "diagonal" (its variables get the exact diagonal).
       strategy: a tf.distribute.Strategy to split each batch of `data` (a Dataset) over;
         `refresh` recomputes under it too. Default None, one device.
+      params: the variables the operator acts on, in their order (default None: every
+        trainable variable): kernels and biases of Dense / Conv2D layers the operator
+        factors (e.g. `layer_params(model, name)`); `other_layers` is then unused. A layer
+        is factored when its kernel is in `params`: with its bias, its block is the one of
+        the operator over every variable; with the kernel alone, the factors are over the
+        kernel's inputs (for K-FAC the full block's kernel rows and columns).
 
     Raises:
-      ArgumentError: an argument out of its choices or range, or a layer K-FAC cannot
-        factor with other_layers="raise".
+      ArgumentError: an argument out of its choices or range; `params` holding a variable
+        that is not the kernel or bias of a layer factored, or a bias without its kernel.
+      ValueError: the model is not built or has no trainable variables, a layer K-FAC
+        cannot factor with other_layers="raise", or a loss fisher="mc" cannot sample from
+        or whose reduction the Fisher cannot take.
+      TypeError: `loss` not callable, or variables that do not share one floating dtype.
     """
 
     def _eigenvalues(self, name):
@@ -334,8 +349,8 @@ class EKFACOperator(_Kronecker):
     Args:
       model: a built Keras 3 model, called as `model(x, training=False)`.
       loss: a Keras loss `loss(y_true, y_pred)`; the objective is `mean(loss(y, model(x)))`
-        (fisher="mc" needs MeanSquaredError or (Sparse)CategoricalCrossentropy with
-        from_logits=True).
+        (fisher="mc" samples labels from its likelihood: one of the Keras losses
+        `FisherOperator` takes; "mc" and "empirical" need a batch-mean reduction).
       data: one `(x, y)` batch or a `tf.data.Dataset` of them (a Dataset under a strategy).
       fisher: "type2" (default), "mc" or "empirical": the curvature approximated.
       approx: "expand" (default) or "reduce" for weight-sharing layers (Eschenhagen et al.
@@ -347,10 +362,20 @@ class EKFACOperator(_Kronecker):
         naming it) or "diagonal" (its variables get the exact diagonal).
       strategy: a tf.distribute.Strategy to split each batch of `data` (a Dataset) over;
         `refresh` recomputes under it too. Default None, one device.
+      params: the variables the operator acts on, in their order (default None: every
+        trainable variable): kernels and biases of Dense / Conv2D layers the operator
+        factors (e.g. `layer_params(model, name)`); `other_layers` is then unused. A layer
+        is factored when its kernel is in `params`: with its bias, its block is the one of
+        the operator over every variable; with the kernel alone, the factors are over the
+        kernel's inputs (for K-FAC the full block's kernel rows and columns).
 
     Raises:
-      ArgumentError: an argument out of its choices or range, or a layer K-FAC cannot
-        factor with other_layers="raise".
+      ArgumentError: an argument out of its choices or range; `params` holding a variable
+        that is not the kernel or bias of a layer factored, or a bias without its kernel.
+      ValueError: the model is not built or has no trainable variables, a layer K-FAC
+        cannot factor with other_layers="raise", or a loss fisher="mc" cannot sample from
+        or whose reduction the Fisher cannot take.
+      TypeError: `loss` not callable, or variables that do not share one floating dtype.
     """
 
     _eigen_corrected = True
