@@ -94,8 +94,7 @@ def _precondition(op, g, batch_size):
 
 def ekfac_influence(model: keras.Model, loss: Loss, train: Tuple[TensorLike, TensorLike],
                     test: Tuple[TensorLike, TensorLike], damping: float,
-                    data: Optional[Batch] = None,
-                    fisher: str = "type2", approx: str = "expand",
+                    data: Optional[Batch] = None, fisher: str = "type2", approx: str = "expand",
                     operator: Optional[Union[EKFACOperator, KFACOperator]] = None,
                     batch_size: int = 256) -> np.ndarray:
     """Influence functions with EK-FAC for the Hessian.
@@ -117,12 +116,10 @@ def ekfac_influence(model: keras.Model, loss: Loss, train: Tuple[TensorLike, Ten
       damping: > 0, added to EK-FAC before inverting (kronfluence's heuristic, when its
         damping_factor is None, is 0.1 x the mean corrected eigenvalue of each layer).
       data: the batch or tf.data set the factors are fitted on (default None: `train`).
-      fisher: the curvature EK-FAC approximates, as for `EKFACOperator`: "type2",
-        "mc" or "empirical".
+      fisher: "type2", "mc" or "empirical", as for `EKFACOperator`.
       approx: "expand" or "reduce" for weight-sharing layers, as for `EKFACOperator`.
       operator: a fitted `EKFACOperator` (or `KFACOperator`) of this model to reuse; its
-        factors are used with this `damping` (then `data`, `fisher` and `approx` are
-        unused).
+        factors are used with this `damping` (`data`, `fisher`, `approx` unused).
       batch_size: examples per vectorized gradient pass and per batched solve (>= 1).
 
     Returns:
@@ -373,8 +370,7 @@ def linear_datamodeling_score(scores: TensorLike, subsets: Union[np.ndarray, Seq
       per_test: also return the [n_test] correlations.
 
     Returns:
-      The mean correlation (a float), or `(mean, per_test_correlations [n_test])` with
-      per_test=True.
+      The mean correlation (a float), or `(mean, [n_test] correlations)` if per_test.
 
     Raises:
       ValueError: shapes that do not match, fewer than 3 subsets, values that are not
@@ -468,9 +464,8 @@ def mislabel_detection_rate(self_scores: TensorLike, flipped: TensorLike,
       training set by `self_scores` (largest first)}.
 
     Raises:
-      ValueError: `self_scores` not a finite vector, `flipped` neither a mask of its length
-        nor distinct indices, marking no example, or a fraction out of (0, 1] or inspecting
-        no example.
+      ValueError: `self_scores` not a finite vector, `flipped` neither a mask nor distinct
+        indices or marking no example, a fraction out of (0, 1] or inspecting none.
     """
     where = "mislabel_detection_rate"
     s = np.asarray(self_scores, np.float64)

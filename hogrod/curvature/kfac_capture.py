@@ -6,6 +6,7 @@ Used by `kronecker.KroneckerFactors`; see `kfac.py` for the approximation.
 """
 
 import contextlib
+from typing import List
 
 import keras
 import numpy as np
@@ -13,6 +14,7 @@ import tensorflow as tf
 
 from hogrod import checks
 from hogrod.curvature.data import batch_loss
+from hogrod.types import Tensor
 
 __all__ = ["Block", "leaf_layers", "factorable", "layer_blocks", "param_blocks", "capture",
            "trailing",
@@ -88,7 +90,7 @@ def layer_blocks(model, other_layers, where):
     return blocks
 
 
-def param_blocks(model, params, where):
+def param_blocks(model: keras.Model, params: List[Tensor], where: str) -> List[Block]:
     """The blocks of a subset of the supported layers' variables: the principal submatrix of
     the K-FAC of every trainable variable on them.
 

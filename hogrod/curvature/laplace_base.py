@@ -262,13 +262,10 @@ class BaseLaplace(PriorTuning, LinearizedPredictive):
 
         Args:
           x: a batch of model inputs (N examples).
-
         Returns:
           `(z [N, C], J [N, C, n_params])` at the model's dtype.
-
         Raises:
-          ArgumentError: the output is not [N, C], or not logits (C >= 2) for
-            classification.
+          ArgumentError: the output is not [N, C] (C >= 2 logits for classification).
         """
         where = "Laplace.output_jacobian"
         inputs = self._inputs(x)
@@ -346,10 +343,8 @@ class BaseLaplace(PriorTuning, LinearizedPredictive):
         Args:
           data: one (x, y) batch or a tf.data.Dataset of them (a Dataset under a strategy):
             regression targets [N, C] (or [N] when C == 1) or integer class labels [N].
-
         Returns:
           self, fitted.
-
         Raises:
           ArgumentError: data that is empty, not finite, or of targets that do not match the
             likelihood; a model output that is not finite; a last layer that does not
@@ -433,10 +428,8 @@ class BaseLaplace(PriorTuning, LinearizedPredictive):
         Args:
           sigma_noise: the regression noise (> 0; a number or a scalar tensor; default None:
             the stored one); None for classification.
-
         Returns:
           A float64 scalar tensor.
-
         Raises:
           ValueError: not fitted.
           ArgumentError: `sigma_noise` given for classification, or not positive.
@@ -470,10 +463,8 @@ class BaseLaplace(PriorTuning, LinearizedPredictive):
           prior_precision: a number, a vector (n_layers or n_params values) or a float
             tensor / variable (differentiable through); default the stored value.
           sigma_noise: the regression noise, likewise; default the stored value.
-
         Returns:
           A float64 scalar tensor.
-
         Raises:
           ValueError: not fitted.
           ArgumentError: a value out of range, `sigma_noise` for classification, or values
