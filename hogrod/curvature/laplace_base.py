@@ -1,11 +1,10 @@
-"""What every Laplace posterior shares (`laplace.py` documents the formulas): the subset
-(all weights or the last layer on fixed features), the hyperparameters and their storage,
-the pass over the data in `fit` (checks, the summed log-likelihood, the last layer's
-features), the log evidence, the linearized predictive. A posterior class (`posteriors.py`)
-adds its curvature: `_fit_curvature(data)`, `_log_det(delta, factor)`,
-`_variance(jac, delta, factor)`, `_precision(delta, factor)` and `eigenvalues`, where
-`delta` is a float64 prior precision (a scalar, or one per parameter) and `factor` is
-1 / sigma_noise^2.
+"""What every Laplace posterior shares (`laplace.py` documents the formulas): the subset (all
+weights or the last layer on fixed features), the hyperparameters and their storage, the pass
+over the data in `fit` (checks, the summed log-likelihood, the last layer's features), the log
+evidence, the linearized predictive. A posterior class (`posteriors.py`) adds its curvature:
+`_fit_curvature(data)`, `_log_det(delta, factor)`, `_variance(jac, delta, factor)`,
+`_precision(delta, factor)` and `eigenvalues`, where `delta` is a float64 prior precision (a
+scalar, or one per parameter) and `factor` is 1 / sigma_noise^2.
 """
 
 import math
@@ -80,8 +79,10 @@ class BaseLaplace(PriorTuning, LinearizedPredictive):
 
     hessian = None
 
-    def __init__(self, model, likelihood="regression", subset="all", *, prior_precision=1.0,
-                 sigma_noise=1.0, prior_mean=0.0, strategy=None):
+    def __init__(self, model: keras.Model, likelihood: str = "regression", subset: str = "all",
+                 *, prior_precision: TensorLike = 1.0, sigma_noise: float = 1.0,
+                 prior_mean: TensorLike = 0.0, strategy: Optional[tf.distribute.Strategy] = None
+                 ) -> None:
         where = "Laplace"
         self.strategy = check_strategy(strategy, where)
         if not isinstance(model, keras.Model) or not model.built:
@@ -346,9 +347,8 @@ class BaseLaplace(PriorTuning, LinearizedPredictive):
         Returns:
           self, fitted.
         Raises:
-          ArgumentError: data that is empty, not finite, or of targets that do not match the
-            likelihood; a model output that is not finite; a last layer that does not
-            produce the model's output (subset="last_layer").
+          ArgumentError: data empty, not finite or of targets the likelihood cannot take; a
+            model output not finite; a last layer not producing it (subset="last_layer").
         """
         where = "Laplace.fit"
         batches = data_batches(data, where, pair=True)

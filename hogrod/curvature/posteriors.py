@@ -23,8 +23,27 @@ KRON_BIASES = ("joint", "separate")
 
 
 class FullLaplace(BaseLaplace):
-    """The dense H (n x n), kept with its eigendecomposition: the evidence and predictive at
-    a scalar prior precision cost no factorization; a vector one takes a Cholesky factor."""
+    """The Laplace posterior with the dense curvature H (n x n).
+
+    H is kept with its eigendecomposition: the evidence and predictive at a scalar prior
+    precision cost no factorization; a vector one takes a Cholesky factor.
+
+    Made by `hogrod.curvature.Laplace` (hessian="full"); `fit(data)`, `log_likelihood`,
+    `log_marginal_likelihood`, `optimize_prior_precision`, `predictive` (also the call),
+    `output_jacobian`, `functional_variance` and the hyperparameters' properties are the
+    shared `BaseLaplace`'s.
+
+    Args:
+      model: a built Keras 3 model; `model(x, training=False)` is [batch, C]: regression
+        outputs, or class logits (C >= 2) for classification.
+      likelihood: "regression" (Gaussian) or "classification" (categorical on the logits).
+      subset: "all" or "last_layer".
+      prior_precision: a positive number, or a vector of one value per variable of the
+        subset or per parameter.
+      sigma_noise: the regression noise's standard deviation (> 0; 1.0 for classification).
+      prior_mean: a number or a flat vector of the subset's size.
+      strategy: a tf.distribute.Strategy for `fit`'s operators, or None.
+    """
 
     hessian = "full"
 
@@ -74,7 +93,24 @@ class FullLaplace(BaseLaplace):
 
 
 class DiagLaplace(BaseLaplace):
-    """The exact diagonal of H (`gauss_newton_diagonal`)."""
+    """The Laplace posterior with the exact diagonal of H (`gauss_newton_diagonal`).
+
+    Made by `hogrod.curvature.Laplace` (hessian="diag"); `fit(data)`, `log_likelihood`,
+    `log_marginal_likelihood`, `optimize_prior_precision`, `predictive` (also the call),
+    `output_jacobian`, `functional_variance` and the hyperparameters' properties are the
+    shared `BaseLaplace`'s.
+
+    Args:
+      model: a built Keras 3 model; `model(x, training=False)` is [batch, C]: regression
+        outputs, or class logits (C >= 2) for classification.
+      likelihood: "regression" (Gaussian) or "classification" (categorical on the logits).
+      subset: "all" or "last_layer".
+      prior_precision: a positive number, or a vector of one value per variable of the
+        subset or per parameter.
+      sigma_noise: the regression noise's standard deviation (> 0; 1.0 for classification).
+      prior_mean: a number or a flat vector of the subset's size.
+      strategy: a tf.distribute.Strategy for `fit`'s operators, or None.
+    """
 
     hessian = "diag"
 
@@ -108,8 +144,11 @@ class DiagLaplace(BaseLaplace):
 
 
 class KronLaplace(BaseLaplace):
-    """K-FAC (`KFACOperator`, type-2, expand): per Dense / Conv2D layer a Kronecker-factored
-    block A (x) G; other layers with weights get the exact diagonal.
+    """The Laplace posterior with K-FAC blocks for H (`KFACOperator`, type-2, expand).
+
+    Per Dense / Conv2D layer a Kronecker-factored block A (x) G; other layers with weights
+    get the exact diagonal. Made by `hogrod.curvature.Laplace` (hessian="kron"); its
+    methods are the shared `BaseLaplace`'s, as for `FullLaplace`.
 
     kron_bias="joint" factors a layer's kernel and bias together (the inputs with a ones
     column appended: A over [a, 1], so the block holds the kernel-bias cross terms, exact for
