@@ -270,6 +270,7 @@ def hutchinson_diagonal(op: Union[tf.linalg.LinearOperator, TensorLike], num_sam
       `(estimate, standard_error)`, float64 numpy [n] each.
 
     Raises:
+      ArgumentError: `num_samples` below 2.
       ValueError: `op` is not square.
       FloatingPointError: a product is not finite.
     """
