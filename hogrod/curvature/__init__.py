@@ -2,7 +2,7 @@
 influence functions. Tested against dense oracles (`hogrod.hessian`, numpy). The iterations
 are `hogrod.linalg`'s, compiled with products on the host (`eigen.host_solver`).
 
-Operators (`tf.linalg.LinearOperator`s on the flat parameter vector), all built as
+Operators (`tf.linalg.LinearOperator` objects on the flat parameter vector), all built as
 `Operator(model, loss, data, *, params=None, strategy=None, ...)` from a Keras model, a
 Keras loss `loss(y_true, y_pred)` and one `(x, y)` batch or a tf.data set of them:
 

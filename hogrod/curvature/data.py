@@ -29,12 +29,14 @@ Fisher, the square root of its output Hessian) is `hogrod.curvature.likelihood`.
 """
 
 import functools
+from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
 
 import keras
 import tensorflow as tf
 
 from hogrod import checks
 from hogrod.autodiff import unwrap
+from hogrod.types import Batch, DType, Loss, Params, Scalar, Tensor, Tree
 
 __all__ = ["MEAN_REDUCTIONS", "check_strategy", "check_data", "data_batches",
            "distribute_batches", "replica_sums", "compile_closure", "accumulate", "normalize",
@@ -44,7 +46,8 @@ __all__ = ["MEAN_REDUCTIONS", "check_strategy", "check_data", "data_batches",
 MEAN_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
 
 
-def check_strategy(strategy, where):
+def check_strategy(strategy: Optional[tf.distribute.Strategy],
+                   where: str) -> Optional[tf.distribute.Strategy]:
     """Checks that `strategy` is None or a `tf.distribute.Strategy`.
 
     Args:
@@ -62,7 +65,7 @@ def check_strategy(strategy, where):
     return strategy
 
 
-def check_data(data, where, pair=False):
+def check_data(data: Batch, where: str, pair: bool = False) -> Batch:
     """Checks `data` here, not at the first product deep inside a trace.
 
     Args:
@@ -95,7 +98,8 @@ def check_data(data, where, pair=False):
     return data
 
 
-def distribute_batches(data, strategy, where):
+def distribute_batches(data: Batch, strategy: Optional[tf.distribute.Strategy],
+                       where: str) -> Iterable[Batch]:
     """The batches of a Dataset, split over the replicas of `strategy`.
 
     Args:
@@ -117,7 +121,8 @@ def distribute_batches(data, strategy, where):
     return strategy.experimental_distribute_dataset(data)
 
 
-def data_batches(data, where, strategy=None, pair=False):
+def data_batches(data: Batch, where: str, strategy: Optional[tf.distribute.Strategy] = None,
+                 pair: bool = False) -> Iterable[Batch]:
     """What to iterate over for `data`, checked.
 
     Args:
@@ -135,7 +140,8 @@ def data_batches(data, where, strategy=None, pair=False):
     return distribute_batches(data, strategy, where)
 
 
-def replica_sums(fn, strategy):
+def replica_sums(fn: Callable[..., Tree],
+                 strategy: Optional[tf.distribute.Strategy]) -> Callable[..., Tree]:
     """`fn` compiled, its sums all-reduced over the replicas of `strategy`.
 
     Args:
@@ -158,7 +164,7 @@ def replica_sums(fn, strategy):
     return compile_closure(summed)
 
 
-def compile_closure(fn):
+def compile_closure(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`tf.function(fn, reduce_retracing=True)`, its retracing counted for this closure alone.
 
     TensorFlow warns about retracing per code object: the closures of many operators (one
@@ -174,7 +180,8 @@ def compile_closure(fn):
     return tf.function(functools.partial(fn), reduce_retracing=True)
 
 
-def accumulate(fn, batches, where, *args):
+def accumulate(fn: Callable[..., Tuple[Tree, Tensor]], batches: Iterable[Batch], where: str,
+               *args: Any) -> Tuple[Tree, Tensor]:
     """The data loop: the sum over batches of `fn(batch, index, *args)`.
 
     Args:
@@ -198,7 +205,7 @@ def accumulate(fn, batches, where, *args):
     return totals, count
 
 
-def normalize(total, count, mean):
+def normalize(total: Tree, count: Scalar, mean: bool) -> Tree:
     """The empirical risk's normalization.
 
     Args:
@@ -213,7 +220,7 @@ def normalize(total, count, mean):
     return tf.nest.map_structure(lambda t: t / count, total)
 
 
-def batch_size(batch):
+def batch_size(batch: Batch) -> tf.Tensor:
     """The number of examples in a batch: the leading dimension of its first tensor.
 
     Args:
@@ -224,7 +231,7 @@ def batch_size(batch):
     return tf.shape(tf.nest.flatten(batch)[0])[0]
 
 
-def fold_replica(key):
+def fold_replica(key: tf.Tensor) -> tf.Tensor:
     """A stateless key with the replica id folded in.
 
     Args:
@@ -239,7 +246,7 @@ def fold_replica(key):
     return tf.random.experimental.stateless_fold_in(key, rid)
 
 
-def batch_key(seed, index):
+def batch_key(seed: int, index: Tensor) -> tf.Tensor:
     """The stateless key of (seed, batch index, replica).
 
     Args:
@@ -257,7 +264,7 @@ def batch_key(seed, index):
     return fold_replica(key)
 
 
-def indexed(data, where):
+def indexed(data: Batch, where: str) -> Batch:
     """Each `(x, y)` batch paired with its index in `data`, one entry per example.
 
     Args:
@@ -275,7 +282,8 @@ def indexed(data, where):
     return ((x, y), tf.zeros(tf.shape(tf.nest.flatten(x)[0])[:1], tf.int64))
 
 
-def model_params(model, params, where):
+def model_params(model: keras.Model, params: Optional[Params],
+                 where: str) -> List[tf.Variable]:
     """The variables an operator of `model` acts on.
 
     Args:
@@ -305,7 +313,7 @@ def model_params(model, params, where):
     return params
 
 
-def params_dtype(params, where):
+def params_dtype(params: Sequence[Tensor], where: str) -> tf.DType:
     """The one floating dtype of `params`.
 
     Args:
@@ -323,7 +331,7 @@ def params_dtype(params, where):
     return dtypes.pop()
 
 
-def check_loss_dtype(loss, dtype, where):
+def check_loss_dtype(loss: Loss, dtype: DType, where: str) -> Loss:
     """A Keras loss object computes at its own dtype: it must be the model's.
 
     Args:
@@ -347,7 +355,7 @@ def check_loss_dtype(loss, dtype, where):
     return loss
 
 
-def batch_loss(loss, y, z):
+def batch_loss(loss: Loss, y: Tree, z: Tree) -> tf.Tensor:
     """`mean(loss(y, z))` over the examples of a (shard of a) batch.
 
     Keras (TF backend) divides a batch-mean loss by the number of replicas wherever a
@@ -368,7 +376,7 @@ def batch_loss(loss, y, z):
     return value
 
 
-def split_arrays(x, y, size, where):
+def split_arrays(x: Tree, y: Tree, size: int, where: str) -> List[Tuple[Tree, Tree]]:
     """`(x, y)` arrays cut into consecutive batches.
 
     Args:

@@ -7,29 +7,37 @@ Gaussians of width `sigma` at the nodes, so it integrates to 1 over a grid that 
 nodes.
 """
 
+from typing import Optional, Tuple, Union
+
 import numpy as np
 import scipy.linalg
 import tensorflow as tf
 
 from hogrod import checks, linalg
 from hogrod.curvature.eigen import as_matvec, host_solver
+from hogrod.types import TensorLike
 
 __all__ = ["spectral_density"]
 
 
-def spectral_density(op, num_iterations=50, num_runs=5, sigma=None, grid_points=1000,
-                     seed=0):
+def spectral_density(op: Union[tf.linalg.LinearOperator, TensorLike], num_iterations: int = 50,
+                     num_runs: int = 5, sigma: Optional[float] = None, grid_points: int = 1000,
+                     seed: int = 0) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The spectral density of a symmetric operator by stochastic Lanczos quadrature.
 
     Args:
       op: a curvature operator (anything with `matvec_flat`) or a dense symmetric matrix.
-      num_iterations: Lanczos steps per run (a fixed count, capped at n).
-      num_runs: runs from independent Rademacher vectors.
-      sigma: the Gaussians' width (default 1% of the spectrum's span).
-      grid_points: points of the grid, which spans the nodes +- 5 sigma.
-      seed: the start vectors' seed.
+      num_iterations: Lanczos steps per run (a fixed count >= 1, capped at n).
+      num_runs: runs from independent Rademacher vectors (>= 1).
+      sigma: the Gaussians' width (> 0; default None: 1% of the spectrum's span, at least
+        1e-6).
+      grid_points: points of the grid (>= 2), which spans the nodes +- 5 sigma.
+      seed: the start vectors' numpy seed (an int >= 0).
+
     Returns:
-      `(grid, density, nodes, weights)`, float64 numpy.
+      `(grid, density, nodes, weights)`, float64 numpy: the grid [grid_points], the density
+      on it [grid_points], the quadrature nodes and their weights [num_runs * m], m the
+      Lanczos steps per run (the weights sum to 1).
     """
     where = "spectral_density"
     num_iterations = checks.integer(num_iterations, "num_iterations", where, least=1)

@@ -10,6 +10,7 @@ run as one compiled loop in float64 whose products call the operator on the host
 
 import functools
 import threading
+from typing import Any, Callable, Optional, Tuple, Union
 
 import numpy as np
 import scipy.linalg
@@ -17,13 +18,15 @@ import tensorflow as tf
 from absl import logging
 
 from hogrod import checks, linalg
+from hogrod.types import TensorLike
 
 __all__ = ["top_eigenvalues", "METHODS", "as_matvec", "host_solver"]
 
 METHODS = ("lanczos", "power")
 
 
-def as_matvec(op):
+def as_matvec(op: Union[tf.linalg.LinearOperator, TensorLike]
+              ) -> Tuple[Callable[[np.ndarray], np.ndarray], int]:
     """The host product of an operator or a dense matrix.
 
     A product that is not finite (a NaN/inf loss, or weights that overflowed) is an error
@@ -31,8 +34,12 @@ def as_matvec(op):
 
     Args:
       op: anything with `matvec_flat` (the operators of this package) or a square matrix.
+
     Returns:
       `(matvec, n)`: matvec on float64 numpy vectors of length n.
+
+    Raises:
+      ValueError: `op` is a matrix that is not square.
     """
     if hasattr(op, "matvec_flat"):
         dtype, name = op.dtype, op.name
@@ -89,7 +96,9 @@ def _compiled(solver, n, static, with_stop, indexed):
                                             **kwargs), autograph=False)
 
 
-def host_solver(solver, matvec, n, stop=None, indexed=False, **static):
+def host_solver(solver: Callable[..., Any], matvec: Callable[..., np.ndarray], n: int,
+                stop: Optional[Callable[..., Any]] = None, indexed: bool = False,
+                **static: Any) -> Callable[..., Any]:
     """A `hogrod.linalg` solver compiled once, its products calling a host `matvec`.
 
     Returns `run(*args)`: `solver(product, *args, stop=..., **static)` as one compiled
@@ -108,6 +117,7 @@ def host_solver(solver, matvec, n, stop=None, indexed=False, **static):
       stop: Lanczos's optional host stopping test.
       indexed: whether `matvec` takes the product's index.
       **static: the solver's other (hashable) arguments.
+
     Returns:
       `run(*args)`, returning the solver's outputs as numpy.
     """
@@ -139,27 +149,37 @@ def host_solver(solver, matvec, n, stop=None, indexed=False, **static):
     return run
 
 
-def top_eigenvalues(op, k=1, method="lanczos", which="largest", tol=1e-6, maxiter=None,
-                    seed=0):
+def top_eigenvalues(op: Union[tf.linalg.LinearOperator, TensorLike], k: int = 1,
+                    method: str = "lanczos", which: str = "largest", tol: float = 1e-6,
+                    maxiter: Optional[int] = None,
+                    seed: int = 0) -> Tuple[np.ndarray, np.ndarray, int]:
     """The k eigenpairs of a symmetric operator at one end of its spectrum.
 
     Args:
       op: a curvature operator (anything with `matvec_flat`) or a dense symmetric matrix.
-      k: how many eigenpairs (1 <= k <= n).
+      k: how many eigenpairs (an int, 1 <= k <= n).
       method: "lanczos" (full reorthogonalization, `hogrod.linalg.lanczos`) or "power"
         (power iteration with deflation, `hogrod.linalg.power_iteration`: "largest" finds
         the largest-magnitude eigenvalues, the largest for a PSD operator; "smallest"
         shifts by the largest eigenvalue to find the most negative).
       which: "largest" (algebraically largest) or "smallest" (most negative).
-      tol: Lanczos stops when every wanted Ritz pair has residual |beta_m s_mi| <= tol *
-        |theta_i|; power iteration when an iterate's eigenvalue estimate changes by <= tol.
+      tol: Lanczos stops when every wanted Ritz pair has residual ``abs(beta_m s_mi) <= tol
+        * abs(theta_i)``; power iteration when an iterate's eigenvalue estimate changes by
+        <= tol (>= 0).
       maxiter: Lanczos's Krylov dimension cap (default min(n, 10k + 100); reaching it
         before `tol` logs a warning; tol=0 runs exactly that many) or power iteration's
         iterations per eigenpair (default 1000).
-      seed: the start vectors' seed.
+      seed: the start vectors' numpy seed (an int >= 0).
+
     Returns:
-      `(eigenvalues [k], eigenvectors [n, k], num_matvecs)`, float64 numpy, eigenvalues
-      sorted from the requested end.
+      `(eigenvalues [k], eigenvectors [n, k], num_matvecs)`, float64 numpy and an int,
+      eigenvalues sorted from the requested end.
+
+    Raises:
+      ArgumentError: an argument out of its range.
+      ValueError: the Krylov space of the start vector is invariant before k steps (the
+        operator has fewer than k distinct eigenvalues there).
+      FloatingPointError: a product is not finite.
     """
     where = "top_eigenvalues"
     checks.choice(method, METHODS, "method", where)

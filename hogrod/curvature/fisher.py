@@ -13,6 +13,9 @@ Keras's default) gives the mean over every example of `data`; reduction "sum" gi
 The likelihoods and their scales are in `likelihood.py`.
 """
 
+from typing import Any, List, Optional, Tuple, Union
+
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -25,6 +28,7 @@ from hogrod.curvature.data import (batch_key, check_loss_dtype, compile_closure,
 from hogrod.curvature.likelihood import likelihood_of
 from hogrod.curvature.operators import CurvatureOperator
 from hogrod.curvature.per_example import batch_gradients
+from hogrod.types import Batch, DType, Loss, Params, TensorLike
 
 __all__ = ["FisherOperator", "FISHER_TYPES", "gauss_newton_diagonal", "mc_fisher_diagonal",
            "hutchinson_diagonal"]
@@ -46,22 +50,24 @@ def _labels(lik, fisher, z, y, num, key):
 
 
 class FisherOperator(CurvatureOperator):
-    """The Fisher information of `model` under the Keras loss `loss`, on the flat vector of
-    `model.trainable_variables`.
+    """The Fisher information of `model` under the Keras loss `loss`.
 
-    fisher:
-      "type2": F = J^T E_{y~p(y|z)}[H_loss(y, z)] J, the exact Fisher; for MSE and
-        cross-entropy from logits it equals the Gauss-Newton matrix (`GaussNewtonOperator`),
-        computed by the same Gauss-Newton-vector product (`hogrod.gnvp`) on the loss at the
-        labels' mean (the loss Hessian's expectation: cross-entropy is linear in the label).
-      "mc": J^T (1/S sum_s g_s g_s^T / alpha) J with g_s the loss gradient in z at a label
-        sampled from the model (Gaussian with variance C/2 for MSE, categorical / Bernoulli
-        for cross-entropy), S = `mc_samples` per example; E[mc] = type2. Labels are drawn by
-        a stateless key of (`seed`, batch index), so every product uses the same samples
-        (one fixed matrix). Under a `strategy` the replica id is folded in too: a different,
-        equally distributed draw than on one device.
-      "empirical": sum_i g_i g_i^T with g_i the gradient of example i's loss at its true label
-        (for any supported loss; no alpha).
+    The operator acts on the flat vector of `model.trainable_variables` (or of `params`).
+    The three kinds, chosen by `fisher`:
+
+    - "type2": F = J^T E_{y~p(y|z)}[H_loss(y, z)] J, the exact Fisher; for MSE and
+      cross-entropy from logits it equals the Gauss-Newton matrix (`GaussNewtonOperator`),
+      computed by the same Gauss-Newton-vector product (`hogrod.gnvp`) on the loss at the
+      labels' mean (the loss Hessian's expectation: cross-entropy is linear in the label).
+    - "mc": J^T (1/S sum_s g_s g_s^T / alpha) J with g_s the loss gradient in z at a label
+      sampled from the model (Gaussian with variance C/2 for MSE, categorical / Bernoulli
+      for cross-entropy), S = `mc_samples` per example; E[mc] = type2. Labels are drawn by
+      a stateless key of (`seed`, batch index), so every product uses the same samples
+      (one fixed matrix). Under a `strategy` the replica id is folded in too: a different,
+      equally distributed draw than on one device.
+    - "empirical": sum_i g_i g_i^T with g_i the gradient of example i's loss at its true label
+      (for any supported loss; no alpha).
+
     Each is divided by the number of examples in `data` when the loss is a batch mean
     (Keras's default reduction), and not when its reduction is "sum".
 
@@ -70,19 +76,31 @@ class FisherOperator(CurvatureOperator):
         [batch, C] (logits or probabilities as the loss's `from_logits` says).
       loss: a Keras loss object: MeanSquaredError, SparseCategoricalCrossentropy,
         CategoricalCrossentropy, BinaryCrossentropy (`from_logits` either way).
+        A reduction "sum_over_batch_size" averages over `data`, "sum" sums.
       data: one `(x, y)` batch or a tf.data.Dataset of them.
-      fisher: one of FISHER_TYPES.
-      mc_samples: labels sampled per example for "mc" (>= 1).
-      seed: int, the sampling key.
-      dtype: the operator's dtype; default the model variables' dtype. The loss is computed
-        at the model output's dtype, whatever Keras's floatx.
-      strategy: a tf.distribute.Strategy to split each batch of `data` (a Dataset) over.
-      params: the variables the operator acts on (default `model.trainable_variables`); a
-        subset gives that diagonal block (e.g. `layer_params(model, name)`).
+      fisher: one of FISHER_TYPES: "type2" (default), "mc" or "empirical".
+      mc_samples: labels sampled per example for "mc" (an int >= 1; ignored otherwise).
+      seed: an int >= 0, the sampling key of "mc".
+      dtype: the operator's dtype; default None: the model variables' dtype. The loss is
+        computed at the model output's dtype, whatever Keras's floatx.
+      strategy: a tf.distribute.Strategy to split each batch of `data` (then a Dataset)
+        over; default None, one device.
+      params: the variables the operator acts on (default None: `model.trainable_variables`);
+        a subset gives that diagonal block (e.g. `layer_params(model, name)`).
+
+    Raises:
+      ValueError: `fisher` is not one of FISHER_TYPES, or the loss is not supported (another
+        class, label smoothing, another reduction).
+      TypeError: `loss` is not a Keras loss object.
+      ArgumentError: `mc_samples`, `seed`, `params`, `data` or `strategy` invalid, or the
+        loss computes at another dtype than the model's.
     """
 
-    def __init__(self, model, loss, data, fisher="type2", mc_samples=1, seed=0, dtype=None,
-                 strategy=None, params=None):
+    def __init__(self, model: keras.Model, loss: keras.losses.Loss, data: Batch,
+                 fisher: str = "type2", mc_samples: int = 1, seed: int = 0,
+                 dtype: Optional[DType] = None,
+                 strategy: Optional[tf.distribute.Strategy] = None,
+                 params: Optional[Params] = None) -> None:
         where = "FisherOperator"
         if fisher not in FISHER_TYPES:
             raise ValueError(f"{where}: fisher must be one of {FISHER_TYPES}, got {fisher!r}")
@@ -122,14 +140,25 @@ def _outer_product(model, lik, fisher, x, y, params, v, num, key, where, size):
     return [g / scale for g in out]
 
 
-def gauss_newton_diagonal(model, loss, data, params=None):
-    """The exact diagonal of the type-2 Fisher / Gauss-Newton matrix J^T E[H_loss] J of
-    `FisherOperator(model, loss, data, "type2")`: float64 numpy [n].
+def gauss_newton_diagonal(model: keras.Model, loss: keras.losses.Loss, data: Batch,
+                          params: Optional[Params] = None) -> np.ndarray:
+    """The exact diagonal of the type-2 Fisher / Gauss-Newton matrix.
 
-    Per example, H = S S^T with C columns (`likelihood.py`); diag = sum_k (J^T s_k)^2, the
-    C backprops of every example done by one vectorized Jacobian of the [N, C] matrix
-    (s_k . z). Memory N * C * n per batch: for small output dimensions C. `params` as for
-    `FisherOperator` (default all trainable variables).
+    The diagonal of J^T E[H_loss] J, the matrix of `FisherOperator(model, loss, data,
+    "type2")`. Per example, H = S S^T with C columns (`likelihood.py`); diag = sum_k
+    (J^T s_k)^2, the C backprops of every example done by one vectorized Jacobian of the
+    [N, C] matrix (s_k . z). Memory N * C * n per batch: for small output dimensions C.
+
+    Args:
+      model: a built Keras 3 model, called as `model(x, training=False)`, output [batch, C].
+      loss: a supported Keras loss object, as for `FisherOperator`; its reduction says
+        whether the diagonal is of the mean ("sum_over_batch_size") or the sum ("sum").
+      data: one `(x, y)` batch or a tf.data.Dataset of them.
+      params: the variables (default None: `model.trainable_variables`); a subset gives its
+        block's diagonal.
+
+    Returns:
+      float64 numpy [n], n the number of parameters, in the flat order of `params`.
     """
     where = "gauss_newton_diagonal"
     lik, mean = likelihood_of(loss, where)
@@ -152,14 +181,30 @@ def gauss_newton_diagonal(model, loss, data, params=None):
     return normalize(total, count, mean)
 
 
-def mc_fisher_diagonal(model, loss, data, mc_samples=10, seed=0, params=None):
-    """(estimate, standard_error), float64 numpy [n] each: the diagonal of the MC Fisher
-    from squared sampled per-example gradients, sum_i g_is^2 / alpha averaged over the
-    `mc_samples` (>= 2) draws; the standard error is over the draws. With the same `seed`
-    and data the draws are those of `FisherOperator(..., "mc", mc_samples, seed)`, so the
-    estimate is exactly that operator's diagonal. The sampled gradients are the per-example
-    output Jacobian (C backprops per example) times the loss gradients in z: memory
-    S * N * n per batch."""
+def mc_fisher_diagonal(model: keras.Model, loss: keras.losses.Loss, data: Batch,
+                       mc_samples: int = 10, seed: int = 0,
+                       params: Optional[Params] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """The diagonal of the Monte Carlo Fisher from squared sampled per-example gradients.
+
+    sum_i g_is^2 / alpha averaged over the `mc_samples` draws s; the standard error is over
+    the draws. With the same `seed` and data the draws are those of
+    `FisherOperator(..., "mc", mc_samples, seed)`, so the estimate is exactly that
+    operator's diagonal. The sampled gradients are the per-example output Jacobian (C
+    backprops per example) times the loss gradients in z: memory S * N * n per batch.
+
+    Args:
+      model: a built Keras 3 model, called as `model(x, training=False)`, output [batch, C].
+      loss: a supported Keras loss object, as for `FisherOperator`; its reduction says
+        whether the diagonal is of the mean ("sum_over_batch_size") or the sum ("sum").
+      data: one `(x, y)` batch or a tf.data.Dataset of them.
+      mc_samples: labels sampled per example, S (an int >= 2: the standard error needs two).
+      seed: an int >= 0, the sampling key.
+      params: the variables (default None: `model.trainable_variables`); a subset gives its
+        block's diagonal.
+
+    Returns:
+      `(estimate, standard_error)`, float64 numpy [n] each.
+    """
     where = "mc_fisher_diagonal"
     num = checks.integer(mc_samples, "mc_samples", where, least=2)
     seed = checks.seed(seed, "seed", where)
@@ -195,7 +240,7 @@ class _FlatProducts:
     """A tf.linalg.LinearOperator without `matvec_flat` (e.g. a Kronecker-factored one) as
     `as_matvec` takes it."""
 
-    def __init__(self, op):
+    def __init__(self, op: tf.linalg.LinearOperator) -> None:
         self.dtype, self.name, self.shape = op.dtype, op.name, op.shape
         self.matvec_flat = op.matvec
 
@@ -208,10 +253,27 @@ def _with_matvec_flat(op):
     return op
 
 
-def hutchinson_diagonal(op, num_samples=100, seed=0):
-    """diag(A) ~ mean of z * (A z) over Rademacher z (Bekas et al. 2007), for any operator
-    of this package (or a dense matrix); returns (estimate, standard_error), float64 numpy
-    [n] each. The variance of one sample's entry i is sum_{j != i} A_ij^2. num_samples >= 2."""
+def hutchinson_diagonal(op: Union[tf.linalg.LinearOperator, TensorLike], num_samples: int = 100,
+                        seed: int = 0) -> Tuple[np.ndarray, np.ndarray]:
+    """The diagonal of an operator by Hutchinson's estimator (Bekas et al. 2007).
+
+    diag(A) ~ mean of z * (A z) over Rademacher z, for any operator of this package (or a
+    dense matrix). The variance of one sample's entry i is sum over j != i of A_ij^2.
+
+    Args:
+      op: a curvature operator (anything with `matvec_flat`), any square
+        `tf.linalg.LinearOperator` (e.g. `KFACOperator`) or a dense square matrix.
+      num_samples: products (an int >= 2: the standard error needs two).
+      seed: the probes' numpy seed.
+
+    Returns:
+      `(estimate, standard_error)`, float64 numpy [n] each.
+
+    Raises:
+      ArgumentError: `num_samples` below 2.
+      ValueError: `op` is not square.
+      FloatingPointError: a product is not finite.
+    """
     num = checks.integer(num_samples, "num_samples", "hutchinson_diagonal", least=2)
     matvec, n = as_matvec(_with_matvec_flat(op))
     z = np.random.default_rng(seed).choice([-1.0, 1.0], size=(num, n))

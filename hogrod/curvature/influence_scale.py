@@ -8,7 +8,7 @@
   grad L(train_i; theta_k)>` over saved checkpoints; positive = proponent (training on the
   example lowered the test loss), the OPPOSITE sign of I_up,loss.
 - `self_influence`: each training example with itself, for `influence`, `ekfac_influence`
-  or `tracin`: `g^T (H + damping I)^{-1} g` or `sum_k lr_k |g_k|^2`, large = unusual
+  or `tracin`: `g^T (H + damping I)^{-1} g` or `sum_k lr_k ||g_k||^2`, large = unusual
   (mislabeled examples rank high); `mislabel_detection_rate` scores such a ranking.
 - `linear_datamodeling_score` (LDS, Park et al. 2023) with `subset_retraining`: the
   Spearman correlation between the group effect an attribution predicts for random training
@@ -18,6 +18,8 @@ Per-example gradients are `per_example.py`'s (one vectorized Jacobian per batch)
 flat vector of `model.trainable_variables` (the operators' order).
 """
 
+
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import keras
 import numpy as np
@@ -31,6 +33,7 @@ from hogrod.curvature.kfac import EKFACOperator, KFACOperator
 from hogrod.curvature.likelihood import per_example_loss
 from hogrod.curvature.operators import HessianOperator
 from hogrod.curvature.per_example import gradient_rows
+from hogrod.types import Batch, Loss, TensorLike
 
 __all__ = ["ekfac_influence", "tracin", "self_influence", "linear_datamodeling_score",
            "subset_retraining", "mislabel_detection_rate"]
@@ -89,11 +92,15 @@ def _precondition(op, g, batch_size):
     return np.concatenate(out).astype(np.float64) if out else np.zeros_like(g)
 
 
-def ekfac_influence(model, loss, train, test, damping, data=None, fisher="type2",
-                    approx="expand", operator=None, batch_size=256):
-    """The [n_test, n_train] matrix -grad L(test)^T (EK-FAC + damping I)^{-1} grad L(train_i).
+def ekfac_influence(model: keras.Model, loss: Loss, train: Tuple[TensorLike, TensorLike],
+                    test: Tuple[TensorLike, TensorLike], damping: float,
+                    data: Optional[Batch] = None, fisher: str = "type2", approx: str = "expand",
+                    operator: Optional[Union[EKFACOperator, KFACOperator]] = None,
+                    batch_size: int = 256) -> np.ndarray:
+    """Influence functions with EK-FAC for the Hessian.
 
-    The I_up,loss of `influence` with the Hessian replaced by EK-FAC (George et al. 2018)
+    The [n_test, n_train] matrix -grad L(test)^T (EK-FAC + damping I)^{-1} grad L(train_i):
+    the I_up,loss of `influence` with the Hessian replaced by EK-FAC (George et al. 2018)
     of the Gauss-Newton matrix / Fisher of the mean training loss (kronfluence's scores).
 
     Args:
@@ -101,19 +108,28 @@ def ekfac_influence(model, loss, train, test, damping, data=None, fisher="type2"
         pass an `operator` built with other_layers="diagonal" for them).
       loss: a Keras loss object or per-example `loss(y_true, y_pred) -> [batch]`. A
         regularizer inside it enters the gradients but not the Gauss-Newton factors (it does
-        not depend on the outputs): add its curvature (l2 for 0.5 * l2 * |w|^2) to `damping`.
-        Either reduction of a Keras loss gives the scores of the mean training loss.
-      train, test: `(x, y)` arrays or tensors.
+        not depend on the outputs): add its curvature (l2 for ``0.5 * l2 * ||w||^2``) to
+        `damping`. Either reduction of a Keras loss gives the scores of the mean training
+        loss.
+      train: the training examples, an `(x, y)` pair of arrays or tensors.
+      test: the test examples, an `(x, y)` pair of arrays or tensors.
       damping: > 0, added to EK-FAC before inverting (kronfluence's heuristic, when its
         damping_factor is None, is 0.1 x the mean corrected eigenvalue of each layer).
-      data: the batch or tf.data set the factors are fitted on (default `train`).
-      fisher, approx: as for `EKFACOperator`.
+      data: the batch or tf.data set the factors are fitted on (default None: `train`).
+      fisher: "type2", "mc" or "empirical", as for `EKFACOperator`.
+      approx: "expand" or "reduce" for weight-sharing layers, as for `EKFACOperator`.
       operator: a fitted `EKFACOperator` (or `KFACOperator`) of this model to reuse; its
-        factors are used with this `damping`.
-      batch_size: examples per vectorized gradient pass and per batched solve.
+        factors are used with this `damping` (`data`, `fisher`, `approx` unused).
+      batch_size: examples per vectorized gradient pass and per batched solve (>= 1).
+
     Returns:
       numpy float64 [n_test, n_train], positive = up-weighting the example raises the test
       loss.
+
+    Raises:
+      ArgumentError: `damping` not positive, `batch_size` below 1.
+      ValueError: `train` or `test` not an `(x, y)` pair, or `operator` of another size.
+      TypeError: `operator` neither an EKFACOperator nor a KFACOperator.
     """
     where = "ekfac_influence"
     train, test = _pair(train, "train", where), _pair(test, "test", where)
@@ -188,23 +204,36 @@ def _over_checkpoints(model, checkpoints, learning_rates, fn, where):
     return total
 
 
-def tracin(model, loss, train, test, checkpoints, learning_rates, batch_size=256):
-    """TracIn-CP (Pruthi et al. 2020): [n_test, n_train] of
-    sum_k lr_k <grad L(test_t; theta_k), grad L(train_i; theta_k)>.
+def tracin(model: keras.Model, loss: Loss, train: Tuple[TensorLike, TensorLike],
+           test: Tuple[TensorLike, TensorLike],
+           checkpoints: Sequence[Union[Sequence[np.ndarray], str, keras.Model]],
+           learning_rates: Sequence[float], batch_size: int = 256) -> np.ndarray:
+    """TracIn-CP (Pruthi et al. 2020): gradient dot products summed over checkpoints.
+
+    The [n_test, n_train] matrix of sum_k lr_k <grad L(test_t; theta_k), grad L(train_i;
+    theta_k)>.
 
     Args:
       model: the Keras 3 model the checkpoints are of (its weights are restored after).
       loss: a Keras loss object or per-example `loss(y_true, y_pred) -> [batch]`.
-      train, test: `(x, y)` arrays or tensors.
+      train: the training examples, an `(x, y)` pair of arrays or tensors.
+      test: the test examples, an `(x, y)` pair of arrays or tensors.
       checkpoints: a list, each entry the weights of one checkpoint as `model.get_weights()`
         gives them, a `*.weights.h5` file (`model.save_weights`) or a Keras model of the same
         architecture.
       learning_rates: one positive learning rate per checkpoint (the step size in effect
         between checkpoints).
-      batch_size: examples per vectorized gradient pass.
+      batch_size: examples per vectorized gradient pass (>= 1).
+
     Returns:
       numpy float64 [n_test, n_train]; positive = proponent (training on the example lowered
       the test loss): the opposite sign of `influence`'s I_up,loss.
+
+    Raises:
+      TypeError: `checkpoints` or `learning_rates` not lists, or an entry of an unknown kind.
+      ValueError: `train` or `test` not an `(x, y)` pair, no checkpoint, lengths that differ,
+        or a checkpoint of other shapes than the model's weights.
+      ArgumentError: a learning rate not positive, `batch_size` below 1.
     """
     where = "tracin"
     train, test = _pair(train, "train", where), _pair(test, "test", where)
@@ -259,14 +288,30 @@ def _tracin_self(model, loss, train, checkpoints, learning_rates, batch_size=256
 _SELF = {influence: _exact_self, ekfac_influence: _ekfac_self, tracin: _tracin_self}
 
 
-def self_influence(method, model, loss, train, **kwargs):
-    """[n_train] float64: each training example scored with itself by `method`.
+def self_influence(method: Callable[..., np.ndarray], model: keras.Model, loss: Loss,
+                   train: Tuple[TensorLike, TensorLike], **kwargs: Any) -> np.ndarray:
+    """Each training example scored with itself by an attribution method.
 
-    `method` is the function `influence` (g^T (H + damping I)^{-1} g, from the dense Hessian:
-    small models), `ekfac_influence` (g^T (EK-FAC + damping I)^{-1} g) or `tracin`
-    (sum_k lr_k |g_k|^2); `kwargs` are its keyword arguments (damping=, checkpoints=,
-    learning_rates=, ...). All are >= 0 for a positive-definite curvature; large = the model
-    finds the example hard to fit (mislabeled examples rank high).
+    All scores are >= 0 for a positive-definite curvature; large = the model finds the
+    example hard to fit (mislabeled examples rank high; `mislabel_detection_rate`).
+
+    Args:
+      method: the function `influence` (g^T (H + damping I)^{-1} g, from the dense Hessian:
+        small models), `ekfac_influence` (g^T (EK-FAC + damping I)^{-1} g) or `tracin`
+        (``sum_k lr_k ||g_k||^2``).
+      model: the trained Keras 3 model, as `method` takes it.
+      loss: a Keras loss object or per-example `loss(y_true, y_pred) -> [batch]`.
+      train: the training examples, an `(x, y)` pair of arrays or tensors.
+      **kwargs: `method`'s other keyword arguments (damping=, params=, data=, operator=,
+        checkpoints=, learning_rates=, batch_size=, ...; no `test`).
+
+    Returns:
+      float64 numpy [n_train].
+
+    Raises:
+      TypeError: `method` is not one of the three functions, or `kwargs` misses or adds an
+        argument of it.
+      ValueError: `train` is not an `(x, y)` pair; as `method` raises.
     """
     try:
         fn = _SELF[method]
@@ -308,10 +353,14 @@ def _subset_masks(subsets, n_train, where):
     return masks
 
 
-def linear_datamodeling_score(scores, subsets, subset_test_losses, per_test=False):
-    """LDS (Park et al. 2023): for each test point t, the Spearman rank correlation over
-    subsets S_j between the predicted group effect sum_{i in S_j} scores[t, i] and the test
-    loss measured after retraining on S_j; the mean over test points.
+def linear_datamodeling_score(scores: TensorLike, subsets: Union[np.ndarray, Sequence[Any]],
+                              subset_test_losses: TensorLike, per_test: bool = False
+                              ) -> Union[float, Tuple[float, np.ndarray]]:
+    """The linear datamodeling score (LDS, Park et al. 2023) of an attribution.
+
+    For each test point t, the Spearman rank correlation over subsets S_j between the
+    predicted group effect sum_{i in S_j} scores[t, i] and the test loss measured after
+    retraining on S_j; the mean over test points.
 
     Args:
       scores: [n_test, n_train] attribution with positive = the example RAISES the test loss
@@ -319,8 +368,13 @@ def linear_datamodeling_score(scores, subsets, subset_test_losses, per_test=Fals
       subsets: [num_subsets, n_train] boolean mask, or a list of index arrays (>= 3 subsets).
       subset_test_losses: [num_subsets, n_test] test losses after retraining on each subset.
       per_test: also return the [n_test] correlations.
+
     Returns:
-      the mean correlation (float), or (mean, per-test array) with per_test=True.
+      The mean correlation (a float), or `(mean, [n_test] correlations)` if per_test.
+
+    Raises:
+      ValueError: shapes that do not match, fewer than 3 subsets, values that are not
+        finite, or a test point whose prediction or loss is constant over the subsets.
     """
     where = "linear_datamodeling_score"
     scores = np.asarray(scores, np.float64)
@@ -347,7 +401,9 @@ def linear_datamodeling_score(scores, subsets, subset_test_losses, per_test=Fals
     return (float(rhos.mean()), rhos) if per_test else float(rhos.mean())
 
 
-def subset_retraining(retrain, n_train, num_subsets, fraction=0.5, seed=0):
+def subset_retraining(retrain: Callable[[np.ndarray], TensorLike], n_train: int,
+                      num_subsets: int, fraction: float = 0.5,
+                      seed: int = 0) -> Tuple[np.ndarray, np.ndarray]:
     """Random training subsets and the test losses after retraining on each, for LDS.
 
     Args:
@@ -356,8 +412,18 @@ def subset_retraining(retrain, n_train, num_subsets, fraction=0.5, seed=0):
       n_train: the number of training examples.
       num_subsets: how many subsets (>= 3), each of round(fraction * n_train) examples drawn
         without replacement.
+      fraction: the share of the training set in each subset, in (0, 1); it must leave at
+        least one example in and one out.
+      seed: the numpy seed of the draws.
+
     Returns:
-      (subsets [num_subsets, n_train] bool, losses [num_subsets, n_test] float64).
+      `(subsets [num_subsets, n_train] bool, losses [num_subsets, n_test] float64)`.
+
+    Raises:
+      TypeError: `retrain` is not callable.
+      ArgumentError: `n_train` below 2 or `num_subsets` below 3.
+      ValueError: `fraction` out of range, or `retrain` returning other than one [n_test]
+        vector of the same length each time.
     """
     where = "subset_retraining"
     if not callable(retrain):
@@ -384,14 +450,22 @@ def subset_retraining(retrain, n_train, num_subsets, fraction=0.5, seed=0):
     return masks, np.stack(losses)
 
 
-def mislabel_detection_rate(self_scores, flipped, fractions=(0.1, 0.2)):
-    """{fraction: the fraction of the flipped examples among the top `fraction` of the
-    training set by self-influence (largest first)}.
+def mislabel_detection_rate(self_scores: TensorLike, flipped: TensorLike,
+                            fractions: Sequence[float] = (0.1, 0.2)) -> Dict[float, float]:
+    """The share of the mislabeled examples found among the top self-influence scores.
 
     Args:
       self_scores: [n_train] scores (e.g. `self_influence`), large = suspicious.
       flipped: [n_train] boolean mask or an array of indices of the mislabeled examples.
       fractions: fractions of the training set inspected, each in (0, 1].
+
+    Returns:
+      {fraction: the fraction of the flipped examples among the top `fraction` of the
+      training set by `self_scores` (largest first)}.
+
+    Raises:
+      ValueError: `self_scores` not a finite vector, `flipped` neither a mask nor distinct
+        indices or marking no example, a fraction out of (0, 1] or inspecting none.
     """
     where = "mislabel_detection_rate"
     s = np.asarray(self_scores, np.float64)

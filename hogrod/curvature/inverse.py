@@ -1,6 +1,7 @@
 """Inverse-Hessian-vector products: damped conjugate gradient (`hogrod.linalg.cg`) and LiSSA."""
 
 import inspect
+from typing import Callable, Optional, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -8,11 +9,12 @@ from absl import logging
 
 from hogrod import checks, linalg
 from hogrod.curvature.eigen import as_matvec, host_solver
+from hogrod.types import TensorLike
 
 __all__ = ["conjugate_gradient", "lissa"]
 
 
-def _takes_index(matvec):
+def _takes_index(matvec: Callable[..., np.ndarray]) -> bool:
     """Whether a host product is `matvec(v, k)` rather than `matvec(v)`."""
     try:
         inspect.signature(matvec).bind(None)
@@ -23,8 +25,10 @@ def _takes_index(matvec):
         return False
 
 
-def conjugate_gradient(op, b, damping=0.0, tol=1e-8, maxiter=None):
-    """Solve (A + damping I) x = b by conjugate gradient (`hogrod.linalg.cg`).
+def conjugate_gradient(op: Union[tf.linalg.LinearOperator, TensorLike], b: TensorLike,
+                       damping: float = 0.0, tol: float = 1e-8,
+                       maxiter: Optional[int] = None) -> Tuple[np.ndarray, int]:
+    """Solves (A + damping I) x = b by conjugate gradient (`hogrod.linalg.cg`).
 
     A must be positive definite once damped: a curvature p^T (A + damping I) p <= 0 (a
     singular or indefinite system) is an error that says so, never a silent NaN. Stopping
@@ -35,9 +39,14 @@ def conjugate_gradient(op, b, damping=0.0, tol=1e-8, maxiter=None):
       b: the right-hand side, a vector of length n.
       damping: added to A's diagonal (>= 0).
       tol: the relative residual to reach (>= 0).
-      maxiter: the most iterations (default 10 n).
+      maxiter: the most iterations (an int >= 1; default None: 10 n).
+
     Returns:
-      `(x, iterations)`: x float64 numpy [n].
+      `(x, iterations)`: x float64 numpy [n], the iterations run (an int).
+
+    Raises:
+      ArgumentError: an argument out of its range, or `b` not of shape [n].
+      ValueError: a curvature ``p^T (A + damping I) p <= 0`` (singular or indefinite).
     """
     where = "conjugate_gradient"
     damping = checks.nonnegative(damping, "damping", where)
@@ -61,8 +70,10 @@ def conjugate_gradient(op, b, damping=0.0, tol=1e-8, maxiter=None):
     return x, int(info.iterations)
 
 
-def lissa(op, b, damping=0.01, scale=10.0, maxiter=200, tol=0.0, repeats=1):
-    """LiSSA (Agarwal et al. 2017): the truncated Neumann series of (A + damping I)^{-1} b.
+def lissa(op: Union[tf.linalg.LinearOperator, TensorLike, Callable[..., np.ndarray]],
+          b: TensorLike, damping: float = 0.01, scale: float = 10.0, maxiter: int = 200,
+          tol: float = 0.0, repeats: int = 1) -> np.ndarray:
+    """The truncated Neumann series of (A + damping I)^{-1} b: LiSSA (Agarwal et al. 2017).
 
     `hogrod.linalg.neumann` with step 1 / scale: h_j = b + (1 - damping/scale) h_{j-1} -
     A h_{j-1} / scale, result h / scale. `scale` must exceed the largest eigenvalue of
@@ -78,9 +89,14 @@ def lissa(op, b, damping=0.01, scale=10.0, maxiter=200, tol=0.0, repeats=1):
       scale: the series' scale, > 0.
       maxiter: the most terms after the first (>= 0).
       tol: stop once a term's norm is <= tol ||b|| (0 runs all `maxiter` terms).
-      repeats: runs averaged (> 1 helps with minibatch products).
+      repeats: runs averaged (>= 1; > 1 helps with minibatch products).
+
     Returns:
-      float64 numpy [n].
+      The estimate of (A + damping I)^{-1} b, float64 numpy [n].
+
+    Raises:
+      ArgumentError: an argument out of its range, or `b` not of shape [n].
+      ValueError: the series diverged (`scale` too small).
     """
     where = "lissa"
     damping = checks.nonnegative(damping, "damping", where)

@@ -1,9 +1,11 @@
 """Kronecker-factored curvature: K-FAC and EK-FAC as `tf.linalg.LinearOperator`s.
 
 Both act on the flat vector of `model.trainable_variables` (the order of `hogrod.hessian`
-and of the other operators here) and approximate the Gauss-Newton matrix / Fisher of the
-objective `L = mean(loss(y, model(x)))` (a Keras loss `loss(y_true, y_pred)`), averaged
-over a data set like the other operators (each batch weighted by its size).
+and of the other operators here), or of `params=` (kernels and biases of the factored
+layers: a layer is factored when its kernel is among them), and approximate the
+Gauss-Newton matrix / Fisher of the objective `L = mean(loss(y, model(x)))` (a Keras loss
+`loss(y_true, y_pred)`), averaged over a data set like the other operators (each batch
+weighted by its size).
 
 Blocks, one per layer (the approximation is block-diagonal over layers):
 
@@ -67,10 +69,14 @@ with the same expectation.
 
 import functools
 import itertools
+from typing import Dict, List, Optional, Tuple
+
+import keras
 
 import tensorflow as tf
 
 from hogrod import checks
+from hogrod.types import Batch, Loss, Params, TensorLike
 from hogrod.curvature.kronecker import (KRON_PRODUCTS, KroneckerFactors, kron_plan, rotate,
                                         row_count)
 
@@ -83,12 +89,16 @@ class _Kronecker(tf.linalg.LinearOperator):
 
     _eigen_corrected = False
 
-    def __init__(self, model, loss, data, fisher="type2", approx="expand", damping=0.0, *,
-                 mc_samples=1, seed=0, other_layers="raise", strategy=None):
+    def __init__(self, model: keras.Model, loss: Loss, data: Batch, fisher: str = "type2",
+                 approx: str = "expand", damping: float = 0.0, *, mc_samples: int = 1,
+                 seed: int = 0, other_layers: str = "raise",
+                 strategy: Optional[tf.distribute.Strategy] = None,
+                 params: Optional[Params] = None) -> None:
         where = type(self).__name__
         damping = checks.nonnegative(damping, "damping", where)
         factors = KroneckerFactors(model, loss, data, fisher, approx, mc_samples, seed,
-                                   other_layers, self._eigen_corrected, where, strategy)
+                                   other_layers, self._eigen_corrected, where, strategy,
+                                   params)
         self._setup(factors, damping)
 
     def _setup(self, factors, damping):
@@ -100,31 +110,45 @@ class _Kronecker(tf.linalg.LinearOperator):
                          is_positive_definite=True if damping > 0 else None,
                          name=type(self).__name__)
 
-    def with_damping(self, damping):
-        """The same factors (nothing recomputed) with another damping."""
+    def with_damping(self, damping: float) -> "_Kronecker":
+        """The same factors (nothing recomputed) with another damping.
+
+        Args:
+          damping: the new damping (>= 0).
+
+        Returns:
+          An operator of this class sharing this one's factors (a `refresh` of either
+          updates both).
+        """
         op = object.__new__(type(self))
         op._setup(self._f, checks.nonnegative(damping, "damping", type(self).__name__))
         return op
 
     @property
-    def eigendecompositions(self):
+    def eigendecompositions(self) -> Dict[str, Tuple[tf.Tensor, ...]]:
         """{layer name: (evals_A, Q_A, evals_G, Q_G)} for the factored layers; A = Q_A
         diag(evals_A) Q_A^T over [kernel rows..., bias] inputs, G over output units."""
         return dict(self._f.eigen)
 
     @property
-    def factors(self):
+    def factors(self) -> Dict[str, Tuple[tf.Tensor, tf.Tensor]]:
         """{layer name: (A, G)} for the factored layers."""
         return {name: (self._f.A[name], self._f.G[name]) for name in self._f.A}
 
     @property
-    def diagonals(self):
+    def diagonals(self) -> Dict[str, List[tf.Tensor]]:
         """{layer name: [exact diagonal per variable]} for other_layers='diagonal' layers."""
         return dict(self._f.diag)
 
-    def refresh(self):
-        """Recompute the factors (and eigenbases, corrections) at the model's current weights;
-        every operator sharing them (`with_damping`) sees the new ones."""
+    def refresh(self) -> "_Kronecker":
+        """Recomputes the factors (and eigenbases, corrections) at the model's current weights.
+
+        Every operator sharing them (`with_damping`) sees the new ones; the compiled products
+        are reused (no retrace).
+
+        Returns:
+          self.
+        """
         self._f.refresh()
         return self
 
@@ -221,12 +245,26 @@ class _Kronecker(tf.linalg.LinearOperator):
                              f"singular in general); got damping={self.damping}. Use "
                              "with_damping(d) for an operator with the same factors")
 
-    def matvec_flat(self, vector):
-        """The product with one flat vector of length n."""
+    def matvec_flat(self, vector: TensorLike) -> tf.Tensor:
+        """The product with one flat vector, `(approximation + damping I) v`.
+
+        Args:
+          vector: a vector of length n (converted to this operator's dtype).
+
+        Returns:
+          A tensor of length n at this operator's dtype.
+        """
         return self.matvec(tf.convert_to_tensor(vector, self.dtype))
 
-    def logdet(self):
-        """log det(approximation + damping I) (damping > 0)."""
+    def logdet(self) -> tf.Tensor:
+        """The log-determinant log det(approximation + damping I).
+
+        Returns:
+          A scalar tensor at this operator's dtype.
+
+        Raises:
+          ValueError: damping is 0 (the factors are singular in general).
+        """
         self._require_damping("logdet")
         d = self._damping_t
         total = tf.zeros([], self.dtype)
@@ -248,19 +286,46 @@ class _Kronecker(tf.linalg.LinearOperator):
 
 
 class KFACOperator(_Kronecker):
-    """K-FAC: `A (x) G` per Dense / Conv2D layer (+ damping * I); see the module docstring.
+    """K-FAC: ``A (x) G`` per Dense / Conv2D layer, plus ``damping * I``.
+
+    A `tf.linalg.LinearOperator` on the flat vector of `model.trainable_variables` (or of
+    `params`):
+    `matvec`/`matmul` (and `matvec_flat`) give ``(approximation + damping I) v``, `solve`
+    the damped inverse, `logdet()` its log-determinant, `with_damping(d)` the same factors
+    with another damping, `refresh()` the factors at the current weights;
+    `eigendecompositions`, `factors` and `diagonals` expose the blocks.
+    `hogrod.curvature.kfac` documents the blocks and the approximations.
 
     Args:
-      model: a built Keras 3 model.
-      loss: a Keras loss `loss(y_true, y_pred)`; the objective is `mean(loss(y, model(x)))`.
-      data: one `(x, y)` batch or a `tf.data.Dataset` of them.
-      fisher: "type2" | "mc" | "empirical".
-      approx: "expand" | "reduce" (weight-sharing layers, Eschenhagen et al. 2023).
-      damping: added to the diagonal (>= 0; `solve`/`logdet` need > 0).
-      mc_samples, seed: the sampled labels of fisher="mc".
-      other_layers: "raise" | "diagonal" for layers with weights K-FAC does not factor.
+      model: a built Keras 3 model, called as `model(x, training=False)`.
+      loss: a Keras loss `loss(y_true, y_pred)`; the objective is `mean(loss(y, model(x)))`
+        (fisher="mc" samples labels from its likelihood: one of the Keras losses
+        `FisherOperator` takes; "mc" and "empirical" need a batch-mean reduction).
+      data: one `(x, y)` batch or a `tf.data.Dataset` of them (a Dataset under a strategy).
+      fisher: "type2" (default), "mc" or "empirical": the curvature approximated.
+      approx: "expand" (default) or "reduce" for weight-sharing layers (Eschenhagen et al.
+        2023); the same without weight sharing.
+      damping: added to the diagonal (>= 0, default 0; `solve`/`logdet` need > 0).
+      mc_samples: labels sampled per example for fisher="mc" (an int >= 1).
+      seed: the stateless sampling key of fisher="mc" (an int >= 0).
+      other_layers: "raise" (default: refuse a layer with weights K-FAC does not factor,
+        naming it) or "diagonal" (its variables get the exact diagonal).
       strategy: a tf.distribute.Strategy to split each batch of `data` (a Dataset) over;
-        `refresh` recomputes under it too.
+        `refresh` recomputes under it too. Default None, one device.
+      params: the variables the operator acts on, in their order (default None: every
+        trainable variable): kernels and biases of Dense / Conv2D layers the operator
+        factors (e.g. `layer_params(model, name)`); `other_layers` is then unused. A layer
+        is factored when its kernel is in `params`: with its bias, its block is the one of
+        the operator over every variable; with the kernel alone, the factors are over the
+        kernel's inputs (for K-FAC the full block's kernel rows and columns).
+
+    Raises:
+      ArgumentError: an argument out of its choices or range; `params` holding a variable
+        that is not the kernel or bias of a layer factored, or a bias without its kernel.
+      ValueError: the model is not built or has no trainable variables, a layer K-FAC
+        cannot factor with other_layers="raise", or a loss fisher="mc" cannot sample from
+        or whose reduction the Fisher cannot take.
+      TypeError: `loss` not callable, or variables that do not share one floating dtype.
     """
 
     def _eigenvalues(self, name):
@@ -275,14 +340,48 @@ class KFACOperator(_Kronecker):
 
 
 class EKFACOperator(_Kronecker):
-    """EK-FAC (George et al. 2018): K-FAC's eigenbasis with the eigenvalues replaced by the
-    exact diagonal of the curvature in that basis (`corrected_eigenvalues`). Same arguments
-    as `KFACOperator`."""
+    """EK-FAC (George et al. 2018): K-FAC's eigenbasis with corrected eigenvalues.
+
+    The eigenvalues ``evals_A (x) evals_G`` of `KFACOperator` are replaced by the exact
+    diagonal of the same curvature in the eigenbasis ``Q_A (x) Q_G``
+    (`corrected_eigenvalues`); the operator's methods are `KFACOperator`'s.
+
+    Args:
+      model: a built Keras 3 model, called as `model(x, training=False)`.
+      loss: a Keras loss `loss(y_true, y_pred)`; the objective is `mean(loss(y, model(x)))`
+        (fisher="mc" samples labels from its likelihood: one of the Keras losses
+        `FisherOperator` takes; "mc" and "empirical" need a batch-mean reduction).
+      data: one `(x, y)` batch or a `tf.data.Dataset` of them (a Dataset under a strategy).
+      fisher: "type2" (default), "mc" or "empirical": the curvature approximated.
+      approx: "expand" (default) or "reduce" for weight-sharing layers (Eschenhagen et al.
+        2023); the same without weight sharing.
+      damping: added to the diagonal (>= 0, default 0; `solve`/`logdet` need > 0).
+      mc_samples: labels sampled per example for fisher="mc" (an int >= 1).
+      seed: the stateless sampling key of fisher="mc" (an int >= 0).
+      other_layers: "raise" (default: refuse a layer with weights K-FAC does not factor,
+        naming it) or "diagonal" (its variables get the exact diagonal).
+      strategy: a tf.distribute.Strategy to split each batch of `data` (a Dataset) over;
+        `refresh` recomputes under it too. Default None, one device.
+      params: the variables the operator acts on, in their order (default None: every
+        trainable variable): kernels and biases of Dense / Conv2D layers the operator
+        factors (e.g. `layer_params(model, name)`); `other_layers` is then unused. A layer
+        is factored when its kernel is in `params`: with its bias, its block is the one of
+        the operator over every variable; with the kernel alone, the factors are over the
+        kernel's inputs (for K-FAC the full block's kernel rows and columns).
+
+    Raises:
+      ArgumentError: an argument out of its choices or range; `params` holding a variable
+        that is not the kernel or bias of a layer factored, or a bias without its kernel.
+      ValueError: the model is not built or has no trainable variables, a layer K-FAC
+        cannot factor with other_layers="raise", or a loss fisher="mc" cannot sample from
+        or whose reduction the Fisher cannot take.
+      TypeError: `loss` not callable, or variables that do not share one floating dtype.
+    """
 
     _eigen_corrected = True
 
     @property
-    def corrected_eigenvalues(self):
+    def corrected_eigenvalues(self) -> Dict[str, tf.Tensor]:
         """{layer name: [d_in, d_out] eigenvalues for the basis vectors Q_A[:, i] (x) Q_G[:, j]}."""
         return dict(self._f.corrected)
 

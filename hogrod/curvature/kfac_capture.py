@@ -6,14 +6,18 @@ Used by `kronecker.KroneckerFactors`; see `kfac.py` for the approximation.
 """
 
 import contextlib
+from typing import List
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from hogrod import checks
 from hogrod.curvature.data import batch_loss
+from hogrod.types import Tensor
 
-__all__ = ["Block", "leaf_layers", "factorable", "layer_blocks", "capture", "trailing",
+__all__ = ["Block", "leaf_layers", "factorable", "layer_blocks", "param_blocks", "capture",
+           "trailing",
            "layer_rows", "without_rows", "output_cotangents", "backward"]
 
 
@@ -83,6 +87,67 @@ def layer_blocks(model, other_layers, where):
     if rest:
         raise ValueError(f"{where}: trainable variables {rest} belong to no leaf layer "
                          "(weights added to the model itself); K-FAC has no block for them")
+    return blocks
+
+
+def param_blocks(model: keras.Model, params: List[Tensor], where: str) -> List[Block]:
+    """The blocks of a subset of the supported layers' variables: the principal submatrix of
+    the K-FAC of every trainable variable on them.
+
+    A layer is factored when its kernel is in `params`, jointly with its bias when that is
+    in `params` too (the ones column), else over its kernel alone (A's kernel rows and
+    columns: the same submatrix). The blocks' indices are positions in `params`.
+
+    Args:
+      model: the model the operator is of.
+      params: the flat list of the variables given (`checks.params`).
+      where: the public operator, first in the messages.
+
+    Returns:
+      The `Block`s, in the model's layer order.
+
+    Raises:
+      ArgumentError: naming `params`: an entry that is not the kernel or bias of a Dense /
+        Conv2D layer of the model that K-FAC factors, a repeated one, or a bias without its
+        layer's kernel.
+    """
+    owners = {}  # id(variable) -> (layer, "kernel" | "bias")
+    for layer in leaf_layers(model):
+        for role in ("kernel", "bias"):
+            v = getattr(layer, role, None) if type(layer) in (keras.layers.Dense,
+                                                              keras.layers.Conv2D) else None
+            if v is not None:
+                owners[id(v)] = (layer, role)
+    position, chosen = {}, {}
+    for i, p in enumerate(params):
+        name = getattr(p, "path", None) or getattr(p, "name", type(p).__name__)
+        if id(p) in position:
+            raise checks.ArgumentError(f"{where}: params[{i}] ({name}) repeats params"
+                                       f"[{position[id(p)]}]; pass each variable once")
+        if id(p) not in owners:
+            raise checks.ArgumentError(
+                f"{where}: params[{i}] ({name}) is not the kernel or bias of a "
+                "keras.layers.Dense or keras.layers.Conv2D layer of the model; K-FAC factors "
+                "only those (e.g. params=layer_params(model, name))")
+        layer, role = owners[id(p)]
+        why = factorable(layer)
+        if why is not None:
+            raise checks.ArgumentError(
+                f"{where}: params[{i}] ({name}) belongs to layer '{layer.name}', which K-FAC "
+                f"cannot factor ({why}); leave it out of params")
+        position[id(p)] = i
+        chosen.setdefault(layer.name, {})[role] = i
+    blocks = []
+    for layer in leaf_layers(model):
+        roles = chosen.get(layer.name)
+        if roles is None:
+            continue
+        if "kernel" not in roles:
+            raise checks.ArgumentError(
+                f"{where}: params[{roles['bias']}] is the bias of layer '{layer.name}' without "
+                "its kernel; K-FAC factors a layer by its kernel: add the kernel to params")
+        indices = [roles["kernel"]] + ([roles["bias"]] if "bias" in roles else [])
+        blocks.append(Block("kfac", layer, indices, [tuple(params[i].shape) for i in indices]))
     return blocks
 
 

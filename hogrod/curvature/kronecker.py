@@ -4,6 +4,8 @@ eigenvalues (`KroneckerFactors`), and the products with them chosen by flop coun
 (`kron_plan`, `KRON_PRODUCTS`, `rotate`). The operators are in `kfac.py`.
 """
 
+from typing import Callable, Tuple
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -12,7 +14,8 @@ from hogrod import checks
 from hogrod.curvature.data import (MEAN_REDUCTIONS, accumulate, check_loss_dtype,
                                    compile_closure, data_batches, fold_replica, replica_sums)
 from hogrod.curvature.kfac_capture import (backward, layer_blocks, capture, layer_rows,
-                                           output_cotangents, trailing, without_rows)
+                                           output_cotangents, param_blocks, trailing,
+                                           without_rows)
 from hogrod.curvature.likelihood import likelihood_of
 
 __all__ = ["FISHERS", "APPROXES", "OTHER_LAYERS", "KroneckerFactors", "kron_plan",
@@ -62,7 +65,7 @@ class KroneckerFactors:
     """Everything shared between operators that differ only in damping."""
 
     def __init__(self, model, loss, data, fisher, approx, mc_samples, seed, other_layers,
-                 eigen_corrected, where, strategy=None):
+                 eigen_corrected, where, strategy=None, params=None):
         if not isinstance(model, keras.Model) or not model.built:
             raise ValueError(f"{where}: model must be a built keras.Model, got {model!r}")
         if not callable(loss):
@@ -74,7 +77,8 @@ class KroneckerFactors:
         mc_samples = checks.integer(mc_samples, "mc_samples", where, least=1)
         seed = checks.seed(seed, "seed", where)
         batches = data_batches(data, where, strategy, pair=True)  # before work on the model
-        variables = model.trainable_variables
+        variables = (model.trainable_variables if params is None
+                     else checks.params(params, where))
         if not variables:
             raise ValueError(f"{where}: model '{model.name}' has no trainable variables")
         dtypes = {tf.as_dtype(v.dtype) for v in variables}
@@ -88,7 +92,8 @@ class KroneckerFactors:
                 and loss.reduction not in MEAN_REDUCTIONS:
             raise ValueError(f"{where}: fisher={fisher!r} needs a mean-reduced loss "
                              f"(reduction='sum_over_batch_size'), got {loss.reduction!r}")
-        self.blocks = layer_blocks(model, other_layers, where)
+        self.blocks = (layer_blocks(model, other_layers, where) if params is None
+                       else param_blocks(model, variables, where))
         self.sizes = [int(np.prod(v.shape)) for v in variables]
         self.n = sum(self.sizes)
         self.approx, self.where = approx, where
@@ -277,7 +282,8 @@ class KroneckerFactors:
         self.corrected = {name: t / count for name, t in totals.items()}
 
 
-def rotate(block, v, fn):
+def rotate(block: Tuple[tf.Tensor, tf.Tensor, tf.Tensor], v: tf.Tensor,
+           fn: Callable[[tf.Tensor, tf.Tensor], tf.Tensor]) -> tf.Tensor:
     """Q fn(Q^T v, values) for Q = Q_A (x) Q_G, on a row-major [d_in, d_out] matrix v.
 
     Args:
@@ -285,6 +291,7 @@ def rotate(block, v, fn):
         top eigenvectors are kept.
       v: a [..., d_in, d_out] tensor.
       fn: `fn(w, values)` applied in the eigenbasis.
+
     Returns:
       A tensor shaped like v.
     """

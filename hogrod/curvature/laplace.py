@@ -66,9 +66,15 @@ Differences from laplace-torch:
   predictive's "mc" draws are stateless (`seed`), "bridge" is not offered.
 """
 
+from typing import Optional, Union
+
+import keras
+import tensorflow as tf
+
 from hogrod import checks
 from hogrod.curvature.laplace_base import LIKELIHOODS, SUBSETS
 from hogrod.curvature.posteriors import KRON_BIASES, DiagLaplace, FullLaplace, KronLaplace
+from hogrod.types import TensorLike
 
 __all__ = ["Laplace", "FullLaplace", "DiagLaplace", "KronLaplace", "HESSIANS", "LIKELIHOODS",
            "SUBSETS", "KRON_BIASES"]
@@ -77,19 +83,29 @@ HESSIANS = ("full", "diag", "kron")
 _POSTERIORS = {"full": FullLaplace, "diag": DiagLaplace, "kron": KronLaplace}
 
 
-def Laplace(model, likelihood="regression", subset="all", hessian="full", *,
-            prior_precision=1.0, sigma_noise=1.0, prior_mean=0.0, kron_bias="joint",
-            strategy=None):
-    """The Laplace approximation of `model` at its current weights (see the module
-    docstring for the formulas); call `fit(data)` next.
+def Laplace(model: keras.Model, likelihood: str = "regression", subset: str = "all",
+            hessian: str = "full", *, prior_precision: TensorLike = 1.0,
+            sigma_noise: float = 1.0, prior_mean: TensorLike = 0.0, kron_bias: str = "joint",
+            strategy: Optional[tf.distribute.Strategy] = None
+            ) -> Union[FullLaplace, DiagLaplace, KronLaplace]:
+    """The Laplace approximation of `model` at its current weights; call `fit(data)` next.
+
+    The model's weights theta* are taken as the MAP of the summed log-likelihood plus a
+    Gaussian prior N(prior_mean, diag(1 / prior_precision)); `fit(data)` computes the
+    Gauss-Newton matrix H of the summed negative log-likelihood (as laplace-torch), and the
+    posterior precision is P = H / sigma_noise^2 + diag(prior_precision) (regression) or
+    H + diag(prior_precision) (classification). `hogrod.curvature.laplace` documents the
+    formulas and the differences from laplace-torch.
 
     Args:
       model: a built Keras 3 model; `model(x, training=False)` is [batch, C]: regression
         outputs, or class logits (C >= 2) for classification.
       likelihood: "regression" (Gaussian, noise `sigma_noise`) or "classification"
         (categorical on softmax of the logits).
-      subset: "all" or "last_layer".
-      hessian: "full", "diag" or "kron".
+      subset: "all" (every trainable variable) or "last_layer" (the variables of the model's
+        last layer, which must produce the model's output, on fixed features).
+      hessian: "full" (dense H, `FullLaplace`), "diag" (its exact diagonal, `DiagLaplace`)
+        or "kron" (K-FAC blocks, `KronLaplace`).
       prior_precision: delta > 0: a number, or a vector of one value per variable of the
         subset or per parameter.
       sigma_noise: the regression noise's standard deviation (> 0); must stay 1.0 for
@@ -98,9 +114,14 @@ def Laplace(model, likelihood="regression", subset="all", hessian="full", *,
       kron_bias: hessian="kron": "joint" (kernel and bias in one Kronecker block) or
         "separate" (laplace-torch's: the bias its own block).
       strategy: a tf.distribute.Strategy: `fit`'s operators split each batch of its data (a
-        Dataset) over the replicas; the result equals one device's.
+        Dataset) over the replicas; the result equals one device's. Default None.
+
     Returns:
-      A FullLaplace, DiagLaplace or KronLaplace.
+      A FullLaplace, DiagLaplace or KronLaplace, not yet fitted.
+
+    Raises:
+      ArgumentError: an argument out of its choices or range, `kron_bias` given with
+        another hessian than "kron", or a model the subset or likelihood cannot take.
     """
     where = "Laplace"
     checks.choice(hessian, HESSIANS, "hessian", where)

@@ -1,14 +1,14 @@
-"""What every Laplace posterior shares (`laplace.py` documents the formulas): the subset
-(all weights or the last layer on fixed features), the hyperparameters and their storage,
-the pass over the data in `fit` (checks, the summed log-likelihood, the last layer's
-features), the log evidence, the linearized predictive. A posterior class (`posteriors.py`)
-adds its curvature: `_fit_curvature(data)`, `_log_det(delta, factor)`,
-`_variance(jac, delta, factor)`, `_precision(delta, factor)` and `eigenvalues`, where
-`delta` is a float64 prior precision (a scalar, or one per parameter) and `factor` is
-1 / sigma_noise^2.
+"""What every Laplace posterior shares (`laplace.py` documents the formulas): the subset (all
+weights or the last layer on fixed features), the hyperparameters and their storage, the pass
+over the data in `fit` (checks, the summed log-likelihood, the last layer's features), the log
+evidence, the linearized predictive. A posterior class (`posteriors.py`) adds its curvature:
+`_fit_curvature(data)`, `_log_det(delta, factor)`, `_variance(jac, delta, factor)`,
+`_precision(delta, factor)` and `eigenvalues`, where `delta` is a float64 prior precision (a
+scalar, or one per parameter) and `factor` is 1 / sigma_noise^2.
 """
 
 import math
+from typing import Optional, Tuple
 
 import keras
 import numpy as np
@@ -19,6 +19,7 @@ from hogrod.curvature.laplace_predictive import LINK_APPROXES, LinearizedPredict
 from hogrod.curvature.laplace_tuning import PriorTuning
 from hogrod.curvature.data import check_strategy, data_batches, distribute_batches
 from hogrod.curvature.per_example import batch_gradients
+from hogrod.types import Batch, Scalar, TensorLike, Tree
 
 __all__ = ["BaseLaplace", "LIKELIHOODS", "SUBSETS", "LINK_APPROXES", "HALF_LOG_2PI"]
 
@@ -78,8 +79,10 @@ class BaseLaplace(PriorTuning, LinearizedPredictive):
 
     hessian = None
 
-    def __init__(self, model, likelihood="regression", subset="all", *, prior_precision=1.0,
-                 sigma_noise=1.0, prior_mean=0.0, strategy=None):
+    def __init__(self, model: keras.Model, likelihood: str = "regression", subset: str = "all",
+                 *, prior_precision: TensorLike = 1.0, sigma_noise: float = 1.0,
+                 prior_mean: TensorLike = 0.0, strategy: Optional[tf.distribute.Strategy] = None
+                 ) -> None:
         where = "Laplace"
         self.strategy = check_strategy(strategy, where)
         if not isinstance(model, keras.Model) or not model.built:
@@ -255,13 +258,15 @@ class BaseLaplace(PriorTuning, LinearizedPredictive):
         rows = batch_gradients(flat, self.params, tape)
         return z, tf.reshape(rows, tf.concat([tf.shape(z), [self.n_params]], 0))
 
-    def output_jacobian(self, x):
+    def output_jacobian(self, x: Tree) -> Tuple[tf.Tensor, tf.Tensor]:
         """The model output and its Jacobian in the subset's parameters at inputs `x`.
 
         Args:
-          x: a batch of model inputs.
+          x: a batch of model inputs (N examples).
         Returns:
-          (z [N, C], J [N, C, n_params]) at the model's dtype.
+          `(z [N, C], J [N, C, n_params])` at the model's dtype.
+        Raises:
+          ArgumentError: the output is not [N, C] (C >= 2 logits for classification).
         """
         where = "Laplace.output_jacobian"
         inputs = self._inputs(x)
@@ -332,14 +337,18 @@ class BaseLaplace(PriorTuning, LinearizedPredictive):
 
     # ------------------------------------------------------------------------------ fit
 
-    def fit(self, data):
+    def fit(self, data: Batch) -> "BaseLaplace":
         """Compute the curvature H over `data` at the model's current weights, which become
         the posterior mean.
 
         Args:
-          data: one (x, y) batch or a tf.data.Dataset of them (a Dataset under a strategy).
+          data: one (x, y) batch or a tf.data.Dataset of them (a Dataset under a strategy):
+            regression targets [N, C] (or [N] when C == 1) or integer class labels [N].
         Returns:
-          self.
+          self, fitted.
+        Raises:
+          ArgumentError: data empty, not finite or of targets the likelihood cannot take; a
+            model output not finite; a last layer not producing it (subset="last_layer").
         """
         where = "Laplace.fit"
         batches = data_batches(data, where, pair=True)
@@ -413,14 +422,17 @@ class BaseLaplace(PriorTuning, LinearizedPredictive):
 
     # ------------------------------------------------------------------------- evidence
 
-    def log_likelihood(self, sigma_noise=None):
+    def log_likelihood(self, sigma_noise: Optional[Scalar] = None) -> tf.Tensor:
         """log p(y | theta*) summed over the fitted data.
 
         Args:
-          sigma_noise: the regression noise (default the stored one); None for
-            classification.
+          sigma_noise: the regression noise (> 0; a number or a scalar tensor; default None:
+            the stored one); None for classification.
         Returns:
           A float64 scalar tensor.
+        Raises:
+          ValueError: not fitted.
+          ArgumentError: `sigma_noise` given for classification, or not positive.
         """
         self._require_fit("log_likelihood")
         if self.likelihood == "classification":
@@ -442,7 +454,8 @@ class BaseLaplace(PriorTuning, LinearizedPredictive):
         loglik = self.log_likelihood(sigma if self.likelihood == "regression" else None)
         return loglik - 0.5 * (self._log_det(delta, factor) - log_det_prior + scatter)
 
-    def log_marginal_likelihood(self, prior_precision=None, sigma_noise=None):
+    def log_marginal_likelihood(self, prior_precision: Optional[TensorLike] = None,
+                                sigma_noise: Optional[Scalar] = None) -> tf.Tensor:
         """The Laplace log evidence; like laplace-torch, values given are STORED (so a later
         `predictive` uses them).
 
@@ -452,6 +465,10 @@ class BaseLaplace(PriorTuning, LinearizedPredictive):
           sigma_noise: the regression noise, likewise; default the stored value.
         Returns:
           A float64 scalar tensor.
+        Raises:
+          ValueError: not fitted.
+          ArgumentError: a value out of range, `sigma_noise` for classification, or values
+            given inside a tf.function (they cannot be stored there).
         """
         where = "Laplace.log_marginal_likelihood"
         self._require_fit("log_marginal_likelihood")

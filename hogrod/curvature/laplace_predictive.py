@@ -2,10 +2,12 @@
 f ~ N(f(x; theta*), J(x) P^-1 J(x)^T), the probit or Monte Carlo class probabilities."""
 
 import math
+from typing import Tuple, Union
 
 import tensorflow as tf
 
 from hogrod import checks
+from hogrod.types import TensorLike, Tree
 
 __all__ = ["LinearizedPredictive", "LINK_APPROXES"]
 
@@ -16,11 +18,12 @@ class LinearizedPredictive:
     """`predictive` for `BaseLaplace` (which supplies `output_jacobian`, `_variance`,
     `_delta` and the hyperparameters)."""
 
-    def functional_variance(self, jac):
+    def functional_variance(self, jac: TensorLike) -> tf.Tensor:
         """J P^-1 J^T per example at the stored hyperparameters.
 
         Args:
           jac: [N, C, n_params] Jacobians (`output_jacobian`).
+
         Returns:
           [N, C, C] float64 tensor.
         """
@@ -29,8 +32,9 @@ class LinearizedPredictive:
                               self._delta(None, "Laplace.functional_variance"),
                               tf.constant(1 / self.sigma_noise ** 2, tf.float64))
 
-    def predictive(self, x, link_approx="probit", n_samples=100, seed=0,
-                   observation_noise=False):
+    def predictive(self, x: Tree, link_approx: str = "probit", n_samples: int = 100,
+                   seed: int = 0, observation_noise: bool = False
+                   ) -> Union[tf.Tensor, Tuple[tf.Tensor, tf.Tensor]]:
         """The linearized predictive at inputs `x`.
 
         Args:
@@ -40,9 +44,14 @@ class LinearizedPredictive:
           n_samples: the draws of f for "mc".
           seed: their stateless seed.
           observation_noise: regression: add sigma_noise^2 I (the predictive of y).
+
         Returns:
-          Regression: (mean [N, C], variance [N, C, C]) at the model's dtype;
+          Regression: `(mean [N, C], variance [N, C, C])` at the model's dtype;
           classification: class probabilities [N, C].
+
+        Raises:
+          ValueError: not fitted.
+          ArgumentError: `link_approx`, `n_samples` or `seed` invalid.
         """
         where = "Laplace.predictive"
         self._require_fit("predictive")
@@ -60,8 +69,20 @@ class LinearizedPredictive:
 
     __call__ = predictive
 
-    def class_probs(self, mu, var, link_approx, n_samples, seed):
-        """Class probabilities [N, C] from logits' mean [N, C] and variance [N, C, C]."""
+    def class_probs(self, mu: tf.Tensor, var: tf.Tensor, link_approx: str, n_samples: int,
+                    seed: int) -> tf.Tensor:
+        """Class probabilities from the logits' mean and variance.
+
+        Args:
+          mu: [N, C] logits' means.
+          var: [N, C, C] logits' covariances.
+          link_approx: "probit" or "mc".
+          n_samples: the draws of "mc".
+          seed: their integer stateless seed.
+
+        Returns:
+          [N, C] class probabilities at mu's dtype.
+        """
         if link_approx == "probit":
             kappa = 1 / tf.sqrt(1 + math.pi / 8 * tf.linalg.diag_part(var))
             return tf.nn.softmax(kappa * mu)
@@ -69,15 +90,18 @@ class LinearizedPredictive:
         return tf.reduce_mean(tf.nn.softmax(samples), 0)
 
     @staticmethod
-    def sample_functions(mu, var, n_samples, seed):
-        """[S, N, C] draws of N(mu, var) per example (a symmetric square root of var, so a
-        singular variance is fine).
+    def sample_functions(mu: tf.Tensor, var: tf.Tensor, n_samples: int,
+                         seed: int) -> tf.Tensor:
+        """Draws of N(mu, var) per example.
+
+        A symmetric square root of var is used, so a singular variance is fine.
 
         Args:
           mu: [N, C] means.
           var: [N, C, C] covariances.
           n_samples: S.
           seed: an integer stateless seed.
+
         Returns:
           [S, N, C] tensor at mu's dtype.
         """

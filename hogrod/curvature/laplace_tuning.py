@@ -3,12 +3,14 @@
 
 import math
 import warnings
+from typing import Any, Dict, Optional
 
 import numpy as np
 import tensorflow as tf
 
 from hogrod import checks
 from hogrod.curvature.data import data_batches
+from hogrod.types import Batch, TensorLike
 
 __all__ = ["PriorTuning", "PRIOR_STRUCTURES", "OPTIMIZERS", "METHODS"]
 
@@ -30,12 +32,16 @@ class PriorTuning:
                                         f"prior_structure='{prior_structure}'", where)
         return size
 
-    def optimize_prior_precision(self, method="marglik", prior_structure="scalar", steps=100,
-                                 maxiter=100, lr=0.1, init_prior_prec=1.0,
-                                 optimize_sigma_noise=False, init_sigma_noise=None,
-                                 optimizer="adam", tol=1e-10, val_data=None, grid=None,
-                                 link_approx="probit"):
-        """Tune the prior precision (and the noise) and store them.
+    def optimize_prior_precision(self, method: str = "marglik", prior_structure: str = "scalar",
+                                 steps: int = 100, maxiter: int = 100, lr: float = 0.1,
+                                 init_prior_prec: float = 1.0,
+                                 optimize_sigma_noise: bool = False,
+                                 init_sigma_noise: Optional[float] = None,
+                                 optimizer: str = "adam", tol: float = 1e-10,
+                                 val_data: Optional[Batch] = None,
+                                 grid: Optional[TensorLike] = None,
+                                 link_approx: str = "probit") -> Dict[str, Any]:
+        """Tunes the prior precision (and the noise) and stores them.
 
         method="marglik": maximize the log evidence over log(prior_precision) (and
         log(sigma_noise) with `optimize_sigma_noise`, regression only); method="gridsearch":
@@ -60,8 +66,15 @@ class PriorTuning:
           grid: "gridsearch": positive values (default laplace-torch's 10^linspace(-4, 4,
             100)).
           link_approx: "gridsearch", classification: "probit" or "mc".
+
         Returns:
-          {"prior_precision", "sigma_noise", "log_marginal_likelihood"} (+ "val_nll").
+          A dict with "prior_precision", "sigma_noise", "log_marginal_likelihood" (floats,
+          a prior vector as numpy) and, for "gridsearch", "val_nll".
+
+        Raises:
+          ValueError: not fitted, or the optimization diverged.
+          ArgumentError: an argument out of its choices or range, or one given to the
+            method that does not use it.
         """
         where = "Laplace.optimize_prior_precision"
         self._require_fit("optimize_prior_precision")

@@ -16,11 +16,14 @@ Values are computed here at the model output's dtype (Keras losses compute in fl
 given a dtype), without Keras's clipping of probabilities to [eps, 1 - eps].
 """
 
+from typing import Callable, Tuple
+
 import keras
 import tensorflow as tf
 
 from hogrod import checks
 from hogrod.curvature.data import MEAN_REDUCTIONS
+from hogrod.types import Loss
 
 __all__ = ["Likelihood", "likelihood_of", "per_example_loss"]
 
@@ -166,13 +169,14 @@ class _Bernoulli(Likelihood):
         return tf.linalg.diag(tf.sqrt(h))
 
 
-def likelihood_of(loss, where):
+def likelihood_of(loss: keras.losses.Loss, where: str) -> Tuple["Likelihood", bool]:
     """The likelihood of a supported Keras loss object and its batch reduction.
 
     Args:
       loss: MeanSquaredError, SparseCategoricalCrossentropy, CategoricalCrossentropy or
         BinaryCrossentropy (exactly these classes), without label smoothing.
       where: the public function checked.
+
     Returns:
       `(likelihood, mean)`: a `Likelihood`; `mean` is True when the loss averages over the
       batch ("sum_over_batch_size"), False when it sums ("sum").
@@ -213,13 +217,15 @@ def likelihood_of(loss, where):
                      "batch reduction: use 'sum_over_batch_size' (a mean) or 'sum'")
 
 
-def per_example_loss(loss, where):
+def per_example_loss(loss: Loss,
+                     where: str) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
     """A per-example loss `(y_true, y_pred) -> [batch]`.
 
     Args:
       loss: a supported Keras loss object (its per-example value at the model output's
         dtype) or any callable taken as already per-example.
       where: the public function checked.
+
     Returns:
       The callable.
     """

@@ -21,6 +21,8 @@ replicas: every replica computes the product on its shard, weighted by its size,
 sums are all-reduced, so the product equals the single-device one.
 """
 
+from typing import Any, Callable, List, Optional
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -30,19 +32,28 @@ from hogrod import checks, tree
 from hogrod.curvature.data import (MEAN_REDUCTIONS, batch_loss, batch_size, check_data,
                                    check_loss_dtype, distribute_batches, model_params,
                                    params_dtype, replica_sums)
+from hogrod.types import Batch, DType, Loss, Objective, OutputLoss, Params, Tensor, TensorLike, Tree
 
 __all__ = ["CurvatureOperator", "HessianOperator", "GaussNewtonOperator", "layer_params",
            "loss_is_mean"]
 
 
-def layer_params(model, layer_name):
-    """The trainable variables of one layer: the per-layer (diagonal block) variant.
+def layer_params(model: keras.Model, layer_name: str) -> List[tf.Variable]:
+    """The trainable variables of one layer, for the per-layer (diagonal block) operators.
+
+    Pass them as `params=` to an operator of this package: it is then the layer's diagonal
+    block of the curvature over `model.trainable_variables`.
 
     Args:
-      model: a Keras model.
-      layer_name: the layer's name.
+      model: a Keras model holding the layer.
+      layer_name: the layer's name (`model.get_layer(layer_name)`; an unknown name raises
+        Keras's ValueError).
+
     Returns:
-      The layer's trainable variables (pass them as `params=`).
+      The layer's trainable variables, in the layer's order (kernel before bias).
+
+    Raises:
+      ArgumentError: the layer has no trainable variables.
     """
     layer = model.get_layer(layer_name)
     if not layer.trainable_variables:
@@ -51,7 +62,7 @@ def layer_params(model, layer_name):
     return layer.trainable_variables
 
 
-def loss_is_mean(loss):
+def loss_is_mean(loss: Loss) -> bool:
     """Whether a Keras loss averages over the batch (anything but reduction "sum").
 
     Args:
@@ -62,7 +73,7 @@ def loss_is_mean(loss):
     return not (isinstance(loss, keras.losses.Loss) and loss.reduction == "sum")
 
 
-def _keras_objective(model, loss, where):
+def _keras_objective(model: keras.Model, loss: Loss, where: str) -> OutputLoss:
     """`batch -> loss(y, model(x))` of an `(x, y)` batch, checked."""
     if not isinstance(model, keras.Model):
         raise checks.ArgumentError(f"{where}: model must be a keras.Model, got "
@@ -74,7 +85,8 @@ def _keras_objective(model, loss, where):
     return lambda z, batch: batch_loss(loss, batch[1], z)
 
 
-def _operator_dtype(dtype, params, where):
+def _operator_dtype(dtype: Optional[DType], params: List[Tensor], where: str) -> tf.DType:
+    """The operator's dtype: `dtype`, or the parameters' one; floating."""
     dtype = params_dtype(params, where) if dtype is None else tf.as_dtype(dtype)
     if not dtype.is_floating:
         raise checks.ArgumentError(f"{where}: dtype must be a floating dtype (float32 or "
@@ -99,7 +111,10 @@ class CurvatureOperator(tf.linalg.LinearOperator):
       **hints: `tf.linalg.LinearOperator` hints.
     """
 
-    def __init__(self, product, params, data, dtype, name, strategy=None, mean=True, **hints):
+    def __init__(self, product: Callable[[Batch, Tree], Tree], params: List[Tensor],
+                 data: Batch, dtype: Optional[DType], name: str,
+                 strategy: Optional[tf.distribute.Strategy] = None, mean: bool = True,
+                 **hints: Any) -> None:
         check_data(data, name)
         dtype = _operator_dtype(dtype, params, name)
         self._params = list(tf.nest.flatten(params))
@@ -127,13 +142,14 @@ class CurvatureOperator(tf.linalg.LinearOperator):
     def _shape_tensor(self):
         return tf.constant([self._n, self._n])
 
-    def matvec_flat(self, vector):
+    def matvec_flat(self, vector: TensorLike) -> tf.Tensor:
         """The product with one flat vector.
 
         Args:
-          vector: a tensor of length n (cast to this operator's dtype).
+          vector: a vector of length n (converted to this operator's dtype).
+
         Returns:
-          The product, a tensor of length n.
+          The product, a tensor of length n at this operator's dtype.
         """
         self.num_matvecs += 1
         vector = tf.convert_to_tensor(vector, self.dtype)
@@ -151,11 +167,11 @@ class CurvatureOperator(tf.linalg.LinearOperator):
         cols = [self.matvec_flat(x[:, j]) for j in range(x.shape[-1])]
         return tf.stack(cols, axis=1)
 
-    def to_dense(self):
+    def to_dense(self) -> tf.Tensor:
         """The dense matrix, one product per column (small operators only).
 
         Returns:
-          A [n, n] tensor.
+          A [n, n] tensor at this operator's dtype.
         """
         return self._matmul(tf.eye(self._n, dtype=self.dtype))
 
@@ -168,18 +184,28 @@ class HessianOperator(CurvatureOperator):
     the sum (reduction "sum").
 
     Args:
-      model: a built Keras model.
-      loss: a Keras loss `loss(y_true, y_pred)` (any; its `dtype` the model's).
+      model: a built Keras model, called as `model(x, training=False)`.
+      loss: a Keras loss `loss(y_true, y_pred)` (any; a `keras.losses.Loss` must compute at
+        the model's dtype and have reduction "sum_over_batch_size" (a mean) or "sum").
       data: one `(x, y)` batch or a `tf.data.Dataset` of them.
-      params: the variables (default `model.trainable_variables`); one layer's
-        (`layer_params`) for that diagonal block.
-      strategy: a `tf.distribute.Strategy` to split each batch of `data` (a Dataset) over.
-      dtype: the operator's dtype (default the parameters'); vectors are cast to theirs.
-      mode: the `hogrod.hvp` mode.
+      params: the variables (default None: `model.trainable_variables`); a subset of the
+        model's, e.g. one layer's (`layer_params`), for that diagonal block.
+      strategy: a `tf.distribute.Strategy` to split each batch of `data` (then a Dataset)
+        over; default None, one device.
+      dtype: the operator's dtype (default None: the parameters'); vectors are cast to
+        theirs for the product.
+      mode: the `hogrod.hvp` mode, "auto" or one of `hogrod.autodiff.HVP_MODES`.
+
+    Raises:
+      ArgumentError: `model` is not a Keras model, `loss` not callable or of another
+        reduction or dtype, `data` not `(x, y)` batches, `params` not variables of one
+        floating dtype, `strategy` or `mode` invalid.
     """
 
-    def __init__(self, model, loss, data, *, params=None, strategy=None, dtype=None,
-                 mode="auto"):
+    def __init__(self, model: keras.Model, loss: Loss, data: Batch, *,
+                 params: Optional[Params] = None,
+                 strategy: Optional[tf.distribute.Strategy] = None,
+                 dtype: Optional[DType] = None, mode: str = "auto") -> None:
         where = "HessianOperator"
         output_loss = _keras_objective(model, loss, where)
         params = model_params(model, params, where)
@@ -189,19 +215,29 @@ class HessianOperator(CurvatureOperator):
                     data, dtype, mode, strategy, loss_is_mean(loss))
 
     @classmethod
-    def from_objective(cls, objective, params, data, *, strategy=None, dtype=None,
-                       mode="auto"):
+    def from_objective(cls, objective: Objective, params: Params, data: Batch, *,
+                       strategy: Optional[tf.distribute.Strategy] = None,
+                       dtype: Optional[DType] = None, mode: str = "auto") -> "HessianOperator":
         """The Hessian of an arbitrary objective.
 
         Args:
           objective: `objective(batch) -> scalar`, the mean over the batch's examples (the
             kind `make_train_step` minimizes); over a data set the operator is the Hessian of
             the mean over every example (each batch weighted by its size).
-          params: variables / tensors (nested structure) differentiated.
+          params: variables / tensors (nested structure) differentiated, of one floating
+            dtype.
           data: one batch (any structure of tensors) or a `tf.data.Dataset` of batches.
-          strategy, dtype, mode: as for the constructor.
+          strategy: a `tf.distribute.Strategy` to split each batch of `data` (then a
+            Dataset) over; default None, one device.
+          dtype: the operator's dtype (default None: the parameters').
+          mode: the `hogrod.hvp` mode, "auto" or one of `hogrod.autodiff.HVP_MODES`.
+
         Returns:
-          A `HessianOperator`.
+          A `HessianOperator` on the flat vector of `params`.
+
+        Raises:
+          ArgumentError: `objective` not callable, `params`, `data`, `strategy` or `mode`
+            invalid.
         """
         where = "HessianOperator.from_objective"
         checks.function(objective, "objective", where, "objective(batch) -> scalar")
@@ -210,8 +246,10 @@ class HessianOperator(CurvatureOperator):
                   where)
         return op
 
-    def _build(self, objective, params, data, dtype, mode, strategy, mean,
-               where="HessianOperator"):
+    def _build(self, objective: Objective, params: Params, data: Batch,
+               dtype: Optional[DType], mode: str, strategy: Optional[tf.distribute.Strategy],
+               mean: bool, where: str = "HessianOperator") -> None:
+        """Checks `mode` and initializes the operator with `objective`'s HVP."""
         if mode != "auto" and mode not in hogrod.autodiff.HVP_MODES:
             raise checks.ArgumentError(f"{where}: mode must be 'auto' or one of "
                                        f"{hogrod.autodiff.HVP_MODES}, got {mode!r}")
@@ -229,13 +267,25 @@ class GaussNewtonOperator(CurvatureOperator):
     cross-entropy on logits). Mean or sum over `data` as the loss's reduction says.
 
     Args:
-      model: a built Keras model.
-      loss: a Keras loss `loss(y_true, y_pred)`.
+      model: a built Keras model, called as `model(x, training=False)`.
+      loss: a Keras loss `loss(y_true, y_pred)`, convex in `y_pred` for a PSD matrix (a
+        `keras.losses.Loss` must compute at the model's dtype and have reduction
+        "sum_over_batch_size" (a mean) or "sum").
       data: one `(x, y)` batch or a `tf.data.Dataset` of them.
-      params, strategy, dtype: as for `HessianOperator`.
+      params: the variables (default None: `model.trainable_variables`); a subset of the
+        model's, e.g. one layer's (`layer_params`), for that diagonal block.
+      strategy: a `tf.distribute.Strategy` to split each batch of `data` (then a Dataset)
+        over; default None, one device.
+      dtype: the operator's dtype (default None: the parameters').
+
+    Raises:
+      ArgumentError: as for `HessianOperator`.
     """
 
-    def __init__(self, model, loss, data, *, params=None, strategy=None, dtype=None):
+    def __init__(self, model: keras.Model, loss: Loss, data: Batch, *,
+                 params: Optional[Params] = None,
+                 strategy: Optional[tf.distribute.Strategy] = None,
+                 dtype: Optional[DType] = None) -> None:
         where = "GaussNewtonOperator"
         output_loss = _keras_objective(model, loss, where)
         params = model_params(model, params, where)
@@ -245,19 +295,29 @@ class GaussNewtonOperator(CurvatureOperator):
                     dtype, strategy, loss_is_mean(loss), where)
 
     @classmethod
-    def from_output_loss(cls, outputs, output_loss, params, data, *, strategy=None,
-                         dtype=None):
+    def from_output_loss(cls, outputs: Callable[[Batch], Tree], output_loss: OutputLoss,
+                         params: Params, data: Batch, *,
+                         strategy: Optional[tf.distribute.Strategy] = None,
+                         dtype: Optional[DType] = None) -> "GaussNewtonOperator":
         """The Gauss-Newton matrix of an arbitrary output loss.
 
         Args:
           outputs: `outputs(batch) -> z`, the outputs the loss is convex in (e.g. logits).
           output_loss: `output_loss(z, batch) -> scalar`, the mean over the batch's examples:
             the outputs FIRST, then the whole batch (read the labels from it).
-          params: variables / tensors (nested structure) differentiated.
+          params: variables / tensors (nested structure) differentiated, of one floating
+            dtype.
           data: one batch (any structure) or a `tf.data.Dataset` of batches.
-          strategy, dtype: as for `HessianOperator`.
+          strategy: a `tf.distribute.Strategy` to split each batch of `data` (then a
+            Dataset) over; default None, one device.
+          dtype: the operator's dtype (default None: the parameters').
+
         Returns:
-          A `GaussNewtonOperator`.
+          A `GaussNewtonOperator` on the flat vector of `params`.
+
+        Raises:
+          ArgumentError: `outputs` or `output_loss` not callable, `params`, `data` or
+            `strategy` invalid.
         """
         where = "GaussNewtonOperator.from_output_loss"
         checks.function(outputs, "outputs", where, "outputs(batch) -> z")
@@ -267,7 +327,10 @@ class GaussNewtonOperator(CurvatureOperator):
                   True, where)
         return op
 
-    def _build(self, outputs, output_loss, params, data, dtype, strategy, mean, where):
+    def _build(self, outputs: Callable[[Batch], Tree], output_loss: OutputLoss, params: Params,
+               data: Batch, dtype: Optional[DType],
+               strategy: Optional[tf.distribute.Strategy], mean: bool, where: str) -> None:
+        """Initializes the operator with the Gauss-Newton-vector product of `outputs`."""
         flat = list(tf.nest.flatten(params))
         product = lambda batch, v: hogrod.gnvp(  # noqa: E731
             lambda: outputs(batch), lambda z: output_loss(z, batch), flat, v)

@@ -5,6 +5,8 @@ likelihoods) of the SUMMED Keras loss, `FisherOperator` (dense) or `gauss_newton
 or the factors of `KFACOperator`, times `gauss_newton_scale`.
 """
 
+from typing import Any, Dict, List, Tuple
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -13,6 +15,7 @@ from hogrod import checks
 from hogrod.curvature.fisher import FisherOperator, gauss_newton_diagonal
 from hogrod.curvature.kfac import KFACOperator
 from hogrod.curvature.laplace_base import BaseLaplace
+from hogrod.types import Batch
 
 __all__ = ["FullLaplace", "DiagLaplace", "KronLaplace", "KRON_BIASES"]
 
@@ -20,8 +23,27 @@ KRON_BIASES = ("joint", "separate")
 
 
 class FullLaplace(BaseLaplace):
-    """The dense H (n x n), kept with its eigendecomposition: the evidence and predictive at
-    a scalar prior precision cost no factorization; a vector one takes a Cholesky factor."""
+    """The Laplace posterior with the dense curvature H (n x n).
+
+    H is kept with its eigendecomposition: the evidence and predictive at a scalar prior
+    precision cost no factorization; a vector one takes a Cholesky factor.
+
+    Made by `hogrod.curvature.Laplace` (hessian="full"); `fit(data)`, `log_likelihood`,
+    `log_marginal_likelihood`, `optimize_prior_precision`, `predictive` (also the call),
+    `output_jacobian`, `functional_variance` and the hyperparameters' properties are the
+    shared `BaseLaplace`'s.
+
+    Args:
+      model: a built Keras 3 model; `model(x, training=False)` is [batch, C]: regression
+        outputs, or class logits (C >= 2) for classification.
+      likelihood: "regression" (Gaussian) or "classification" (categorical on the logits).
+      subset: "all" or "last_layer".
+      prior_precision: a positive number, or a vector of one value per variable of the
+        subset or per parameter.
+      sigma_noise: the regression noise's standard deviation (> 0; 1.0 for classification).
+      prior_mean: a number or a flat vector of the subset's size.
+      strategy: a tf.distribute.Strategy for `fit`'s operators, or None.
+    """
 
     hessian = "full"
 
@@ -71,7 +93,24 @@ class FullLaplace(BaseLaplace):
 
 
 class DiagLaplace(BaseLaplace):
-    """The exact diagonal of H (`gauss_newton_diagonal`)."""
+    """The Laplace posterior with the exact diagonal of H (`gauss_newton_diagonal`).
+
+    Made by `hogrod.curvature.Laplace` (hessian="diag"); `fit(data)`, `log_likelihood`,
+    `log_marginal_likelihood`, `optimize_prior_precision`, `predictive` (also the call),
+    `output_jacobian`, `functional_variance` and the hyperparameters' properties are the
+    shared `BaseLaplace`'s.
+
+    Args:
+      model: a built Keras 3 model; `model(x, training=False)` is [batch, C]: regression
+        outputs, or class logits (C >= 2) for classification.
+      likelihood: "regression" (Gaussian) or "classification" (categorical on the logits).
+      subset: "all" or "last_layer".
+      prior_precision: a positive number, or a vector of one value per variable of the
+        subset or per parameter.
+      sigma_noise: the regression noise's standard deviation (> 0; 1.0 for classification).
+      prior_mean: a number or a flat vector of the subset's size.
+      strategy: a tf.distribute.Strategy for `fit`'s operators, or None.
+    """
 
     hessian = "diag"
 
@@ -105,8 +144,11 @@ class DiagLaplace(BaseLaplace):
 
 
 class KronLaplace(BaseLaplace):
-    """K-FAC (`KFACOperator`, type-2, expand): per Dense / Conv2D layer a Kronecker-factored
-    block A (x) G; other layers with weights get the exact diagonal.
+    """The Laplace posterior with K-FAC blocks for H (`KFACOperator`, type-2, expand).
+
+    Per Dense / Conv2D layer a Kronecker-factored block A (x) G; other layers with weights
+    get the exact diagonal. Made by `hogrod.curvature.Laplace` (hessian="kron"); its
+    methods are the shared `BaseLaplace`'s, as for `FullLaplace`.
 
     kron_bias="joint" factors a layer's kernel and bias together (the inputs with a ones
     column appended: A over [a, 1], so the block holds the kernel-bias cross terms, exact for
@@ -118,8 +160,24 @@ class KronLaplace(BaseLaplace):
 
     hessian = "kron"
 
-    def __init__(self, model, likelihood="regression", subset="all", *, kron_bias="joint",
-                 **kwargs):
+    def __init__(self, model: keras.Model, likelihood: str = "regression", subset: str = "all",
+                 *, kron_bias: str = "joint", **kwargs: Any) -> None:
+        """The K-FAC Laplace approximation of `model` at its current weights.
+
+        Args:
+          model: a built Keras 3 model, as for `hogrod.curvature.Laplace`.
+          likelihood: "regression" or "classification".
+          subset: "all" or "last_layer".
+          kron_bias: "joint" (kernel and bias in one Kronecker block) or "separate"
+            (laplace-torch's: the bias its own block).
+          **kwargs: `prior_precision`, `sigma_noise`, `prior_mean`, `strategy`, as for
+            `hogrod.curvature.Laplace`; a prior precision must be constant on each
+            Kronecker block.
+
+        Raises:
+          ArgumentError: an argument out of its choices or range, or a prior precision
+            that varies inside a Kronecker block.
+        """
         self.kron_bias = checks.choice(kron_bias, KRON_BIASES, "kron_bias", "Laplace")
         self._blocks = None
         super().__init__(model, likelihood, subset, **kwargs)

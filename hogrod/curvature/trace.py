@@ -1,24 +1,33 @@
 """Stochastic trace estimators: Hutchinson and Hutch++, each with a standard error."""
 
+from typing import Tuple, Union
+
 import numpy as np
+import tensorflow as tf
 
 from hogrod import checks
 from hogrod.curvature.eigen import as_matvec
+from hogrod.types import TensorLike
 
 __all__ = ["hutchinson", "hutchpp"]
 
 
-def _rademacher(rng, n, m):
+def _rademacher(rng: np.random.Generator, n: int, m: int) -> np.ndarray:
+    """An [n, m] matrix of independent random signs."""
     return rng.choice([-1.0, 1.0], size=(n, m))
 
 
-def hutchinson(op, num_samples=100, seed=0):
-    """tr(A) ~ mean of z^T A z over Rademacher z.
+def hutchinson(op: Union[tf.linalg.LinearOperator, TensorLike], num_samples: int = 100,
+               seed: int = 0) -> Tuple[float, float]:
+    """The trace by Hutchinson's estimator, with a standard error.
+
+    tr(A) ~ mean of z^T A z over Rademacher z.
 
     Args:
       op: a curvature operator (anything with `matvec_flat`) or a dense symmetric matrix.
       num_samples: products (>= 2: the standard error needs two).
-      seed: the probes' seed.
+      seed: the probes' numpy seed.
+
     Returns:
       `(estimate, standard_error)`, Python floats.
     """
@@ -29,16 +38,20 @@ def hutchinson(op, num_samples=100, seed=0):
     return float(samples.mean()), float(samples.std(ddof=1) / np.sqrt(num_samples))
 
 
-def hutchpp(op, num_matvecs=99, seed=0):
-    """Hutch++ (Meyer et al. 2021): exact trace on a sketched top subspace plus Hutchinson
-    on the rest; m/3 sketch, m/3 projection and m/3 residual products. The standard error
-    is that of the residual Hutchinson part (the projected part is exact).
+def hutchpp(op: Union[tf.linalg.LinearOperator, TensorLike], num_matvecs: int = 99,
+            seed: int = 0) -> Tuple[float, float]:
+    """The trace by Hutch++ (Meyer et al. 2021), with a standard error.
+
+    The exact trace on a sketched top subspace plus Hutchinson on the rest; m/3 sketch, m/3
+    projection and m/3 residual products. The standard error is that of the residual
+    Hutchinson part (the projected part is exact).
 
     Args:
-      op: a curvature operator or a dense symmetric matrix.
+      op: a curvature operator (anything with `matvec_flat`) or a dense symmetric matrix.
       num_matvecs: the budget; 3 * (num_matvecs // 3) products are used (>= 6: two
         residual samples).
-      seed: the probes' seed.
+      seed: the probes' numpy seed.
+
     Returns:
       `(estimate, standard_error)`, Python floats.
     """
