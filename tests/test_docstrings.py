@@ -96,7 +96,10 @@ def _check_class(where, cls):
     if _record_like(cls):
         fields = (cls._fields if hasattr(cls, "_fields")
                   else [f.name for f in dataclasses.fields(cls)])
-        missing = set(fields) - _documented(doc)
+        # docstring_parser 0.18 keeps `Attributes:` entries out of `doc.params`
+        attributes = {part.strip() for m in doc.meta if m.args[:1] == ["attribute"]
+                      for part in m.args[-1].split(",")}
+        missing = set(fields) - _documented(doc) - attributes
         problems += [f"{where}: field `{f}` is not in Attributes" for f in sorted(missing)]
     elif issubclass(cls, BaseException):
         pass  # an error: its message is its interface

@@ -8,6 +8,9 @@ project = "hogrod"
 extensions = ["sphinx.ext.autodoc", "sphinx.ext.napoleon"]
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
+# a record's `Attributes:` as fields of its class, not attribute entries of their own, which
+# would clash with autodoc's entries for the namedtuple/dataclass fields (duplicate objects)
+napoleon_use_ivar = True
 autodoc_default_options = {"members": True, "imported-members": True, "undoc-members": False,
                            "show-inheritance": True}
 autodoc_member_order = "bysource"
