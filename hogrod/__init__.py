@@ -11,6 +11,7 @@ and `hogrod.hypergrad` (hypergradients: unrolled, implicit, one-step).
 """
 
 import importlib
+from types import ModuleType
 
 from hogrod import stderr_filter  # noqa: F401  (first, before TensorFlow: a binary's filter)
 from hogrod.autodiff import (batch_jacobian, derivatives, gnvp, grad, hessian, hvp, jacobian,
@@ -23,7 +24,8 @@ _SUBPACKAGES = ("train", "meta", "gan", "pinn", "curvature", "harness", "distrib
                 "linalg", "optim", "implicit", "hypergrad", "rl")
 
 
-def __getattr__(name):  # lazy subpackages: `import hogrod; hogrod.meta.adapt(...)` works
+# lazy subpackages: `import hogrod; hogrod.meta.adapt(...)` works
+def __getattr__(name: str) -> ModuleType:
     if name in _SUBPACKAGES:
         return importlib.import_module(f"hogrod.{name}")
     raise AttributeError(f"module 'hogrod' has no attribute {name!r}")

@@ -14,6 +14,7 @@ resource (forward-mode accumulators) it is unwrapped here so callers never have 
 """
 
 import numbers
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import keras
 import numpy as np
@@ -21,6 +22,7 @@ import tensorflow as tf
 from tensorflow.python.util import nest as _nest  # paths: dict keys must match, not just counts
 
 from hogrod import checks, tree
+from hogrod.types import OutputLoss, Params, Tensor, TensorLike, Tree
 
 __all__ = [
     "value_and_grad",
@@ -42,14 +44,14 @@ _AUTO_HVP_MODE = "forward_over_reverse"
 _UNCONNECTED = ("zero", "none", "raise")
 
 
-def unwrap(p):
+def unwrap(p: Any) -> Any:
     """The object TensorFlow's autodiff tracks for `p` (a Keras 3 variable's tf.Variable)."""
     if isinstance(p, keras.Variable):
         return p.value
     return p
 
 
-def _name(p, index, arg="params"):
+def _name(p: Any, index: int, arg: str = "params") -> str:
     path = getattr(p, "path", None) or getattr(p, "name", None)
     try:
         return f"{path} ({arg}[{index}])" if path else f"{arg}[{index}]"
@@ -57,25 +59,26 @@ def _name(p, index, arg="params"):
         return f"{arg}[{index}]"
 
 
-def _dtype(p):
+def _dtype(p: Any) -> tf.DType:
     """A tf.DType (a Keras 3 variable's `.dtype` is a string)."""
     return tf.as_dtype(unwrap(p).dtype)
 
 
-def _scalar(value, what, fn_name="fn()"):
+def _scalar(value: TensorLike, what: str, fn_name: str = "fn()") -> tf.Tensor:
     value = tf.convert_to_tensor(value)
     if value.shape.rank not in (0, None):
         raise ValueError(f"{what}: {fn_name} must return a scalar, got shape {value.shape}")
     return value
 
 
-def _watch(tape, flat):
+def _watch(tape: tf.GradientTape, flat: Sequence[Any]) -> None:
     for p in flat:
         if not isinstance(p, (tf.Variable, keras.Variable)):
             tape.watch(p)
 
 
-def fill_unconnected(grads, flat, unconnected, what="value"):
+def fill_unconnected(grads: List[Optional[tf.Tensor]], flat: Sequence[Any], unconnected: str,
+                     what: str = "value") -> List[Optional[tf.Tensor]]:
     """Apply the `unconnected` policy to a flat list of gradients."""
     if unconnected not in _UNCONNECTED:
         raise ValueError(f"unconnected must be one of {_UNCONNECTED}, got {unconnected!r}")
@@ -90,21 +93,33 @@ def fill_unconnected(grads, flat, unconnected, what="value"):
     return [tf.zeros_like(unwrap(p)) if g is None else g for g, p in zip(grads, flat)]
 
 
-def densify(g):
+def densify(g: Any) -> Any:
+    """`g` as a dense tensor if it is a `tf.IndexedSlices` (an embedding's gradient), else `g`."""
     return tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
 
 
-def value_and_grad(fn, params, unconnected="zero"):
+def value_and_grad(fn: Callable[[], TensorLike], params: Params,
+                   unconnected: str = "zero") -> Tuple[tf.Tensor, Tree]:
     """Value of `fn()` and its gradient with respect to `params`.
 
+    Tensors among `params` are watched for you; a sparse gradient (`tf.IndexedSlices`) is
+    made dense.
+
     Args:
-      fn: a callable of no arguments returning a scalar tensor.
-      params: a variable, tensor, or nested structure of them.
-      unconnected: "zero" (zeros for params `fn` does not depend on), "none"
-        (None for those) or "raise" (a ValueError naming them).
+        fn: a callable of no arguments returning a scalar (rank 0) tensor.
+        params: a variable, tensor, or nested structure of them, of floating (or complex)
+            dtypes.
+        unconnected: what a param `fn` does not depend on gets: "zero" (default: zeros of
+            its shape), "none" (None) or "raise" (a ValueError naming them).
 
     Returns:
-      `(value, grads)` with `grads` structured like `params`.
+        A tuple ``(value, grads)``: the scalar ``fn()`` and the gradient, structured like
+        `params`.
+
+    Raises:
+        ArgumentError: `params` is empty or holds a non-differentiable leaf.
+        ValueError: ``fn()`` is not a scalar, `unconnected` is not one of the three, or
+            (with "raise") ``fn()`` does not depend on some params.
     """
     flat = checks.params(params, "value_and_grad")
     with tf.GradientTape() as tape:
@@ -115,12 +130,29 @@ def value_and_grad(fn, params, unconnected="zero"):
     return value, tf.nest.pack_sequence_as(params, grads)
 
 
-def grad(fn, params, unconnected="zero"):
-    """The gradient of the scalar `fn()` with respect to `params` (see `value_and_grad`)."""
+def grad(fn: Callable[[], TensorLike], params: Params, unconnected: str = "zero") -> Tree:
+    """The gradient of the scalar `fn()` with respect to `params` (see `value_and_grad`).
+
+    Args:
+        fn: a callable of no arguments returning a scalar (rank 0) tensor.
+        params: a variable, tensor, or nested structure of them, of floating (or complex)
+            dtypes.
+        unconnected: what a param `fn` does not depend on gets: "zero" (default: zeros of
+            its shape), "none" (None) or "raise" (a ValueError naming them).
+
+    Returns:
+        The gradient, structured like `params`.
+
+    Raises:
+        ArgumentError: `params` is empty or holds a non-differentiable leaf.
+        ValueError: ``fn()`` is not a scalar, `unconnected` is not one of the three, or
+            (with "raise") ``fn()`` does not depend on some params.
+    """
     return value_and_grad(fn, params, unconnected)[1]
 
 
-def _check_vector(params, vector, what):
+def _check_vector(params: Params, vector: Tree,
+                  what: str) -> Tuple[List[Any], List[tf.Tensor]]:
     """(flat params, flat vector): the vector structured and shaped like the params, each
     part a tensor of its param's dtype. Numbers and numpy arrays are converted at the
     param's dtype; a tensor of another dtype is an error (casting would hide a precision
@@ -156,21 +188,30 @@ def _check_vector(params, vector, what):
     return flat_p, flat_v
 
 
-def hvp(fn, params, vector, mode="auto"):
-    """Hessian-vector product H v of the scalar `fn()` with respect to `params`.
+def hvp(fn: Callable[[], TensorLike], params: Params, vector: Tree,
+        mode: str = "auto") -> Tree:
+    """Hessian-vector product ``H v`` of the scalar `fn()` with respect to `params`.
 
     Args:
-      fn: a callable of no arguments returning a scalar.
-      params: variables / tensors (nested structure) of floating dtypes.
-      vector: a structure like `params` (the v in H v): tensors of the params' shapes and
-        dtypes, or numbers / numpy arrays (converted at the params' dtypes).
-      mode: "reverse_over_reverse" (nested tapes: d/dp <grad f, v>),
-        "forward_over_reverse" (a `tf.autodiff.ForwardAccumulator` pushing v
-        through the gradient computation) or "auto" (the faster one on the
-        reference benchmark, `experiments/bench/hvp.py`).
+        fn: a callable of no arguments returning a scalar (rank 0) tensor.
+        params: variables / tensors (nested structure) of floating dtypes.
+        vector: a structure like `params` (the v in ``H v``; dict keys must match too):
+            tensors of the params' shapes and dtypes, or numbers / numpy arrays (converted
+            at the params' dtypes).
+        mode: "reverse_over_reverse" (nested tapes: ``d/dp <grad f, v>``),
+            "forward_over_reverse" (a `tf.autodiff.ForwardAccumulator` pushing v through
+            the gradient computation) or "auto" (default: the faster one on the reference
+            benchmark, ``experiments/bench/hvp.py``, forward-over-reverse).
 
     Returns:
-      H v, structured like `params`. Params `fn` does not depend on get zeros.
+        ``H v``, structured like `params`. Params `fn` does not depend on get zeros.
+
+    Raises:
+        ArgumentError: `params` is empty or holds a non-differentiable leaf.
+        ValueError: `mode` is unknown, ``fn()`` is not a scalar, or `vector` is not
+            structured or shaped like `params`.
+        TypeError: a part of `vector` is a tensor of another dtype than its param, or not
+            a tensor, number or array.
     """
     if mode == "auto":
         mode = _AUTO_HVP_MODE
@@ -198,11 +239,23 @@ def hvp(fn, params, vector, mode="auto"):
     return tf.nest.pack_sequence_as(params, out)
 
 
-def hessian(fn, params):
-    """The dense Hessian of the scalar `fn()`, shape [n, n], n = total size of params.
+def hessian(fn: Callable[[], TensorLike], params: Params) -> tf.Tensor:
+    """The dense Hessian of the scalar `fn()`, shape ``[n, n]``, n the total size of params.
 
-    Params are flattened (row-major) and concatenated in `tf.nest.flatten`
-    order; meant for small problems and as an oracle for the matrix-free tools.
+    Params are flattened (row-major) and concatenated in `tf.nest.flatten` order (the order
+    of `hogrod.tree.flatten`); meant for small problems and as an oracle for the
+    matrix-free tools. Params `fn` does not depend on get zero rows and columns.
+
+    Args:
+        fn: a callable of no arguments returning a scalar (rank 0) tensor.
+        params: variables / tensors (nested structure) of floating dtypes.
+
+    Returns:
+        The ``[n, n]`` Hessian, of the params' dtype.
+
+    Raises:
+        ArgumentError: `params` is empty or holds a non-differentiable leaf.
+        ValueError: ``fn()`` is not a scalar.
     """
     flat = checks.params(params, "hessian")
     with tf.GradientTape(persistent=True) as outer:
@@ -220,10 +273,19 @@ def hessian(fn, params):
     return tf.concat(rows, axis=1)
 
 
-def jacobian(fn, x):
-    """Jacobian of `fn(x)` with respect to `x`: shape `fn(x).shape + x.shape`.
+def jacobian(fn: Callable[[Tree], Tensor], x: Tree) -> Tree:
+    """Jacobian of `fn(x)` with respect to `x`: shape ``fn(x).shape + x.shape``.
 
-    `x` may be a nested structure; the result is then structured like `x`.
+    Args:
+        fn: a callable ``fn(x) -> tensor`` (any shape).
+        x: a tensor or variable of a floating dtype, or a nested structure of them.
+
+    Returns:
+        The Jacobian, of shape ``fn(x).shape + x.shape``; for a nested `x`, a structure
+        like `x` of such blocks. Parts of `x` that ``fn(x)`` does not depend on get zeros.
+
+    Raises:
+        ArgumentError: `x` is empty or holds a non-differentiable leaf.
     """
     # the tf.Variable inside a Keras 3 variable is what a tape can watch and track
     sources = tf.nest.pack_sequence_as(x, [unwrap(p) for p in checks.params(x, "jacobian",
@@ -234,9 +296,22 @@ def jacobian(fn, x):
     return tape.jacobian(y, sources, unconnected_gradients=tf.UnconnectedGradients.ZERO)
 
 
-def batch_jacobian(fn, x):
-    """Per-example Jacobian: for y = fn(x) with y[i] depending only on x[i],
-    returns dy[i]/dx[i] of shape [batch] + y.shape[1:] + x.shape[1:]."""
+def batch_jacobian(fn: Callable[[tf.Tensor], TensorLike], x: tf.Tensor) -> tf.Tensor:
+    """Per-example Jacobian ``dy[i]/dx[i]`` for ``y = fn(x)``, ``y[i]`` depending on ``x[i]``.
+
+    Args:
+        fn: a callable ``fn(x) -> y`` keeping x's batch axis; ``y[i]`` must depend on
+            ``x[i]`` only (not checked: a cross-example dependence is dropped).
+        x: one tensor of a floating dtype, shape ``[batch, ...]``.
+
+    Returns:
+        The Jacobians, shape ``[batch] + y.shape[1:] + x.shape[1:]``.
+
+    Raises:
+        TypeError: `x` is a nested structure.
+        ArgumentError: `x` is not a floating-point tensor.
+        ValueError: `x` is a scalar, or ``fn(x)`` does not keep x's batch axis.
+    """
     if tf.nest.is_nested(x):
         raise TypeError(f"batch_jacobian: x must be one tensor of shape [batch, ...], got "
                         f"{checks.describe(x)}")
@@ -252,13 +327,28 @@ def batch_jacobian(fn, x):
     return tape.batch_jacobian(y, x, unconnected_gradients=tf.UnconnectedGradients.ZERO)
 
 
-def derivatives(fn, x, order):
-    """`[f'(x), f''(x), ..., f^(order)(x)]` of an elementwise `fn`, by nested tapes.
+def derivatives(fn: Callable[[tf.Tensor], TensorLike], x: TensorLike,
+                order: int) -> List[tf.Tensor]:
+    """``[f'(x), f''(x), ..., f^(order)(x)]`` of an elementwise `fn`, by nested tapes.
 
-    For elementwise f the gradient of sum(f(x)) is f'(x) elementwise, so each
-    level differentiates the previous one; x*x*x gives [3x**2, 6x, 6, 0, ...].
-    (Beware `x ** 3` at x = 0 beyond order 3: TensorFlow's Pow gradient there is
-    0 * x**-1, a NaN; write powers as products where the tower must go that high.)
+    For elementwise f the gradient of ``sum(f(x))`` is ``f'(x)`` elementwise, so each level
+    differentiates the previous one; ``x * x * x`` gives ``[3 x**2, 6 x, 6, 0, ...]``.
+    (Beware ``x ** 3`` at ``x = 0`` beyond order 3: TensorFlow's Pow gradient there is
+    ``0 * x**-1``, a NaN; write powers as products where the tower must go that high.)
+
+    Args:
+        fn: an elementwise callable ``fn(x) -> tensor of x's shape``.
+        x: the points, a tensor (or number / array, converted) of a floating dtype.
+        order: the highest derivative, a Python int >= 1.
+
+    Returns:
+        A list of `order` tensors shaped like `x`: the k-th is the k-th derivative
+        (zeros where ``fn`` no longer depends on x).
+
+    Raises:
+        ValueError: `order` is not a positive integer, or ``fn(x)`` is not shaped like
+            `x`.
+        ArgumentError: `x` is not of a floating dtype.
     """
     if not isinstance(order, numbers.Integral) or isinstance(order, bool) or order < 1:
         raise ValueError(f"derivatives: order must be a positive integer, got {order!r}")
@@ -286,24 +376,33 @@ def derivatives(fn, x, order):
     return derivs
 
 
-def gnvp(model_fn, output_loss, params, vector):
-    """Gauss-Newton-vector product G v = J^T H_L J v.
+def gnvp(model_fn: Callable[[], TensorLike], output_loss: OutputLoss, params: Params,
+         vector: Tree) -> Tree:
+    """Gauss-Newton-vector product ``G v = J^T H_L J v``.
 
-    The generalized Gauss-Newton matrix of a loss L(z(params)), where z are the
-    model outputs, J = dz/dparams and H_L = d^2 L / dz^2. It is positive
-    semi-definite for convex losses (MSE, cross-entropy on logits), which makes
-    it the curvature used by second-order optimizers and influence functions.
+    The generalized Gauss-Newton matrix of a loss ``L(z(params))``, where z are the model
+    outputs, ``J = dz/dparams`` and ``H_L = d^2 L / dz^2``. It is positive semi-definite
+    for convex losses (MSE, cross-entropy on logits), which makes it the curvature used by
+    second-order optimizers and influence functions.
 
     Args:
-      model_fn: a callable of no arguments returning the model output z
-        (any shape; depends on `params`).
-      output_loss: a loss of the model output alone, `output_loss(z) -> scalar` (labels
-        closed over); a Keras loss is `lambda z: loss(y_true, z)`.
-      params: variables / tensors (nested structure) of floating dtypes.
-      vector: a structure like `params` (as for `hvp`).
+        model_fn: a callable of no arguments returning the model output z (any shape, a
+            floating dtype; depends on `params`).
+        output_loss: a loss of the model output alone, ``output_loss(z) -> scalar``
+            (labels closed over); a Keras loss is ``lambda z: loss(y_true, z)``.
+        params: variables / tensors (nested structure) of floating dtypes.
+        vector: a structure like `params` (as for `hvp`).
 
     Returns:
-      G v, structured like `params`.
+        ``G v``, structured like `params`; params the output does not depend on get
+        zeros.
+
+    Raises:
+        ArgumentError: `params` is empty or holds a non-differentiable leaf.
+        ValueError: `vector` is not structured or shaped like `params`, or
+            ``output_loss(z)`` is not a scalar.
+        TypeError: ``model_fn()`` is not floating point, or a part of `vector` has
+            another dtype than its param.
     """
     flat_p, flat_v = _check_vector(params, vector, "gnvp")
     primals = [unwrap(p) for p in flat_p]

@@ -14,6 +14,7 @@ function is called or traced, so a compiled caller pays nothing for them.
 
 import math
 import numbers
+from typing import Any, Callable, List, Optional, Sequence
 
 import keras
 import numpy as np
@@ -27,32 +28,36 @@ class ArgumentError(ValueError, TypeError):
     """A public function was given an argument it cannot use; the message names it."""
 
 
-def _fail(where, arg, wanted, value):
+def _fail(where: str, arg: str, wanted: str, value: Any) -> None:
     raise ArgumentError(f"{where}: {arg} must be {wanted}, got {value!r}")
 
 
-def _is_int(value):
+def _is_int(value: Any) -> bool:
     return isinstance(value, (numbers.Integral, np.integer)) and not isinstance(value, bool)
 
 
-def _is_real(value):
+def _is_real(value: Any) -> bool:
     return isinstance(value, (numbers.Real, np.floating, np.integer)) \
         and not isinstance(value, bool)
 
 
-def integer(value, arg, where, least=0, most=None):
+def integer(value: Any, arg: str, where: str, least: int = 0,
+            most: Optional[int] = None) -> int:
     """A Python or numpy integer in [least, most] (bools refused), as a Python int.
 
     Args:
-      value: the value given.
-      arg: the argument's name in the message.
-      where: the public function (or binding) checked, first in the message.
-      least: the smallest allowed value.
-      most: the largest allowed value, or None for no bound.
+        value: the value given.
+        arg: the argument's name in the message.
+        where: the public function (or binding) checked, first in the message.
+        least: the smallest allowed value (inclusive); default 0.
+        most: the largest allowed value (inclusive), or None (default) for no upper bound.
+
     Returns:
-      `int(value)`.
+        `int(value)`.
+
     Raises:
-      ArgumentError: `value` is not an integer in range (a float such as 20.5 or "20" too).
+        ArgumentError: `value` is not an integer in range (a float such as 20.5, a bool or
+            the string "20" too).
     """
     wanted = f"an integer >= {least}" + ("" if most is None else f" and <= {most}")
     if not _is_int(value) or value < least or (most is not None and value > most):
@@ -60,21 +65,24 @@ def integer(value, arg, where, least=0, most=None):
     return int(value)
 
 
-def number(value, arg, where, low=-math.inf, high=math.inf, low_open=False, high_open=False):
+def number(value: Any, arg: str, where: str, low: float = -math.inf, high: float = math.inf,
+           low_open: bool = False, high_open: bool = False) -> float:
     """A finite real Python or numpy number in the interval given, as a Python float.
 
     Args:
-      value: the value given.
-      arg: the argument's name in the message.
-      where: the public function checked.
-      low: the interval's lower end.
-      high: the interval's upper end.
-      low_open: whether `low` itself is excluded.
-      high_open: whether `high` itself is excluded.
+        value: the value given; bools, strings, tensors, NaN and infinities are refused.
+        arg: the argument's name in the message.
+        where: the public function checked.
+        low: the interval's lower end; default minus infinity (no bound).
+        high: the interval's upper end; default infinity (no bound).
+        low_open: whether `low` itself is excluded; default False (closed).
+        high_open: whether `high` itself is excluded; default False (closed).
+
     Returns:
-      `float(value)`.
+        `float(value)`.
+
     Raises:
-      ArgumentError: `value` is not a finite number in the interval.
+        ArgumentError: `value` is not a finite real number in the interval.
     """
     interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
     if not _is_real(value) or not math.isfinite(value):
@@ -86,51 +94,115 @@ def number(value, arg, where, low=-math.inf, high=math.inf, low_open=False, high
     return float(value)
 
 
-def positive(value, arg, where):
-    """A finite number > 0, as a Python float (see `number`)."""
+def positive(value: Any, arg: str, where: str) -> float:
+    """A finite number > 0, as a Python float (see `number`).
+
+    Args:
+        value: the value given: a Python or numpy real number (bools refused).
+        arg: the argument's name in the message.
+        where: the public function checked.
+
+    Returns:
+        `float(value)`.
+
+    Raises:
+        ArgumentError: `value` is not a finite real number, or is <= 0.
+    """
     if not _is_real(value) or not math.isfinite(value) or value <= 0:
         _fail(where, arg, "a positive finite number", value)
     return float(value)
 
 
-def nonnegative(value, arg, where):
-    """A finite number >= 0, as a Python float (see `number`)."""
+def nonnegative(value: Any, arg: str, where: str) -> float:
+    """A finite number >= 0, as a Python float (see `number`).
+
+    Args:
+        value: the value given: a Python or numpy real number (bools refused).
+        arg: the argument's name in the message.
+        where: the public function checked.
+
+    Returns:
+        `float(value)`.
+
+    Raises:
+        ArgumentError: `value` is not a finite real number, or is < 0.
+    """
     if not _is_real(value) or not math.isfinite(value) or value < 0:
         _fail(where, arg, "a finite number >= 0", value)
     return float(value)
 
 
-def probability(value, arg, where, open_ends=False):
-    """A number in [0, 1] ((0, 1) with `open_ends`), as a Python float (see `number`)."""
+def probability(value: Any, arg: str, where: str, open_ends: bool = False) -> float:
+    """A number in [0, 1] ((0, 1) with `open_ends`), as a Python float (see `number`).
+
+    Args:
+        value: the value given: a Python or numpy real number (bools refused).
+        arg: the argument's name in the message.
+        where: the public function checked.
+        open_ends: whether 0 and 1 themselves are excluded; default False ([0, 1]).
+
+    Returns:
+        `float(value)`.
+
+    Raises:
+        ArgumentError: `value` is not a finite real number in the interval.
+    """
     return number(value, arg, where, 0.0, 1.0, low_open=open_ends, high_open=open_ends)
 
 
-def choice(value, allowed, arg, where):
+def choice(value: Any, allowed: Sequence[str], arg: str, where: str) -> str:
     """One of the strings in `allowed`, returned unchanged.
 
     Args:
-      value: the value given.
-      allowed: the accepted strings (a tuple, listed in the message).
-      arg: the argument's name in the message.
-      where: the public function checked.
+        value: the value given; anything but a string is refused.
+        allowed: the accepted strings (listed, as a tuple, in the message).
+        arg: the argument's name in the message.
+        where: the public function checked.
+
     Returns:
-      `value`.
+        `value`.
+
     Raises:
-      ArgumentError: `value` is not one of `allowed`.
+        ArgumentError: `value` is not a string among `allowed`.
     """
     if not isinstance(value, str) or value not in allowed:
         _fail(where, arg, f"one of {tuple(allowed)}", value)
     return value
 
 
-def seed(value, arg, where):
-    """An integer random seed (>= 0), as a Python int (see `integer`)."""
+def seed(value: Any, arg: str, where: str) -> int:
+    """An integer random seed (>= 0), as a Python int (see `integer`).
+
+    Args:
+        value: the value given: a Python or numpy integer (bools refused).
+        arg: the argument's name in the message.
+        where: the public function checked.
+
+    Returns:
+        `int(value)`.
+
+    Raises:
+        ArgumentError: `value` is not an integer >= 0.
+    """
     return integer(value, arg, where, least=0)
 
 
-def function(value, arg, where, form):
-    """A callable, returned unchanged; `form` says what it must compute (e.g.
-    "objective(batch) -> scalar"), shown in the message."""
+def function(value: Any, arg: str, where: str, form: str) -> Callable:
+    """A callable, returned unchanged.
+
+    Args:
+        value: the value given.
+        arg: the argument's name in the message.
+        where: the public function checked.
+        form: what the callable must compute, shown in the message (e.g.
+            ``"objective(batch) -> scalar"``).
+
+    Returns:
+        `value`.
+
+    Raises:
+        ArgumentError: `value` is not callable.
+    """
     if not callable(value):
         _fail(where, arg, f"a callable {form}", value)
     return value
@@ -140,29 +212,33 @@ class _Leaf:
     """Stands for a tensor in a message: its dtype and shape, never its values (a model's
     variables would fill the screen)."""
 
-    def __init__(self, t):
+    def __init__(self, t: Any) -> None:
         if isinstance(t, (tf.Tensor, tf.Variable, keras.Variable, np.ndarray, np.generic)):
             dtype = t.dtype.value.dtype if isinstance(t, keras.Variable) else t.dtype
             self.text = f"{tf.as_dtype(dtype).name}{list(t.shape)}"
         else:
             self.text = type(t).__name__
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return self.text
 
 
-def describe(structure):
+def describe(structure: Any) -> str:
     """A nested structure as its leaves' dtypes and shapes, for error messages.
 
+    Tensors, variables (Keras's too) and numpy arrays show as their dtype and shape, never
+    their values; any other leaf shows as its type's name.
+
     Args:
-      structure: any nest of tensors, variables, arrays or other objects.
+        structure: any nest (`tf.nest`) of tensors, variables, arrays or other objects.
+
     Returns:
-      A string such as `[float32[3, 2], float32[2]]`.
+        A string such as ``[float32[3, 2], float32[2]]``.
     """
     return repr(tf.nest.map_structure(_Leaf, structure))
 
 
-def _leaf_name(p, index, arg):
+def _leaf_name(p: Any, index: int, arg: str) -> str:
     path = getattr(p, "path", None) or getattr(p, "name", None)
     try:
         return f"{path} ({arg}[{index}])" if path else f"{arg}[{index}]"
@@ -170,19 +246,23 @@ def _leaf_name(p, index, arg):
         return f"{arg}[{index}]"
 
 
-def params(value, where, arg="params"):
-    """The flat list of a nest of variables or tensors of a floating or complex dtype: what
-    can be differentiated with respect to.
+def params(value: Any, where: str, arg: str = "params") -> List[Any]:
+    """The flat list of a nest of differentiable variables or tensors.
+
+    What can be differentiated with respect to: every leaf a `tf.Variable`, a Keras 3
+    variable or a tensor, of a floating or complex dtype.
 
     Args:
-      value: a nest of `tf.Variable`s, Keras 3 variables or tensors.
-      where: the public function checked.
-      arg: the argument's name in the message.
+        value: a nest (`tf.nest`) of TensorFlow variables, Keras 3 variables or tensors.
+        where: the public function checked.
+        arg: the argument's name in the message; default ``"params"``.
+
     Returns:
-      `tf.nest.flatten(value)`.
+        `tf.nest.flatten(value)`, a list of the leaves in `tf.nest` order.
+
     Raises:
-      ArgumentError: the nest is empty, holds something else (a numpy array, a number), or
-        a leaf of an integer or boolean dtype.
+        ArgumentError: the nest is empty, holds something else (a numpy array, a number), or
+            a leaf of an integer or boolean dtype.
     """
     flat = tf.nest.flatten(value)
     if not flat:

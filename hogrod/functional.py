@@ -14,24 +14,47 @@ of tensors ordered like `model.non_trainable_variables`, e.g. from
 model's current state is read and only outputs are returned.
 """
 
+from typing import Any, List, Optional, Sequence, Tuple, Union
+
 import keras
 import numpy as np
 import tensorflow as tf
 
+from hogrod.types import Tensor, TensorLike
+
 __all__ = ["functional_call", "model_state", "trainable_values"]
 
 
-def model_state(model):
-    """The model's current non-trainable state, as a list of tensors."""
+def model_state(model: keras.Model) -> List[tf.Tensor]:
+    """The model's current non-trainable state, as a list of tensors.
+
+    Args:
+        model: a built Keras 3 model (or layer).
+
+    Returns:
+        The values of ``model.non_trainable_variables`` (BatchNormalization statistics, the
+        seed state of random layers), in that order: the `state` `functional_call` takes.
+    """
     return [tf.convert_to_tensor(v.value) for v in model.non_trainable_variables]
 
 
-def trainable_values(model):
-    """The model's current trainable weights, as a list of tensors (a fresh copy for functional use)."""
+def trainable_values(model: keras.Model) -> List[tf.Tensor]:
+    """The model's current trainable weights, as a list of tensors.
+
+    A fresh copy (`tf.identity`) for functional use: later writes to the variables do not
+    change it.
+
+    Args:
+        model: a built Keras 3 model (or layer).
+
+    Returns:
+        The values of ``model.trainable_variables``, in that order: the `params`
+        `functional_call` takes.
+    """
     return [tf.identity(v.value) for v in model.trainable_variables]
 
 
-def _check(variables, values, kind):
+def _check(variables: Sequence[Any], values: Sequence[Any], kind: str) -> None:
     if len(values) != len(variables):
         names = ", ".join(v.path for v in variables)
         raise ValueError(
@@ -54,7 +77,7 @@ def _check(variables, values, kind):
                 f"{list(var.shape)}")
 
 
-def _check_input_precision(model, args):
+def _check_input_precision(model: keras.Model, args: Tuple[Any, ...]) -> None:
     """A float64 model behind a float32 `keras.Input` rounds float64 inputs to float32
     (Keras casts inputs to the Input's dtype): refuse that rather than lose the precision."""
     inputs = getattr(model, "inputs", None) or []
@@ -74,19 +97,34 @@ def _check_input_precision(model, args):
                 f"keras.Input(..., dtype='{g.name}')")
 
 
-def functional_call(model, params, *args, training=False, state=None, **kwargs):
+def functional_call(model: keras.Model, params: Sequence[TensorLike], *args: Any,
+                    training: bool = False, state: Optional[Sequence[TensorLike]] = None,
+                    **kwargs: Any) -> Union[Any, Tuple[Any, List[Tensor]]]:
     """`model(*args)` with `params` substituted for `model.trainable_variables`.
 
+    The model's variables are neither read for the weights nor written.
+
     Args:
-      model: a built Keras 3 model (or layer).
-      params: a list of tensors, one per trainable variable, same order and shapes.
-      *args: the model's inputs.
-      training: passed to the model's call (BatchNorm batch statistics, Dropout).
-      state: optional list of tensors for `model.non_trainable_variables`.
-      **kwargs: other keyword arguments of the model's call (e.g. `mask`).
+        model: a built Keras 3 model (or layer).
+        params: a sequence of tensors (or numpy arrays), one per trainable variable, in
+            ``model.trainable_variables`` order, of the variables' shapes and dtypes.
+        *args: the model's inputs. A float64 model behind a float32 `keras.Input` refuses
+            float64 inputs (Keras would round them).
+        training: passed to the model's call (BatchNorm batch statistics, Dropout);
+            default False.
+        state: optional list of tensors for ``model.non_trainable_variables`` (e.g. from
+            `model_state`); None (default) reads the model's current state.
+        **kwargs: other keyword arguments of the model's call (e.g. `mask`).
 
     Returns:
-      outputs if `state` is None, else `(outputs, new_state)`.
+        The model's outputs if `state` is None, else a tuple ``(outputs, new_state)``, with
+        ``new_state`` the list of non-trainable values after the call.
+
+    Raises:
+        ValueError: the model is not built, or the number or shapes of `params` / `state`
+            do not match the variables.
+        TypeError: a value is not a tensor or array, a tensor's dtype differs from its
+            variable's, or an input would lose precision to the `keras.Input` dtype.
     """
     if not model.built:
         raise ValueError(

@@ -1,11 +1,11 @@
 """Implicit differentiation of a solver's output (bilevel optimization), in JAXopt's shape.
 
 `@custom_root(F)` on a solver `solver(init, *args) -> x_star` whose output satisfies
-`F(x_star, *args) = 0` gives `x_star` the gradient of the implicit function theorem:
+`F(x_star, *args) = 0` gives `x_star` the gradient of the implicit function theorem::
 
     dx*/dtheta = -(dF/dx)^{-1} dF/dtheta,
 
-so for an output cotangent v the gradient with respect to the args is
+so for an output cotangent v the gradient with respect to the args is::
 
     v^T dx*/dtheta = -w^T dF/dtheta,   where (dF/dx)^T w = v.
 
@@ -78,12 +78,17 @@ explicitly disabled") naming the solver and these ways.
 
 import functools
 import inspect
+from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from hogrod import checks, implicit_solves, tree
-from hogrod.implicit_solves import callable_name
+from hogrod.implicit_solves import Solve, callable_name
+from hogrod.types import Tree
+
+#: A solver ``solver(init, *args) -> x``, and what `custom_root` makes of it.
+Solver = Callable[..., Tree]
 
 __all__ = ["custom_root", "custom_fixed_point"]
 
@@ -94,21 +99,23 @@ _LOST = ("{where}: the implicit gradient was lost (a tape outside tf.vectorized_
          "batched=True and call it on every task at once")
 
 
-def _differentiable(leaf):
+def _differentiable(leaf: Any) -> bool:
     if isinstance(leaf, (tf.Tensor, tf.Variable)):
         return leaf.dtype.is_floating
     return isinstance(leaf, np.ndarray) and np.issubdtype(leaf.dtype, np.floating)
 
 
-def leaf_paths(structure, root):
+def leaf_paths(structure: Tree, root: str) -> List[str]:
     """A readable path for each leaf of a `tf.nest` structure, in `tf.nest.flatten`'s order.
 
     Args:
-      structure: a nest of dicts, lists, tuples and namedtuples.
-      root: the name of the whole structure, e.g. "hyperparams".
+        structure: a nest of dicts, lists, tuples and namedtuples.
+        root: the name of the whole structure, e.g. "hyperparams".
+
     Returns:
-      A list of strings such as `hyperparams['s']`, `params[1]`, `state.mu` (the bare root
-      for a single leaf).
+        A list of strings such as ``hyperparams['s']``, ``params[1]``, ``state.mu`` (the
+        bare root for a single leaf; ``root (leaf i of its tf.nest.flatten)`` where the
+        dict keys cannot be sorted).
     """
     def walk(s, path):
         if isinstance(s, dict):
@@ -129,7 +136,7 @@ def leaf_paths(structure, root):
     return paths
 
 
-def _arg_names(fn, args):
+def _arg_names(fn: Callable, args: Sequence[Any]) -> List[str]:
     """A readable name for each leaf of `args`: F's parameter name, then the path."""
     try:
         params = [p.name for p in inspect.signature(fn).parameters.values()
@@ -142,26 +149,41 @@ def _arg_names(fn, args):
     return names
 
 
-def custom_root(optimality_fn, solve="cg", *, check_root=True, root_tol=None, batched=False,
-                **options):
-    """Decorate `solver(init, *args) -> x` so that x's gradient with respect to `args` is
-    the implicit one of `optimality_fn(x, *args) = 0` (see the module docstring).
+def custom_root(optimality_fn: Callable[..., Tree], solve: Solve = "cg", *,
+                check_root: bool = True, root_tol: Optional[float] = None,
+                batched: bool = False, **options: Any) -> Callable[[Solver], Solver]:
+    """Gives a solver's output the implicit gradient of an optimality condition.
+
+    Decorates ``solver(init, *args) -> x`` so that x's gradient with respect to ``args`` is
+    the implicit one of ``optimality_fn(x, *args) = 0`` (see the module docstring): the
+    solver runs without a tape, and the gradient solves ``(dF/dx)^T w = v``.
 
     Args:
-      optimality_fn: F(x, *args) -> a tree structured like x, zero at the solver's output.
-      solve: "cg", "normal_cg", "neumann", "dense", or a callable solve(matvec, b) -> w.
-      check_root: check that the solver's output is a root, ||F(x)|| <= root_tol *
-        max(1, ||F(init)||) (False: a solver approximate by design, such as a fixed budget
-        of steps, whose gradient is then that of the root it approximates).
-      root_tol: that check's tolerance, a Python number > 0; None: the square root of the
-        machine epsilon of x's dtype.
-      batched: the solver and F map a leading task axis of every tensor in init, args and
-        x, each task's solution depending only on its own slices; each task is checked
-        and solved on its own (see the module docstring).
-      **options: the solve's maxiter, tol (and step for "neumann"), as Python numbers;
-        truncated (a bool) for "cg".
+        optimality_fn: ``F(x, *args)`` returning a tree structured like x, zero at the
+            solver's output.
+        solve: the linear solve for w: "cg" (default), "normal_cg", "neumann", "dense",
+            or a callable ``solve(matvec, b) -> w`` (see the module docstring).
+        check_root: whether to check that the solver's output is a root,
+            ``||F(x)|| <= root_tol * max(1, ||F(init)||)``; default True. False: a solver
+            approximate by design, such as a fixed budget of steps, whose gradient is then
+            that of the root it approximates.
+        root_tol: that check's tolerance, a Python number > 0; None (default) means the
+            square root of the machine epsilon of x's dtype.
+        batched: whether the solver and F map a leading task axis of every tensor in init,
+            args and x, each task's solution depending only on its own slices; each task
+            is then checked and solved on its own (see the module docstring). Default
+            False.
+        **options: the named solve's maxiter (an int >= 1), tol and (for "neumann") step
+            (Python numbers > 0), and truncated (a bool, for "cg"; needs maxiter).
+
     Returns:
-      A decorator; the decorated solver has the signature of the original.
+        A decorator; the decorated solver has the signature of the original and returns
+        x, structured like init.
+
+    Raises:
+        ArgumentError: `optimality_fn` (or the decorated solver) is not callable, `solve`
+            or an option is invalid, `check_root` or `batched` is not a bool, or
+            `root_tol` is not > 0.
     """
     where = f"custom_root({callable_name(optimality_fn)})"
     checks.function(optimality_fn, "optimality_fn", where, "F(x, *args)")
@@ -179,21 +201,33 @@ def custom_root(optimality_fn, solve="cg", *, check_root=True, root_tol=None, ba
     return decorator
 
 
-def custom_fixed_point(fixed_point_fn, solve="cg", *, check_root=True, root_tol=None,
-                       batched=False, **options):
-    """`custom_root` for a solver of x = T(x, *args).
+def custom_fixed_point(fixed_point_fn: Callable[..., Tree], solve: Solve = "cg", *,
+                       check_root: bool = True, root_tol: Optional[float] = None,
+                       batched: bool = False, **options: Any) -> Callable[[Solver], Solver]:
+    """`custom_root` for a solver of ``x = T(x, *args)``.
 
-    The optimality function is F(x, *args) = x - T(x, *args) (this sign makes dF/dx = I -
-    dT/dx positive definite for a symmetric contraction dT/dx, as "cg" needs; the gradient
-    does not depend on it). With solve="neumann" and step 1 the series is w = sum_k
-    (dT/dx^T)^k v, convergent when T is a contraction. The root check is ||x - T(x)|| <=
-    root_tol * max(1, ||init - T(init)||): an iteration caught in a cycle fails it.
+    The optimality function is ``F(x, *args) = x - T(x, *args)`` (this sign makes
+    ``dF/dx = I - dT/dx`` positive definite for a symmetric contraction ``dT/dx``, as "cg"
+    needs; the gradient does not depend on it). With ``solve="neumann"`` and step 1 the
+    series is ``w = sum_k (dT/dx^T)^k v``, convergent when T is a contraction. The root
+    check is ``||x - T(x)|| <= root_tol * max(1, ||init - T(init)||)``: an iteration
+    caught in a cycle fails it.
 
     Args:
-      fixed_point_fn: T(x, *args) -> a tree structured like x.
-      solve, check_root, root_tol, batched, **options: as `custom_root`'s.
+        fixed_point_fn: ``T(x, *args)`` returning a tree structured like x.
+        solve: the linear solve, as `custom_root`'s; default "cg".
+        check_root: whether to check that the output is a fixed point, as above; default
+            True.
+        root_tol: that check's tolerance, as `custom_root`'s; default None.
+        batched: as `custom_root`'s; default False.
+        **options: the named solve's options, as `custom_root`'s.
+
     Returns:
-      A decorator; the decorated solver has the signature of the original.
+        A decorator; the decorated solver has the signature of the original.
+
+    Raises:
+        ArgumentError: `fixed_point_fn` is not callable, or an argument is invalid as in
+            `custom_root`.
     """
     checks.function(fixed_point_fn, "fixed_point_fn", "custom_fixed_point", "T(x, *args)")
 
@@ -209,7 +243,7 @@ def custom_fixed_point(fixed_point_fn, solve="cg", *, check_root=True, root_tol=
                        batched=batched, **options)
 
 
-def _norms(f, batched):
+def _norms(f: Tree, batched: bool) -> tf.Tensor:
     """||f|| over the whole tree, or per task (a [B] vector) when batched."""
     if not batched:
         return tree.norm(f)
@@ -217,7 +251,8 @@ def _norms(f, batched):
                              for t in tf.nest.flatten(f)]))
 
 
-def _check_root(fn, x, init, args, root_tol, batched, where):
+def _check_root(fn: Callable[..., Tree], x: Tree, init: Tree, args: Sequence[Any],
+                root_tol: Optional[float], batched: bool, where: str) -> Tree:
     """x, with the check that it is a root of fn (an Assert dependency in a graph)."""
     dtype = tf.nest.flatten(x)[0].dtype
     tol = root_tol if root_tol is not None else float(np.finfo(dtype.as_numpy_dtype).eps) ** 0.5
@@ -245,7 +280,7 @@ def _check_root(fn, x, init, args, root_tol, batched, where):
         return tf.nest.map_structure(tf.identity, x)
 
 
-def _check_batch(named, where):
+def _check_batch(named: Sequence[Any], where: str) -> None:
     """Every tensor in `named` ((name, leaf) pairs) has one leading task axis (statically,
     where the shape is known)."""
     sizes = {}
@@ -262,11 +297,12 @@ def _check_batch(named, where):
                                    f"the sizes differ: {sizes} (size: first tensor with it)")
 
 
-def _is_tensor(leaf):
+def _is_tensor(leaf: Any) -> bool:
     return isinstance(leaf, (tf.Tensor, tf.Variable, np.ndarray))
 
 
-def _wrap(solver, fn, solve, options, check_root, root_tol, batched):
+def _wrap(solver: Solver, fn: Callable[..., Tree], solve: Solve, options: dict,
+          check_root: bool, root_tol: Optional[float], batched: bool) -> Solver:
     where = (f"implicit gradient of {callable_name(solver)} by optimality function "
              f"{callable_name(fn)}")
 

@@ -1,18 +1,24 @@
-"""The linear solves of implicit differentiation (`hogrod.implicit`), and the checks it
-shares with `hogrod.hypergrad`.
+"""The linear solves of implicit differentiation (`hogrod.implicit`), and the checks it shares.
 
-At a root x* of an optimality function F(x, *args), the implicit gradient needs w with
-(dF/dx)^T w = v for an output cotangent v. `Jacobians` gives the products by F's
+`hogrod.hypergrad` uses the checks too. At a root ``x*`` of an optimality function
+``F(x, *args)``, the implicit gradient needs w with ``(dF/dx)^T w = v`` for an output
+cotangent v. `Jacobians` gives the products by F's
 Jacobians (tapes on F); `linear_solve` finds w by a named solve ("cg", "normal_cg",
 "neumann", "dense": see `hogrod.implicit`) or a callable `solve(matvec, b)`, and checks
 that it did: a failure is a ValueError eagerly, a failing `tf.debugging.Assert` with the
 same message in a graph.
 """
 
+from typing import Any, Callable, List, Mapping, Sequence, Union
+
 import numpy as np
 import tensorflow as tf
 
 from hogrod import checks, linalg, tree
+from hogrod.types import MatVec, Tree
+
+#: A linear solve: one of `SOLVES` or a callable ``solve(matvec, b) -> w``.
+Solve = Union[str, Callable[[MatVec, Tree], Tree]]
 
 __all__ = ["SOLVES", "callable_name", "check_solve", "ensure", "Jacobians", "linear_solve"]
 
@@ -20,28 +26,31 @@ SOLVES = ("cg", "normal_cg", "neumann", "dense")
 _OPTIONS = {"cg": ("maxiter", "tol", "truncated"), "normal_cg": ("maxiter", "tol"),
             "neumann": ("maxiter", "tol", "step"), "dense": ()}
 
-def callable_name(fn):
-    """A callable's name for messages: its qualified name, else its repr.
+def callable_name(fn: Callable) -> str:
+    """A callable's name for messages: its qualified name, else its name, else its repr.
 
     Args:
-      fn: any callable.
+        fn: any callable.
+
     Returns:
-      A string.
+        A string.
     """
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
 
 
-def check_solve(solve, options, where):
+def check_solve(solve: Solve, options: Mapping[str, Any], where: str) -> None:
     """Checks a linear solve and its options as `custom_root` takes them.
 
     Args:
-      solve: one of `SOLVES` or a callable solve(matvec, b) -> w.
-      options: a dict of the solve's options (maxiter, tol, step, truncated).
-      where: the public function (or gin binding) checked, first in the message.
-    Returns:
-      None.
+        solve: one of `SOLVES` or a callable ``solve(matvec, b) -> w``.
+        options: a dict of the solve's options (maxiter, tol, step, truncated); a callable
+            solve takes none.
+        where: the public function (or gin binding) checked, first in the message.
+
     Raises:
-      ValueError: an unknown solve, an option the solve does not take, or a bad value.
+        ArgumentError: an unknown solve, an option the solve does not take, or a bad value
+            (``maxiter < 1``, ``tol <= 0``, ``step <= 0``, a non-bool truncated, truncated
+            without maxiter).
     """
     if callable(solve):
         if options:
@@ -70,17 +79,19 @@ def check_solve(solve, options, where):
         checks.positive(options["step"], "step", where)
 
 
-def ensure(ok, message):
+def ensure(ok: Union[bool, tf.Tensor], message: str) -> List[Any]:
     """A check that raises eagerly and asserts in a graph.
 
     Args:
-      ok: a boolean scalar (a tensor or a Python bool).
-      message: the error's text.
+        ok: a boolean scalar (a tensor or a Python bool).
+        message: the error's text.
+
     Returns:
-      [] eagerly (after raising if `ok` is false); in a graph, a list of one
-      `tf.debugging.Assert` op, to be made a control dependency of the result.
+        ``[]`` eagerly (after raising if `ok` is false); in a graph, a list of one
+        `tf.debugging.Assert` op, to be made a control dependency of the result.
+
     Raises:
-      ValueError: eagerly, when `ok` is false.
+        ValueError: eagerly, when `ok` is false.
     """
     if tf.executing_eagerly():
         if not bool(ok):
@@ -90,43 +101,45 @@ def ensure(ok, message):
 
 
 
-def _eps(dtype):
+def _eps(dtype: tf.DType) -> float:
     return float(np.finfo(dtype.as_numpy_dtype).eps)
 
 
 class Jacobians:
-    """Products by F's Jacobians at (x, args), F checked to map x to a tree like x.
+    """Products by F's Jacobians at ``(x, args)``, F checked to map x to a tree like x.
 
     Args:
-      fn: F(x, *args).
-      x: the root, a tree of tensors.
-      rebuild: maps the differentiable leaves to F's args.
-      diff: the differentiable leaves (tensors).
-      where: the caller, first in every message.
+        fn: ``F(x, *args)``.
+        x: the root, a tree of tensors.
+        rebuild: maps the differentiable leaves to F's args (a tuple).
+        diff: the differentiable leaves (tensors).
+        where: the caller, first in every message.
     """
 
-    def __init__(self, fn, x, rebuild, diff, where):
+    def __init__(self, fn: Callable[..., Tree], x: Tree,
+                 rebuild: Callable[[Sequence[tf.Tensor]], tuple], diff: List[tf.Tensor],
+                 where: str) -> None:
         self.fn, self.x, self.rebuild, self.diff, self.where = fn, x, rebuild, diff, where
 
-    def _f(self, x, diff):
+    def _f(self, x: Tree, diff: Sequence[tf.Tensor]) -> Tree:
         f = self.fn(x, *self.rebuild(diff))
         tree.check_same(self.x, f, "x", f"{self.where}: the optimality function's output")
         return tf.nest.pack_sequence_as(self.x, [tf.convert_to_tensor(t)
                                                  for t in tf.nest.flatten(f)])
 
-    def vjp_x(self, w):  # (dF/dx)^T w
+    def vjp_x(self, w: Tree) -> Tree:  # (dF/dx)^T w
         with tf.GradientTape() as tape:
             tape.watch(self.x)
             f = self._f(self.x, self.diff)
         return tape.gradient(f, self.x, output_gradients=w,
                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
 
-    def jvp_x(self, u):  # (dF/dx) u
+    def jvp_x(self, u: Tree) -> Tree:  # (dF/dx) u
         with tf.autodiff.ForwardAccumulator(self.x, u) as acc:
             f = self._f(self.x, self.diff)
         return acc.jvp(f, unconnected_gradients=tf.UnconnectedGradients.ZERO)
 
-    def vjp_args(self, w):  # w^T dF/dtheta, None where F does not depend on a leaf
+    def vjp_args(self, w: Tree) -> List[Any]:  # w^T dF/dtheta, None where F does not depend on a leaf
         with tf.GradientTape() as tape:  # watching accessed variables, to refuse them
             tape.watch(self.diff)
             f = self._f(self.x, self.diff)
@@ -137,7 +150,7 @@ class Jacobians:
                              "gradient would be dropped: pass them as args")
         return tape.gradient(f, self.diff, output_gradients=w)
 
-    def dense(self):  # dF/dx as a [n, n] matrix over flattened x
+    def dense(self) -> tf.Tensor:  # dF/dx as a [n, n] matrix over flattened x
         flat = tree.flatten(self.x)
         with tf.GradientTape() as tape:
             tape.watch(flat)
@@ -145,12 +158,13 @@ class Jacobians:
         return tape.jacobian(f, flat, unconnected_gradients=tf.UnconnectedGradients.ZERO)
 
 
-def _finish(w, asserts):
+def _finish(w: Tree, asserts: List[Any]) -> Tree:
     with tf.control_dependencies(asserts):
         return tf.nest.map_structure(tf.identity, w)
 
 
-def _solve_cg_truncated(matvec, b, maxiter, tol, where):
+def _solve_cg_truncated(matvec: MatVec, b: Tree, maxiter: int, tol: float,
+                        where: str) -> Tree:
     w, _ = linalg.cg(matvec, b, maxiter=maxiter, tol=tol, on_negative_curvature="stop")
     asserts = ensure(tf.math.is_finite(tree.norm(w)),
                      f"{where}: the truncated CG solution of (dF/dx)^T w = v is not finite "
@@ -158,7 +172,8 @@ def _solve_cg_truncated(matvec, b, maxiter, tol, where):
     return _finish(w, asserts)
 
 
-def _solve_cg(matvec, b, maxiter, tol, where, what):
+def _solve_cg(matvec: MatVec, b: Tree, maxiter: int, tol: float, where: str,
+              what: str) -> Tree:
     w, info = linalg.cg(matvec, b, maxiter=maxiter, tol=tol, on_negative_curvature="stop")
     b_norm = tree.norm(b)
     asserts = ensure(tf.logical_not(info.negative_curvature),
@@ -173,7 +188,8 @@ def _solve_cg(matvec, b, maxiter, tol, where, what):
     return _finish(w, asserts)
 
 
-def _solve_neumann(matvec, b, maxiter, tol, step, where):
+def _solve_neumann(matvec: MatVec, b: Tree, maxiter: int, tol: float, step: float,
+                   where: str) -> Tree:
     w, info = linalg.neumann(matvec, b, maxiter, tol=tol, step=step)
     asserts = ensure(info.converged,
                      f"{where}: the Neumann series did not converge to tol={tol} in "
@@ -182,7 +198,7 @@ def _solve_neumann(matvec, b, maxiter, tol, step, where):
     return _finish(w, asserts)
 
 
-def _solve_dense(jac, b, where):
+def _solve_dense(jac: Jacobians, b: Tree, where: str) -> Tree:
     a = jac.dense()
     n = a.shape[0]
     sigma = tf.linalg.svd(a, compute_uv=False)  # the LU op itself fails on exact singularity
@@ -196,17 +212,24 @@ def _solve_dense(jac, b, where):
     return tree.unflatten(w, b)
 
 
-def linear_solve(solve, options, jac, b, where):
-    """The solution w of (dF/dx)^T w = b, checked.
+def linear_solve(solve: Solve, options: Mapping[str, Any], jac: Jacobians, b: Tree,
+                 where: str) -> Tree:
+    """The solution w of ``(dF/dx)^T w = b``, checked.
 
     Args:
-      solve: one of `SOLVES` or a callable solve(matvec, b) -> w.
-      options: the solve's options (checked by `check_solve`).
-      jac: a `Jacobians` at the root.
-      b: the right-hand side, a tree like x.
-      where: the caller, first in every message.
+        solve: one of `SOLVES` or a callable ``solve(matvec, b) -> w``.
+        options: the solve's options (checked by `check_solve`).
+        jac: a `Jacobians` at the root.
+        b: the right-hand side, a tree like x.
+        where: the caller, first in every message.
+
     Returns:
-      w, a tree like b (in a graph, with the solve's Asserts as control dependencies).
+        w, a tree like b (in a graph, with the solve's Asserts as control dependencies).
+
+    Raises:
+        ValueError: eagerly, the solve failed its check (non-positive curvature, no
+            convergence, a singular dF/dx, a non-finite result), or a callable solve's
+            output is not structured like b.
     """
     dtype = tf.nest.flatten(b)[0].dtype
     if callable(solve):

@@ -1,5 +1,7 @@
-"""Iterative solvers on a symmetric linear operator given as a product `matvec(v)`:
-conjugate gradient, power iteration and Lanczos, written once for every family.
+"""Iterative solvers on a symmetric linear operator given as a product `matvec(v)`.
+
+Conjugate gradient, the Neumann series, power iteration and Lanczos, written once for
+every family.
 
 `matvec` maps a tree of tensors (see `hogrod.tree`) to a tree of the same structure, shapes
 and dtypes: an HVP `lambda v: hogrod.hvp(loss, params, v)`, a Gauss-Newton product, a
@@ -13,58 +15,80 @@ tridiagonal eigenproblem) is left to `scipy.linalg.eigh_tridiagonal`.
 import collections
 import inspect
 import numbers
+from typing import Callable, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 from hogrod import tree
+from hogrod.types import MatVec, Scalar, Seed, Tree
 
 __all__ = ["cg", "CGInfo", "neumann", "NeumannInfo", "power_iteration", "lanczos",
            "LanczosResult"]
 
 CGInfo = collections.namedtuple("CGInfo", ["iterations", "residual_norm", "curvature",
                                            "negative_curvature"])
-CGInfo.__doc__ = """iterations: the CG steps taken (int32); residual_norm: ||b - (A + damping
-I) x|| (the recurrence's residual); curvature: p^T (A + damping I) p of the last direction
-examined; negative_curvature: whether the solve stopped at a direction with curvature <= 0
-(only with on_negative_curvature="stop")."""
+CGInfo.__doc__ = """What a `cg` solve did.
+
+Attributes:
+    iterations: the CG steps taken, an int32 scalar tensor.
+    residual_norm: ``||b - (A + damping I) x||``, the recurrence's residual, a scalar of
+        b's dtype.
+    curvature: ``p^T (A + damping I) p`` of the last direction examined, a scalar of b's
+        dtype.
+    negative_curvature: a bool scalar tensor: whether the solve stopped at a direction with
+        curvature <= 0 (only with ``on_negative_curvature="stop"``).
+"""
 
 NeumannInfo = collections.namedtuple("NeumannInfo", ["terms", "term_norm", "converged"])
-NeumannInfo.__doc__ = """terms: the terms added after the first (int32); term_norm: the norm of the last
-term, ||(I - step (A + damping I))^terms b||; converged: term_norm <= tol ||b|| (always
-False with tol = 0, where exactly maxiter terms are added)."""
+NeumannInfo.__doc__ = """What a `neumann` series did.
+
+Attributes:
+    terms: the terms added after the first, an int32 scalar tensor.
+    term_norm: the norm of the last term, ``||(I - step (A + damping I))^terms b||``, a
+        scalar of b's dtype.
+    converged: a bool scalar tensor, ``term_norm <= tol ||b||`` (always False with
+        ``tol = 0``, where exactly `maxiter` terms are added).
+"""
 
 LanczosResult = collections.namedtuple("LanczosResult", ["alphas", "betas", "basis",
                                                          "residual_beta"])
-LanczosResult.__doc__ = """alphas [m], betas [m - 1]: the diagonal and off-diagonal of the
-tridiagonal T = Q^T A Q; basis: the tree of Lanczos vectors q_0 .. q_{m-1}, each leaf with a
-leading axis of length m (the rows of Q^T); residual_beta: beta_m = ||r_m||, the size of
-the residual A Q^T - Q^T T = beta_m q_m e_m^T (0 when the Krylov space is invariant)."""
+LanczosResult.__doc__ = """The outcome of `m` steps of `lanczos`.
+
+Attributes:
+    alphas: ``[m]``, the diagonal of the tridiagonal ``T = Q^T A Q``.
+    betas: ``[m - 1]``, the off-diagonal of ``T``.
+    basis: the tree of Lanczos vectors ``q_0 .. q_{m-1}`` (the rows of ``Q^T``), of v0's
+        structure, each leaf with a leading axis of length ``m``.
+    residual_beta: ``beta_m = ||r_m||``, the size of the residual
+        ``A Q^T - Q^T T = beta_m q_m e_m^T`` (0 when the Krylov space is invariant), a
+        scalar of v0's dtype.
+"""
 
 _NEGATIVE_CURVATURE = ("raise", "stop")
 # Python control flow here is on Python values only; the loops are explicit tf.while_loops.
 _no_autograph = tf.autograph.experimental.do_not_convert
 
 
-def _check_matvec(matvec):
+def _check_matvec(matvec: Callable) -> None:
     if not callable(matvec):
         raise TypeError(f"matvec must be a callable v -> A v, got {type(matvec).__name__}")
 
 
-def _check_int(value, name, minimum):
+def _check_int(value: int, name: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (numbers.Integral, np.integer)) \
             or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     return int(value)
 
 
-def _check_tol(tol, name="tol"):
+def _check_tol(tol: float, name: str = "tol") -> float:
     if not isinstance(tol, (numbers.Real, np.floating)) or not 0 <= tol < np.inf:
         raise ValueError(f"{name} must be a finite number >= 0, got {tol!r}")
     return float(tol)
 
 
-def _dtype(b, fn, name):
+def _dtype(b: Tree, fn: str, name: str) -> tf.DType:
     leaves = tf.nest.flatten(b)
     if not leaves or any(t is None for t in leaves):
         raise ValueError(f"{fn}: {name} must be a tree of tensors, got {b!r}")
@@ -76,7 +100,7 @@ def _dtype(b, fn, name):
     return leaves[0].dtype
 
 
-def _product(matvec, v, like, fn):
+def _product(matvec: MatVec, v: Tree, like: Tree, fn: str) -> Tree:
     """matvec(v), checked against `like` and given its exact structure (loop variables of a
     tf.while_loop keep theirs)."""
     out = matvec(v)
@@ -85,42 +109,58 @@ def _product(matvec, v, like, fn):
                                            for t in tf.nest.flatten(out)])
 
 
-def _eps(dtype):
+def _eps(dtype: tf.DType) -> float:
     return float(np.finfo(dtype.as_numpy_dtype).eps)
 
 
 @_no_autograph
-def cg(matvec, b, x0=None, maxiter=None, tol=1e-6, damping=0.0,
-       on_negative_curvature="raise"):
-    """Conjugate gradient for (A + damping I) x = b, A symmetric.
+def cg(matvec: MatVec, b: Tree, x0: Optional[Tree] = None, maxiter: Optional[int] = None,
+       tol: float = 1e-6, damping: Scalar = 0.0,
+       on_negative_curvature: str = "raise") -> Tuple[Tree, CGInfo]:
+    """Conjugate gradient for ``(A + damping I) x = b``, A symmetric.
 
-    From x_0 (zeros by default), r_0 = b - (A + damping I) x_0, p_0 = r_0, each step is
-      alpha = r^T r / p^T (A + damping I) p,  x += alpha p,  r -= alpha (A + damping I) p,
-      p = r + (r_new^T r_new / r^T r) p,
-    until ||r|| <= tol ||b|| or `maxiter` steps. CG needs A + damping I positive definite:
-    a direction of curvature p^T (A + damping I) p <= 100 eps |p|^2 max|Rayleigh quotient
-    seen| (non-positive up to rounding: an indefinite or singular system) either
+    From ``x_0`` (zeros by default), ``r_0 = b - (A + damping I) x_0``, ``p_0 = r_0``, each
+    step is::
+
+        alpha = r^T r / p^T (A + damping I) p,  x += alpha p,  r -= alpha (A + damping I) p,
+        p = r + (r_new^T r_new / r^T r) p,
+
+    until ``||r|| <= tol ||b||`` or `maxiter` steps. CG needs ``A + damping I`` positive
+    definite: a direction of curvature
+    ``p^T (A + damping I) p <= 100 eps ||p||^2 max(abs(Rayleigh quotient seen))``
+    (non-positive up to rounding: an indefinite or singular system) either
 
     - "raise": is an error naming the curvature found (a ValueError eagerly; in a graph a
       `tf.debugging.Assert` that fails when the graph runs, with the same message), or
     - "stop": ends the solve at the iterate reached before that direction, the truncated
-      CG of Steihaug (info.negative_curvature says so).
+      CG of Steihaug (``info.negative_curvature`` says so).
 
     A non-finite curvature (a NaN product) raises in "raise" mode; in "stop" mode it is
     carried into x, so a NaN guard downstream sees it.
 
     Args:
-      matvec: v -> A v on trees structured like `b`.
-      b: the right-hand side, a tree of floating tensors of one dtype.
-      x0: the starting iterate (a tree like `b`), default zeros.
-      maxiter: the most steps (Python int >= 1); default 10 * size(b).
-      tol: relative residual tolerance (0: run until the residual is exactly 0 or maxiter).
-      damping: added to A's diagonal (a Python number, applied at b's dtype, or a scalar
-        tensor of b's dtype).
-      on_negative_curvature: "raise" or "stop".
+        matvec: ``v -> A v`` on trees structured like `b`; its result is checked to have
+            `b`'s structure, shapes and dtypes.
+        b: the right-hand side, a tree of floating tensors of one dtype.
+        x0: the starting iterate, a tree like `b`; None (default) starts from zeros.
+        maxiter: the most steps, a Python int >= 1; None (default) means ``10 * size(b)``.
+        tol: the relative residual tolerance, a Python number >= 0; default 1e-6 (0 runs
+            until the residual is exactly 0 or `maxiter`).
+        damping: added to A's diagonal: a Python number (applied at b's dtype) or a scalar
+            tensor of b's dtype; default 0.
+        on_negative_curvature: "raise" (default) or "stop", as above.
+
     Returns:
-      (x, CGInfo(iterations, residual_norm, curvature, negative_curvature)); x is
-      structured like `b`.
+        A tuple ``(x, info)``: the solution ``x``, a tree of `b`'s structure, and a
+        `CGInfo`.
+
+    Raises:
+        TypeError: `matvec` is not callable, or `b`'s leaves do not share one floating
+            dtype.
+        ValueError: `on_negative_curvature`, `maxiter` or `tol` is invalid, `b` is empty,
+            `x0` or a product does not match `b`, or (eagerly, with "raise") a direction
+            of non-positive curvature is met.
+        FloatingPointError: eagerly, with "raise", a non-finite curvature is met.
     """
     _check_matvec(matvec)
     if on_negative_curvature not in _NEGATIVE_CURVATURE:
@@ -182,7 +222,7 @@ def cg(matvec, b, x0=None, maxiter=None, tol=1e-6, damping=0.0,
     return x, CGInfo(i, tf.sqrt(rr), pap, negative)
 
 
-def _takes_index(matvec):
+def _takes_index(matvec: Callable) -> bool:
     """Whether `matvec` is `matvec(v, k)` (a fresh product per term, as LiSSA's minibatches)
     rather than `matvec(v)`."""
     try:
@@ -202,30 +242,44 @@ def _takes_index(matvec):
 
 
 @_no_autograph
-def neumann(matvec, b, maxiter, tol=0.0, step=1.0, damping=0.0):
-    """The Neumann series of (A + damping I)^{-1} b, written once for every family:
+def neumann(matvec: Callable[..., Tree], b: Tree, maxiter: int, tol: float = 0.0,
+            step: Scalar = 1.0, damping: Scalar = 0.0) -> Tuple[Tree, NeumannInfo]:
+    """The Neumann series of ``(A + damping I)^{-1} b``, written once for every family.
 
-      x = step * sum_{k=0}^{K} (I - step (A + damping I))^k b,
+    It computes::
 
-    each term the previous one times (I - step (A + damping I)), stopping after `maxiter`
-    terms beyond the first or once a term's norm is <= tol ||b||. It converges iff the
-    spectral radius of I - step (A + damping I) is < 1 (0 < step < 2 / lambda_max for a
-    positive definite A + damping I). It is the truncated series of hypergradients
-    (Lorraine et al. 2020: tol = 0, exactly `maxiter` terms), an implicit solve with a
-    convergence check (tol > 0; `info.converged`), and LiSSA (Agarwal et al. 2017: step =
-    1 / scale, `matvec(v, k)` drawing a fresh minibatch for term k).
+        x = step * sum_{k=0}^{K} (I - step (A + damping I))^k b,
+
+    each term the previous one times ``(I - step (A + damping I))``, stopping after
+    `maxiter` terms beyond the first or once a term's norm is ``<= tol ||b||``. It
+    converges iff the spectral radius of ``I - step (A + damping I)`` is < 1
+    (``0 < step < 2 / lambda_max`` for a positive definite ``A + damping I``). It is the
+    truncated series of hypergradients (Lorraine et al. 2020: ``tol = 0``, exactly
+    `maxiter` terms), an implicit solve with a convergence check (``tol > 0``;
+    ``info.converged``), and LiSSA (Agarwal et al. 2017: ``step = 1 / scale``,
+    ``matvec(v, k)`` drawing a fresh minibatch for term k).
 
     Args:
-      matvec: v -> A v, or (v, k) -> A_k v with k the term's index (an int32 scalar tensor,
-        0 for the product giving the second term), on trees structured like `b`.
-      b: the right-hand side, a tree of floating tensors of one dtype.
-      maxiter: the most terms after the first (a Python int >= 0).
-      tol: stop once a term's norm is <= tol ||b|| (a Python number >= 0; 0 runs all
-        `maxiter` terms).
-      step: the series' step, a Python number > 0 (applied at b's dtype) or a scalar tensor.
-      damping: added to A's diagonal, a Python number >= 0 or a scalar tensor.
+        matvec: ``v -> A v``, or ``(v, k) -> A_k v`` with k the term's index (an int32
+            scalar tensor, 0 for the product giving the second term), on trees structured
+            like `b`.
+        b: the right-hand side, a tree of floating tensors of one dtype.
+        maxiter: the most terms after the first, a Python int >= 0.
+        tol: stop once a term's norm is ``<= tol ||b||``: a Python number >= 0; default 0,
+            which runs all `maxiter` terms.
+        step: the series' step: a Python number > 0 (applied at b's dtype) or a scalar
+            tensor (cast to b's dtype); default 1.
+        damping: added to A's diagonal: a Python number >= 0 or a scalar tensor of b's
+            dtype; default 0.
+
     Returns:
-      (x, NeumannInfo(terms, term_norm, converged)); x is structured like `b`.
+        A tuple ``(x, info)``: ``x``, a tree of `b`'s structure, and a `NeumannInfo`.
+
+    Raises:
+        TypeError: `matvec` is not callable, or `b`'s leaves do not share one floating
+            dtype.
+        ValueError: `maxiter`, `tol`, `step` or `damping` is out of range, `b` is empty,
+            or a product does not match `b`.
     """
     _check_matvec(matvec)
     dtype = _dtype(b, "neumann", "b")
@@ -265,7 +319,8 @@ def neumann(matvec, b, maxiter, tol=0.0, step=1.0, damping=0.0):
     return tree.scale(step_t, x), NeumannInfo(k, term_norm, converged)
 
 
-def _assert_curvature(finite, curved, pap, pp, i, damping):
+def _assert_curvature(finite: tf.Tensor, curved: tf.Tensor, pap: tf.Tensor, pp: tf.Tensor,
+                      i: tf.Tensor, damping: Scalar) -> None:
     """Raise (eagerly) or assert (in a graph) that a CG direction has positive curvature."""
     shown = damping if isinstance(damping, (numbers.Number, np.number)) else "damping"
     what = f"p^T (A + {shown} I) p"
@@ -287,24 +342,43 @@ def _assert_curvature(finite, curved, pap, pp, i, damping):
 
 
 @_no_autograph
-def power_iteration(matvec, v0=None, maxiter=100, tol=0.0, like=None, seed=None):
+def power_iteration(matvec: MatVec, v0: Optional[Tree] = None, maxiter: int = 100,
+                    tol: float = 0.0, like: Optional[Tree] = None,
+                    seed: Optional[Seed] = None) -> Tuple[tf.Tensor, Tree]:
     """The eigenvalue of largest magnitude of a symmetric A, and its eigenvector.
 
-    From v_0 = v0 / ||v0|| (or a standard normal tree `tree.normal_like(like, seed)`),
-      w = A v_{k-1},  lambda_k = v_{k-1}^T w,  v_k = w / ||w||,
-    for `maxiter` products, or until |lambda_k - lambda_{k-1}| <= tol |lambda_k| (tol > 0).
-    It converges when the largest |eigenvalue| is unique, at the rate of the ratio of the
-    two largest |eigenvalues|; lambda_k is signed. A product w = 0 (v in A's null space)
-    stops with lambda = 0.
+    From ``v_0 = v0 / ||v0||`` (or a standard normal tree ``tree.normal_like(like, seed)``),
+    each step is::
+
+        w = A v_{k-1},  lambda_k = v_{k-1}^T w,  v_k = w / ||w||,
+
+    for `maxiter` products, or until ``abs(lambda_k - lambda_{k-1}) <= tol abs(lambda_k)``
+    (``tol > 0``). It converges when the largest ``abs(eigenvalue)`` is unique, at the rate
+    of the ratio of the two largest ``abs(eigenvalues)``; ``lambda_k`` is signed. A product
+    ``w = 0`` (v in A's null space) stops with ``lambda = 0``.
 
     Args:
-      matvec: v -> A v on trees structured like v0.
-      v0: the start (a nonzero tree of floating tensors); or None with `like` and `seed`.
-      maxiter: the most products (Python int >= 1).
-      tol: relative tolerance on successive eigenvalue estimates (0: run `maxiter`).
+        matvec: ``v -> A v`` on trees structured like the start vector.
+        v0: the start, a nonzero tree of floating tensors of one dtype; or None (default)
+            with `like` and `seed` for a random start.
+        maxiter: the most products, a Python int >= 1; default 100.
+        tol: the relative tolerance on successive eigenvalue estimates, a Python number
+            >= 0; default 0, which runs `maxiter` products.
+        like: with `seed` and no `v0`: the tree whose structure, shapes and dtypes the
+            random standard normal start takes.
+        seed: with `like` and no `v0`: the start's stateless seed, an int or a shape-``[2]``
+            integer tensor (`hogrod.tree.normal_like`).
+
     Returns:
-      (eigenvalue, eigenvector): lambda_k (a scalar of v0's dtype) and v_k (unit norm,
-      structured like v0).
+        A tuple ``(eigenvalue, eigenvector)``: ``lambda_k``, a scalar of the start's dtype,
+        and ``v_k``, a unit-norm tree of the start's structure.
+
+    Raises:
+        TypeError: `matvec` is not callable, or the start's leaves do not share one
+            floating dtype.
+        ValueError: both or neither of `v0` and (`like`, `seed`) are given, `maxiter` or
+            `tol` is invalid, a product does not match the start, or (eagerly) the start
+            is zero.
     """
     _check_matvec(matvec)
     if (v0 is None) == (like is None and seed is None):
@@ -339,7 +413,7 @@ def power_iteration(matvec, v0=None, maxiter=100, tol=0.0, like=None, seed=None)
     return lam, v
 
 
-def _assert_nonzero(value, message):
+def _assert_nonzero(value: tf.Tensor, message: str) -> None:
     if tf.executing_eagerly():
         if float(value) == 0:
             raise ValueError(message)
@@ -347,32 +421,54 @@ def _assert_nonzero(value, message):
         tf.debugging.Assert(value > 0, [message])
 
 
-def _stacked_shape(k, t):
+def _stacked_shape(k: int, t: tf.Tensor) -> object:
     if t.shape.is_fully_defined():
         return [k] + t.shape.as_list()
     return tf.concat([[k], tf.shape(t)], 0)
 
 
 @_no_autograph
-def lanczos(matvec, v0, k, reorthogonalize=True, stop=None, breakdown_rtol=None):
-    """`k` steps of the Lanczos process from v0: an orthonormal basis Q of the Krylov space
-    span{v0, A v0, .., A^{k-1} v0} and the tridiagonal T = Q^T A Q.
+def lanczos(matvec: MatVec, v0: Tree, k: int, reorthogonalize: bool = True,
+            stop: Optional[Callable[[tf.Tensor, tf.Tensor, tf.Tensor], object]] = None,
+            breakdown_rtol: Optional[float] = None) -> LanczosResult:
+    """`k` steps of the Lanczos process from `v0`.
 
-    With q_0 = v0 / ||v0||, step j computes w = A q_j, alpha_j = q_j^T w, removes the
-    components along q_j and q_{j-1} (with `reorthogonalize`, along every q_i, twice:
-    classical Gram-Schmidt repeated, which keeps Q orthonormal in floating point), sets
-    beta_j = ||w|| and q_{j+1} = w / beta_j. The extreme eigenvalues of T (the Ritz values;
-    use `scipy.linalg.eigh_tridiagonal(alphas, betas)` on the host) converge to A's first.
+    It builds an orthonormal basis ``Q`` of the Krylov space
+    ``span{v0, A v0, .., A^{k-1} v0}`` and the tridiagonal ``T = Q^T A Q``. With
+    ``q_0 = v0 / ||v0||``, step ``j`` computes ``w = A q_j``, ``alpha_j = q_j^T w``,
+    removes the components along ``q_j`` and ``q_{j-1}`` (with `reorthogonalize`, along
+    every ``q_i``, twice: classical Gram-Schmidt repeated, which keeps ``Q`` orthonormal in
+    floating point), sets ``beta_j = ||w||`` and ``q_{j+1} = w / beta_j``. The extreme
+    eigenvalues of ``T`` (the Ritz values; use
+    ``scipy.linalg.eigh_tridiagonal(alphas, betas)`` on the host) converge to A's first.
 
-    It stops early, with m < k steps, when beta_j <= breakdown_rtol * max_i(|alpha_i| +
-    beta_i) (the Krylov space is invariant: T's eigenvalues are exact eigenvalues of A;
-    breakdown_rtol defaults to 1000 eps of the dtype), or when `stop(alphas, betas, beta)`
-    (the tridiagonal so far and beta_j; a Python bool eagerly, a bool tensor in a graph)
-    is true.
+    It stops early, with ``m < k`` steps, when
+    ``beta_j <= breakdown_rtol * max_i(abs(alpha_i) + beta_i)`` (the Krylov space is
+    invariant: T's eigenvalues are exact eigenvalues of A), or when
+    ``stop(alphas, betas, beta)`` is true.
+
+    Args:
+        matvec: ``v -> A v`` on trees structured like `v0`.
+        v0: the start, a nonzero tree of floating tensors of one dtype.
+        k: the most Lanczos steps, a Python int >= 1.
+        reorthogonalize: whether to orthogonalize each new vector against the whole basis
+            (twice); default True. False keeps the three-term recurrence only.
+        stop: an optional early stop ``stop(alphas, betas, beta) -> bool``, given the
+            tridiagonal so far (``alphas[:j + 1]``, ``betas[:j]``) and ``beta_j``; it
+            returns a Python bool eagerly, a bool tensor in a graph. None (default): no
+            early stop but the breakdown.
+        breakdown_rtol: the relative breakdown threshold, a Python number >= 0; None
+            (default) means 1000 eps of v0's dtype.
 
     Returns:
-      LanczosResult(alphas [m], betas [m - 1], basis, residual_beta): see its docstring.
-      basis has v0's structure, each leaf with a leading axis of length m.
+        A `LanczosResult` ``(alphas [m], betas [m - 1], basis, residual_beta)``; ``basis``
+        has v0's structure, each leaf with a leading axis of length ``m``.
+
+    Raises:
+        TypeError: `matvec` or `stop` is not callable, or v0's leaves do not share one
+            floating dtype.
+        ValueError: `k` or `breakdown_rtol` is invalid, a product does not match `v0`, or
+            (eagerly) `v0` is zero.
     """
     _check_matvec(matvec)
     k = _check_int(k, "k", 1)

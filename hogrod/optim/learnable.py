@@ -19,12 +19,14 @@ at the boundary of its range (a momentum of 0) has no finite parameter and is re
 """
 
 import math
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 from hogrod import checks
 from hogrod.optim import optimizers
+from hogrod.types import DType
 
 __all__ = ["learnable", "LEARNED_BY_DEFAULT"]
 
@@ -40,7 +42,7 @@ _UNIT_INTERVAL = {("sgd", "momentum"), ("adam", "b1"), ("adam", "b2"), ("adamw",
                   ("adamw", "b2"), ("rmsprop", "rho")}
 
 
-def _parametrization(opt, name):
+def _parametrization(opt: str, name: str) -> Tuple[str, Callable, Callable]:
     """(prefix, to_variable, from_variable) for one hyperparameter."""
     if (opt, name) in _UNIT_INTERVAL:
         # the optimizer takes the logit itself, so 1 - b is sigmoid(-v), never 1 - sigmoid(v)
@@ -48,7 +50,7 @@ def _parametrization(opt, name):
     return ("log", math.log, tf.exp)
 
 
-def _check_start(opt, name, value):
+def _check_start(opt: str, name: str, value: object) -> float:
     where = f"hogrod.optim.learnable: {opt}'s {name}"
     if isinstance(value, (tf.Tensor, tf.Variable)) or not np.isscalar(value) or isinstance(
             value, (bool, str, bytes)):
@@ -65,20 +67,36 @@ def _check_start(opt, name, value):
     return v
 
 
-def learnable(optimizer, dtype, names=None, prefix="inner"):
-    """`(optimizer, variables)`: `optimizer` rebuilt with the hyperparameters in `names`
-    computed from new scalar `tf.Variable`s of `dtype` (the params' dtype), see the module
-    docstring for the parametrization.
+def learnable(optimizer: optimizers.Optimizer, dtype: DType,
+              names: Optional[Sequence[str]] = None, prefix: str = "inner") -> Tuple[optimizers.Optimizer, List[tf.Variable]]:
+    """`optimizer` rebuilt with some hyperparameters computed from new trainable variables.
+
+    Each hyperparameter in `names` becomes a function of a new scalar `tf.Variable` of
+    `dtype` (the params' dtype), in a parametrization whose every real value is valid:
+    learning_rate, eps, weight_decay and rmsprop's momentum (> 0) as ``exp(v)``; b1, b2,
+    rho and sgd's momentum (in (0, 1)) as ``sigmoid(v)``, passed as a `Logit`. The values
+    are recomputed from the variables at every `update`, under the caller's tape.
 
     Args:
-      optimizer: a `hogrod.optim` optimizer (`adam(0.01)`, `sgd(0.1, momentum=0.9)`, ...);
-        the hyperparameters to learn must be Python numbers.
-      dtype: the float dtype of the params it will update.
-      names: the hyperparameters to learn; None: `LEARNED_BY_DEFAULT[optimizer.name]`.
-      prefix: the variables are named `{prefix}_{log|logit}_{name}`.
+        optimizer: a `hogrod.optim` optimizer (``adam(0.01)``,
+            ``sgd(0.1, momentum=0.9)``, ...), not already learnable; the hyperparameters to
+            learn must be Python numbers strictly inside their range.
+        dtype: the floating dtype of the params it will update (and of the variables).
+        names: the hyperparameters to learn; None (default) means
+            ``LEARNED_BY_DEFAULT[optimizer.name]``.
+        prefix: the variables are named ``{prefix}_{log|logit}_{name}``; default "inner".
 
     Returns:
-      the optimizer, and the variables in `names` order.
+        A tuple ``(optimizer, variables)``: the rebuilt `Optimizer` (its
+        ``hyperparameters`` None) and the new variables, in `names` order.
+
+    Raises:
+        TypeError: `optimizer` is not a `hogrod.optim` optimizer or is already learnable,
+            or `dtype` is not floating.
+        ValueError: `names` is empty or names a hyperparameter the optimizer does not
+            have (or `nesterov`).
+        ArgumentError: a hyperparameter to learn is not a Python number, or starts on the
+            boundary of its range (a momentum of 0).
     """
     if not isinstance(optimizer, optimizers.Optimizer) or optimizer.hyperparameters is None:
         raise TypeError("hogrod.optim.learnable: optimizer must be built by hogrod.optim "

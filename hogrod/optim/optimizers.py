@@ -55,6 +55,7 @@ RMSProp takes sqrt(v + eps) with eps > 0 inside, which is smooth: it needs nothi
 import collections
 import math
 import numbers
+from typing import Any, List, Optional, Sequence, Tuple, Type, Union
 
 import gin
 import keras
@@ -62,6 +63,7 @@ import numpy as np
 import tensorflow as tf
 
 from hogrod import checks, tree
+from hogrod.types import Scalar, Tree
 
 # Python control flow here is on Python values only (structure, dtypes, hyperparameter types).
 _no_autograph = tf.autograph.experimental.do_not_convert
@@ -71,33 +73,80 @@ __all__ = ["Optimizer", "Logit", "SGDState", "AdamState", "RMSPropState", "sgd",
 
 Optimizer = collections.namedtuple("Optimizer", ["init", "update", "name", "hyperparameters"],
                                    defaults=(None, None))
-Optimizer.__doc__ = """init(params) -> state; update(grads, state, params) -> (params, state);
-name: the constructor's name ('sgd', 'adam', ...) and hyperparameters: the arguments it was
-built with (a dict), which `hogrod.optim.learnable` reads to rebuild it with learned
-hyperparameters (None for a hand-made Optimizer)."""
+Optimizer.__doc__ = """A differentiable optimizer: a pair of pure functions and how it was built.
+
+Attributes:
+    init: ``init(params) -> state``, the optimizer's starting state for a tree of float
+        params (zero buffers of the params' structure and a step count of 0).
+    update: ``update(grads, state, params) -> (new_params, new_state)``, one step; nothing
+        is assigned.
+    name: the constructor's name ('sgd', 'adam', 'adamw', 'rmsprop'); None (default) for a
+        hand-made Optimizer.
+    hyperparameters: the arguments it was built with (a dict), which
+        `hogrod.optim.learnable` reads to rebuild it with learned hyperparameters; None
+        (default) for a hand-made or an already learnable Optimizer.
+"""
 SGDState = collections.namedtuple("SGDState", ["count", "momentum"])
+SGDState.__doc__ = """The state of `sgd`.
+
+Attributes:
+    count: the steps taken, an int64 scalar tensor.
+    momentum: the momentum buffer m, a tree of the params' structure, shapes and dtypes.
+"""
 AdamState = collections.namedtuple("AdamState", ["count", "mu", "nu"])
+AdamState.__doc__ = """The state of `adam` and `adamw`.
+
+Attributes:
+    count: the steps taken, an int64 scalar tensor.
+    mu: the first moment m (not bias-corrected), a tree of the params' structure.
+    nu: the second moment v (not bias-corrected), a tree of the params' structure.
+"""
 RMSPropState = collections.namedtuple("RMSPropState", ["count", "nu", "momentum"])
+RMSPropState.__doc__ = """The state of `rmsprop`.
+
+Attributes:
+    count: the steps taken, an int64 scalar tensor.
+    nu: the moving average v of the squared gradients, a tree of the params' structure.
+    momentum: the momentum buffer, a tree of the params' structure.
+"""
 
 
 class Logit(collections.namedtuple("Logit", ["logit"])):
-    """A hyperparameter in (0, 1) given by its logit v (`hogrod.optim.learnable`'s b1, b2,
-    rho and sgd momentum): the value is sigmoid(v).
+    """A hyperparameter in (0, 1) given by its logit v: the value is ``sigmoid(v)``.
 
-    The optimizers take 1 - value as sigmoid(-v) and 1 - value^t as -expm1(t log_sigmoid(v)),
-    never as 1 - sigmoid(v): in float32 sigmoid(v) rounds to exactly 1 from v ~ 16.6, and
-    1 - b2 = 0 makes Adam's sqrt(1 - b2^t) have an infinite derivative (a NaN meta-gradient
-    once a learned b2 drifts towards 1), long before that 1 - sigmoid(v) loses most of its
-    digits. Where even sigmoid(-v) underflows to 0 (v > ~88 in float32, ~710 in float64)
-    the update raises an InvalidArgumentError naming the hyperparameter instead."""
+    `hogrod.optim.learnable` passes b1, b2, rho and sgd's momentum this way. The optimizers
+    take ``1 - value`` as ``sigmoid(-v)`` and ``1 - value^t`` as
+    ``-expm1(t log_sigmoid(v))``, never as ``1 - sigmoid(v)``: in float32 ``sigmoid(v)``
+    rounds to exactly 1 from ``v ~ 16.6``, and ``1 - b2 = 0`` makes Adam's
+    ``sqrt(1 - b2^t)`` have an infinite derivative (a NaN meta-gradient once a learned b2
+    drifts towards 1), long before that ``1 - sigmoid(v)`` loses most of its digits. Where
+    even ``sigmoid(-v)`` underflows to 0 (``v > ~88`` in float32, ``~710`` in float64) the
+    update raises an InvalidArgumentError naming the hyperparameter instead.
+
+    Attributes:
+        logit: v, a scalar tensor or variable of the params' dtype (or a Python number).
+    """
     __slots__ = ()
 
 
-def safe_sqrt(x):
-    """tf.sqrt(x) (NaN below 0), with derivative 0 at x = 0 instead of inf, at every order.
+#: A hyperparameter: a Python number, a scalar tensor or variable, or a `Logit`.
+Hyperparameter = Union[Scalar, tf.Variable, keras.Variable, Logit]
 
-    The double `tf.where`: sqrt only ever sees positive inputs (1 where x <= 0), so neither
-    its value nor its derivative is non-finite where the outer `where` discards it."""
+
+def safe_sqrt(x: tf.Tensor) -> tf.Tensor:
+    """``tf.sqrt(x)`` (NaN below 0), with derivative 0 at ``x = 0`` instead of inf, at every order.
+
+    The double `tf.where`: sqrt only ever sees positive inputs (1 where ``x <= 0``), so
+    neither its value nor its derivative is non-finite where the outer ``where`` discards
+    it.
+
+    Args:
+        x: a floating-point tensor (any shape).
+
+    Returns:
+        A tensor of x's shape and dtype: ``sqrt(x)`` where ``x > 0``, 0 where ``x = 0``, NaN
+        where ``x < 0``.
+    """
     positive = x > 0
     root = tf.sqrt(tf.where(positive, x, tf.ones_like(x)))
     other = tf.where(tf.equal(x, 0), tf.zeros_like(x), tf.fill(tf.shape(x),
@@ -107,11 +156,12 @@ def safe_sqrt(x):
 
 # ---- hyperparameters ----------------------------------------------------------------------
 
-def _is_number(x):
+def _is_number(x: Any) -> bool:
     return isinstance(x, (numbers.Real, np.floating, np.integer)) and not isinstance(x, bool)
 
 
-def _check_hyper(opt, name, value, low, high, low_open=False, high_open=False):
+def _check_hyper(opt: str, name: str, value: Hyperparameter, low: float, high: float,
+                 low_open: bool = False, high_open: bool = False) -> None:
     """Range-check a Python-number hyperparameter; tensors, variables and a `Logit` (built
     by `learnable` from a variable) pass unchecked."""
     if isinstance(value, (tf.Tensor, tf.Variable, keras.Variable, Logit)):
@@ -119,7 +169,7 @@ def _check_hyper(opt, name, value, low, high, low_open=False, high_open=False):
     checks.number(value, name, f"hogrod.optim.{opt}", low, high, low_open, high_open)
 
 
-def _at(value, dtype, opt, name):
+def _at(value: Hyperparameter, dtype: tf.DType, opt: str, name: str) -> tf.Tensor:
     """The hyperparameter as a scalar tensor of `dtype` (a Python number converts exactly)."""
     if _is_number(value):
         return tf.constant(value, dtype)
@@ -135,7 +185,8 @@ def _at(value, dtype, opt, name):
     return t
 
 
-def _complements(value, dtype, t, opt, name):
+def _complements(value: Hyperparameter, dtype: tf.DType, t: tf.Tensor, opt: str,
+                 name: str) -> Tuple[tf.Tensor, tf.Tensor]:
     """(1 - b, 1 - b^t) for a hyperparameter b in (0, 1) and a step number t (a tensor of
     `dtype`); exact for a `Logit` (see there), as written otherwise (Keras's arithmetic)."""
     if not isinstance(value, Logit):
@@ -154,20 +205,22 @@ def _complements(value, dtype, t, opt, name):
 
 # ---- structure ----------------------------------------------------------------------------
 
-def _float_leaves(params, opt, fn):
+def _float_leaves(params: Tree, opt: str, fn: str) -> List[tf.Tensor]:
     return tree.leaves(params, "params", f"hogrod.optim.{opt}.{fn}", floating=True)
 
 
-def _zeros(params, opt):
+def _zeros(params: Tree, opt: str) -> Tree:
     return tf.nest.pack_sequence_as(params, [tf.zeros_like(p)
                                              for p in _float_leaves(params, opt, "init")])
 
 
-def _count0():
+def _count0() -> tf.Tensor:
     return tf.zeros([], tf.int64)
 
 
-def _check_update(opt, state_type, grads, state, params, buffers):
+def _check_update(opt: str, state_type: Type[tuple], grads: Tree, state: tuple, params: Tree,
+                  buffers: Sequence[str]) -> Tuple[List[tf.Tensor], List[tf.Tensor], tf.Tensor,
+                                                   List[List[tf.Tensor]]]:
     """Leaves of params, grads and each state buffer, after checking they all match."""
     p = _float_leaves(params, opt, "update")
     try:
@@ -192,20 +245,32 @@ def _check_update(opt, state_type, grads, state, params, buffers):
     return p, g, count, out
 
 
-def _pack(params, leaves):
+def _pack(params: Tree, leaves: List[tf.Tensor]) -> Tree:
     return tf.nest.pack_sequence_as(params, leaves)
 
 
 # ---- optimizers ---------------------------------------------------------------------------
 
 @gin.configurable(module="hogrod.optim")
-def sgd(learning_rate, momentum=0.0, nesterov=False):
+def sgd(learning_rate: Hyperparameter, momentum: Hyperparameter = 0.0,
+        nesterov: bool = False) -> Optimizer:
     """Stochastic gradient descent with (Nesterov) momentum, as `keras.optimizers.SGD`.
 
+    ``m <- momentum * m - lr * g; p <- p + m``, or with `nesterov`
+    ``p <- p + momentum * m - lr * g`` (with the new m). Its state is an `SGDState`.
+
     Args:
-      learning_rate: >= 0.
-      momentum: in [0, 1].
-      nesterov: a Python bool.
+        learning_rate: the step size, >= 0: a Python number (range-checked, applied at the
+            params' dtype) or a scalar tensor / variable of the params' dtype (unchecked).
+        momentum: in [0, 1], as `learning_rate`; default 0 (plain SGD; the buffer is kept).
+        nesterov: a Python bool: Nesterov momentum; default False.
+
+    Returns:
+        The `Optimizer` ``(init, update, "sgd", hyperparameters)``.
+
+    Raises:
+        ArgumentError: a Python-number hyperparameter is out of range, or `nesterov` is not
+            a bool.
     """
     _check_hyper("sgd", "learning_rate", learning_rate, 0.0, math.inf)
     _check_hyper("sgd", "momentum", momentum, 0.0, 1.0)
@@ -233,7 +298,9 @@ def sgd(learning_rate, momentum=0.0, nesterov=False):
                                                nesterov=nesterov))
 
 
-def _adam_like(opt, learning_rate, b1, b2, eps, weight_decay):
+def _adam_like(opt: str, learning_rate: Hyperparameter, b1: Hyperparameter,
+               b2: Hyperparameter, eps: Hyperparameter,
+               weight_decay: Optional[Hyperparameter]) -> Optimizer:
     _check_hyper(opt, "learning_rate", learning_rate, 0.0, math.inf)
     _check_hyper(opt, "b1", b1, 0.0, 1.0, high_open=True)
     _check_hyper(opt, "b2", b2, 0.0, 1.0, high_open=True)
@@ -274,40 +341,79 @@ def _adam_like(opt, learning_rate, b1, b2, eps, weight_decay):
 
 
 @gin.configurable(module="hogrod.optim")
-def adam(learning_rate, b1=0.9, b2=0.999, eps=1e-7):
-    """Adam, as `keras.optimizers.Adam` (amsgrad=False): eps outside the sqrt, bias
-    correction folded into the step size.
+def adam(learning_rate: Hyperparameter, b1: Hyperparameter = 0.9, b2: Hyperparameter = 0.999,
+         eps: Hyperparameter = 1e-7) -> Optimizer:
+    """Adam, as `keras.optimizers.Adam` (amsgrad=False).
+
+    eps outside the sqrt, bias correction folded into the step size:
+    ``p <- p - lr sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)``. The sqrt is
+    `safe_sqrt`, so a zero gradient gives finite derivatives of every order. Its state is
+    an `AdamState`. Each hyperparameter is a Python number (range-checked when built,
+    applied at the params' dtype), a scalar tensor / variable of the params' dtype
+    (unchecked), or a `Logit` (b1, b2).
 
     Args:
-      learning_rate: >= 0.
-      b1, b2: in [0, 1) (b = 1 would divide by 1 - b^t = 0).
-      eps: > 0 (0 divides 0 by 0 at a zero gradient).
+        learning_rate: the step size, >= 0.
+        b1: the first moment's decay, in [0, 1) (b = 1 would divide by ``1 - b^t = 0``);
+            default 0.9.
+        b2: the second moment's decay, in [0, 1); default 0.999.
+        eps: > 0 (0 divides 0 by 0 at a zero gradient); default 1e-7, Keras's.
+
+    Returns:
+        The `Optimizer` ``(init, update, "adam", hyperparameters)``.
+
+    Raises:
+        ArgumentError: a Python-number hyperparameter is out of range.
     """
     return _adam_like("adam", learning_rate, b1, b2, eps, None)
 
 
 @gin.configurable(module="hogrod.optim")
-def adamw(learning_rate, b1=0.9, b2=0.999, eps=1e-7, weight_decay=0.004):
-    """AdamW, as `keras.optimizers.AdamW`: p <- p - p * weight_decay * learning_rate, then
-    the Adam step (decoupled weight decay, scaled by the learning rate as Keras does).
+def adamw(learning_rate: Hyperparameter, b1: Hyperparameter = 0.9, b2: Hyperparameter = 0.999,
+          eps: Hyperparameter = 1e-7, weight_decay: Hyperparameter = 0.004) -> Optimizer:
+    """AdamW, as `keras.optimizers.AdamW`.
+
+    ``p <- p - p * weight_decay * learning_rate``, then the Adam step (decoupled weight
+    decay, scaled by the learning rate as Keras does). Hyperparameters as in `adam`; its
+    state is an `AdamState`.
 
     Args:
-      learning_rate, b1, b2, eps: as `adam`.
-      weight_decay: >= 0 (Keras 3's default, 0.004).
+        learning_rate: the step size, >= 0.
+        b1: the first moment's decay, in [0, 1); default 0.9.
+        b2: the second moment's decay, in [0, 1); default 0.999.
+        eps: > 0; default 1e-7.
+        weight_decay: >= 0; default 0.004, Keras 3's.
+
+    Returns:
+        The `Optimizer` ``(init, update, "adamw", hyperparameters)``.
+
+    Raises:
+        ArgumentError: a Python-number hyperparameter is out of range.
     """
     return _adam_like("adamw", learning_rate, b1, b2, eps, weight_decay)
 
 
 @gin.configurable(module="hogrod.optim")
-def rmsprop(learning_rate, rho=0.9, momentum=0.0, eps=1e-7):
-    """RMSProp, as `keras.optimizers.RMSprop` with centered=False: eps inside the sqrt, no
-    bias correction.
+def rmsprop(learning_rate: Hyperparameter, rho: Hyperparameter = 0.9,
+            momentum: Hyperparameter = 0.0, eps: Hyperparameter = 1e-7) -> Optimizer:
+    """RMSProp, as `keras.optimizers.RMSprop` with centered=False.
+
+    eps inside the sqrt, no bias correction:
+    ``v <- rho v + (1 - rho) g^2; mom <- momentum * mom + lr g / sqrt(v + eps);
+    p <- p - mom``. Hyperparameters as in `adam`; its state is an `RMSPropState`.
 
     Args:
-      learning_rate: >= 0.
-      rho: in [0, 1].
-      momentum: >= 0.
-      eps: > 0 (it keeps sqrt(v + eps) away from 0, so derivatives are finite everywhere).
+        learning_rate: the step size, >= 0.
+        rho: the decay of the squared-gradient average, in [0, 1]; default 0.9.
+        momentum: >= 0; default 0 (the buffer is kept).
+        eps: > 0 (it keeps ``sqrt(v + eps)`` away from 0, so derivatives are finite
+            everywhere); default 1e-7.
+
+    Returns:
+        The `Optimizer` ``(init, update, "rmsprop", hyperparameters)``.
+
+    Raises:
+        ArgumentError: a Python-number hyperparameter is out of range.
     """
     _check_hyper("rmsprop", "learning_rate", learning_rate, 0.0, math.inf)
     _check_hyper("rmsprop", "rho", rho, 0.0, 1.0)
