@@ -15,6 +15,7 @@ import os
 import re
 import sys
 import threading
+from typing import Callable, Optional, Sequence
 
 __all__ = ["NOISE", "filter_native_stderr", "started_as_binary"]
 
@@ -42,7 +43,7 @@ if not os.path.exists("/proc/driver/nvidia"):  # no driver: a failed cuInit is e
 NOISE = re.compile(b"|".join(b"(?:%s)" % p for p in _NOISE))
 
 
-def filter_native_stderr(noise=NOISE):
+def filter_native_stderr(noise: re.Pattern = NOISE) -> Callable[[], None]:
     """Route file descriptor 2 through a thread that drops the lines matching `noise`.
 
     TensorFlow's C++ logging writes to the descriptor directly, so Python's logging
@@ -51,6 +52,7 @@ def filter_native_stderr(noise=NOISE):
 
     Args:
       noise: a compiled bytes pattern; a line (without its line end) it matches is dropped.
+
     Returns:
       `restore()`, which puts the original descriptor back (also run at exit).
     """
@@ -82,7 +84,8 @@ def filter_native_stderr(noise=NOISE):
     return restore
 
 
-def started_as_binary(argv=None, orig_argv=None):
+def started_as_binary(argv: Optional[Sequence[str]] = None,
+                      orig_argv: Optional[Sequence[str]] = None) -> bool:
     """Whether this process is a hogrod binary: a `hogrod-NAME` console command, or `python -m`
     of a module under `experiments.` or `hogrod.experiments.`.
 
@@ -91,6 +94,7 @@ def started_as_binary(argv=None, orig_argv=None):
         script, hogrod-NAME).
       orig_argv: the interpreter's own arguments (default `sys.orig_argv`; they hold
         `-m MODULE`).
+
     Returns:
       A bool.
     """
