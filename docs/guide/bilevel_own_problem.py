@@ -224,25 +224,28 @@ def tune_own_regularizer(quick):
     exact = -np.exp(log_lam) * w_star * v               # closed form, d val / d log_lam
     assert _rel(out.grads, exact) < 1e-9 and _rel(out.params, w_star) < 1e-10
 
-    # unrolled: the exact derivative of the loss after K steps (not of the optimum's)
-    steps = 50
+    # unrolled: the exact derivative of the loss after K steps (not of the optimum's), here
+    # from a nonzero start w_now (e.g. the current inner iterate): at w = 0 the first
+    # step would not depend on the penalty. Few steps, far from the optimum, so that every
+    # step counts (after many, the first steps' share of the derivative has decayed).
+    steps, w_now = 5, 0.5 * w_star
 
     def np_unrolled_val(h):
-        w = w0.copy()
+        w = w_now.copy()
         hh = a.T @ a + np.diag(np.exp(h))
         for _ in range(steps):
             w = w - lr * (hh @ w - a.T @ b)
         return np.mean((av @ w - bv) ** 2)
 
-    unrolled = run(hypergrad.unrolled(optim.sgd(lr), steps))
+    unrolled = run(hypergrad.unrolled(optim.sgd(lr), steps), params=w_now)
     eps = 1e-6
     fd = np.array([(np_unrolled_val(log_lam + eps * e) - np_unrolled_val(log_lam - eps * e))
                    / (2 * eps) for e in np.eye(d)])
     assert _rel(unrolled.grads, fd) < 1e-7, (unrolled.grads.numpy(), fd)
+    assert _rel(unrolled.grads, exact) > 1e-3       # not the optimum's hypergradient
     assert abs(float(unrolled.value) - np_unrolled_val(log_lam)) < 1e-10
 
     # one_step: d/dh of the loss after ONE step from the given params (DARTS, T1-T2)
-    w_now = 0.5 * w_star                                # e.g. the current inner iterate
     one = run(hypergrad.one_step(optim.sgd(lr)), params=w_now)
     w1 = w_now - lr * (h_inner @ w_now - a.T @ b)
     dval_dw1 = 2 * av.T @ (av @ w1 - bv) / n_val
