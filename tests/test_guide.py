@@ -27,7 +27,7 @@ def _load(path):
 
 
 def test_there_are_guide_scripts():
-    assert len(SCRIPTS) >= 6, SCRIPTS
+    assert len(SCRIPTS) >= 8, SCRIPTS
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=os.path.basename)
