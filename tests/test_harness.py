@@ -207,10 +207,10 @@ def test_main_defines_its_flags_once_and_refuses_a_clashing_one():
         harness.define_flags(clash)
 
 
-def test_console_command_runs_from_another_directory_with_a_shipped_config(tmp_path):
-    """What the `hogrod-hessian-spectrum` script does (pyproject's [project.scripts]), run in
-    an empty directory: progress at INFO shows, TensorFlow's start-up noise does not. Every
-    console command names an existing module of `hogrod.experiments` (experiments/)."""
+def test_every_console_command_names_an_experiment_module():
+    """Every console command of pyproject's [project.scripts] names an existing module of
+    `hogrod.experiments` (experiments/). tests/test_wheel.py runs one, installed, from
+    another directory (progress at INFO shows there, TensorFlow's start-up noise does not)."""
     import tomllib
     with open(os.path.join(REPO_ROOT, "pyproject.toml"), "rb") as f:
         scripts = tomllib.load(f)["project"]["scripts"]
@@ -220,22 +220,6 @@ def test_console_command_runs_from_another_directory_with_a_shipped_config(tmp_p
         module = target.split(":")[0]
         assert module.startswith("hogrod.experiments.")
         assert os.path.exists(os.path.join(REPO_ROOT, "experiments", module.split(".")[2] + ".py"))
-    script = ("import sys; sys.argv[0] = 'hogrod-hessian-spectrum'; "
-              "from experiments.hessian_spectrum import main; main()")
-    out = tmp_path / "out"
-    env = dict(os.environ, PYTHONPATH=REPO_ROOT)
-    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
-    good = subprocess.run([sys.executable, "-c", script,
-                           "--gin_file=curvature/inspect_logistic.gin",
-                           "--gin_param=hessian_spectrum.steps = 5", "--output_dir=out"],
-                          cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
-    assert good.returncode == 0, good.stderr[-2000:]
-    assert f"outputs in {out}" in good.stdout
-    assert json.loads((out / "metrics.json").read_text())["steps"] == 5
-    assert "writing outputs to" in good.stderr  # absl INFO lines pass the filter
-    assert "Could not find cuda drivers" not in good.stderr
-    assert "absl::InitializeLog" not in good.stderr
-    assert "Sharding callback duration" not in good.stderr  # one per checkpoint, dropped
 
 
 def test_bench_hvp_binary_runs_and_checks_agreement(tmp_path):
