@@ -294,6 +294,10 @@ def test_a_task_missing_a_class_is_named_by_the_algorithm():
     ys = tf.constant([[0, 1, 2, 0, 1, 2], [0, 1, 1, 0, 1, 0]], tf.int32)  # task 1: no class 2
     with pytest.raises(tf.errors.InvalidArgumentError, match="no support example"):
         meta.protonet(model, cross_entropy).meta_loss((xs, ys, xq, yq))
+    # no task's support holds class 2, a query does: an error, not a 2-way head
+    ys = tf.constant([[0, 1, 1, 0, 1, 0]] * 2, tf.int32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="no support example"):
+        meta.protonet(model, cross_entropy).meta_loss((xs, ys, xq, yq))
 
 
 def test_mirrored_step_equals_single_device():

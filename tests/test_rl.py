@@ -174,6 +174,9 @@ def test_linear_baseline_equals_numpy_ridge_least_squares():
     np.testing.assert_allclose(baseline.predict(obs, mask, coefficients=tf.constant(want)),
                                predicted, rtol=1e-9, atol=1e-9)
     assert np.all(baseline.predict(obs, mask).numpy()[mask == 0] == 0)
+    # observations after an episode's end are ignored, NaN included
+    spoilt = np.where(mask[..., None] > 0, obs, np.nan)
+    np.testing.assert_allclose(baseline.solve(spoilt, returns, mask), want, rtol=1e-7, atol=1e-9)
     # a constant feature column duplicated by a masked-out design: regularization rescues it
     flat = rl.LinearFeatureBaseline(1, dtype="float64")
     c = flat.solve(np.zeros((2, 3, 1)), np.ones((2, 3)))

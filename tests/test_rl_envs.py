@@ -105,3 +105,13 @@ def test_bad_actions_are_named():
     for call, pattern in bad:
         with pytest.raises(checks.ArgumentError, match=pattern):
             call()
+
+
+def test_tables_given_as_python_numbers_are_exact_in_float64():
+    """0.1 read through float32 would be 0.10000000149; a float64 MDP keeps 0.1."""
+    mdp = rl.TabularMDP([[[0.9, 0.1]], [[0.3, 0.7]]], [[0.1], [0.7]], [0.3, 0.7],
+                        horizon=3, dtype="float64")
+    assert mdp.rewards.dtype == tf.float64
+    np.testing.assert_array_equal(mdp.rewards.numpy(), [[0.1], [0.7]])
+    np.testing.assert_array_equal(mdp.transitions.numpy()[:, 0, 1], [0.1, 0.7])
+    np.testing.assert_array_equal(mdp.initial.numpy(), [0.3, 0.7])

@@ -224,7 +224,8 @@ def test_checkpoint_dir_from_a_different_model_is_a_clear_error(tmp_path):
 def test_summaries_and_progress(tmp_path, caplog):
     model, opt, objective, data = make_problem()
     step = train.make_train_step(objective, opt, model.trainable_variables)
-    with caplog.at_level(logging.INFO):
+    # absl's own logger too: an earlier test in this process may have set its level
+    with caplog.at_level(logging.INFO), caplog.at_level(logging.INFO, logger="absl"):
         logs = train.train_loop(step, iter(data.repeat().batch(GLOBAL_BATCH)), 20,
                                 output_dir=str(tmp_path), log_every=10, summary_every=5)
     assert logs["loss"] > 0

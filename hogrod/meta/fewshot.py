@@ -66,7 +66,11 @@ def _headed(model, loss, fit, logits_of, variables, task_map, where):
         # only the inputs are mapped (the labels go to the head, outside the mapping)
         support, query = map_tasks(lambda inputs, s, p: _embeddings(model, p, inputs, s),
                                    (tasks[0], tasks[2]), seeds, params, mode)
-        logits = logits_of(fit(support, tasks[1], _classes(tasks[1])), query)
+        # the classes of the support AND query labels: a class only a query holds is then
+        # the head's error (no support examples), never a silently smaller n_way
+        n_way = _classes(tf.concat([tf.reshape(tasks[1], [-1]),
+                                    tf.cast(tf.reshape(tasks[3], [-1]), tasks[1].dtype)], 0))
+        logits = logits_of(fit(support, tasks[1], n_way), query)
         per_task = tf.map_fn(lambda e: tf.cast(loss(e[0], e[1]), logits.dtype),
                              (tasks[3], logits), fn_output_signature=logits.dtype)
         return {"loss": tf.reduce_mean(per_task)}

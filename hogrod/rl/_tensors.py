@@ -14,7 +14,7 @@ def floating(x: TensorLike, arg: str, where: str) -> tf.Tensor:
     """`x` as a tensor of a floating dtype.
 
     Args:
-      x: a tensor, variable or array.
+      x: a tensor, variable, array or nested list of Python numbers (read in float64).
       arg: the argument's name in the message.
       where: the public function checked.
 
@@ -24,6 +24,8 @@ def floating(x: TensorLike, arg: str, where: str) -> tf.Tensor:
     Raises:
       ArgumentError: `x` is not convertible or not floating.
     """
+    if isinstance(x, (list, tuple, float)):  # Python numbers in float64, never via float32
+        x = np.asarray(x)
     try:
         t = tf.convert_to_tensor(x)
     except (TypeError, ValueError) as e:

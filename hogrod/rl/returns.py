@@ -171,7 +171,8 @@ class LinearFeatureBaseline(tf.Module):
         t = tf.cast(tf.range(steps), obs.dtype) / tf.constant(100.0, obs.dtype)
         t = tf.broadcast_to(t[None, :, None], tf.concat([tf.shape(obs)[:2], [1]], 0))
         f = tf.concat([s, s * s, t, t * t, t * t * t, tf.ones_like(t)], axis=-1)
-        return f if mask is None else f * mask[..., None]
+        # tf.where, not a product: an observation after the end may be NaN (0 * NaN is NaN)
+        return f if mask is None else tf.where(mask[..., None] > 0, f, tf.zeros_like(f))
 
     def solve(self, observations: TensorLike, returns: TensorLike,
               mask: Optional[TensorLike] = None) -> tf.Tensor:
