@@ -346,36 +346,10 @@ class EKFACOperator(_Kronecker):
     diagonal of the same curvature in the eigenbasis ``Q_A (x) Q_G``
     (`corrected_eigenvalues`); the operator's methods are `KFACOperator`'s.
 
-    Args:
-      model: a built Keras 3 model, called as `model(x, training=False)`.
-      loss: a Keras loss `loss(y_true, y_pred)`; the objective is `mean(loss(y, model(x)))`
-        (fisher="mc" samples labels from its likelihood: one of the Keras losses
-        `FisherOperator` takes; "mc" and "empirical" need a batch-mean reduction).
-      data: one `(x, y)` batch or a `tf.data.Dataset` of them (a Dataset under a strategy).
-      fisher: "type2" (default), "mc" or "empirical": the curvature approximated.
-      approx: "expand" (default) or "reduce" for weight-sharing layers (Eschenhagen et al.
-        2023); the same without weight sharing.
-      damping: added to the diagonal (>= 0, default 0; `solve`/`logdet` need > 0).
-      mc_samples: labels sampled per example for fisher="mc" (an int >= 1).
-      seed: the stateless sampling key of fisher="mc" (an int >= 0).
-      other_layers: "raise" (default: refuse a layer with weights K-FAC does not factor,
-        naming it) or "diagonal" (its variables get the exact diagonal).
-      strategy: a tf.distribute.Strategy to split each batch of `data` (a Dataset) over;
-        `refresh` recomputes under it too. Default None, one device.
-      params: the variables the operator acts on, in their order (default None: every
-        trainable variable): kernels and biases of Dense / Conv2D layers the operator
-        factors (e.g. `layer_params(model, name)`); `other_layers` is then unused. A layer
-        is factored when its kernel is in `params`: with its bias, its block is the one of
-        the operator over every variable; with the kernel alone, the factors are over the
-        kernel's inputs (for K-FAC the full block's kernel rows and columns).
-
-    Raises:
-      ArgumentError: an argument out of its choices or range; `params` holding a variable
-        that is not the kernel or bias of a layer factored, or a bias without its kernel.
-      ValueError: the model is not built or has no trainable variables, a layer K-FAC
-        cannot factor with other_layers="raise", or a loss fisher="mc" cannot sample from
-        or whose reduction the Fisher cannot take.
-      TypeError: `loss` not callable, or variables that do not share one floating dtype.
+    Its constructor takes `KFACOperator`'s arguments, with the same meanings and checks
+    (`model`, `loss`, `data`, `fisher`, `approx`, `damping`, `mc_samples`, `seed`,
+    `other_layers`, `strategy`, `params`); with `params` holding a kernel without its bias,
+    the correction is of that kernel's block alone.
     """
 
     _eigen_corrected = True

@@ -33,16 +33,9 @@ class FullLaplace(BaseLaplace):
     `output_jacobian`, `functional_variance` and the hyperparameters' properties are the
     shared `BaseLaplace`'s.
 
-    Args:
-      model: a built Keras 3 model; `model(x, training=False)` is [batch, C]: regression
-        outputs, or class logits (C >= 2) for classification.
-      likelihood: "regression" (Gaussian) or "classification" (categorical on the logits).
-      subset: "all" or "last_layer".
-      prior_precision: a positive number, or a vector of one value per variable of the
-        subset or per parameter.
-      sigma_noise: the regression noise's standard deviation (> 0; 1.0 for classification).
-      prior_mean: a number or a flat vector of the subset's size.
-      strategy: a tf.distribute.Strategy for `fit`'s operators, or None.
+    Its constructor takes `hogrod.curvature.Laplace`'s arguments but `hessian` (`model`,
+    `likelihood`, `subset`, `prior_precision`, `sigma_noise`, `prior_mean`, `strategy`),
+    with the same meanings and checks.
     """
 
     hessian = "full"
@@ -100,16 +93,9 @@ class DiagLaplace(BaseLaplace):
     `output_jacobian`, `functional_variance` and the hyperparameters' properties are the
     shared `BaseLaplace`'s.
 
-    Args:
-      model: a built Keras 3 model; `model(x, training=False)` is [batch, C]: regression
-        outputs, or class logits (C >= 2) for classification.
-      likelihood: "regression" (Gaussian) or "classification" (categorical on the logits).
-      subset: "all" or "last_layer".
-      prior_precision: a positive number, or a vector of one value per variable of the
-        subset or per parameter.
-      sigma_noise: the regression noise's standard deviation (> 0; 1.0 for classification).
-      prior_mean: a number or a flat vector of the subset's size.
-      strategy: a tf.distribute.Strategy for `fit`'s operators, or None.
+    Its constructor takes `hogrod.curvature.Laplace`'s arguments but `hessian` (`model`,
+    `likelihood`, `subset`, `prior_precision`, `sigma_noise`, `prior_mean`, `strategy`),
+    with the same meanings and checks.
     """
 
     hessian = "diag"
