@@ -192,6 +192,9 @@ class MamlRL:
                 lambda t: tf.Variable(t, trainable=False),
                 self.optimizer.init([tf.convert_to_tensor(v) for v in self.variables]))
         self._step = tf.function(self._meta_step)
+        # each traced once and called as a function where the loops call it again
+        self._fvp_fn = tf.function(self._fvp)
+        self._evaluate_fn = tf.function(self.surrogate_and_kl)
         self._evaluate = {}
 
     # ---- per replica: one shard of the tasks ----------------------------------------------
@@ -309,10 +312,10 @@ class MamlRL:
         if self.outer == "trpo":
             g, surrogate, _ = self._mean(lambda d: self._gradient(d, params, False), data)
             step, info = natural_step(
-                g, lambda v: self._mean(lambda d, v: self._fvp(d, params, v), data, v),
+                g, lambda v: self._mean(lambda d, v: self._fvp_fn(d, params, v), data, v),
                 self.max_kl, self.cg_maxiter, self.damping)
             new, search = line_search(
-                lambda c: self._mean(lambda d, c: self.surrogate_and_kl(d, c), data, c),
+                lambda c: self._mean(lambda d, c: self._evaluate_fn(d, c), data, c),
                 params, step, surrogate, self.max_kl, self.line_search_steps,
                 self.backtrack_ratio)
             logs.update(surrogate_before=surrogate, surrogate=search.surrogate, kl=search.kl,
