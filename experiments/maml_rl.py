@@ -73,9 +73,22 @@ def maml_rl_experiment(output_dir, meta_iterations: harness.Count = 500,
       meta_iterations: meta-iterations in all (a resumed run continues to this count).
       hidden: the tanh policy network's hidden widths.
       init_std: the Gaussian policy's initial standard deviation.
-      meta_batch, batch, horizon, step_size, discount, gae_lambda, outer, max_kl,
-        cg_maxiter, damping, line_search_steps, backtrack_ratio, clip, outer_lr,
-        outer_steps, hvp_mode: `MamlRL`'s.
+      meta_batch: tasks per meta-iteration (divisible by the replicas).
+      batch: episodes per task and rollout.
+      horizon: steps per episode (100 in MAML).
+      step_size: the inner DiCE step.
+      discount: the discount.
+      gae_lambda: GAE's lambda of the inner Loaded DiCE and the outer advantages.
+      outer: "trpo" or "clip" (`MamlRL`'s outer step).
+      max_kl: TRPO's KL bound.
+      cg_maxiter: TRPO's CG iterations.
+      damping: TRPO's Fisher damping.
+      line_search_steps: TRPO's backtracking tries.
+      backtrack_ratio: TRPO's backtracking factor.
+      clip: the clipped surrogate's epsilon ("clip").
+      outer_lr: the clipped surrogate's Adam step ("clip").
+      outer_steps: Adam steps per meta-batch ("clip").
+      hvp_mode: `hogrod.hvp`'s mode for the Fisher-vector products.
       eval_tasks: held-out goals (drawn from `seed` + 10**6, the same in every run).
       eval_steps: inner steps of the evaluation (returns after 0..eval_steps).
       eval_every: meta-iterations between evaluations.

@@ -6,6 +6,7 @@ magic box means); a meta-step under MirroredStrategy on two logical CPUs against
 the binary, resumed, against an uninterrupted run."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -38,7 +39,7 @@ def test_trpo_step_is_the_dense_natural_gradient_scaled_to_the_kl_bound():
     def kl(params):
         return tf.reduce_mean(old.kl(policy.distribution(obs, params)))
 
-    with tf.GradientTape() as outer:
+    with tf.GradientTape(persistent=True) as outer:
         outer.watch(theta)
         with tf.GradientTape() as inner:
             inner.watch(theta)
@@ -106,7 +107,7 @@ def learner():
     env = rl.Navigation2D(horizon=3, dtype="float64")
     policy = tiny_policy(1)
     return rl.MamlRL(env, policy, meta_batch=2, batch=3, step_size=0.3, discount=0.9,
-                     gae_lambda=0.95, hvp_mode="reverse_over_reverse")
+                     gae_lambda=0.95, damping=0.1, hvp_mode="reverse_over_reverse")
 
 
 def test_the_meta_gradient_has_every_second_order_term(learner):
@@ -162,29 +163,47 @@ def test_a_meta_step_over_two_replicas_equals_one_device(learner):
     for v, t in zip(policy.trainable_variables, start):
         v.assign(t)
     mirrored = rl.MamlRL(learner.env, policy, meta_batch=2, batch=3, step_size=0.3,
-                         discount=0.9, gae_lambda=0.95, hvp_mode="reverse_over_reverse",
-                         strategy=strategy)
+                         discount=0.9, gae_lambda=0.95, damping=0.1,
+                         hvp_mode="reverse_over_reverse", strategy=strategy)
     one, two = learner.step(7), mirrored.step(7)
     assert float(one["accepted"]) == 1.0 and float(one["kl"]) > 0
+    # the episodes and the surrogate's gradient agree to rounding; ten CG iterations on a
+    # near-singular Fisher amplify the rounding of the replicas' sums (1e-9 seen)
     for k in one:
-        np.testing.assert_allclose(float(two[k]), float(one[k]), rtol=1e-9, atol=1e-12,
+        np.testing.assert_allclose(float(two[k]), float(one[k]), rtol=1e-7, atol=1e-12,
                                    err_msg=k)
     for a, b in zip(policy.trainable_variables, learner.policy.trainable_variables):
-        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-7, atol=1e-10)
     assert not np.allclose(flat(start), flat(hogrod.trainable_values(policy)))
 
 
 def test_the_binary_resumes_exactly(tmp_path):
+    """A run of two meta-iterations (the clipped surrogate: the TRPO step is the test
+    above's), then its first checkpoint alone resumed to two: the same weights and
+    metrics, bit for bit."""
     from experiments import maml_rl
 
-    config, short = ["configs/rl/navigation2d_smoke.gin"], ["maml_rl_experiment.eval_steps = 0"]
-    _, full = harness.run(maml_rl.maml_rl_experiment, config, short, str(tmp_path / "full"))
-    part = ["maml_rl_experiment.meta_iterations = 1"]
-    harness.run(maml_rl.maml_rl_experiment, config, short + part, str(tmp_path / "resumed"))
-    _, resumed = harness.run(maml_rl.maml_rl_experiment, config, short,
-                             str(tmp_path / "resumed"), allow_config_change=True)
-    for key in ("return_after_0", "final_train_kl", "final_train_surrogate"):
-        assert resumed[key] == full[key], key
-    assert (tmp_path / "full" / "adaptation.png").exists()
-    history = json.loads((tmp_path / "resumed" / "eval_history.json").read_text())
+    config = ["configs/rl/navigation2d_smoke.gin"]
+    params = ["maml_rl_experiment.eval_steps = 0", "maml_rl_experiment.outer = 'clip'",
+              "maml_rl_experiment.outer_steps = 2"]
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    _, metrics = harness.run(maml_rl.maml_rl_experiment, config, params, str(full))
+    assert (full / "adaptation.png").exists() and metrics["meta_iterations"] == 2
+    (resumed / "ckpt").mkdir(parents=True)
+    for f in (full / "ckpt").glob("ckpt-1.*"):
+        shutil.copy(f, resumed / "ckpt" / f.name)
+    (resumed / "ckpt" / "checkpoint").write_text(
+        'model_checkpoint_path: "ckpt-1"\nall_model_checkpoint_paths: "ckpt-1"\n')
+    for name in ("config.gin", "eval_history.json"):
+        shutil.copy(full / name, resumed / name)
+    _, again = harness.run(maml_rl.maml_rl_experiment, config, params, str(resumed))
+    for key in ("return_after_0", "final_train_kl", "final_train_surrogate",
+                "final_train_return_before"):
+        assert again[key] == metrics[key], key
+    for name, _ in tf.train.list_variables(str(full / "ckpt" / "ckpt-2")):
+        if name.startswith("policy"):
+            np.testing.assert_array_equal(
+                tf.train.load_variable(str(resumed / "ckpt" / "ckpt-2"), name),
+                tf.train.load_variable(str(full / "ckpt" / "ckpt-2"), name))
+    history = json.loads((resumed / "eval_history.json").read_text())
     assert [h["step"] for h in history] == [0, 1, 2]

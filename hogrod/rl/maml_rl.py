@@ -191,10 +191,10 @@ class MamlRL:
             self.optimizer_state = tf.nest.map_structure(
                 lambda t: tf.Variable(t, trainable=False),
                 self.optimizer.init([tf.convert_to_tensor(v) for v in self.variables]))
-        self._step = tf.function(self._meta_step)
+        self._step = tf.function(self._meta_step, autograph=False)
         # each traced once and called as a function where the loops call it again
-        self._fvp_fn = tf.function(self._fvp)
-        self._evaluate_fn = tf.function(self.surrogate_and_kl)
+        self._fvp_fn = tf.function(self._fvp, autograph=False)
+        self._evaluate_fn = tf.function(self.surrogate_and_kl, autograph=False)
         self._evaluate = {}
 
     # ---- per replica: one shard of the tasks ----------------------------------------------
@@ -376,7 +376,8 @@ class MamlRL:
         steps = checks.integer(steps, "steps", "MamlRL.evaluate", 0)
         seed = checks.seed(seed, "seed", "MamlRL.evaluate")
         if steps not in self._evaluate:
-            self._evaluate[steps] = tf.function(lambda t, s: self._evaluation(t, s, steps))
+            self._evaluate[steps] = tf.function(lambda t, s: self._evaluation(t, s, steps),
+                                                 autograph=False)
         return self._evaluate[steps](tasks, tf.constant([seed, 0], tf.int64))
 
     def _evaluation(self, tasks, seed, steps):
