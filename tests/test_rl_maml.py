@@ -51,8 +51,9 @@ def test_trpo_step_is_the_dense_natural_gradient_scaled_to_the_kl_bound():
     g = [tf.constant(np.random.default_rng(1).normal(size=t.shape)) for t in theta]
     solved = np.linalg.solve(fisher + damping * np.eye(size), flat(g))
     scale = np.sqrt(2 * max_kl / (flat(g) @ solved))
-    fvp = tf.function(lambda v: hogrod.hvp(lambda: kl(theta), theta, v, "reverse_over_reverse"))
-    step, info = rl.natural_step(g, fvp, max_kl, maxiter=3 * size, damping=damping, tol=0.0)
+    step, info = tf.function(lambda g: rl.natural_step(  # compiled: CG's loop is eager else
+        g, lambda v: hogrod.hvp(lambda: kl(theta), theta, v, "reverse_over_reverse"), max_kl,
+        maxiter=3 * size, damping=damping, tol=0.0), autograph=False)(g)
     np.testing.assert_allclose(flat(step), scale * solved, rtol=1e-8, atol=1e-12)
     np.testing.assert_allclose(float(info.scale), scale, rtol=1e-8)
     # the quadratic model of the KL at the step is max_kl
@@ -68,6 +69,7 @@ def test_line_search_rejects_steps_over_the_kl_bound_or_without_improvement():
         (lambda x: x[0] - 10 * x[0] ** 2, lambda x: 0.0 * x[0], 0.0625),  # improves below 0.1
         (lambda x: 0.0 * x[0], lambda x: 0.0 * x[0], None),  # never improves (equal)
         (lambda x: x[0], lambda x: x[0] / 0.0, None),  # KL never finite
+        (lambda x: tf.where(x[0] > 0.3, np.inf, x[0]), lambda x: 0.0 * x[0], 0.25),  # not finite
     ]
     for surrogate, kl, fraction in cases:
         new, info = rl.line_search(lambda c: (surrogate(c[0]), kl(c[0])), x0, step, s0, 0.1,
@@ -113,12 +115,16 @@ def learner():
 def test_the_meta_gradient_has_every_second_order_term(learner):
     policy, env = learner.policy, learner.env
     theta0 = hogrod.trainable_values(policy)
-    data = learner.sample(env.sample_tasks(3, 2), tf.range(2, dtype=tf.int64),
-                          tf.constant([4, 0], tf.int64), theta0)
-    with tf.GradientTape() as tape:
-        tape.watch(theta0)
-        surrogate, _ = learner.surrogate_and_kl(data, theta0)
-    meta_gradient = flat(tape.gradient(surrogate, theta0))
+    compiled = lambda fn: tf.function(fn, autograph=False)  # noqa: E731 (eager: per-call pfor)
+    data = compiled(learner.sample)(env.sample_tasks(3, 2), tf.range(2, dtype=tf.int64),
+                                    tf.constant([4, 0], tf.int64), theta0)
+
+    def gradient(data, theta):
+        with tf.GradientTape() as tape:
+            tape.watch(theta)
+            surrogate, _ = learner.surrogate_and_kl(data, theta)
+        return tape.gradient(surrogate, theta)
+    meta_gradient = flat(compiled(gradient)(data, theta0))
 
     def log_probs(obs, actions, params):
         return rl.policy_distribution(policy, obs, params).log_prob(actions)
