@@ -195,6 +195,8 @@ class MamlRL:
         # each traced once and called as a function where the loops call it again
         self._fvp_fn = tf.function(self._fvp, autograph=False)
         self._evaluate_fn = tf.function(self.surrogate_and_kl, autograph=False)
+        self._clipped_gradient_fn = tf.function(lambda d, p: self._gradient(d, p, True),
+                                                autograph=False)
         self._evaluate = {}
 
     # ---- per replica: one shard of the tasks ----------------------------------------------
@@ -325,8 +327,7 @@ class MamlRL:
             new, state = params, tf.nest.map_structure(tf.convert_to_tensor,
                                                        self.optimizer_state)
             for k in range(self.outer_steps):
-                g, surrogate, kl = self._mean(lambda d, p: self._gradient(d, p, True), data,
-                                              new)
+                g, surrogate, kl = self._mean(self._clipped_gradient_fn, data, new)
                 if k == 0:
                     logs["surrogate_before"] = surrogate
                 new, state = self.optimizer.update(tree.scale(-1.0, g), state, new)
