@@ -34,7 +34,7 @@ import keras
 import tensorflow as tf
 
 from hogrod import checks, distribute, optim, tree
-from hogrod.autodiff import hvp
+from hogrod.autodiff import HVP_MODES, hvp
 from hogrod.rl.estimators import dice_objective
 from hogrod.rl.returns import LinearFeatureBaseline, discounted_returns, gae_advantages
 from hogrod.rl.rollout import Trajectories, policy_distribution, rollout
@@ -145,7 +145,8 @@ class MamlRL:
       strategy: None (the current strategy) or a `tf.distribute.Strategy`.
 
     Raises:
-      ArgumentError: an argument out of range, or `outer` not one of `OUTER_STEPS`.
+      ArgumentError: an argument out of range, `outer` not one of `OUTER_STEPS` or
+        `hvp_mode` not "auto" or one of `hogrod.autodiff.HVP_MODES`.
     """
 
     def __init__(self, env: Any, policy: keras.Model, meta_batch: int = 20, batch: int = 20,
@@ -182,7 +183,7 @@ class MamlRL:
                                              1.0, low_open=True, high_open=True)
         self.clip = checks.number(clip, "clip", where, 0.0, 1.0, low_open=True, high_open=True)
         self.outer_steps = checks.integer(outer_steps, "outer_steps", where, 1)
-        self.hvp_mode = hvp_mode
+        self.hvp_mode = checks.choice(hvp_mode, ("auto",) + HVP_MODES, "hvp_mode", where)
         self.variables = list(policy.trainable_variables)
         self.dtype = tf.as_dtype(self.variables[0].dtype)
         self.baseline = LinearFeatureBaseline(env.observation_dim, reg_coeff, self.dtype)
