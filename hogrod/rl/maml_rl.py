@@ -5,8 +5,10 @@ tasks, `tf.vectorized_map`) it
 
 1. rolls out `batch` episodes with the policy's parameters theta,
 2. fits the linear feature baseline to them and takes the inner step
-   ``theta' = theta + step_size grad dice_objective`` (`inner_step`): Loaded DiCE with the
-   baseline's values, so the meta-gradient through ``theta'`` has every second-order term
+   ``theta' = theta + step_size scale grad dice_objective`` (`inner_step`): Loaded DiCE
+   with the baseline's values, scaled by 1 / (mean episode length * the advantages'
+   standard deviation) held constant (pytorch-maml-rl's inner loss is a time average of
+   normalized advantages, the scale its step size of 0.1 is meant for), so the meta-gradient through ``theta'`` has every second-order term
    of the expected return (the score of the inner episodes' distribution included),
 3. rolls out `batch` episodes with ``theta'`` and computes their advantages (the
    baseline fitted to them, GAE with `gae_lambda`, optionally normalized).
@@ -52,11 +54,11 @@ def _mean(x, mask):
 
 def inner_step(policy: keras.Model, params: Params, episodes: Trajectories, step_size: float,
                discount: float, values: Optional[tf.Tensor] = None,
-               gae_lambda: float = 1.0) -> list:
+               gae_lambda: float = 1.0, scale: Optional[tf.Tensor] = None) -> list:
     """One policy-gradient step on the DiCE objective of one task's episodes.
 
-    ``params + step_size * grad dice_objective(log_probs(params), rewards, discount,
-    values, gae_lambda, mask)``, the log-probabilities recomputed from the episodes'
+    ``params + step_size * scale * grad dice_objective(log_probs(params), rewards,
+    discount, values, gae_lambda, mask)``, the log-probabilities recomputed from the episodes'
     observations and actions through ``policy.distribution(observations, params)``. Taken
     under outer tapes, its derivatives are DiCE's, every order unbiased.
 
@@ -68,6 +70,10 @@ def inner_step(policy: keras.Model, params: Params, episodes: Trajectories, step
       discount: the discount in (0, 1].
       values: optional `[batch, T]` baseline values (Loaded DiCE); None: DiCE.
       gae_lambda: GAE's lambda of Loaded DiCE's advantages, in [0, 1].
+      scale: None (1) or a positive scalar multiplying the objective, held constant (no
+        gradient flows through it): `MamlRL` divides by the mean episode length times the
+        advantages' standard deviation, so a step size means what it means with
+        pytorch-maml-rl's normalized, time-averaged inner loss.
 
     Returns:
       The adapted parameters, a list like `params`.
@@ -85,6 +91,8 @@ def inner_step(policy: keras.Model, params: Params, episodes: Trajectories, step
         dist = policy_distribution(policy, episodes.observations, params)
         objective = dice_objective(dist.log_prob(episodes.actions), episodes.rewards,
                                    discount, values, gae_lambda, episodes.mask)
+        if scale is not None:
+            objective = objective * tf.stop_gradient(tf.cast(scale, objective.dtype))
     grads = tape.gradient(objective, params)
     for g, v in zip(grads, policy.trainable_variables):
         if g is None:
@@ -101,6 +109,7 @@ class MetaBatch(NamedTuple):
     Attributes:
       inner: the `Trajectories` sampled with the current parameters (the inner step's).
       inner_values: `[tasks, batch, T]` the baseline's values on them.
+      inner_scale: `[tasks]` the inner objective's scale (`inner_step`'s `scale`).
       outer: the `Trajectories` sampled with each task's adapted parameters.
       advantages: `[tasks, batch, T]` their advantages (constants).
       old: the sampling distribution's fields on the outer observations (a tuple of
@@ -109,6 +118,7 @@ class MetaBatch(NamedTuple):
 
     inner: Trajectories
     inner_values: tf.Tensor
+    inner_scale: tf.Tensor
     outer: Trajectories
     advantages: tf.Tensor
     old: tuple
@@ -211,11 +221,23 @@ class MamlRL:
         return tf.vectorized_map(one, (episodes.observations, episodes.rewards,
                                        episodes.mask))
 
-    def _adapt(self, params, inner, values):
+    def _scales(self, episodes, values):
+        """Each task's inner scale: 1 / (mean episode length * the advantages' standard
+        deviation), `[tasks]`."""
+        def one(a):
+            r, v, m = a
+            adv = gae_advantages(r, v, self.discount, self.gae_lambda, m)
+            std = tf.sqrt(_mean(tf.square(adv - _mean(adv, m)), m))
+            length = tf.reduce_sum(m) / tf.cast(tf.shape(m)[0], m.dtype)
+            return 1.0 / (length * (std + tf.constant(1e-8, m.dtype)))
+        return tf.stop_gradient(tf.vectorized_map(one, (episodes.rewards, values,
+                                                        episodes.mask)))
+
+    def _adapt(self, params, inner, values, scales):
         """Each task's adapted parameters, `[tasks, ...]` tensors."""
         return tf.vectorized_map(lambda a: inner_step(
             self.policy, params, Trajectories(*a[0]), self.step_size, self.discount, a[1],
-            self.gae_lambda), (tuple(inner), values))
+            self.gae_lambda, a[2]), (tuple(inner), values, scales))
 
     def sample(self, tasks: Tree, index: tf.Tensor, seed: tf.Tensor, params: Params
                ) -> MetaBatch:
@@ -236,7 +258,8 @@ class MamlRL:
         inner = rollout(self.env, self.policy, tasks, keys[:, 0], self.batch, self.horizon,
                         params)
         values = self._values(inner)
-        fast = self._adapt(params, inner, values)
+        scales = self._scales(inner, values)
+        fast = self._adapt(params, inner, values, scales)
         outer = rollout(self.env, self.policy, tasks, keys[:, 1], self.batch, self.horizon,
                         fast, per_task_params=True)
 
@@ -253,7 +276,7 @@ class MamlRL:
         adv = tf.vectorized_map(advantages, (outer.observations, outer.rewards, outer.mask))
         old = tf.vectorized_map(lambda a: tuple(policy_distribution(self.policy, a[0], a[1])),
                                 (outer.observations, fast))
-        return MetaBatch(inner, values, outer, tf.stop_gradient(adv),
+        return MetaBatch(inner, values, scales, outer, tf.stop_gradient(adv),
                          tuple(tf.stop_gradient(t) for t in old))
 
     def surrogate_and_kl(self, data: MetaBatch, params: Params, clipped: bool = False
@@ -270,9 +293,9 @@ class MamlRL:
           `(surrogate, kl)`, scalars of the parameters' dtype.
         """
         def one(a):
-            inner, values, outer, adv, old = a
+            inner, values, scale, outer, adv, old = a
             fast = inner_step(self.policy, params, Trajectories(*inner), self.step_size,
-                              self.discount, values, self.gae_lambda)
+                              self.discount, values, self.gae_lambda, scale)
             dist = policy_distribution(self.policy, outer[0], fast)
             ratio = tf.exp(dist.log_prob(outer[1]) - outer[2])
             gain = ratio * adv
@@ -283,7 +306,8 @@ class MamlRL:
             kl = type(dist)(*old).kl(dist)
             return _mean(gain, outer[4]), _mean(kl, outer[4])
         surrogate, kl = tf.vectorized_map(one, (tuple(data.inner), data.inner_values,
-                                                tuple(data.outer), data.advantages, data.old))
+                                                data.inner_scale, tuple(data.outer),
+                                                data.advantages, data.old))
         return tf.reduce_mean(surrogate), tf.reduce_mean(kl)
 
     def _gradient(self, data, params, clipped):
@@ -398,5 +422,6 @@ class MamlRL:
                 values = self._values(episodes)
                 per_task = tf.vectorized_map(lambda a: inner_step(
                     self.policy, a[0], Trajectories(*a[1]), self.step_size, self.discount,
-                    a[2], self.gae_lambda), (per_task, tuple(episodes), values))
+                    a[2], self.gae_lambda, a[3]), (per_task, tuple(episodes), values,
+                                                   self._scales(episodes, values)))
         return tf.stack(out)
