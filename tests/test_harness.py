@@ -113,7 +113,7 @@ def test_gin_files_resolve_from_any_directory(tmp_path, monkeypatch):
         config = harness.gin.config_str()
         assert "maml_experiment.algorithm = @maml" in config  # from the included files
         assert "maml.inner_lr = " + ("0.02" if path == "mine.gin" else "0.01") in config
-    assert harness.resolve_gin_file("maml/sinusoid_maml.gin").startswith(harness.CONFIG_DIR)
+    assert harness.resolve_gin_file("maml/sinusoid_maml.gin").startswith(bindings.CONFIG_DIR)
     with pytest.raises(harness.ConfigError, match="maml/nope.gin"):
         harness.parse_config(["maml/nope.gin"], [])
 
@@ -374,7 +374,7 @@ def test_every_shipped_config_fits_the_annotations():
         name = os.path.relpath(path, REPO_ROOT)[:-3].replace(os.sep, ".")
         if not name.endswith("__init__"):
             importlib.import_module(name)
-    configs = glob.glob(os.path.join(harness.CONFIG_DIR, "**", "*.gin"), recursive=True)
+    configs = glob.glob(os.path.join(bindings.CONFIG_DIR, "**", "*.gin"), recursive=True)
     assert len(configs) > 50
     try:
         for path in configs:
