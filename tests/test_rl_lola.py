@@ -88,7 +88,7 @@ def enumerated_objectives(params, seed):
                                     baseline="none")
 
 
-@pytest.mark.parametrize("lookahead", [0, 1, 2])
+@pytest.mark.parametrize("lookahead", [0, 2])
 def test_lola_gradients_on_every_game_equal_the_exact_lola_gradients(lookahead):
     grads, values = rl.lola_dice_gradients(enumerated_objectives, list(THETA), 0, lookahead,
                                            INNER)
@@ -179,7 +179,7 @@ def test_objectives_that_ignore_an_agents_parameters_are_errors_naming_it():
         with pytest.raises(ValueError, match=message):
             rl.lola_dice_gradients(objectives, theta, 0, lookahead, INNER)
     with pytest.raises(ValueError, match="agent 1's look-ahead does not depend on agent 0"):
-        tf.function(lambda: rl.lola_dice_gradients(separate, theta, 0, 2, INNER),
+        tf.function(lambda: rl.lola_dice_gradients(separate, theta, 0, 1, INNER),
                     autograph=False)()
     env = rl.IteratedPrisonersDilemma(2, dtype="float64")
     bad = [
