@@ -13,6 +13,10 @@
   `sample_tasks(seed, n)`, `reset(task, seed, batch)`, `step(task, state, action)`.
 - `expected_return` (`exact.py`): the exact expected return of a tabular softmax policy on a
   small MDP, differentiable to every order: the oracle of the estimators.
+- `make_lola_update`, `lola_dice_gradients`, `joint_dice_objectives`, `sample_ipd`,
+  `ipd_log_probs`, `IPDTrajectories` (`lola.py`): LOLA-DiCE, two agents each ascending its
+  DiCE objective through the other's predicted learning steps, on the iterated prisoner's
+  dilemma (`lookahead` = 0: naive learners).
 
 Conventions: a batch of trajectories is `[batch, T]` tensors (`log_probs`, `rewards`,
 `values`, `mask`); `mask` is 1 before an episode ends and 0 after. Discounts and lambdas are
@@ -22,6 +26,8 @@ Python numbers applied at the tensors' dtype.
 from hogrod.rl.envs import IteratedPrisonersDilemma, Navigation2D, TabularMDP
 from hogrod.rl.estimators import dice_objective, magic_box
 from hogrod.rl.exact import expected_return
+from hogrod.rl.lola import (IPDTrajectories, ipd_log_probs, joint_dice_objectives,
+                            lola_dice_gradients, make_lola_update, sample_ipd)
 from hogrod.rl.policies import (Categorical, CategoricalPolicy, DiagonalGaussian,
                                 GaussianPolicy)
 from hogrod.rl.returns import LinearFeatureBaseline, discounted_returns, gae_advantages
@@ -29,4 +35,6 @@ from hogrod.rl.returns import LinearFeatureBaseline, discounted_returns, gae_adv
 __all__ = ["magic_box", "dice_objective", "discounted_returns", "gae_advantages",
            "LinearFeatureBaseline", "Categorical", "DiagonalGaussian", "CategoricalPolicy",
            "GaussianPolicy", "TabularMDP", "Navigation2D",
-           "IteratedPrisonersDilemma", "expected_return"]
+           "IteratedPrisonersDilemma", "expected_return", "make_lola_update",
+           "lola_dice_gradients", "joint_dice_objectives", "sample_ipd", "ipd_log_probs",
+           "IPDTrajectories"]

@@ -94,7 +94,8 @@ class Categorical(NamedTuple):
 
         Raises:
           ArgumentError: actions not integer, of another shape, or out of range (eagerly;
-            in a graph an assertion fails when it runs).
+            in a graph an assertion fails when it runs, except under XLA, `jit_compile=True`,
+            which drops it).
         """
         a = self._actions(actions, "Categorical.log_prob")
         log_p = tf.nn.log_softmax(self.logits)
