@@ -81,7 +81,7 @@ def check_config():
 def lola_experiment(output_dir, updates: harness.Count = 200,
                     batch: harness.PositiveInt = 64, horizon: harness.PositiveInt = 150,
                     discount: harness.Fraction = 0.96, lookahead: harness.Count = 2,
-                    inner_rate: harness.Positive = 0.3, outer_rate: harness.Positive = 0.2,
+                    inner_rate: harness.Positive = 0.1, outer_rate: harness.Positive = 0.2,
                     baseline: str = "batch_mean", seeds: tuple[harness.Count, ...] = (0,),
                     init_std: harness.NonNegative = 1 / math.sqrt(5),
                     dtype: str = "float64", checkpoint_every: harness.PositiveInt = 10,
@@ -90,7 +90,8 @@ def lola_experiment(output_dir, updates: harness.Count = 200,
 
     init_std: the initial logits' truncated-normal standard deviation (the reference's
     one-layer policy initialization, 1/sqrt(5)). The rates are the LOLA-DiCE reference's
-    (inner 0.3, outer 0.2, plain gradient ascent).
+    (inner 0.1, outer 0.2, plain gradient ascent;
+    scripts/run_lola_dice.py).
     """
     check_config()
     dtype = tf.as_dtype(dtype)
