@@ -232,8 +232,8 @@ def test_float32_and_float64_agree():
 
 
 def test_mirrored_strategy_equals_one_device():
-    """Three products, each a pass over three batches of different sizes (6, 6, 4), under
-    the strategy and on one device, all equal the operator's on the whole data as one batch:
+    """Three products, each a pass over three batches of different sizes (6, 6, 4) split
+    over the replicas, all equal one device's operator on the whole data as one batch:
     every pass takes every batch once."""
     _, (x, y) = problem(n=16)
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(6)
@@ -253,7 +253,6 @@ def test_mirrored_strategy_equals_one_device():
     one = tf.distribute.get_strategy()
     for fisher in ("type2", "empirical"):
         whole = products(one, fisher, x_y)
-        np.testing.assert_allclose(products(one, fisher), whole, rtol=1e-10, atol=1e-14)
         np.testing.assert_allclose(products(mirrored, fisher), whole, rtol=1e-10, atol=1e-14)
 
 
