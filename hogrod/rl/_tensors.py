@@ -79,7 +79,7 @@ def like(x: TensorLike, arg: str, where: str, ref: tf.Tensor, ref_arg: str,
 
 
 def require(ok: tf.Tensor | Callable[..., tf.Tensor], message: str,
-            *inputs: TensorLike) -> None:
+            *inputs: TensorLike) -> Optional[tf.Operation]:
     """An error with `message` unless a condition holds.
 
     `ok` is a boolean scalar tensor, or a function of `inputs` giving one. Given a function
@@ -95,6 +95,10 @@ def require(ok: tf.Tensor | Callable[..., tf.Tensor], message: str,
       message: the error message.
       *inputs: the tensors `ok` is a function of (only with a function).
 
+    Returns:
+      In a graph, the assertion (for a control dependency where an op that follows could
+      fail first with another message); else None.
+
     Raises:
       ArgumentError: eagerly, or at tracing for constant inputs, where the condition is
         False.
@@ -106,13 +110,13 @@ def require(ok: tf.Tensor | Callable[..., tf.Tensor], message: str,
                 ok = ok(*[tf.constant(v) for v in static])
             if not bool(np.asarray(ok)):
                 raise checks.ArgumentError(message)
-            return
+            return None
         ok = ok(*inputs)
     if tf.executing_eagerly():
         if not bool(np.asarray(ok)):
             raise checks.ArgumentError(message)
-        return
-    tf.debugging.Assert(ok, [message])
+        return None
+    return tf.debugging.Assert(ok, [message])
 
 
 def mask_of(mask: Optional[TensorLike], where: str, ref: tf.Tensor,
