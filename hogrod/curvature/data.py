@@ -43,9 +43,9 @@ from hogrod.autodiff import unwrap
 from hogrod.types import Batch, DType, Loss, Params, Scalar, Tensor, Tree
 
 __all__ = ["MEAN_REDUCTIONS", "check_strategy", "check_data", "data_batches",
-           "distribute_batches", "BatchPasses", "replica_sums", "compile_closure", "accumulate", "normalize",
-           "batch_size", "fold_replica", "batch_key", "indexed", "model_params", "params_dtype",
-           "check_loss_dtype", "batch_loss", "split_arrays"]
+           "distribute_batches", "BatchPasses", "replica_sums", "compile_closure", "accumulate",
+           "normalize", "batch_size", "fold_replica", "batch_key", "indexed", "model_params",
+           "params_dtype", "check_loss_dtype", "batch_loss", "split_arrays"]
 
 MEAN_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
 

@@ -5,8 +5,8 @@ BatchNorm and Dropout), and get fresh masks the way training does: every task an
 forward pass of a task (each adaptation step, the query) its own; at 0 steps `adapt` gets
 one seed too, for a pass over the support an algorithm makes without adaptation steps (the
 few-shot heads embed the support set). The masks come from the evaluation's `seed` and the
-task's index (`hogrod.meta.inner.evaluation_seeds`), not from
-the model's seed states, which evaluation neither reads nor advances: the same seed
+task's index (`hogrod.meta.inner.evaluation_seeds`), not from the model's seed states,
+which evaluation neither reads nor advances: the same seed
 reproduces an evaluation exactly, and tasks that happen to be identical are still
 evaluated independently. BatchNorm uses each batch's own statistics (transductive), unless
 the algorithm predicts otherwise (`Algorithm.predict`).

@@ -9,8 +9,9 @@
   `distribution(observations, params=None)` is a `Categorical` or `DiagonalGaussian`
   (`log_prob`, stateless `sample(seed)`, `entropy`, `kl`); `params` substitutes tensors for
   the policy's variables through `hogrod.functional_call` (MAML's inner step).
-- `TabularMDP`, `Navigation2D`, `IteratedPrisonersDilemma` (`envs.py`): environments as batched pure TensorFlow functions,
-  `sample_tasks(seed, n)`, `reset(task, seed, batch)`, `step(task, state, action)`.
+- `TabularMDP`, `Navigation2D`, `IteratedPrisonersDilemma` (`envs.py`): environments as
+  batched pure TensorFlow functions, `sample_tasks(seed, n)`, `reset(task, seed, batch)`,
+  `step(task, state, action)`.
 - `expected_return` (`exact.py`): the exact expected return of a tabular softmax policy on a
   small MDP, differentiable to every order: the oracle of the estimators.
 - `make_lola_update`, `lola_dice_gradients`, `joint_dice_objectives`, `sample_ipd`,
