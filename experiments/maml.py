@@ -34,11 +34,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 MetaData = collections.namedtuple(
-    "MetaData", ["train", "eval_tasks", "loss", "classification", "meta_batch_size"])
+    "MetaData", ["train", "eval_tasks", "loss", "classification", "meta_batch_size",
+                 "more_eval_tasks"], defaults=(None,))
 MetaData.__doc__ = """What a data function (`maml_experiment.data`) returns: `train`, a tf.data
 stream of meta-batches (x_s, y_s, x_q, y_q), each `meta_batch_size` tasks; `eval_tasks`, one
 held-out meta-batch; `loss(y_true, y_pred)`, a Keras loss; `classification` (report
-accuracy)."""
+accuracy); `more_eval_tasks`, None or {prefix: held-out meta-batch} evaluated too, their
+metrics named `<prefix>/<metric>` (episodes of other shapes: `episode_data.also_test_n_way`)."""
 
 
 @gin.configurable
@@ -51,8 +53,18 @@ def sinusoid_data(seed, meta_batch_size=25, k_shot=10, eval_tasks=600, eval_k_qu
 
 @gin.configurable
 def episode_data(seed, source="omniglot", data_dir=None, n_way=5, k_shot=1, k_query=15,
-                 meta_batch_size=32, eval_tasks=600, image_size=28):
-    """N-way K-shot episodes; source 'omniglot' (the zips in data_dir) or a tfds name."""
+                 meta_batch_size=32, eval_tasks=600, image_size=28,
+                 train_n_way: harness.PositiveInt | None = None,
+                 train_k_query: harness.PositiveInt | None = None,
+                 also_test_n_way: tuple[harness.PositiveInt, ...] = ()):
+    """N-way K-shot episodes; source 'omniglot' (the zips in data_dir) or a tfds name.
+
+    The held-out episodes are `n_way`-way with `k_query` queries per class; the training
+    episodes `train_n_way`-way with `train_k_query` (None: the same as the test's), so a
+    model trains on many-way episodes (ProtoNet: 60-way) and is tested on fewer. For each N
+    in `also_test_n_way`, a held-out meta-batch of N-way episodes (k_shot, k_query,
+    eval_tasks as the main one) is evaluated too, its metrics prefixed '<N>way/'.
+    """
     if source == "omniglot":  # data_dir None: $HOGROD_DATA/omniglot, else a named error
         train_cls = meta.load_omniglot(data_dir, "train", image_size)
         test_cls = meta.load_omniglot(data_dir, "test", image_size)
@@ -61,10 +73,16 @@ def episode_data(seed, source="omniglot", data_dir=None, n_way=5, k_shot=1, k_qu
                                            data_dir=data_dir)
         test_cls = meta.load_tfds_classes(source, "test", image_size=image_size,
                                           data_dir=data_dir)
-    train_stream = meta.episodes(train_cls, n_way, k_shot, k_query, meta_batch_size, seed)
-    eval_batch = next(iter(meta.episodes(test_cls, n_way, k_shot, k_query, eval_tasks,
-                                         seed + 10**6)))
-    return MetaData(train_stream, eval_batch, cross_entropy, True, meta_batch_size)
+    train_stream = meta.episodes(train_cls, n_way if train_n_way is None else train_n_way,
+                                 k_shot, k_query if train_k_query is None else train_k_query,
+                                 meta_batch_size, seed)
+
+    def held_out(ways):
+        return next(iter(meta.episodes(test_cls, ways, k_shot, k_query, eval_tasks,
+                                       seed + 10**6)))
+    more = {f"{ways}way": held_out(ways) for ways in also_test_n_way}
+    return MetaData(train_stream, held_out(n_way), cross_entropy, True, meta_batch_size,
+                    more or None)
 
 
 def plot_sinusoids(path, algo, model, seed):
@@ -118,6 +136,39 @@ def plot_curves(path, history, accuracy):
 INNER_OPTIMIZER_ALGORITHMS = ("maml", "fomaml")  # the algorithms with inner_optimizer
 
 
+def check_model(net, algorithm, data):
+    """The model fits the algorithm: a classifier with one output per class of the episodes
+    for the gradient-based algorithms; for a few-shot head (`meta.FEW_SHOT`) classification
+    episodes and an embedding network, `[batch, d]`, whose last layer is not a Dense layer
+    as wide as the episodes' classes (a classifier such as `conv4`: its logits are no
+    embedding the papers' heads fit).
+
+    Raises:
+      ValueError: naming the bindings to change.
+    """
+    ways = int(np.max(data.eval_tasks[1])) + 1 if data.classification else None
+    width = net.output_shape[-1]
+    if algorithm not in meta.FEW_SHOT.values():
+        if data.classification and width != ways:
+            raise ValueError(f"the model has {width} outputs but the episodes are {ways}-way: "
+                             "set conv4.n_way and episode_data.n_way alike (the Omniglot "
+                             "configs bind both to N_WAY)")
+        return
+    name = next(k for k, v in meta.FEW_SHOT.items() if v is algorithm)
+    if not data.classification:
+        raise ValueError(f"maml_experiment.algorithm = @{name} is a few-shot classification "
+                         "head; give it classification episodes (maml_experiment.data = "
+                         "@episode_data)")
+    last = net.layers[-1] if net.layers else None
+    if len(net.output_shape) != 2 or (isinstance(last, keras.layers.Dense) and width == ways):
+        raise ValueError(f"maml_experiment.algorithm = @{name} fits a head to embeddings "
+                         f"[batch, d], but the model's output is {net.output_shape}"
+                         + (f", a Dense layer of {width} = n_way units (a classifier)"
+                            if len(net.output_shape) == 2 else "")
+                         + ": give an embedding network, maml_experiment.model = "
+                         "@conv4_embedding")
+
+
 def check_config():
     """The bindings an algorithm would refuse only once built (after the data are loaded),
     checked from the gin config alone, so a bad combination fails at once: an
@@ -163,14 +214,18 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
                     checkpoint_every: harness.PositiveInt = 5000,
                     clip_norm: harness.Positive | None = None, seed: harness.Count = 0,
                     time_limit_s: harness.Positive | None = None,
-                    task_map: str = "vectorized"):
+                    task_map: str = "vectorized",
+                    meta_lr_decay_every: harness.PositiveInt | None = None,
+                    meta_lr_decay: harness.Fraction = 0.5):
     """Meta-train `algorithm` on `data` with `model`, evaluating on held-out tasks.
 
     Args:
       algorithm: a hogrod.meta algorithm (gin: `@maml`, `@fomaml`, `@reptile`, `@anil`,
-        `@meta_sgd`, `@maml_plus_plus`, `@imaml`).
+        `@meta_sgd`, `@maml_plus_plus`, `@imaml`), or a few-shot head (`@protonet`,
+        `@r2d2`, `@metaoptnet`: classification only, on an embedding network).
       data: `@sinusoid_data` or `@episode_data`: `data(seed) -> MetaData`.
-      model: a function building the Keras model (`@mlp`, `@conv4`).
+      model: a function building the Keras model (`@mlp`, `@conv4`; for a few-shot head an
+        embedding network, `@conv4_embedding`).
       clip_norm: clip the meta-gradient's global norm (None: no clipping).
       time_limit_s: stop meta-training after this many seconds of steps (evaluations
         excluded) and evaluate; a re-run with the same output_dir continues. None: no limit.
@@ -180,6 +235,10 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
         memory; the evaluation maps sequentially). It is passed to the algorithm as its
         `task_map` argument, so it takes precedence over a binding such as
         `maml.task_map`.
+      meta_lr_decay_every: multiply the meta learning rate by `meta_lr_decay` every this
+        many meta-iterations (a staircase; Snell et al. halve it every 2,000 episodes);
+        None: constant.
+      meta_lr_decay: the factor, in (0, 1].
 
     Returns:
       the final evaluation's metrics, the steps run, training speed and the last
@@ -199,12 +258,12 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
                          f"its MetaData.meta_batch_size is {data.meta_batch_size}")
     with strategy.scope():
         net = model()
-        optimizer = keras.optimizers.Adam(meta_lr)
+        rate = meta_lr if meta_lr_decay_every is None else \
+            keras.optimizers.schedules.ExponentialDecay(meta_lr, meta_lr_decay_every,
+                                                        meta_lr_decay, staircase=True)
+        optimizer = keras.optimizers.Adam(rate)
         algo = algorithm(net, loss, task_map=task_map)
-    if classification and net.output_shape[-1] != int(np.max(eval_tasks[1])) + 1:
-        raise ValueError(f"the model has {net.output_shape[-1]} outputs but the episodes are "
-                         f"{int(np.max(eval_tasks[1])) + 1}-way: set conv4.n_way and "
-                         "episode_data.n_way alike (the Omniglot configs bind both to N_WAY)")
+    check_model(net, algorithm, data)
     step = train.make_train_step(
         lambda tasks: algo.meta_loss(tasks, optimizer.iterations), optimizer,
         net.trainable_variables + algo.variables, strategy=strategy,
@@ -220,10 +279,15 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
 
     evaluate = meta.evaluator(algo, net, loss, eval_steps, classification, task_map,
                               seed=seed)
+    more = {prefix: (tasks, meta.evaluator(algo, net, loss, eval_steps, classification,
+                                           task_map, seed=seed))
+            for prefix, tasks in (data.more_eval_tasks or {}).items()}
 
     def evaluate_now(i):
         logging.info("evaluating at meta-iteration %d on held-out tasks", i)
         result = evaluate(eval_tasks)
+        for prefix, (tasks, evaluate_more) in more.items():
+            result.update({f"{prefix}/{k}": v for k, v in evaluate_more(tasks).items()})
         train.record_eval(output_dir, history, dict(result, step=i))
         logging.info("eval at %d: %s", i, {k: round(v, 4) for k, v in result.items()
                                            if k.split("_")[-1].isdigit()})

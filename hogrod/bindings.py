@@ -13,9 +13,14 @@ refuses `adam_steps = 20.5`, `adam_steps = '20'`, `adam_lr = -1.0` and `adam_lr 
 naming the binding and what it must be. References (`@fn`, `@fn()`) are the referenced
 function's business; a macro is checked for its value. The harness re-exports the
 annotations (`harness.Count`, ...), so a binary annotates without another import.
+
+`parse_config(gin_files, gin_params)` parses a run's config, resolving each `--gin_file` and
+`include` by `resolve_gin_file` (as given, else relative to the shipped configs); the
+harness re-exports both.
 """
 
 import glob
+import importlib
 import inspect
 import io
 import math
@@ -32,9 +37,14 @@ from gin import config_parser
 
 __all__ = ["Range", "Count", "PositiveInt", "Positive", "NonNegative", "Fraction", "ConfigError",
            "check_values", "check_required", "shipped_configs", "statements", "Named",
-           "check_syntax", "config_changes", "format_changes"]
+           "check_syntax", "config_changes", "format_changes", "resolve_gin_file",
+           "parse_config"]
 
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+CONFIG_DIR = os.path.join(PACKAGE_DIR, "configs")
+# the library's packages whose configurables a config may bind (imported before parsing)
+LIBRARY = ("train", "meta", "gan", "pinn", "curvature", "distribute", "optim", "implicit",
+           "hypergrad")
 
 
 class ConfigError(Exception):
@@ -337,3 +347,76 @@ def format_changes(changes: Sequence[Tuple[str, Optional[str], Optional[str]]]) 
     unset = "(not bound: the default)"
     return "\n".join(f"  {k}: {unset if a is None else a} -> {unset if b is None else b}"
                      for k, a, b in changes)
+
+
+def resolve_gin_file(path: str) -> str:
+    """The file a `--gin_file` or an `include` names.
+
+    Args:
+      path: as given, else relative to the shipped configs (`maml/sinusoid_maml.gin` or
+        the repository's form `configs/maml/...`).
+
+    Returns:
+      The path of an existing file.
+
+    Raises:
+      ConfigError: no such file (naming the directories looked in).
+    """
+    roots = [""] if os.path.isabs(path) else ["", CONFIG_DIR, PACKAGE_DIR]
+    for candidate in (os.path.join(root, path) for root in roots):
+        if os.path.isfile(candidate):
+            return candidate
+    raise ConfigError(f"gin file not found: {path} (looked in the working directory "
+                      f"{os.getcwd()} and in the shipped configs {CONFIG_DIR})")
+
+
+def _parse_file(path, including=()):
+    """Parse a gin file, resolving its includes here (gin's own search would first ask its
+    package reader, which logs an error for every include it cannot import as a package)."""
+    if path in including:
+        raise ConfigError(f"{path} includes itself (through {' -> '.join(including)})")
+    with open(path) as f:
+        lines = f.read().splitlines(keepends=True)
+    try:
+        parsed = statements("".join(lines), path)
+    except tokenize.TokenError:  # not a SyntaxError: gin's message would not name the file
+        raise ConfigError(f"bad gin config: {path} ends inside an unclosed bracket or quote"
+                          ) from None
+    start = 0  # the first line not parsed yet; the blank lines before it keep line numbers
+    for statement in parsed:
+        if isinstance(statement, config_parser.IncludeStatement):
+            end = statement.location.line_num - 1
+            gin.parse_config(Named("\n" * start + "".join(lines[start:end]), path))
+            try:
+                included = resolve_gin_file(statement.filename)
+            except ConfigError as e:
+                raise ConfigError(f"{e}; included in {path}, line {end + 1}") from None
+            _parse_file(included, including + (path,))
+            start = end + 1
+    gin.parse_config(Named("\n" * start + "".join(lines[start:]), path))
+
+
+def parse_config(gin_files: Sequence[str], gin_params: Sequence[str]) -> None:
+    """Clear any previous config, then parse gin files and then bindings.
+
+    Args:
+      gin_files: paths (see `resolve_gin_file`), later ones overriding.
+      gin_params: binding strings, parsed last.
+
+    Raises:
+      ConfigError: naming the binding (with a hint for a malformed value), or the
+        configurable or parameter and, for files, the file and line.
+    """
+    for name in LIBRARY:  # register every library configurable before parsing
+        importlib.import_module(f"hogrod.{name}")
+    files = [resolve_gin_file(p) for p in gin_files]
+    for binding in gin_params:
+        check_syntax(binding)
+    try:
+        with gin.unlock_config():  # a previous run in this process may have locked it
+            gin.clear_config()
+            for path in files:
+                _parse_file(path)
+            gin.parse_config(list(gin_params))
+    except (ValueError, KeyError, TypeError, IOError, SyntaxError) as e:
+        raise ConfigError(f"bad gin config: {e}") from None

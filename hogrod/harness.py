@@ -14,21 +14,18 @@ alone (`run_cli`), `--verbosity=1` shows the traceback.
 """
 
 import datetime
-import importlib
 import json
 import os
 import sys
 import time
-import tokenize
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import gin
 from absl import app, flags, logging
-from gin import config_parser
 
-from hogrod.bindings import (CONFIG_DIR, ConfigError, Count, Fraction, Named, NonNegative,
-                             Positive, PositiveInt, Range, check_required, check_syntax,
-                             check_values, config_changes, format_changes, statements)
+from hogrod.bindings import (PACKAGE_DIR, ConfigError, Count, Fraction, NonNegative, Positive,
+                             PositiveInt, Range, check_required, check_values, config_changes,
+                             format_changes, parse_config, resolve_gin_file)
 from hogrod.train.history import write_json
 
 __all__ = ["main", "run", "run_cli", "parse_config", "resolve_gin_file", "config_changes",
@@ -36,11 +33,7 @@ __all__ = ["main", "run", "run_cli", "parse_config", "resolve_gin_file", "config
            "Positive", "NonNegative", "Fraction"]
 
 FLAGS = flags.FLAGS
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(PACKAGE_DIR)  # the checkout, for a development install
-# the library's packages whose configurables a config may bind (imported before parsing)
-LIBRARY = ("train", "meta", "gan", "pinn", "curvature", "distribute", "optim", "implicit",
-           "hypergrad")
 #: An experiment: a gin configurable `fn(output_dir) -> metrics or None`.
 Experiment = Callable[[str], Optional[Mapping[str, Any]]]
 
@@ -76,79 +69,6 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                 f"--{name} is already defined as a {flag_values[name].flag_type()} flag (by "
                 f"{flag_values.find_module_defining_flag(name)}); harness.main needs it as a "
                 f"{flag_type} flag: rename the program's flag")
-
-
-def resolve_gin_file(path: str) -> str:
-    """The file a `--gin_file` or an `include` names.
-
-    Args:
-      path: as given, else relative to the shipped configs (`maml/sinusoid_maml.gin` or
-        the repository's form `configs/maml/...`).
-
-    Returns:
-      The path of an existing file.
-
-    Raises:
-      ConfigError: no such file (naming the directories looked in).
-    """
-    roots = [""] if os.path.isabs(path) else ["", CONFIG_DIR, PACKAGE_DIR]
-    for candidate in (os.path.join(root, path) for root in roots):
-        if os.path.isfile(candidate):
-            return candidate
-    raise ConfigError(f"gin file not found: {path} (looked in the working directory "
-                      f"{os.getcwd()} and in the shipped configs {CONFIG_DIR})")
-
-
-def _parse_file(path, including=()):
-    """Parse a gin file, resolving its includes here (gin's own search would first ask its
-    package reader, which logs an error for every include it cannot import as a package)."""
-    if path in including:
-        raise ConfigError(f"{path} includes itself (through {' -> '.join(including)})")
-    with open(path) as f:
-        lines = f.read().splitlines(keepends=True)
-    try:
-        parsed = statements("".join(lines), path)
-    except tokenize.TokenError:  # not a SyntaxError: gin's message would not name the file
-        raise ConfigError(f"bad gin config: {path} ends inside an unclosed bracket or quote"
-                          ) from None
-    start = 0  # the first line not parsed yet; the blank lines before it keep line numbers
-    for statement in parsed:
-        if isinstance(statement, config_parser.IncludeStatement):
-            end = statement.location.line_num - 1
-            gin.parse_config(Named("\n" * start + "".join(lines[start:end]), path))
-            try:
-                included = resolve_gin_file(statement.filename)
-            except ConfigError as e:
-                raise ConfigError(f"{e}; included in {path}, line {end + 1}") from None
-            _parse_file(included, including + (path,))
-            start = end + 1
-    gin.parse_config(Named("\n" * start + "".join(lines[start:]), path))
-
-
-def parse_config(gin_files: Sequence[str], gin_params: Sequence[str]) -> None:
-    """Clear any previous config, then parse gin files and then bindings.
-
-    Args:
-      gin_files: paths (see `resolve_gin_file`), later ones overriding.
-      gin_params: binding strings, parsed last.
-
-    Raises:
-      ConfigError: naming the binding (with a hint for a malformed value), or the
-        configurable or parameter and, for files, the file and line.
-    """
-    for name in LIBRARY:  # register every library configurable before parsing
-        importlib.import_module(f"hogrod.{name}")
-    files = [resolve_gin_file(p) for p in gin_files]
-    for binding in gin_params:
-        check_syntax(binding)
-    try:
-        with gin.unlock_config():  # a previous run in this process may have locked it
-            gin.clear_config()
-            for path in files:
-                _parse_file(path)
-            gin.parse_config(list(gin_params))
-    except (ValueError, KeyError, TypeError, IOError, SyntaxError) as e:
-        raise ConfigError(f"bad gin config: {e}") from None
 
 
 def _changes_since(output_dir, config, allow):

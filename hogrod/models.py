@@ -5,12 +5,14 @@ The networks are those of the papers hogrod reproduces; the losses are what they
 - `dense_net(widths, activation)`: a Keras MLP; `relu_mlp` (the toy-GAN generator and
   critic) and `mlp` (Finn et al.'s sinusoid network) are dense nets with fixed choices.
 - `conv4`: MAML's Omniglot network (4 x conv, BatchNorm, ReLU, then linear).
+- `conv4_embedding`: Prototypical Networks' embedding network (4 x conv, BatchNorm, ReLU,
+  max-pool; no classification layer), the backbone of the few-shot heads.
 - `classifier`: a convolutional image classifier with a float32 head named "head".
 - Losses in Keras's form `loss(y_true, y_pred) -> scalar`: `mse`, `cross_entropy` (integer
   labels, logits), `binary_cross_entropy` (0/1 labels, one logit per example).
 
-`mlp` and `conv4` are gin configurables (`maml_experiment.model = @mlp`, `conv4.filters =
-32`); the rest take arguments only.
+`mlp`, `conv4` and `conv4_embedding` are gin configurables (`maml_experiment.model = @mlp`,
+`conv4.filters = 32`); the rest take arguments only.
 """
 
 from typing import Callable, Optional, Sequence
@@ -22,8 +24,8 @@ import tensorflow as tf
 from hogrod import checks
 from hogrod.types import DType, TensorLike
 
-__all__ = ["dense_net", "relu_mlp", "mlp", "conv4", "classifier", "mse", "cross_entropy",
-           "binary_cross_entropy"]
+__all__ = ["dense_net", "relu_mlp", "mlp", "conv4", "conv4_embedding", "classifier", "mse",
+           "cross_entropy", "binary_cross_entropy"]
 
 
 def _widths(widths, arg, where):
@@ -155,6 +157,43 @@ def conv4(image_size: int = 28, channels: int = 1, filters: int = 64,
         layers += [keras.layers.Conv2D(filters, 3, strides=2, padding="same"),
                    keras.layers.BatchNormalization(), keras.layers.ReLU()]
     layers += [keras.layers.Flatten(), keras.layers.Dense(n_way)]
+    return keras.Sequential(layers)
+
+
+@gin.configurable
+def conv4_embedding(image_size: int = 28, channels: int = 1,
+                    filters: int = 64) -> keras.Sequential:
+    """Prototypical Networks' embedding network (Snell et al. 2017), no classification layer.
+
+    4 x (3x3 convolution of `filters` filters, 'same' padding, BatchNorm, ReLU, 2x2 max-pool
+    with 'valid' padding: the side halves, rounded down), then flattened. On 28x28 Omniglot
+    the side goes 28, 14, 7, 3, 1: a 64-d embedding with 64 filters. The few-shot heads
+    (`hogrod.meta.protonet`, `r2d2`, `metaoptnet`) take it; MAML's classifier is `conv4`.
+
+    Args:
+      image_size: the input images' height and width (>= 16, so four poolings leave a side
+        of at least 1).
+      channels: the input images' channels.
+      filters: each convolution's filters.
+
+    Returns:
+      A built `keras.Sequential` of input [batch, image_size, image_size, channels] and
+      output embeddings [batch, filters * side**2], side = image_size halved (rounded
+      down) four times.
+
+    Raises:
+      ArgumentError: a size is not a positive integer, or `image_size` is below 16.
+    """
+    where = "conv4_embedding"
+    image_size = checks.integer(image_size, "conv4_embedding.image_size", where, least=16)
+    channels, filters = (checks.integer(v, f"conv4_embedding.{arg}", where, least=1)
+                         for v, arg in ((channels, "channels"), (filters, "filters")))
+    layers = [keras.Input((image_size, image_size, channels))]
+    for _ in range(4):
+        layers += [keras.layers.Conv2D(filters, 3, padding="same"),
+                   keras.layers.BatchNormalization(), keras.layers.ReLU(),
+                   keras.layers.MaxPooling2D(2)]
+    layers += [keras.layers.Flatten()]
     return keras.Sequential(layers)
 
 

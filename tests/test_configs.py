@@ -11,7 +11,7 @@ import re
 import gin
 import pytest
 
-from hogrod import harness
+from hogrod import bindings, harness
 
 # every module under experiments/ (the binaries and experiments/bench/), as from the
 # repository root
@@ -20,8 +20,8 @@ BINARIES = sorted(os.path.splitext(os.path.relpath(p, _EXPERIMENTS))[0].replace(
                   for p in glob.glob(os.path.join(_EXPERIMENTS, "**", "*.py"), recursive=True)
                   if not p.endswith("__init__.py"))
 # the shipped configs (hogrod/configs/), named as from the repository root (configs/...)
-CONFIGS = sorted("configs/" + os.path.relpath(p, harness.CONFIG_DIR).replace(os.sep, "/")
-                 for p in glob.glob(os.path.join(harness.CONFIG_DIR, "**", "*.gin"),
+CONFIGS = sorted("configs/" + os.path.relpath(p, bindings.CONFIG_DIR).replace(os.sep, "/")
+                 for p in glob.glob(os.path.join(bindings.CONFIG_DIR, "**", "*.gin"),
                                     recursive=True))
 # the benchmarks' configs, beside them (not shipped)
 _BENCH_CONFIGS = os.path.join(_EXPERIMENTS, "bench", "configs")

@@ -232,20 +232,28 @@ def test_float32_and_float64_agree():
 
 
 def test_mirrored_strategy_equals_one_device():
+    """Three products, each a pass over three batches of different sizes (6, 6, 4) split
+    over the replicas, all equal one device's operator on the whole data as one batch:
+    every pass takes every batch once."""
     _, (x, y) = problem(n=16)
-    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
-    v = tf.constant(np.random.default_rng(3).normal(size=51))
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(6)
+    vs = tf.constant(np.random.default_rng(3).normal(size=(51, 3)))
 
-    def product(strategy, fisher):
+    def products(strategy, fisher, data=data):
         with strategy.scope():
             model, _ = problem(n=16)
-        return curvature.FisherOperator(model, SCE, data, fisher,
-                                        strategy=strategy).matvec(v).numpy()
+        op = curvature.FisherOperator(model, SCE, data, fisher,
+                                      strategy=None if data is x_y else strategy)
+        out = op.matmul(vs).numpy()
+        assert op.num_matvecs == 3
+        return out
+    x_y = (x, y)
     mirrored = distribute.make_strategy("mirrored")
     assert mirrored.num_replicas_in_sync == 2
+    one = tf.distribute.get_strategy()
     for fisher in ("type2", "empirical"):
-        one = product(tf.distribute.get_strategy(), fisher)
-        np.testing.assert_allclose(product(mirrored, fisher), one, rtol=1e-10, atol=1e-14)
+        whole = products(one, fisher, x_y)
+        np.testing.assert_allclose(products(mirrored, fisher), whole, rtol=1e-10, atol=1e-14)
 
 
 def test_bad_inputs_are_named():

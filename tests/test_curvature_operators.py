@@ -7,6 +7,7 @@ from curvature_fixtures import small_problem
 
 import hogrod
 from hogrod import curvature
+from hogrod.curvature.data import BatchPasses
 
 
 def test_hessian_operator_over_batch_and_over_dataset_equals_dense_hessian():
@@ -111,3 +112,17 @@ def test_bad_arguments_are_named_at_construction():
                                         "model's weights are float64; build the loss with "
                                         "dtype='float64'"):
         curvature.HessianOperator(model, keras.losses.MeanSquaredError(), batch)
+
+
+def test_batch_passes_take_every_batch_once_per_pass_from_one_iterator():
+    data = tf.data.Dataset.range(5).batch(2)  # [0 1], [2 3], [4]
+    passes = BatchPasses(data, None, "test")
+    whole = [[0, 1], [2, 3], [4]]
+    for _ in range(2):
+        assert [b.numpy().tolist() for b in passes] == whole
+    for batch in passes:  # a pass left unfinished is skipped to its end
+        break
+    assert [b.numpy().tolist() for b in passes] == whole
+    unknown = data.filter(lambda b: True)  # unknown cardinality: a fresh iterator per pass
+    unknown_passes = BatchPasses(unknown, None, "test")
+    assert [[b.numpy().tolist() for b in unknown_passes] for _ in range(2)] == [whole, whole]

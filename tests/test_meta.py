@@ -178,8 +178,9 @@ def imaml_meta_grad(algo, model, tasks):
 
 @pytest.mark.parametrize("mode", ["vectorized", "sequential", "recomputed"])
 def test_imaml_implicit_gradient_equals_the_exact_one_on_a_quadratic_inner_problem(mode):
+    # curvatures 3.3 to 6.1 at rate 0.1: 45 steps leave about 1e-8 of the inner error
     model, exact, tasks, _ = imaml_quadratic([1.0, 1.0, 1.0])
-    algo = meta.imaml(model, mse, inner_lr=0.1, inner_steps=80, lam=2.0, maxiter=3,
+    algo = meta.imaml(model, mse, inner_lr=0.1, inner_steps=45, lam=2.0, maxiter=3,
                       task_map=mode)
     np.testing.assert_allclose(imaml_meta_grad(algo, model, tasks), exact, rtol=1e-6, atol=1e-9)
 
@@ -195,15 +196,15 @@ def test_imaml_bad_maxiter_and_lam_are_named():
 def test_imaml_curvature_probes_keep_the_inner_solve_stable_on_a_sharp_task():
     model, exact, tasks, A = imaml_quadratic([5.0, 10.0, 14.0])
     assert 0.1 * (np.linalg.eigvalsh(A).max() + 2.0) > 2  # rate 0.1 is past the stability limit
-    unsafe = meta.imaml(model, mse, inner_lr=0.1, inner_steps=80, lam=2.0, maxiter=3)
+    unsafe = meta.imaml(model, mse, inner_lr=0.1, inner_steps=45, lam=2.0, maxiter=3)
     got = imaml_meta_grad(unsafe, model, tasks)
     assert not np.all(np.isfinite(got)) or not np.allclose(got, exact, rtol=1e-2)
-    safe = meta.imaml(model, mse, inner_lr=0.1, inner_steps=80, lam=2.0, maxiter=3,
+    safe = meta.imaml(model, mse, inner_lr=0.1, inner_steps=45, lam=2.0, maxiter=3,
                       curvature_probes=20)
     np.testing.assert_allclose(imaml_meta_grad(safe, model, tasks), exact, rtol=1e-6, atol=1e-9)
     # where inner_lr is already stable, the probes leave the rate (and the result) alone
     model, exact, tasks, _ = imaml_quadratic([1.0, 1.0, 1.0])
-    safe = meta.imaml(model, mse, inner_lr=0.1, inner_steps=80, lam=2.0, maxiter=3,
+    safe = meta.imaml(model, mse, inner_lr=0.1, inner_steps=45, lam=2.0, maxiter=3,
                       curvature_probes=20)
     np.testing.assert_allclose(imaml_meta_grad(safe, model, tasks), exact, rtol=1e-6, atol=1e-9)
 
@@ -288,25 +289,23 @@ def test_evaluation_counts_diverged_tasks_and_reports_the_median():
 def test_short_sinusoid_run_adapts_well_below_the_unadapted_loss(tmp_path):
     from experiments import maml as exp
     from hogrod import harness
-    _, metrics = harness.run(exp.maml_experiment, ["configs/maml/sinusoid_maml.gin"],
-                             ["maml_experiment.meta_iterations = 1500",
-                              "maml_experiment.eval_every = 1500",
-                              "sinusoid_data.eval_tasks = 100"], str(tmp_path))
+    # 800 steps at meta_lr 3e-3 leave loss_after_10 at about 0.11 of loss_after_0
+    overrides = ["maml_experiment.meta_iterations = 800", "maml_experiment.eval_every = 800",
+                 "maml_experiment.meta_lr = 3e-3", "sinusoid_data.eval_tasks = 100"]
+    args = (exp.maml_experiment, ["configs/maml/sinusoid_maml.gin"], overrides)
+    _, metrics = harness.run(*args, str(tmp_path))
     assert metrics["loss_after_10"] < 0.2 * metrics["loss_after_0"]
     assert metrics["loss_after_1"] < metrics["loss_after_0"]
     for name in ("adaptation.png", "metrics.json", "operative_config.gin", "loss.png"):
         assert (tmp_path / name).exists()
     assert os.listdir(tmp_path / "eval")  # held-out losses in TensorBoard too
-    assert metrics["train_steps"] == 1500 and metrics["train_steps_per_s"] > 0
+    assert metrics["train_steps"] == 800 and metrics["train_steps_per_s"] > 0
     # the finished run, run again: nothing retrained, the final model re-evaluated (the
     # same numbers: the held-out tasks are fixed) and listed once, nothing lost
-    args = (exp.maml_experiment, ["configs/maml/sinusoid_maml.gin"],
-            ["maml_experiment.meta_iterations = 1500", "maml_experiment.eval_every = 1500",
-             "sinusoid_data.eval_tasks = 100"])
     _, again = harness.run(*args, str(tmp_path))
     assert again["loss_after_10"] == metrics["loss_after_10"]
     history = json.loads((tmp_path / "eval_history.json").read_text())
-    assert [h["step"] for h in history] == [0, 1500]  # from the untrained model on
+    assert [h["step"] for h in history] == [0, 800]  # from the untrained model on
     assert history[0]["loss_after_0"] > metrics["loss_after_0"]
     saved = json.loads((tmp_path / "metrics.json").read_text())
     assert saved["final_train_loss"] == metrics["final_train_loss"]
@@ -317,7 +316,7 @@ def test_short_sinusoid_run_adapts_well_below_the_unadapted_loss(tmp_path):
     assert "loss_after_2" in other and "loss_after_10" not in other
     assert other["loss_after_0"] == metrics["loss_after_0"]
     assert [h["step"] for h in json.loads((tmp_path / "eval_history.json").read_text())] == [
-        0, 1500]
+        0, 800]
 
 
 def synthetic_classes(num_classes=7, per_class=(5, 6, 7, 5, 9, 5, 6)):

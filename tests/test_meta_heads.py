@@ -94,43 +94,78 @@ def svm_primal(xs, ys, n_way, c, active=None):
     return z[:n_way * d].reshape(n_way, d), active
 
 
-def svm_dual_solution(xs, ys, n_way, c):
+def svm_dual_solution(xs, ys, n_way, c, ridge):
     return heads.svm_dual(tf.constant(xs), tf.constant(ys, tf.int32), n_way, c, 1000, None,
-                          batched=False).numpy()
+                          batched=False, kernel_ridge=ridge).numpy()
 
 
-def test_svm_weights_match_an_independent_primal_solve_and_satisfy_kkt():
-    xs, ys, xq = episode_arrays(seed=2)
-    c = 0.1
-    w, _ = svm_primal(xs, ys, 4, c)
-    alpha = svm_dual_solution(xs, ys, 4, c)
-    np.testing.assert_allclose(xs.T @ alpha, w.T, atol=1e-6)
-    got = heads.svm_logits(xs, ys, xq, 4, c=c).numpy()
-    np.testing.assert_allclose(got, xq @ w.T, atol=1e-6)
-    # KKT of the dual: feasibility, and the gradient K alpha - Y equal on each row's free
-    # coordinates and no smaller on its bounds (their multipliers >= 0)
-    bound = c * one_hot(ys, 4)
+def augmented(xs, ridge):
+    """The support embeddings each extended by sqrt(ridge) times a unit vector of its own:
+    the plain SVM on them is the SVM of the kernel X X^T + ridge I."""
+    return np.hstack([xs, np.sqrt(ridge) * np.eye(len(xs))])
+
+
+def assert_dual_kkt(alpha, xs, ys, n_way, c, ridge, atol=1e-7):
+    """KKT of the dual: feasibility, and the gradient (K + ridge I) alpha - Y equal on each
+    row's free coordinates and no smaller on its bounds (their multipliers >= 0)."""
+    bound = c * one_hot(ys, n_way)
     assert np.all(alpha <= bound + 1e-12)
     np.testing.assert_allclose(alpha.sum(1), 0, atol=1e-12)
-    g = xs @ xs.T @ alpha - one_hot(ys, 4)
+    g = (xs @ xs.T + ridge * np.eye(len(xs))) @ alpha - one_hot(ys, n_way)
     for i in range(len(ys)):
         free = bound[i] - alpha[i] > 1e-9
         assert free.any()
         level = g[i, free].mean()
-        np.testing.assert_allclose(g[i, free], level, atol=1e-7)
-        assert np.all(level - g[i, ~free] >= -1e-7)
+        np.testing.assert_allclose(g[i, free], level, atol=atol)
+        assert np.all(level - g[i, ~free] >= -atol)
+
+
+@pytest.mark.parametrize("ridge", [0.0, 1.0])  # the plain SVM; MetaOptNet's kernel + I
+def test_svm_weights_match_an_independent_primal_solve_and_satisfy_kkt(ridge):
+    xs, ys, xq = episode_arrays(seed=2)
+    c = 0.1
+    w_full, _ = svm_primal(augmented(xs, ridge), ys, 4, c)
+    w = w_full[:, :xs.shape[1]]  # the queries' own coordinates are zero
+    alpha = svm_dual_solution(xs, ys, 4, c, ridge)
+    np.testing.assert_allclose(xs.T @ alpha, w.T, atol=1e-6)
+    got = heads.svm_logits(xs, ys, xq, 4, c=c, kernel_ridge=ridge).numpy()
+    np.testing.assert_allclose(got, xq @ w.T, atol=1e-6)
+    assert_dual_kkt(alpha, xs, ys, 4, c, ridge)
     # margins: xi_i = max_k (1 - delta + w_k x - w_y x); the primal objective's value equals
     # the dual's (strong duality)
-    scores = xs @ w.T
+    scores = augmented(xs, ridge) @ w_full.T
     xi = np.max(1 - one_hot(ys, 4) + scores - scores[np.arange(len(ys)), ys][:, None], 1)
-    primal = 0.5 * np.sum(w ** 2) + c * np.sum(xi)
-    dual = -(0.5 * np.sum((xs.T @ alpha) ** 2) - np.sum(alpha * one_hot(ys, 4)))
+    primal = 0.5 * np.sum(w_full ** 2) + c * np.sum(xi)
+    dual = -(0.5 * np.sum((xs.T @ alpha) ** 2) + 0.5 * ridge * np.sum(alpha ** 2)
+             - np.sum(alpha * one_hot(ys, 4)))
     np.testing.assert_allclose(primal, dual, rtol=1e-7)
+    if ridge:  # the default is MetaOptNet's
+        np.testing.assert_allclose(heads.svm_logits(xs, ys, xq, 4, c=c).numpy(), got,
+                                   rtol=1e-12, atol=1e-12)
+
+
+def test_svm_with_dependent_support_embeddings_solves_with_the_default_kernel_ridge():
+    # 60 classes in 64 dimensions, every example twice: X X^T [120, 120] has rank 64, so
+    # the plain SVM's dual has no unique solution and its implicit gradient no unique
+    # answer; the default kernel + I makes it strongly convex
+    rng = np.random.default_rng(12)
+    base = rng.normal(size=(60, 64))
+    xs = tf.constant(np.concatenate([base, base]))
+    ys = np.tile(np.arange(60), 2)
+    xq = tf.constant(rng.normal(size=(30, 64)))
+    with tf.GradientTape() as tape:
+        tape.watch(xs)
+        value = tf.reduce_sum(tf.sin(heads.svm_logits(xs, ys, xq, 60)))
+    grad = tape.gradient(value, xs).numpy()
+    assert np.all(np.isfinite(grad)) and np.abs(grad).max() > 0
+    alpha = svm_dual_solution(xs.numpy(), ys, 60, 0.1, heads.KERNEL_RIDGE)
+    assert_dual_kkt(alpha, xs.numpy(), ys, 60, 0.1, heads.KERNEL_RIDGE, atol=1e-6)
 
 
 def test_svm_gradient_matches_central_differences_of_the_independent_solve():
+    # the default kernel ridge (1): the plain SVM's primal on augmented embeddings
     xs, ys, xq = episode_arrays(seed=4, n_way=3, k=2, d=7, q=4)
-    c = 0.1
+    c, r = 0.1, heads.KERNEL_RIDGE
     weights = np.random.default_rng(5).normal(size=(4, 3))
 
     def query_loss(logits):
@@ -143,15 +178,20 @@ def test_svm_gradient_matches_central_differences_of_the_independent_solve():
         logits = heads.svm_logits(support, ys, query, 3, c=c)
         value = tf.reduce_sum(weights * tf.sin(logits))
     g_support, g_query = tape.gradient(value, [support, query])
-    w, active = svm_primal(xs, ys, 3, c)
+    w, active = svm_primal(augmented(xs, r), ys, 3, c)
+    w = w[:, :xs.shape[1]]
     h = 1e-5  # the active set of the solution is that of the perturbed ones (checked)
     fd = np.zeros_like(xs)
+
+    def weights_at(x):
+        return svm_primal(augmented(x, r), ys, 3, c, active)[0][:, :xs.shape[1]]
+
     for idx in np.ndindex(*xs.shape):
         up, down = xs.copy(), xs.copy()
         up[idx] += h
         down[idx] -= h
-        fd[idx] = (query_loss(xq @ svm_primal(up, ys, 3, c, active)[0].T)
-                   - query_loss(xq @ svm_primal(down, ys, 3, c, active)[0].T)) / (2 * h)
+        fd[idx] = (query_loss(xq @ weights_at(up).T) - query_loss(xq @ weights_at(down).T)) / (
+            2 * h)
     np.testing.assert_allclose(g_support.numpy(), fd, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(g_query.numpy(), (weights * np.cos(xq @ w.T)) @ w, atol=1e-7)
     assert np.abs(fd).max() > 1e-2  # the support gradient is not trivially zero
@@ -244,27 +284,89 @@ def direct_logits(name, model, xs, ys, xq, n_way):
     return 2.0 * heads.svm_logits(es, ys, eq, n_way, c=0.2)
 
 
+def numpy_embed(values, x):
+    return np.tanh(x @ values[0] + values[1]) @ values[2] + values[3]
+
+
+def numpy_meta_loss(name, values, tasks, active=None):
+    """The few-shot objective in numpy (float64): the embedding net's forward pass, the head
+    in closed form (the SVM by its primal on the augmented embeddings, on each task's
+    active set `active[t]`), the queries' mean cross-entropy averaged over the tasks."""
+    losses = []
+    for t, (xs, ys, xq, yq) in enumerate(zip(*tasks)):
+        es, eq, y = numpy_embed(values, xs), numpy_embed(values, xq), one_hot(ys, 3)
+        if name == "protonet":
+            means = y.T @ es / y.sum(0)[:, None]
+            logits = -((eq[:, None] - means[None]) ** 2).sum(-1)
+        elif name == "r2d2":
+            log_l2, scale, bias = values[4:]
+            w = es.T @ np.linalg.solve(es @ es.T + np.exp(log_l2) * np.eye(len(es)), y)
+            logits = scale * eq @ w + bias
+        else:
+            w = svm_primal(augmented(es, 1.0), ys, 3, 0.2, active[t])[0][:, :es.shape[1]]
+            logits = values[4] * eq @ w.T
+        top = logits.max(-1)
+        lse = top + np.log(np.exp(logits - top[:, None]).sum(-1))
+        losses.append(np.mean(lse - logits[np.arange(len(yq)), yq]))
+    return np.mean(losses)
+
+
 SETTINGS = {"protonet": {}, "r2d2": dict(l2=0.5, scale=3.0, bias=0.25),
             "metaoptnet": dict(c=0.2, scale=2.0)}
 
 
-@pytest.mark.parametrize("name", ["protonet", "r2d2", "metaoptnet"])
-def test_few_shot_meta_loss_and_evaluation_equal_the_heads_on_the_embeddings(name):
-    model = embedding_net()
+NAMES = ["protonet", "r2d2", "metaoptnet"]
+# one algorithm vectorized (the default), the others sequentially: traces are the cost
+MODES = {"protonet": "sequential", "r2d2": "vectorized", "metaoptnet": "sequential"}
+
+
+@pytest.fixture(scope="module")
+def meta_gradients():
+    """Each head's (model, algorithm, meta-loss, meta-gradient) on `tiny_episodes()`."""
+    out = {}
+    for name in NAMES:
+        model = embedding_net()
+        algo = meta.FEW_SHOT[name](model, cross_entropy, task_map=MODES[name],
+                                   **SETTINGS[name])
+        out[name] = (model, algo) + tuple(meta.meta_gradient(algo, model, tiny_episodes()))
+    return out
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_few_shot_meta_loss_and_evaluation_equal_the_heads_on_the_embeddings(
+        name, meta_gradients):
     tasks = tiny_episodes()
-    # one algorithm vectorized (the default), the others sequentially: traces are the cost
-    mode = "vectorized" if name == "r2d2" else "sequential"
-    algo = meta.FEW_SHOT[name](model, cross_entropy, task_map=mode, **SETTINGS[name])
+    mode = MODES[name]
+    model, algo, loss, grads = meta_gradients[name]
     per_task = [direct_logits(name, model, *(t[i] for t in tasks[:3]), 3) for i in range(2)]
     want = np.mean([cross_entropy(tasks[3][i], per_task[i]).numpy() for i in range(2)])
-    loss, grads = meta.meta_gradient(algo, model, tasks)
     np.testing.assert_allclose(loss.numpy(), want, rtol=1e-7)
-    assert all(np.all(np.isfinite(g.numpy())) for g in grads)
-    assert np.linalg.norm(grads[0].numpy()) > 0  # the meta-gradient reaches the backbone
     learned = {"protonet": 0, "r2d2": 3, "metaoptnet": 1}[name]
     assert len(algo.variables) == learned
-    for g in grads[len(model.trainable_variables):]:
-        assert float(tf.abs(g)) > 0  # and the head's learned scalars
+    # the meta-gradient (backbone and the head's learned scalars) against float64 central
+    # differences of the objective written out in numpy
+    values = [v.numpy() for v in model.trainable_variables + algo.variables]
+    arrays = [t.numpy() for t in tasks]
+    active = ([svm_primal(augmented(numpy_embed(values, x), 1.0), y, 3, 0.2)[1]
+               for x, y in zip(arrays[0], arrays[1])] if name == "metaoptnet" else None)
+    np.testing.assert_allclose(numpy_meta_loss(name, values, arrays, active), want,
+                               rtol=1e-7)
+    flat = np.concatenate([np.ravel(v) for v in values])
+
+    def objective(z):
+        parts = np.split(z, np.cumsum([v.size for v in values])[:-1])
+        return numpy_meta_loss(name, [p.reshape(v.shape) for p, v in zip(parts, values)],
+                               arrays, active)
+
+    h = 1e-6
+    fd = np.array([(objective(flat + h * e) - objective(flat - h * e)) / (2 * h)
+                   for e in np.eye(flat.size)])
+    got = np.concatenate([np.ravel(g.numpy()) for g in grads])
+    np.testing.assert_allclose(got, fd, rtol=1e-5, atol=1e-7)
+    # not trivially zero: the backbone's part, and each learned scalar's but R2D2's bias
+    # (the softmax is invariant to a shift of every logit)
+    assert np.abs(fd[:flat.size - learned]).max() > 1e-3
+    assert np.all(np.abs(fd[flat.size - learned:][:2]) > 1e-6)
     result = meta.evaluate(algo, model, cross_entropy, tasks, steps=(0,), accuracy=True,
                            task_map=mode)
     accuracy = np.mean([np.mean(np.argmax(per_task[i], -1) == tasks[3][i].numpy())
@@ -273,6 +375,30 @@ def test_few_shot_meta_loss_and_evaluation_equal_the_heads_on_the_embeddings(nam
     np.testing.assert_allclose(result["accuracy_after_0"], accuracy, rtol=1e-7)
     with pytest.raises(checks.ArgumentError, match=r"steps=\(0,\)"):
         algo.adapt((tasks[0][0], tasks[1][0]), 1)
+
+
+def test_mirrored_step_is_the_sgd_step_on_the_meta_gradient(meta_gradients):
+    # one compiled step for the three heads, each on its own backbone (the sum of their
+    # objectives), one task per replica: learned scalars all-reduced (R2D2, MetaOptNet),
+    # the SVM's implicit solve in each replica; the meta-gradients checked above
+    strategy = distribute.make_strategy("mirrored")
+    with strategy.scope():
+        opt = keras.optimizers.SGD(0.5)  # exact in float32, Keras's rate dtype
+        models = [embedding_net() for _ in NAMES]
+        algos = [meta.FEW_SHOT[name](model, cross_entropy, task_map=MODES[name],
+                                     **SETTINGS[name]) for name, model in zip(NAMES, models)]
+    groups = [m.trainable_variables + a.variables for m, a in zip(models, algos)]
+    step = train.make_train_step(
+        lambda t: {"loss": tf.add_n([a.meta_loss(t)["loss"] for a in algos])}, opt,
+        [v for g in groups for v in g], strategy=strategy)
+    data = tf.data.Dataset.from_tensors(tiny_episodes()).unbatch().batch(2)
+    step(next(iter(strategy.experimental_distribute_dataset(data))))
+    for name, group in zip(NAMES, groups):
+        model, algo, _, grads = meta_gradients[name]
+        want = [v.numpy() - 0.5 * g.numpy()
+                for v, g in zip(model.trainable_variables + algo.variables, grads)]
+        for v, w in zip(group, want):
+            np.testing.assert_allclose(v.numpy(), w, rtol=1e-9, atol=1e-10, err_msg=name)
 
 
 def test_r2d2_learns_its_penalty_on_the_log_scale_and_checks_its_starting_values():
@@ -300,25 +426,30 @@ def test_a_task_missing_a_class_is_named_by_the_algorithm():
         meta.protonet(model, cross_entropy).meta_loss((xs, ys, xq, yq))
 
 
-def test_mirrored_step_equals_single_device():
-    # MetaOptNet: a learned scale to all-reduce, and the implicit solve in every replica
-    name = "metaoptnet"
-    tasks = tiny_episodes(tasks=4, seed=11)
+def dropout_net():
+    keras.utils.set_random_seed(1)
+    return keras.Sequential([keras.Input((6,), dtype="float64"),
+                             keras.layers.Dense(8, activation="tanh", dtype="float64"),
+                             keras.layers.Dropout(0.5, dtype="float64"),
+                             keras.layers.Dense(5, dtype="float64")])
 
-    def run(strategy, steps=1):
-        with strategy.scope():
-            model = embedding_net()
-            opt = keras.optimizers.SGD(0.1)
-            algo = meta.FEW_SHOT[name](model, cross_entropy, task_map="sequential",
-                                       **SETTINGS[name])
-        variables = model.trainable_variables + algo.variables
-        if steps:
-            step = train.make_train_step(algo.meta_loss, opt, variables, strategy=strategy)
-            data = tf.data.Dataset.from_tensors(tasks).unbatch().batch(4)
-            step(next(iter(strategy.experimental_distribute_dataset(data))))
-        return np.concatenate([np.ravel(v.numpy()) for v in variables])
 
-    single = run(tf.distribute.get_strategy())
-    mirrored = run(distribute.make_strategy("mirrored"))
-    np.testing.assert_allclose(mirrored, single, rtol=1e-9, atol=1e-10)
-    assert np.abs(single - run(tf.distribute.get_strategy(), steps=0)).max() > 1e-4
+def test_the_heads_evaluation_takes_the_support_pass_seed_from_the_evaluation_seed():
+    from hogrod.meta.inner import evaluation_seeds, run
+    model = dropout_net()
+    tasks = tiny_episodes()
+    algo = meta.protonet(model, cross_entropy, task_map="sequential")
+    evaluate = meta.evaluator(algo, model, cross_entropy, steps=(0,), task_map="sequential",
+                              seed=3)
+    first = evaluate(tasks)["loss_after_0"]
+    algo.meta_loss(tasks)  # moves the model's seed states, which evaluation never reads
+    assert evaluate(tasks)["loss_after_0"] == first
+    # the masks by hand: the query pass takes the task's pass 0, the support pass its pass 1
+    seeds = evaluation_seeds(model, 2, 2, 3)
+    params = model.trainable_variables
+    want = np.mean([cross_entropy(tasks[3][t], heads.prototype_logits(
+        run(model, params, tasks[0][t], True, seeds[t, 1]), tasks[1][t],
+        run(model, params, tasks[2][t], True, seeds[t, 0]), 3)).numpy() for t in range(2)])
+    np.testing.assert_allclose(first, want, rtol=1e-12)
+    with pytest.raises(checks.ArgumentError, match="support pass"):
+        algo.adapt((tasks[0][0], tasks[1][0]), 0, seeds[0, :0])

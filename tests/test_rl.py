@@ -257,3 +257,30 @@ def test_the_fitted_baseline_is_saved_with_a_checkpoint(tmp_path):
     restored = rl.LinearFeatureBaseline(1, dtype="float64")
     tf.train.Checkpoint(baseline=restored).restore(path).assert_consumed()
     np.testing.assert_array_equal(restored.coefficients, fitted)
+
+
+def test_minus_infinity_after_an_episode_ends_leaves_the_derivatives_finite():
+    """-inf log-probabilities (and NaN rewards and values) where the mask is 0: value,
+    gradient and Hessian equal those of the same batch with 0 there (masked by tf.where
+    before any arithmetic: a product by the mask would make 0 * -inf = NaN)."""
+    r, v, mask = episodes(11)
+    rng = np.random.default_rng(12)
+    clean = np.where(mask > 0, rng.normal(size=r.shape) - 1.0, 0.0)
+    spoilt = np.where(mask > 0, clean, -np.inf)
+    junk = np.where(mask > 0, 0.0, np.nan)
+
+    def derivatives(log_probs, values):
+        lp = tf.Variable(log_probs)
+        with tf.GradientTape() as outer:
+            with tf.GradientTape() as inner:
+                value = rl.dice_objective(lp, r + junk, 0.9, values=values, gae_lambda=0.9,
+                                          mask=mask)
+            grad = inner.gradient(value, lp)
+        return value.numpy(), grad.numpy(), outer.jacobian(grad, lp).numpy()
+
+    for values in (None, v + junk):
+        got = derivatives(spoilt, values)
+        want = derivatives(clean, None if values is None else v)
+        for g, w in zip(got, want):
+            assert np.all(np.isfinite(g))
+            np.testing.assert_array_equal(g, w)

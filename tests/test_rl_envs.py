@@ -41,6 +41,36 @@ def test_navigation_steps_as_numpy():
     assert bool(done[0]) and float(reward[0]) > -0.01
 
 
+def test_navigation_is_done_at_the_horizon():
+    env = rl.Navigation2D(horizon=3, dtype="float64")
+    task = {"goal": tf.constant([0.4, 0.4], F64)}
+    state, _ = env.reset(task, 0, 2)
+    dones = []
+    for _ in range(4):  # far from the goal: only the horizon ends the episode
+        state, _, _, done = env.step(task, state, tf.zeros([2, 2], F64))
+        dones.append(done.numpy().tolist())
+    assert dones == [[False] * 2, [False] * 2, [True] * 2, [True] * 2]
+
+
+def test_constant_bad_values_are_errors_when_traced_even_under_xla():
+    """XLA drops tf.debugging.Assert: a check on constants runs in Python at tracing."""
+    ipd = rl.IteratedPrisonersDilemma(horizon=2, dtype="float64")
+    game = {"payoffs": tf.constant(ipd.PAYOFFS, F64)}
+    bad = [
+        (lambda: ipd.step(game, ipd.reset(game, 0, 3)[0], tf.constant([[0, 2]] * 3)),
+         r"action must lie in 0\.\.1"),
+        (lambda: rl.TabularMDP([[[0.9, 0.2]]] * 2, [[0.0]] * 2, horizon=2,
+                               dtype="float64").rewards, "transitions must be probabilities"),
+        (lambda: rl.dice_objective(tf.zeros([3, 4], F64), tf.ones([3, 4], F64),
+                                   mask=np.array([[0.0, 1, 1, 1]] * 3)), "must not increase"),
+    ]
+    for call, pattern in bad:
+        with pytest.raises(checks.ArgumentError, match=pattern):
+            tf.function(call, jit_compile=True, autograph=False)()
+    # a data-dependent check still runs in a graph without XLA:
+    # test_rl.py::test_bad_inputs_are_named (a mask given to a compiled function)
+
+
 def test_a_meta_batch_of_navigation_tasks_rolls_out_in_one_compiled_step():
     env = rl.Navigation2D(horizon=5, dtype="float64")
     tasks = env.sample_tasks(1, 4)

@@ -42,6 +42,30 @@ def test_categorical_against_closed_forms():
     assert big.sample(tf.constant([7, 0], tf.int64)).numpy().tolist() == draws.tolist()
 
 
+def test_categorical_with_masked_logits_is_finite_in_value_and_gradient():
+    """A -inf logit (an impossible action, a common action mask) has probability 0: it
+    adds nothing to the entropy or the KL, and the possible actions' log-probabilities
+    are those of the softmax over the others, their gradients finite."""
+    lp = np.array([[0.3, -np.inf, 1.2], [-np.inf, 0.5, -0.7]])
+    lq = np.array([[0.1, -np.inf, -0.4], [0.2, 0.4, 0.0]])
+    actions = np.array([2, 1])
+    logits = tf.Variable(lp)
+    with tf.GradientTape() as tape:
+        d = rl.Categorical(logits)
+        out = [d.log_prob(actions), d.entropy(), d.kl(rl.Categorical(tf.constant(lq)))]
+        total = sum(tf.reduce_sum(o) for o in out)
+    possible = [np.array([0, 2]), np.array([1, 2])]
+    p = [softmax(lp[i, k]) for i, k in enumerate(possible)]
+    q = [softmax(lq[i][np.isfinite(lq[i])]) for i in range(2)]
+    np.testing.assert_allclose(out[0], [np.log(p[0][1]), np.log(p[1][0])], rtol=1e-12)
+    np.testing.assert_allclose(out[1], [-(x * np.log(x)).sum() for x in p], rtol=1e-12)
+    kl_1 = (p[1] * (np.log(p[1]) - np.log(softmax(lq[1])[[1, 2]]))).sum()
+    np.testing.assert_allclose(out[2], [(p[0] * (np.log(p[0]) - np.log(q[0]))).sum(), kl_1],
+                               rtol=1e-12)
+    grad = tape.gradient(total, logits).numpy()
+    assert np.all(np.isfinite(grad)), grad
+
+
 def test_diagonal_gaussian_against_closed_forms():
     rng = np.random.default_rng(1)
     m1, m2 = rng.normal(size=(5, 2)), rng.normal(size=(5, 2))

@@ -4,6 +4,7 @@ kill-and-resume equality, strategy equivalence, attribution completeness, bad in
 
 import logging
 import os
+import runpy
 import signal
 import subprocess
 import sys
@@ -239,12 +240,16 @@ def test_summaries_and_progress(tmp_path, caplog):
                r.getMessage() for r in caplog.records)
 
 
-def test_sigkill_and_resume_ends_with_the_uninterrupted_weights(tmp_path):
+def test_sigkill_and_resume_ends_with_the_uninterrupted_weights(tmp_path, monkeypatch):
     script = os.path.join(WORKERS, "resumable.py")
     env = dict(os.environ, PYTHONPATH=REPO_ROOT)
     ref = tmp_path / "ref.npy"
-    subprocess.run([sys.executable, script, str(tmp_path / "a"), "20", str(ref), "0"],
-                   check=True, env=env, timeout=300, capture_output=True)
+    # the uninterrupted reference runs in this process: only the killed run needs its own
+    # (and a process costs a TensorFlow import)
+    monkeypatch.setattr(sys, "argv", [script, str(tmp_path / "a"), "20", str(ref), "0"])
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3"))
+    runpy.run_path(script, run_name="__main__")
+    monkeypatch.undo()
     out = tmp_path / "resumed.npy"
     cmd = [sys.executable, script, str(tmp_path / "b"), "20", str(out), "0.2"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,

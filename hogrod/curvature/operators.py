@@ -29,9 +29,9 @@ import tensorflow as tf
 
 import hogrod
 from hogrod import checks, tree
-from hogrod.curvature.data import (MEAN_REDUCTIONS, batch_loss, batch_size, check_data,
-                                   check_loss_dtype, distribute_batches, model_params,
-                                   params_dtype, replica_sums)
+from hogrod.curvature.data import (MEAN_REDUCTIONS, BatchPasses, batch_loss, batch_size,
+                                   check_data, check_loss_dtype, distribute_batches,
+                                   model_params, params_dtype, replica_sums)
 from hogrod.types import Batch, DType, Loss, Objective, OutputLoss, Params, Tensor, TensorLike, Tree
 
 __all__ = ["CurvatureOperator", "HessianOperator", "GaussNewtonOperator", "layer_params",
@@ -120,7 +120,9 @@ class CurvatureOperator(tf.linalg.LinearOperator):
         self._params = list(tf.nest.flatten(params))
         self._n = sum(int(np.prod(p.shape)) for p in self._params)
         self._single = not isinstance(data, tf.data.Dataset)
-        self._data = distribute_batches(data, strategy, name)
+        # one batch: itself (refused under a strategy); a Dataset: passes from one iterator
+        self._data = (distribute_batches(data, strategy, name) if self._single
+                      else BatchPasses(data, strategy, name))
         self._mean = mean
         self.num_matvecs = 0
         params_ = self._params

@@ -38,13 +38,19 @@ class Algorithm(NamedTuple):
         meta-batch (x_support, y_support, x_query, y_query), each with a leading task axis;
         `step` the outer iteration counter (e.g. `optimizer.iterations`), which MAML++
         needs and the others ignore.
-      adapt: `adapt(support, steps, seeds=None) -> fast weights` (a list of tensors in
-        `model.trainable_variables` order); `seeds` is None (random layers use the model's
-        seed states) or one pass's seeds per step, [steps, generators, 2].
+      adapt: `adapt(support, steps, seeds=None) -> adapted`: what `predict` takes. For the
+        gradient-based algorithms the fast weights (a list of tensors in
+        `model.trainable_variables` order); for the few-shot heads (`steps` 0) the head's
+        solution on the support embeddings: ProtoNet's prototypes `[n_way, d]`, R2D2's
+        ridge weights `[d, n_way]`, MetaOptNet's `(weights [d, n_way], dual [n, n_way])`.
+        `seeds` is None (random layers use the model's seed states) or one pass's seeds
+        per step, [steps, generators, 2]; at 0 steps the evaluation gives one, [1,
+        generators, 2], which the heads' support pass takes.
       variables: the algorithm's own trainable variables (learned rates, ...), meta-trained
         with the model's.
-      predict: `predict(fast, x, steps, seed=None) -> outputs` on query inputs after `steps`
-        adaptation steps (`seed`: one pass's seeds, or None); None (the default) means
+      predict: `predict(adapted, x, steps, seed=None) -> outputs` on query inputs after
+        `steps` adaptation steps (`seed`: one pass's seeds, or None; the heads' query
+        logits `[q, n_way]`); None (the default) means
         `functional_call(model, fast, x, training=True)`: BatchNorm on the query batch's
         statistics, the transductive setting.
       state: the algorithm's non-trainable variables (MAML++'s per-step BatchNorm

@@ -2,9 +2,11 @@
 
 Random layers (Dropout) are active, as in training (`training=True` is one flag for
 BatchNorm and Dropout), and get fresh masks the way training does: every task and every
-forward pass of a task (each adaptation step, the query) its own. The masks come from the
-evaluation's `seed` and the task's index (`hogrod.meta.inner.evaluation_seeds`), not from
-the model's seed states, which evaluation neither reads nor advances: the same seed
+forward pass of a task (each adaptation step, the query) its own; at 0 steps `adapt` gets
+one seed too, for a pass over the support an algorithm makes without adaptation steps (the
+few-shot heads embed the support set). The masks come from the evaluation's `seed` and the
+task's index (`hogrod.meta.inner.evaluation_seeds`), not from the model's seed states,
+which evaluation neither reads nor advances: the same seed
 reproduces an evaluation exactly, and tasks that happen to be identical are still
 evaluated independently. BatchNorm uses each batch's own statistics (transductive), unless
 the algorithm predicts otherwise (`Algorithm.predict`).
@@ -81,7 +83,10 @@ def evaluator(algorithm: Algorithm, model: keras.Model, loss: Loss,
 
     def per_task(task, seeds, s):
         xs, ys, xq, yq = task
-        fast = algorithm.adapt((xs, ys), s, pass_seed(seeds, 0, s))
+        # at 0 steps, one seed for a pass over the support before the query (the
+        # few-shot heads embed the support set), drawn after the query's
+        fast = algorithm.adapt((xs, ys), s,
+                               pass_seed(seeds, 0, s) if s else pass_seed(seeds, 1, 2))
         query_seed = pass_seed(seeds, s)
         pred = (run(model, fast, xq, True, query_seed) if algorithm.predict is None
                 else algorithm.predict(fast, xq, s, query_seed))
@@ -93,8 +98,8 @@ def evaluator(algorithm: Algorithm, model: keras.Model, loss: Loss,
         return tf.stack([tf.cast(v, tf.float64) for v in out])  # exact for float32 values
 
     def evaluate_after(tasks, s):
-        # the adaptation steps, then the query: s + 1 passes per task
-        seeds = evaluation_seeds(model, tf.shape(tasks[0])[0], s + 1, seed)
+        # the adaptation steps, then the query: s + 1 passes per task (2 at 0 steps)
+        seeds = evaluation_seeds(model, tf.shape(tasks[0])[0], s + 1 if s else 2, seed)
         return map_tasks(lambda task, sd, _: per_task(task, sd, s), tasks, seeds, mode=mode)
 
     compiled = {s: tf.function(lambda t, s=s: evaluate_after(tuple(t), s)) for s in steps}

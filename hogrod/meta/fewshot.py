@@ -11,9 +11,11 @@ tasks: no inner gradient steps, the meta-gradient flows through the head's solut
 The number of classes is read from the labels: one more than the largest support label of
 the meta-batch (of the task, in `adapt`), so a model trained on 60-way episodes is
 evaluated on 5- or 20-way ones with the same `Algorithm`; a task missing a class is an
-error naming it. `adapt(support, steps=0)` returns the head's solution and `predict` the
-query logits from it; these algorithms have no adaptation steps, so `evaluate` them with
-`steps=(0,)` (`accuracy_after_0`).
+error naming it. `adapt(support, steps=0, seeds=None)` returns the head's solution (its
+support pass seeded by `seeds[0]`, which `hogrod.meta.evaluate` draws from its seed and the
+task's index; None: the model's seed states) and `predict` the query logits from it; these
+algorithms have no adaptation steps, so `evaluate` them with `steps=(0,)`
+(`accuracy_after_0`).
 """
 
 from typing import Optional
@@ -49,6 +51,20 @@ def _classes(labels):
     return tf.reduce_max(tf.cast(labels, tf.int32)) + 1
 
 
+def _support_seed(seeds, where):
+    """The support pass's seed in `adapt`: None (the model's seed states, for a direct
+    call), else the first of `seeds` [passes, generators, 2], which must hold one: at 0
+    steps `hogrod.meta.evaluate` gives one, drawn from its seed and the task's index."""
+    if seeds is None:
+        return None
+    seeds = tf.convert_to_tensor(seeds)
+    if seeds.shape.rank != 3 or seeds.shape[0] == 0:
+        raise checks.ArgumentError(
+            f"{where}: adapt's seeds must be None or one pass's seeds for the support pass, "
+            f"[passes >= 1, generators, 2], got {checks.describe(seeds)}")
+    return seeds[0]
+
+
 def _headed(model, loss, fit, logits_of, variables, task_map, where):
     """The `Algorithm` of a head: `fit(support, labels, n_way) -> solution` and
     `logits_of(solution, query) -> logits`, each on `[..., n, d]` embeddings with any
@@ -77,15 +93,14 @@ def _headed(model, loss, fit, logits_of, variables, task_map, where):
 
     @_no_autograph
     def adapt(support, steps=0, seeds=None):
-        """The head's solution on one task's support set (steps must be 0)."""
+        """The head's solution on one task's support set (steps must be 0); the support
+        pass takes `seeds[0]` (None: the model's seed states)."""
         if not checks.integer(steps, "steps", where) == 0:
             raise checks.ArgumentError(
                 f"{where}: has no adaptation steps, got steps={steps}; evaluate it with "
                 "steps=(0,) (in an experiment, maml_experiment.eval_steps = (0,))")
         xs, ys = support
-        # the support pass's seed is the model's seed state: evaluation draws none for a
-        # pass before the query when steps is 0
-        embedded = run(model, initial_params(model), xs, True, None)
+        embedded = run(model, initial_params(model), xs, True, _support_seed(seeds, where))
         return fit(embedded, ys, _classes(ys))
 
     @_no_autograph
@@ -181,7 +196,8 @@ def r2d2(model: keras.Model, loss: Loss, l2: float = 1.0, scale: float = 1.0,
 @gin.configurable
 def metaoptnet(model: keras.Model, loss: Loss, c: float = 0.1, scale: float = 1.0,
                learn_scale: bool = True, maxiter: int = heads.SVM_MAXITER,
-               tol: Optional[float] = None, task_map: str = "vectorized") -> Algorithm:
+               tol: Optional[float] = None, kernel_ridge: float = heads.KERNEL_RIDGE,
+               task_map: str = "vectorized") -> Algorithm:
     """MetaOptNet-SVM (Lee et al. 2019): the Crammer-Singer multi-class SVM on the support
     embeddings (`hogrod.meta.svm_logits`), solved in its dual per task and differentiated
     implicitly at its solution, the logits times a learned scale (MetaOptNet's).
@@ -198,6 +214,9 @@ def metaoptnet(model: keras.Model, loss: Loss, c: float = 0.1, scale: float = 1.
       learn_scale: meta-train the scale (`Algorithm.variables`); False keeps it fixed.
       maxiter: the dual solver's iteration limit (see `hogrod.meta.svm_logits`).
       tol: the dual solver's tolerance (None: see `hogrod.meta.svm_logits`).
+      kernel_ridge: r >= 0 added to the diagonal of the dual's kernel (MetaOptNet's 1.0:
+        the dual strongly convex, its solution and gradient unique even for linearly
+        dependent support embeddings; 0: the plain SVM; see `hogrod.meta.svm_logits`).
       task_map: 'vectorized', 'sequential' or 'recomputed' (see `hogrod.meta.maml`).
 
     Returns:
@@ -207,6 +226,7 @@ def metaoptnet(model: keras.Model, loss: Loss, c: float = 0.1, scale: float = 1.
     where = "hogrod.meta.metaoptnet"
     c = checks.positive(c, "c", where)
     maxiter = checks.integer(maxiter, "maxiter", where, least=1)
+    kernel_ridge = checks.nonnegative(kernel_ridge, "kernel_ridge", where)
     if tol is not None:
         tol = checks.positive(tol, "tol", where)
     if not isinstance(learn_scale, bool):
@@ -222,7 +242,7 @@ def metaoptnet(model: keras.Model, loss: Loss, c: float = 0.1, scale: float = 1.
 
         def one_task(x, y):
             return heads.svm_dual(x, y, n_way, c, maxiter, tol, batched=False,
-                                  asserts=asserts, where=where)
+                                  asserts=asserts, where=where, kernel_ridge=kernel_ridge)
 
         if xs.shape.rank == 2:
             alpha = one_task(xs, ys)

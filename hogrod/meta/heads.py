@@ -11,9 +11,9 @@ embeddings (and `l2`, `scale`, `bias` when they are tensors):
 - `ridge_logits`: R2D2 (Bertinetto et al. 2019), ridge regression onto one-hot targets in
   closed form, in its Woodbury form (the cost is in the number of support examples);
 - `svm_logits`: MetaOptNet-SVM (Lee et al. 2019), the Crammer-Singer multi-class SVM
-  without bias, solved in its dual by accelerated projected gradient in graph and
-  differentiated implicitly (`hogrod.implicit.custom_root`) at its solution, never through
-  the solver's iterations.
+  without bias (its dual's kernel plus MetaOptNet's identity by default), solved in its
+  dual by accelerated projected gradient in graph and differentiated implicitly
+  (`hogrod.implicit.custom_root`) at its solution, never through the solver's iterations.
 
 Checks: static ones (ranks, dtypes, widths, `n_way`, a Python `c` or `l2`) raise
 `hogrod.checks.ArgumentError` when called or traced; those on values (labels in range,
@@ -29,10 +29,12 @@ import tensorflow as tf
 from hogrod import checks, implicit, implicit_solves, linalg, tree
 from hogrod.types import Scalar, TensorLike
 
-__all__ = ["prototype_logits", "ridge_logits", "svm_logits", "SVM_MAXITER"]
+__all__ = ["prototype_logits", "ridge_logits", "svm_logits", "SVM_MAXITER", "KERNEL_RIDGE"]
 
 #: `svm_logits`'s default iteration limit of the dual solver.
 SVM_MAXITER = 1000
+#: `svm_logits`'s default ridge on the dual's kernel: MetaOptNet's code adds the identity.
+KERNEL_RIDGE = 1.0
 
 
 def _ensure(ok, message):
@@ -262,7 +264,8 @@ def affine(logits: tf.Tensor, scale: Optional[Scalar], bias: Optional[Scalar]) -
 
 def svm_logits(support_embeddings: TensorLike, support_labels: TensorLike,
                query_embeddings: TensorLike, n_way: Scalar, c: float = 0.1,
-               maxiter: int = SVM_MAXITER, tol: Optional[float] = None) -> tf.Tensor:
+               maxiter: int = SVM_MAXITER, tol: Optional[float] = None,
+               kernel_ridge: float = KERNEL_RIDGE) -> tf.Tensor:
     """MetaOptNet-SVM's logits: a Crammer-Singer multi-class SVM fitted to the support.
 
     The primal (Crammer and Singer 2001, no bias; Lee et al. 2019): with x_i the support
@@ -275,25 +278,35 @@ def svm_logits(support_embeddings: TensorLike, support_labels: TensorLike,
     ``alpha_ik <= c delta(k, y_i)`` and ``sum_k alpha_ik = 0`` for every i; then
     ``w_k = sum_i alpha_ik x_i`` and the logits are ``query W^T`` `[q, n_way]`.
 
+    `kernel_ridge` (r) adds ``r/2 ||alpha||**2`` to the dual, its kernel ``X X^T + r I``
+    in place of ``X X^T``, as MetaOptNet's code does (r = 1, "to avoid PSD errors" of its QP
+    solver): the SVM of the support embeddings each extended by ``sqrt(r)`` times a unit
+    vector of its own (zero for the queries, so the logits are still ``query W^T``). The dual
+    is then strongly convex: its solution, and so the implicit gradient, is unique even
+    when the support embeddings are linearly dependent (repeated examples, more examples
+    than the embedding width), where with r = 0 the gradient's linear solve may fail. r = 0
+    is the plain Crammer-Singer SVM.
+
     The dual is solved by projected gradient with Nesterov acceleration and adaptive
-    restart (O'Donoghue and Candes 2015), step 1 / the largest eigenvalue of ``X X^T``,
+    restart (O'Donoghue and Candes 2015), step 1 / the largest eigenvalue of the kernel,
     each example's row projected onto its constraint set (a projection onto a simplex of
     radius c), from alpha = 0, in a `tf.while_loop` (one traced loop) until the
     optimality residual below is at most ``tol * max(1, ||F(0)||)`` or `maxiter`
     iterations have run. Its gradient is implicit (`hogrod.implicit.custom_root`) on the
     KKT conditions reduced to the free coordinates of the solution (alpha_ik < c
     delta(k, y_i)): with P the projection onto the directions that keep every active bound
-    and every row's sum, ``F(alpha) = P (K (P alpha + r) - Y) + (I - P) alpha - r`` (K
-    ``= X X^T`` applied per class, Y one-hot, r the part of alpha the constraints fix), whose
+    and every row's sum, ``F(alpha) = P (K (P alpha + r) - Y) + (I - P) alpha - r`` (K the
+    kernel applied per class, Y one-hot, r the part of alpha the constraints fix), whose
     Jacobian ``P K P + I - P`` is symmetric, so the linear solve is conjugate gradient; a
     term ``min(lambda, 0)`` on the active coordinates (lambda their bounds' multipliers,
     positive at the optimum, where the term and its derivative vanish) makes F zero only at
     the optimum. The root check is on, at ``2 tol``: a solver stopped by `maxiter` short
     of `tol` is an error, never a wrong gradient.
 
-    The dual solution (and its gradient) is unique when ``X X^T`` is nonsingular, the
-    support embeddings linearly independent (so n <= d). Otherwise the SVM's weights are
-    still unique but the dual is not, and the implicit solve may fail (an error naming it).
+    With r = 0 the dual solution (and its gradient) is unique when ``X X^T`` is
+    nonsingular, the support embeddings linearly independent (so n <= d). Otherwise the
+    SVM's weights are still unique but the dual is not, and the implicit solve may fail (an
+    error naming it).
 
     Args:
       support_embeddings: `[n, d]` floating.
@@ -306,19 +319,22 @@ def svm_logits(support_embeddings: TensorLike, support_labels: TensorLike,
       tol: the solver's tolerance on the optimality residual, > 0; None: half the square
         root of the embeddings' machine epsilon (so the root check runs at the library's
         default, the square root).
+      kernel_ridge: r >= 0, added to the dual's kernel's diagonal (see above), applied at
+        the embeddings' dtype; default `KERNEL_RIDGE` (1.0, MetaOptNet's).
 
     Returns:
       The logits, `[q, n_way]` at the embeddings' dtype.
 
     Raises:
       ArgumentError: mismatched ranks, dtypes or widths, a label outside `0..n_way-1`, a
-        class without support examples, `c` or `tol` not positive, `maxiter` < 1.
+        class without support examples, `c` or `tol` not positive, `maxiter` < 1,
+        `kernel_ridge` negative.
     """
     where = "hogrod.meta.svm_logits"
     xs, ys, xq, _, _, asserts = episode(support_embeddings, support_labels, query_embeddings,
                                         n_way, where)
     alpha = svm_dual(xs, ys, n_way, c, maxiter, tol, batched=False, asserts=asserts,
-                     where=where)
+                     where=where, kernel_ridge=kernel_ridge)
     return tf.linalg.matmul(xq, tf.linalg.matmul(xs, alpha, transpose_a=True))  # query W^T
 
 
@@ -327,7 +343,8 @@ def svm_logits(support_embeddings: TensorLike, support_labels: TensorLike,
 @tf.autograph.experimental.do_not_convert
 def svm_dual(support: tf.Tensor, labels: tf.Tensor, n_way: Scalar, c: float, maxiter: int,
              tol: Optional[float], batched: bool, asserts: Sequence = (),
-             where: str = "hogrod.meta.svm_logits") -> tf.Tensor:
+             where: str = "hogrod.meta.svm_logits",
+             kernel_ridge: float = KERNEL_RIDGE) -> tf.Tensor:
     """The Crammer-Singer dual solution alpha `[..., n, n_way]` (see `svm_logits`), with its
     implicit gradient with respect to `support`.
 
@@ -342,24 +359,25 @@ def svm_dual(support: tf.Tensor, labels: tf.Tensor, n_way: Scalar, c: float, max
         differentiated on its own (`hogrod.implicit.custom_root`'s batched).
       asserts: value checks to run first.
       where: the public function, in messages.
+      kernel_ridge: r >= 0, the dual's kernel ``X X^T + r I``.
 
     Returns:
       alpha.
     """
     dtype = support.dtype
     c = checks.positive(c, "c", where)
+    ridge = checks.nonnegative(kernel_ridge, "kernel_ridge", where)
     maxiter = checks.integer(maxiter, "maxiter", where, least=1)
     eps = float(np.finfo(dtype.as_numpy_dtype).eps)
     tol = 0.5 * eps ** 0.5 if tol is None else checks.positive(tol, "tol", where)
 
     def optimality(alpha, x, y):
-        return _kkt(alpha, x, _one_hot(y), c)
+        return _kkt(alpha, x, _one_hot(y), c, ridge)
 
     def _one_hot(y):
         return tf.one_hot(y, tf.cast(n_way, tf.int32), dtype=dtype)
 
-    # CG's iteration limit: 10 x the system's size (hogrod.implicit's default), that size
-    # bounded by n^2 where n_way is not static (every class has a support example)
+    # CG's limit: 10 x the system's size, bounded by n^2 where n_way is not static
     n = support.shape[-2] if support.shape[-2] is not None else 1000
     cg_maxiter = 10 * n * (n_way if isinstance(n_way, int) else n)
 
@@ -367,14 +385,12 @@ def svm_dual(support: tf.Tensor, labels: tf.Tensor, n_way: Scalar, c: float, max
                           root_tol=2 * tol, batched=batched)
     def solve(init, x, y):
         args = (init, x, _one_hot(y), tf.constant(c, dtype), tf.constant(maxiter),
-                tf.constant(tol, dtype))
+                tf.constant(tol, dtype), tf.constant(ridge, dtype))
         # eagerly, the loop as one traced function (an eager while loop runs op by op)
         return _solve_traced(*args) if tf.executing_eagerly() else _solve_dual(*args)
 
-    with tf.control_dependencies(list(asserts)):
-        support = tf.identity(support)
-    init = tf.zeros_like(_one_hot(labels))
-    return solve(init, support, labels)
+    support = _with(list(asserts), support)
+    return solve(tf.zeros_like(_one_hot(labels)), support, labels)
 
 
 def _cg(maxiter, tol, where):
@@ -409,7 +425,7 @@ def _project(v, bound, c):
     return bound - tf.maximum(z - theta, 0)
 
 
-def _kkt(alpha, support, one_hot, c):
+def _kkt(alpha, support, one_hot, c, ridge):
     """The reduced KKT residual F(alpha) of `svm_logits` (zero exactly at the dual solution).
 
     Per example i, the free set S_i = {k : alpha_ik < c delta(k, y_i)} (at least one k,
@@ -418,9 +434,10 @@ def _kkt(alpha, support, one_hot, c):
     that makes the row sum zero spread evenly. The sets are constants of the tape. On the
     active coordinates a term ``min(lambda_ik, 0)`` (lambda the bound's multiplier) makes
     the residual zero only at the optimum, not at every point that the reduced equations
-    hold at (alpha = 0 among them).
+    hold at (alpha = 0 among them). The kernel is ``X X^T + ridge I``.
     """
     c = c if isinstance(c, tf.Tensor) else tf.constant(c, alpha.dtype)  # exact at float64
+    ridge = ridge if isinstance(ridge, tf.Tensor) else tf.constant(ridge, alpha.dtype)
     bound = c * one_hot
     free = tf.stop_gradient(tf.cast(bound - alpha > 0, alpha.dtype))
     count = tf.reduce_sum(free, -1, keepdims=True)
@@ -430,7 +447,7 @@ def _kkt(alpha, support, one_hot, c):
 
     fixed = (1 - free) * bound
     r = fixed - free * tf.reduce_sum(fixed, -1, keepdims=True) / count
-    gram = tf.linalg.matmul(support, support, transpose_b=True)
+    gram = _kernel(support, ridge)
     # the multipliers of the active bounds, mean_S(g) - g_k, must be >= 0; where they are
     # (strictly, at a solution) this term and its derivative are zero
     g = tf.linalg.matmul(gram, alpha) - one_hot
@@ -440,19 +457,25 @@ def _kkt(alpha, support, one_hot, c):
             - r + signs)
 
 
-def _solve_dual(init, support, one_hot, c, maxiter, tol):
+def _kernel(support, ridge):
+    """``X X^T + ridge I`` `[..., n, n]` of support X `[..., n, d]`."""
+    gram = tf.linalg.matmul(support, support, transpose_b=True)
+    return gram + ridge * tf.eye(tf.shape(gram)[-1], dtype=gram.dtype)
+
+
+def _solve_dual(init, support, one_hot, c, maxiter, tol, ridge):
     """Accelerated projected gradient on the dual (see `svm_logits`), until ||F|| <= tol *
     max(1, ||F(init)||) per task or `maxiter` iterations; never differentiated. c,
-    maxiter and tol are tensors (one trace serves every value)."""
+    maxiter, tol and ridge are tensors (one trace serves every value)."""
     dtype = support.dtype
     bound = c * one_hot
-    gram = tf.linalg.matmul(support, support, transpose_b=True)
+    gram = _kernel(support, ridge)
     top = tf.linalg.eigvalsh(gram)[..., -1:]
     step = 1 / tf.maximum(top, tf.constant(np.finfo(dtype.as_numpy_dtype).tiny, dtype))
     step = step[..., None]  # [..., 1, 1]
 
     def residual(a):
-        return tf.norm(_kkt(a, support, one_hot, c), axis=[-2, -1])
+        return tf.norm(_kkt(a, support, one_hot, c, ridge), axis=[-2, -1])
 
     goal = tol * tf.maximum(tf.ones_like(residual(init)), residual(init))
 

@@ -9,8 +9,9 @@
   `distribution(observations, params=None)` is a `Categorical` or `DiagonalGaussian`
   (`log_prob`, stateless `sample(seed)`, `entropy`, `kl`); `params` substitutes tensors for
   the policy's variables through `hogrod.functional_call` (MAML's inner step).
-- `TabularMDP`, `Navigation2D`, `IteratedPrisonersDilemma` (`envs.py`): environments as batched pure TensorFlow functions,
-  `sample_tasks(seed, n)`, `reset(task, seed, batch)`, `step(task, state, action)`.
+- `TabularMDP`, `Navigation2D`, `IteratedPrisonersDilemma` (`envs.py`): environments as
+  batched pure TensorFlow functions, `sample_tasks(seed, n)`, `reset(task, seed, batch)`,
+  `step(task, state, action)`.
 - `rollout`, `Trajectories`, `policy_distribution` (`rollout.py`): a policy's episodes on
   a meta-batch of tasks, `[tasks, batch, T]`, one compiled loop over time.
 - `natural_step`, `line_search` (`trpo.py`): TRPO's step on Fisher-vector products and its
@@ -19,6 +20,10 @@
   `tf.distribute`.
 - `expected_return` (`exact.py`): the exact expected return of a tabular softmax policy on a
   small MDP, differentiable to every order: the oracle of the estimators.
+- `make_lola_update`, `lola_dice_gradients`, `joint_dice_objectives`, `sample_ipd`,
+  `ipd_log_probs`, `IPDTrajectories` (`lola.py`): LOLA-DiCE, two agents each ascending its
+  DiCE objective through the other's predicted learning steps, on the iterated prisoner's
+  dilemma (`lookahead` = 0: naive learners).
 
 Conventions: a batch of trajectories is `[batch, T]` tensors (`log_probs`, `rewards`,
 `values`, `mask`); `mask` is 1 before an episode ends and 0 after. Discounts and lambdas are
@@ -28,6 +33,8 @@ Python numbers applied at the tensors' dtype.
 from hogrod.rl.envs import IteratedPrisonersDilemma, Navigation2D, TabularMDP
 from hogrod.rl.estimators import dice_objective, magic_box
 from hogrod.rl.exact import expected_return
+from hogrod.rl.lola import (IPDTrajectories, ipd_log_probs, joint_dice_objectives,
+                            lola_dice_gradients, make_lola_update, sample_ipd)
 from hogrod.rl.maml_rl import MamlRL, MetaBatch, inner_step
 from hogrod.rl.policies import (Categorical, CategoricalPolicy, DiagonalGaussian,
                                 GaussianPolicy)
@@ -38,6 +45,8 @@ from hogrod.rl.trpo import LineSearch, NaturalStep, line_search, natural_step
 __all__ = ["magic_box", "dice_objective", "discounted_returns", "gae_advantages",
            "LinearFeatureBaseline", "Categorical", "DiagonalGaussian", "CategoricalPolicy",
            "GaussianPolicy", "TabularMDP", "Navigation2D",
-           "IteratedPrisonersDilemma", "expected_return", "rollout", "Trajectories",
-           "policy_distribution", "natural_step", "line_search", "NaturalStep", "LineSearch",
-           "MamlRL", "MetaBatch", "inner_step"]
+           "IteratedPrisonersDilemma", "expected_return", "make_lola_update",
+           "lola_dice_gradients", "joint_dice_objectives", "sample_ipd", "ipd_log_probs",
+           "IPDTrajectories", "rollout", "Trajectories", "policy_distribution",
+           "natural_step", "line_search", "NaturalStep", "LineSearch", "MamlRL", "MetaBatch",
+           "inner_step"]

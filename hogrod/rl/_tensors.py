@@ -1,7 +1,7 @@
 """Checks of the `[batch, T]` tensors the estimators and returns take, written once for the
 package: each error names the public function and the argument."""
 
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -39,8 +39,11 @@ def floating(x: TensorLike, arg: str, where: str) -> tf.Tensor:
 
 def like(x: TensorLike, arg: str, where: str, ref: tf.Tensor, ref_arg: str,
          rank: Optional[int] = None) -> tf.Tensor:
-    """`x` as a floating tensor of `ref`'s dtype and shape (checked statically where known,
-    else when the graph runs).
+    """`x` as a floating tensor of `ref`'s dtype and shape.
+
+    Dtypes, ranks and the dimensions known when the graph is built are checked in Python;
+    dimensions known only when the graph runs by a `tf.debugging.Assert`, which XLA
+    (`jit_compile=True`) drops.
 
     Args:
       x: a tensor, variable or array.
@@ -75,22 +78,45 @@ def like(x: TensorLike, arg: str, where: str, ref: tf.Tensor, ref_arg: str,
     return t
 
 
-def require(ok: tf.Tensor, message: str) -> None:
-    """An error with `message` unless `ok` (a boolean scalar tensor) holds: an `ArgumentError`
-    eagerly, a `tf.debugging.Assert` that fails when the graph runs otherwise.
+def require(ok: tf.Tensor | Callable[..., tf.Tensor], message: str,
+            *inputs: TensorLike) -> Optional[tf.Operation]:
+    """An error with `message` unless a condition holds.
+
+    `ok` is a boolean scalar tensor, or a function of `inputs` giving one. Given a function
+    and inputs whose values are known when the graph is built (constants: Python numbers,
+    numpy arrays, `tf.constant`s), the condition is evaluated on those values at once, so
+    a bad constant raises an `ArgumentError` when a function is traced, compiled with XLA
+    or not. Otherwise, in a graph, the check is a `tf.debugging.Assert` that fails when the
+    graph runs; XLA (`jit_compile=True`) drops assertions, so such data-dependent checks do
+    not run in XLA-compiled code.
 
     Args:
-      ok: a boolean scalar tensor.
+      ok: a boolean scalar tensor, or a function of `inputs` returning one.
       message: the error message.
+      *inputs: the tensors `ok` is a function of (only with a function).
+
+    Returns:
+      In a graph, the assertion (for a control dependency where an op that follows could
+      fail first with another message); else None.
 
     Raises:
-      ArgumentError: eagerly, where `ok` is False.
+      ArgumentError: eagerly, or at tracing for constant inputs, where the condition is
+        False.
     """
+    if callable(ok):
+        static = [tf.get_static_value(x) for x in inputs]
+        if all(v is not None for v in static):
+            with tf.init_scope():  # evaluated eagerly, also while a graph is traced
+                ok = ok(*[tf.constant(v) for v in static])
+            if not bool(np.asarray(ok)):
+                raise checks.ArgumentError(message)
+            return None
+        ok = ok(*inputs)
     if tf.executing_eagerly():
         if not bool(np.asarray(ok)):
             raise checks.ArgumentError(message)
-        return
-    tf.debugging.Assert(ok, [message])
+        return None
+    return tf.debugging.Assert(ok, [message])
 
 
 def mask_of(mask: Optional[TensorLike], where: str, ref: tf.Tensor,
@@ -110,11 +136,11 @@ def mask_of(mask: Optional[TensorLike], where: str, ref: tf.Tensor,
     if mask is None:
         return None
     m = like(mask, "mask", where, ref, ref_arg, rank=2)
-    require(tf.reduce_all((m == 0) | (m == 1)),
-            f"{where}: mask must hold only 0 and 1 (1 before an episode ends, 0 after)")
-    require(tf.reduce_all(m[:, 1:] <= m[:, :-1]),
+    require(lambda m: tf.reduce_all((m == 0) | (m == 1)),
+            f"{where}: mask must hold only 0 and 1 (1 before an episode ends, 0 after)", m)
+    require(lambda m: tf.reduce_all(m[:, 1:] <= m[:, :-1]),
             f"{where}: mask must not increase along time (1 before an episode ends, 0 after; "
-            "an episode cannot restart)")
+            "an episode cannot restart)", m)
     return m
 
 

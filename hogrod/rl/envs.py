@@ -13,6 +13,11 @@ The functions take one task; map them over a task axis with `tf.vectorized_map`.
 environment keeps stepping an episode after its `done`: the rollout masks what follows.
 Continuous actions are clipped by the environment; a policy's log-probability is that of
 the unclipped action it drew.
+
+Checks: shapes and dtypes are checked in Python when a step is called or traced; values
+(an action's range, a table's probabilities) eagerly, or when traced where they are
+constants, and otherwise by a `tf.debugging.Assert` when the graph runs, which XLA
+(`jit_compile=True`) drops: under XLA a sampled out-of-range action is not caught.
 """
 
 from typing import Optional
@@ -74,9 +79,9 @@ class TabularMDP:
             raise checks.ArgumentError(f"{where}: initial must be [{self.num_states}], got "
                                        f"{mu.shape.as_list()}")
         for name, t in (("transitions", p), ("initial", mu)):
-            sums = tf.reduce_sum(t, axis=-1)
-            _tensors.require(tf.reduce_all(t >= 0) & tf.reduce_all(tf.abs(sums - 1) < 1e-6),
-                             f"{where}: {name} must be probabilities summing to 1")
+            _tensors.require(lambda t: tf.reduce_all(t >= 0) & tf.reduce_all(
+                tf.abs(tf.reduce_sum(t, axis=-1) - 1) < 1e-6),
+                f"{where}: {name} must be probabilities summing to 1", t)
         self.transitions, self.rewards, self.initial = p, r, mu
         self.horizon = checks.integer(horizon, "horizon", where, 1)
         self.observation_dim = self.num_states
@@ -135,7 +140,8 @@ class TabularMDP:
           (True at the horizon's last step).
 
         Raises:
-          ArgumentError: actions not integers of shape `[batch]` in 0..A-1.
+          ArgumentError: actions not integers of shape `[batch]`, or out of 0..A-1 (see the
+            module's note on checks: not under `jit_compile` for data-dependent actions).
         """
         where = "TabularMDP.step"
         a = tf.convert_to_tensor(action)
@@ -143,8 +149,8 @@ class TabularMDP:
             raise checks.ArgumentError(f"{where}: action must be integer [batch], got "
                                        f"{checks.describe(a)}")
         a = tf.cast(a, tf.int32)
-        _tensors.require(tf.reduce_all((a >= 0) & (a < self.num_actions)),
-                         f"{where}: action must lie in 0..{self.num_actions - 1}")
+        _tensors.require(lambda a: tf.reduce_all((a >= 0) & (a < self.num_actions)),
+                         f"{where}: action must lie in 0..{self.num_actions - 1}", a)
         s = state["s"]
         index = tf.stack([s, a], axis=1)
         reward = tf.gather_nd(task["rewards"], index)
@@ -172,8 +178,8 @@ class Navigation2D:
     A task is a goal drawn uniformly from [-0.5, 0.5]^2; an episode starts at the origin;
     an action (`[batch, 2]`) is clipped to [-0.1, 0.1] per coordinate and added to the
     position; the reward is the negative Euclidean distance from the new position to the
-    goal; `done` is True within Euclidean distance 0.01 of the goal. The observation is the
-    position.
+    goal; `done` is True within Euclidean distance 0.01 of the goal and at the last step of
+    the horizon. The observation is the position.
 
     Args:
       horizon: the episode length, an int >= 1 (100 in MAML).
@@ -229,7 +235,8 @@ class Navigation2D:
 
         Returns:
           `(state, observation, reward, done)`: the next state, the `[batch, 2]` position,
-          the `[batch]` negative distances to the goal and the `[batch]` bool done.
+          the `[batch]` negative distances to the goal and the `[batch]` bool done (within
+          0.01 of the goal, or the horizon's last step).
 
         Raises:
           ArgumentError: an action not floating `[batch, 2]` of the environment's dtype.
@@ -242,8 +249,9 @@ class Navigation2D:
         bound = tf.constant(0.1, self.dtype)
         position = state["position"] + tf.clip_by_value(a, -bound, bound)
         distance = tf.norm(position - task["goal"], axis=-1)
-        done = distance < tf.constant(0.01, self.dtype)
-        return ({"position": position, "t": state["t"] + 1}, position, -distance, done)
+        t = state["t"] + 1
+        done = (distance < tf.constant(0.01, self.dtype)) | (t >= self.horizon)
+        return ({"position": position, "t": t}, position, -distance, done)
 
 
 class IteratedPrisonersDilemma:
@@ -251,10 +259,16 @@ class IteratedPrisonersDilemma:
 
     Actions are int32 `[batch, 2]`, agent 0's then agent 1's, 0 = cooperate, 1 = defect.
     Each agent's per-step payoff, own action first: (C, C) -1, (C, D) -3, (D, C) 0,
-    (D, D) -2. Each agent observes a one-hot `[5]` state from its own perspective: the last
-    joint action (own, other) as ``2 own + other``, or 4 at the start. `done` is True at the
-    horizon's last step. The task is the payoff table (`{"payoffs": [2, 2]}`, own action
-    first); `sample_tasks` repeats the one above.
+    (D, D) -2. `done` is True at the horizon's last step. The task is the payoff table
+    (`{"payoffs": [2, 2]}`, own action first); `sample_tasks` repeats the one above.
+
+    Observations are per agent, not one joint state shared by both: each agent sees the
+    last joint action from its own perspective, OWN action first, as the index ``2 own +
+    other`` (0 CC, 1 CD, 2 DC, 3 DD), or 4 at the start. Observation ``[b, 0]`` is agent
+    0's and ``[b, 1]`` agent 1's, so after agent 0 cooperates and agent 1 defects agent 0
+    sees 1 (CD) and agent 1 sees 2 (DC); the two indices are equal only after (C, C),
+    (D, D) and at the start. A memory-one policy of agent i is a function of
+    ``observation[:, i]``.
 
     Args:
       horizon: the episode length, an int >= 1 (150 in LOLA-DiCE).
@@ -293,7 +307,8 @@ class IteratedPrisonersDilemma:
 
         Returns:
           `(state, observation)`: the state `{"s": int32[batch, 2], "t": int32 scalar}`
-          (each agent's state index) and the `[batch, 2, 5]` one-hot observations.
+          (each agent's own-perspective state index, 4 at the start) and the
+          `[batch, 2, 5]` one-hot observations (`[:, i]` agent i's).
         """
         _seed(seed, "IteratedPrisonersDilemma.reset")
         batch = checks.integer(batch, "batch", "IteratedPrisonersDilemma.reset", 1)
@@ -310,16 +325,18 @@ class IteratedPrisonersDilemma:
 
         Returns:
           `(state, observation, reward, done)`: the next state, the `[batch, 2, 5]`
-          observations, the `[batch, 2]` payoffs (agent 0's, agent 1's) and the `[batch]`
-          bool done.
+          observations (`[:, i]` agent i's, own action first), the `[batch, 2]` payoffs
+          (agent 0's, agent 1's) and the `[batch]` bool done.
 
         Raises:
-          ArgumentError: actions not integers of shape `[batch, 2]` in {0, 1}.
+          ArgumentError: actions not integers of shape `[batch, 2]`, or out of {0, 1} (see
+            the module's note on checks: not under `jit_compile` for data-dependent
+            actions).
         """
         where = "IteratedPrisonersDilemma.step"
         a = tf.cast(_check_steps(state, action, where, state["s"].shape, integer=True), tf.int32)
-        _tensors.require(tf.reduce_all((a >= 0) & (a <= 1)),
-                         f"{where}: action must lie in 0..1 (0 cooperate, 1 defect)")
+        _tensors.require(lambda a: tf.reduce_all((a >= 0) & (a <= 1)),
+                         f"{where}: action must lie in 0..1 (0 cooperate, 1 defect)", a)
         own, other = a[:, 0], a[:, 1]
         reward = tf.stack([tf.gather_nd(task["payoffs"], tf.stack([own, other], 1)),
                            tf.gather_nd(task["payoffs"], tf.stack([other, own], 1))], 1)

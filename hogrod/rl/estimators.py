@@ -78,7 +78,11 @@ def dice_objective(log_probs: TensorLike, rewards: TensorLike, discount: float =
         every order); only used with `values`.
       mask: optional `[batch, T]` mask of `log_probs`' dtype, 1 before an episode ends and
         0 after (only 0 and 1, non-increasing in time): log-probabilities, rewards and
-        values after the end are ignored (they may hold anything finite or not).
+        values after the end are ignored (they may hold anything, -inf and NaN included):
+        they are replaced by 0 with `tf.where` before any arithmetic, so the value and the
+        derivatives in `log_probs` are those of the same batch with 0 there. A NaN made
+        upstream of `log_probs` (``log(0)``'s infinite derivative times the 0 that flows
+        back) is the caller's to avoid, by a `tf.where` before the log.
 
     Returns:
       A scalar of `log_probs`' dtype, to be maximized.
@@ -86,8 +90,9 @@ def dice_objective(log_probs: TensorLike, rewards: TensorLike, discount: float =
     Raises:
       ArgumentError: `log_probs`, `rewards`, `values` or `mask` not floating `[batch, T]`
         tensors of one shape and dtype, `discount` not in (0, 1], `gae_lambda` not in
-        [0, 1], or a mask with other values than 0 and 1 or increasing in time (eagerly; in
-        a graph an assertion fails when the graph runs).
+        [0, 1], or a mask with other values than 0 and 1 or increasing in time (eagerly,
+        or when traced for a constant mask; for a mask computed in a graph an assertion
+        fails when the graph runs, and XLA, `jit_compile=True`, drops it).
     """
     where = "dice_objective"
     lp = _tensors.floating(log_probs, "log_probs", where)

@@ -57,6 +57,17 @@ def _same_kind(self, other, where):
                                        f"this distribution {checks.describe(tuple(self))}")
 
 
+def _finite(log_p):
+    """`log_p` with the impossible actions' -inf (masked logits) replaced by 0, so that
+    ``p * log p`` is 0 there, in value and gradient, instead of 0 * -inf = NaN."""
+    return tf.where(tf.math.is_inf(log_p), tf.zeros_like(log_p), log_p)
+
+
+def _where_possible(log_p, terms):
+    """`terms` where the action is possible, 0 where its probability is 0."""
+    return tf.where(tf.math.is_inf(log_p), tf.zeros_like(terms), terms)
+
+
 class Categorical(NamedTuple):
     """A batch of categorical distributions over `n` actions, from logits.
 
@@ -78,10 +89,13 @@ class Categorical(NamedTuple):
             raise checks.ArgumentError(
                 f"{where}: actions must have shape {self.logits.shape[:-1].as_list()} (the "
                 f"logits' without the last axis), got {a.shape.as_list()}")
-        _tensors.require(tf.reduce_all((a >= 0) & (a < tf.cast(tf.shape(self.logits)[-1],
-                                                                a.dtype))),
-                         f"{where}: actions must lie in 0..{n - 1}")
-        return a
+        check = _tensors.require(
+            tf.reduce_all((a >= 0) & (a < tf.cast(tf.shape(self.logits)[-1], a.dtype))),
+            f"{where}: actions must lie in 0..{n - 1}")
+        if check is None:
+            return a
+        with tf.control_dependencies([check]):  # before a gather fails with its own message
+            return tf.identity(a)
 
     def log_prob(self, actions: TensorLike) -> tf.Tensor:
         """The log-probability of each action.
@@ -94,11 +108,14 @@ class Categorical(NamedTuple):
 
         Raises:
           ArgumentError: actions not integer, of another shape, or out of range (eagerly;
-            in a graph an assertion fails when it runs).
+            in a graph an assertion fails when it runs, except under XLA, `jit_compile=True`,
+            which drops it).
         """
         a = self._actions(actions, "Categorical.log_prob")
         log_p = tf.nn.log_softmax(self.logits)
-        return tf.reduce_sum(tf.one_hot(a, tf.shape(log_p)[-1], dtype=log_p.dtype) * log_p, -1)
+        # a gather, not one_hot * log_p: an impossible action's -inf (a masked logit) times 0
+        # would be NaN in every log-probability of the row
+        return tf.gather(log_p, a, batch_dims=a.shape.rank)
 
     def sample(self, seed: Seed) -> tf.Tensor:
         """Actions drawn from the distributions (stateless: a seed gives the same actions).
@@ -122,7 +139,7 @@ class Categorical(NamedTuple):
           A tensor shaped as the logits without their last axis.
         """
         log_p = tf.nn.log_softmax(self.logits)
-        return -tf.reduce_sum(tf.exp(log_p) * log_p, -1)
+        return -tf.reduce_sum(_where_possible(log_p, tf.exp(log_p) * _finite(log_p)), -1)
 
     def kl(self, other: "Categorical") -> tf.Tensor:
         """``KL(self || other) = sum_a p_a (log p_a - log q_a)`` of each pair.
@@ -138,7 +155,9 @@ class Categorical(NamedTuple):
         """
         _same_kind(self, other, "Categorical.kl")
         log_p, log_q = tf.nn.log_softmax(self.logits), tf.nn.log_softmax(other.logits)
-        return tf.reduce_sum(tf.exp(log_p) * (log_p - log_q), -1)
+        # where p is 0 the difference is replaced, not multiplied by 0: log q may be -inf too
+        gap = tf.where(tf.math.is_inf(log_p), tf.zeros_like(log_p), log_p - log_q)
+        return tf.reduce_sum(tf.exp(log_p) * gap, -1)
 
 
 class DiagonalGaussian(NamedTuple):

@@ -53,7 +53,8 @@ def discounted_returns(rewards: TensorLike, discount: float,
     Raises:
       ArgumentError: `rewards` is not a floating `[batch, T]` tensor, `discount` is not in
         (0, 1], or `mask` differs in shape or dtype, or holds other values than 0 and 1, or
-        increases along time (eagerly; in a graph an assertion fails when it runs).
+        increases along time (eagerly or for a constant mask; in a graph an assertion
+        fails when it runs, except under XLA, `jit_compile=True`, which drops it).
     """
     where = "discounted_returns"
     r = _tensors.floating(rewards, "rewards", where)
@@ -188,7 +189,8 @@ class LinearFeatureBaseline(tf.Module):
 
         Raises:
           ArgumentError: a shape or dtype differs, a bad mask, or no regularization tried
-            gives a finite solution (eagerly; in a graph an assertion fails when it runs).
+            gives a finite solution (eagerly; in a graph an assertion fails when it runs,
+            except under XLA, `jit_compile=True`, which drops it).
         """
         where = "LinearFeatureBaseline.solve"
         f = self.features(observations, mask)

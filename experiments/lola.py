@@ -1,0 +1,154 @@
+"""LOLA-DiCE and naive learners on the iterated prisoner's dilemma (Foerster et al. 2018,
+"DiCE", the LOLA experiment; `hogrod.rl.make_lola_update`).
+
+    python -m experiments.lola --gin_file=configs/rl/lola_dice.gin
+    python -m experiments.lola --gin_file=configs/rl/lola_naive.gin \
+        --gin_param="lola_experiment.seeds = (0, 1, 2)"
+
+Two agents with tabular memory-one policies (a cooperation logit per own-perspective
+state) learn for `updates` updates from games of `horizon` rounds, `batch` games per
+batch; `lookahead` = 0 is two naive learners. Each seed of `seeds` is an independent run
+(its initial parameters and every batch drawn from it); a seed cooperates when both
+agents' mean return over its last `last` updates is at least `cooperation_threshold`
+(mutual cooperation pays -1 a round, mutual defection -2).
+
+Outputs: metrics.json (`returns`: updates x agents, each agent's discount-weighted mean
+per-step return at the parameters before each update, averaged over seeds;
+`returns_by_seed`, `final_returns`, `cooperating_seeds`, the final cooperation
+probabilities), returns.png (the curves per agent and seed), operative_config.gin and
+checkpoints: a re-run with the same --output_dir resumes exactly where it stopped.
+"""
+
+import itertools
+import math
+import os
+
+import gin
+import matplotlib
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from hogrod import harness, rl, train
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+BASELINES = ("batch_mean", "none")
+
+
+def plot(path, returns, seeds, title):
+    """Each agent's return curve per seed (thin) and their mean over seeds (thick)."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    steps = np.arange(returns.shape[1])
+    for agent, color in ((0, "tab:blue"), (1, "tab:orange")):
+        for k in range(len(seeds)):
+            ax.plot(steps, returns[k, :, agent], color=color, lw=0.6, alpha=0.4)
+        ax.plot(steps, returns[:, :, agent].mean(0), color=color, lw=2, label=f"agent {agent}")
+    for level, name in ((-1.0, "mutual cooperation"), (-2.0, "mutual defection")):
+        ax.axhline(level, color="gray", ls="--", lw=0.8)
+        ax.text(0, level + 0.02, name, color="gray", fontsize=8)
+    ax.set_xlabel("update")
+    ax.set_ylabel("mean per-step return")
+    ax.set_ylim(-2.5, -0.5)
+    ax.set_title(title)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def check_config():
+    """The bindings of `seeds` and `baseline` checked before a run starts.
+
+    Raises:
+      ValueError: naming the binding to change.
+    """
+    for name, check, wanted in (
+            ("seeds", lambda v: isinstance(v, (tuple, list)) and len(v) > 0 and len(set(v))
+             == len(v) and all(isinstance(s, int) and s >= 0 for s in v),
+             "a non-empty tuple of distinct ints >= 0"),
+            ("baseline", lambda v: v in BASELINES, f"one of {BASELINES}")):
+        try:
+            value = gin.query_parameter(f"lola_experiment.{name}")
+        except ValueError:  # not bound: the default
+            continue
+        if not check(value):
+            raise ValueError(f"lola_experiment.{name} must be {wanted}, got {value!r}")
+
+
+@gin.configurable
+def lola_experiment(output_dir, updates: harness.Count = 200,
+                    batch: harness.PositiveInt = 64, horizon: harness.PositiveInt = 150,
+                    discount: harness.Fraction = 0.96, lookahead: harness.Count = 2,
+                    inner_rate: harness.Positive = 0.1, outer_rate: harness.Positive = 0.2,
+                    baseline: str = "batch_mean", seeds: tuple[harness.Count, ...] = (0,),
+                    init_std: harness.NonNegative = 1 / math.sqrt(5),
+                    dtype: str = "float64", checkpoint_every: harness.PositiveInt = 10,
+                    cooperation_threshold: float = -1.3, last: harness.PositiveInt = 50):
+    """Train the two agents for every seed; return the curves and how many seeds cooperate.
+
+    init_std: the initial logits' truncated-normal standard deviation (the reference's
+    one-layer policy initialization, 1/sqrt(5)). The rates are the LOLA-DiCE reference's
+    (inner 0.1, outer 0.2, plain gradient ascent;
+    scripts/run_lola_dice.py).
+    """
+    check_config()
+    dtype = tf.as_dtype(dtype)
+    env = rl.IteratedPrisonersDilemma(horizon, dtype=dtype)
+    update = rl.make_lola_update(env, batch, discount, lookahead, inner_rate, outer_rate,
+                                 baseline)
+    seeds = tuple(seeds)
+    initial = [tf.random.stateless_truncated_normal([2, 5], [s, 0], stddev=tf.constant(
+        init_std, dtype), dtype=dtype) for s in seeds]
+    params = tf.Variable(tf.stack(initial), name="params")
+    history = tf.Variable(tf.zeros([len(seeds), updates, 2], dtype), name="returns")
+    ckpt = train.Checkpointer(output_dir, params=params, returns=history)
+
+    def step(_):
+        u = int(ckpt.step)  # the updates done so far
+        new, returns = [], []
+        for k, s in enumerate(seeds):  # the seed's batches: [s, u + 1] for update u
+            p, r = update(params[k], tf.constant([s, u + 1], tf.int64))
+            new.append(p)
+            returns.append(r)
+        params.assign(tf.stack(new))
+        history[:, u].assign(tf.stack(returns))
+        mean = tf.reduce_mean(tf.stack(returns), 0).numpy()
+        return {"return_0": mean[0], "return_1": mean[1]}
+
+    def progress(u, logs):
+        if u % 10 == 0 or u == updates:
+            logging.info("update %d/%d: mean returns %.4f %.4f", u, updates,
+                         logs["return_0"], logs["return_1"])
+
+    stats = {}
+    train.train_loop(step, itertools.repeat(None), updates, ckpt, output_dir,
+                     checkpoint_every=checkpoint_every, log_every=None, callback=progress,
+                     stats=stats)
+    done = int(ckpt.step)
+    returns = history.numpy()[:, :done]
+    final = returns[:, max(0, done - last):].mean(1) if done else np.full((len(seeds), 2),
+                                                                          np.nan)
+    cooperating = int(np.sum(np.all(final >= cooperation_threshold, axis=1)))
+    name = f"LOLA-DiCE, {lookahead} look-ahead steps" if lookahead else "naive learners"
+    plot(os.path.join(output_dir, "returns.png"), returns, seeds,
+         f"{name}: {cooperating}/{len(seeds)} seeds cooperate")
+    return dict(returns=returns.mean(0).tolist(), returns_by_seed=returns.tolist(),
+                final_returns=final.tolist(), cooperating_seeds=cooperating,
+                seeds=list(seeds), updates_done=done,
+                cooperation_probabilities=tf.sigmoid(params).numpy().tolist(), **stats)
+
+
+# the harness runs an experiment's `check_config` once the config is parsed, before it
+# creates the output directory
+lola_experiment.check_config = check_config
+
+
+def main():
+    """The console command `hogrod-lola` (see the module docstring)."""
+    harness.main(lola_experiment)
+
+
+if __name__ == "__main__":
+    main()
