@@ -46,8 +46,8 @@ def test_trpo_step_is_the_dense_natural_gradient_scaled_to_the_kl_bound():
             inner.watch(theta)
             value = kl(theta)
         grads = tf.concat([tf.reshape(g, [-1]) for g in inner.gradient(value, theta)], 0)
-    fisher = np.concatenate([np.reshape(j, (grads.shape[0], -1))
-                             for j in outer.jacobian(grads, theta, experimental_use_pfor=False)], axis=1)
+    jacobians = outer.jacobian(grads, theta, experimental_use_pfor=False)
+    fisher = np.concatenate([np.reshape(j, (grads.shape[0], -1)) for j in jacobians], axis=1)
     size, damping, max_kl = fisher.shape[0], 0.05, 0.01
     g = [tf.constant(np.random.default_rng(1).normal(size=t.shape)) for t in theta]
     solved = np.linalg.solve(fisher + damping * np.eye(size), flat(g))

@@ -8,8 +8,9 @@ tasks, `tf.vectorized_map`) it
    ``theta' = theta + step_size scale grad dice_objective`` (`inner_step`): Loaded DiCE
    with the baseline's values, scaled by 1 / (mean episode length * the advantages'
    standard deviation) held constant (pytorch-maml-rl's inner loss is a time average of
-   normalized advantages, the scale its step size of 0.1 is meant for), so the meta-gradient through ``theta'`` has every second-order term
-   of the expected return (the score of the inner episodes' distribution included),
+   normalized advantages, the scale its step size of 0.1 is meant for), so the
+   meta-gradient through ``theta'`` has every second-order term of the expected return
+   (the score of the inner episodes' distribution included),
 3. rolls out `batch` episodes with ``theta'`` and computes their advantages (the
    baseline fitted to them, GAE with `gae_lambda`, optionally normalized).
 
