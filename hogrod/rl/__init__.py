@@ -12,6 +12,12 @@
 - `TabularMDP`, `Navigation2D`, `IteratedPrisonersDilemma` (`envs.py`): environments as
   batched pure TensorFlow functions, `sample_tasks(seed, n)`, `reset(task, seed, batch)`,
   `step(task, state, action)`.
+- `rollout`, `Trajectories`, `policy_distribution` (`rollout.py`): a policy's episodes on
+  a meta-batch of tasks, `[tasks, batch, T]`, one compiled loop over time.
+- `natural_step`, `line_search` (`trpo.py`): TRPO's step on Fisher-vector products and its
+  backtracking line search; `MamlRL`, `inner_step` (`maml_rl.py`): MAML-RL with DiCE inner
+  steps and a TRPO or clipped-surrogate outer step, vectorized over tasks, under
+  `tf.distribute`.
 - `expected_return` (`exact.py`): the exact expected return of a tabular softmax policy on a
   small MDP, differentiable to every order: the oracle of the estimators.
 - `make_lola_update`, `lola_dice_gradients`, `joint_dice_objectives`, `sample_ipd`,
@@ -29,13 +35,18 @@ from hogrod.rl.estimators import dice_objective, magic_box
 from hogrod.rl.exact import expected_return
 from hogrod.rl.lola import (IPDTrajectories, ipd_log_probs, joint_dice_objectives,
                             lola_dice_gradients, make_lola_update, sample_ipd)
+from hogrod.rl.maml_rl import MamlRL, MetaBatch, inner_step
 from hogrod.rl.policies import (Categorical, CategoricalPolicy, DiagonalGaussian,
                                 GaussianPolicy)
 from hogrod.rl.returns import LinearFeatureBaseline, discounted_returns, gae_advantages
+from hogrod.rl.rollout import Trajectories, policy_distribution, rollout
+from hogrod.rl.trpo import LineSearch, NaturalStep, line_search, natural_step
 
 __all__ = ["magic_box", "dice_objective", "discounted_returns", "gae_advantages",
            "LinearFeatureBaseline", "Categorical", "DiagonalGaussian", "CategoricalPolicy",
            "GaussianPolicy", "TabularMDP", "Navigation2D",
            "IteratedPrisonersDilemma", "expected_return", "make_lola_update",
            "lola_dice_gradients", "joint_dice_objectives", "sample_ipd", "ipd_log_probs",
-           "IPDTrajectories"]
+           "IPDTrajectories", "rollout", "Trajectories", "policy_distribution",
+           "natural_step", "line_search", "NaturalStep", "LineSearch", "MamlRL", "MetaBatch",
+           "inner_step"]

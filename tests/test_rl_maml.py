@@ -1,0 +1,219 @@
+"""MAML-RL in float64. Oracles: TRPO's step against a dense natural-gradient solve (the mean
+KL's Hessian by nested tapes, numpy's solve); the line search on constructed surrogates and
+KLs; the meta-gradient (DiCE inner step, outer surrogate) against central differences of the
+inner step written with explicit importance weights ``exp(w(theta) - w(theta0))`` (what the
+magic box means); a meta-step under MirroredStrategy on two logical CPUs against one device;
+the binary, resumed, against an uninterrupted run."""
+
+import json
+import shutil
+
+import numpy as np
+import keras
+import pytest
+import tensorflow as tf
+
+import hogrod
+from hogrod import distribute, harness, models, rl
+
+F64 = tf.float64
+
+
+def tiny_policy(seed=0, hidden=3):
+    keras.utils.set_random_seed(seed)
+    policy = rl.GaussianPolicy(models.dense_net((2, hidden, 2), dtype="float64"), 2,
+                               init_std=0.7, dtype="float64")
+    policy.build((None, 2))
+    return policy
+
+
+def flat(tree):
+    return np.concatenate([np.ravel(t) for t in tree])
+
+
+def test_trpo_step_is_the_dense_natural_gradient_scaled_to_the_kl_bound():
+    policy = tiny_policy()
+    obs = tf.constant(np.random.default_rng(0).normal(size=(5, 2)))
+    theta = hogrod.trainable_values(policy)
+    old = tf.nest.map_structure(tf.stop_gradient, policy.distribution(obs))
+
+    def kl(params):
+        return tf.reduce_mean(old.kl(policy.distribution(obs, params)))
+
+    with tf.GradientTape(persistent=True) as outer:
+        outer.watch(theta)
+        with tf.GradientTape() as inner:
+            inner.watch(theta)
+            value = kl(theta)
+        grads = tf.concat([tf.reshape(g, [-1]) for g in inner.gradient(value, theta)], 0)
+    jacobians = outer.jacobian(grads, theta, experimental_use_pfor=False)
+    fisher = np.concatenate([np.reshape(j, (grads.shape[0], -1)) for j in jacobians], axis=1)
+    size, damping, max_kl = fisher.shape[0], 0.05, 0.01
+    g = [tf.constant(np.random.default_rng(1).normal(size=t.shape)) for t in theta]
+    solved = np.linalg.solve(fisher + damping * np.eye(size), flat(g))
+    scale = np.sqrt(2 * max_kl / (flat(g) @ solved))
+    step, info = tf.function(lambda g: rl.natural_step(  # compiled: CG's loop is eager else
+        g, lambda v: hogrod.hvp(lambda: kl(theta), theta, v, "reverse_over_reverse"), max_kl,
+        maxiter=3 * size, damping=damping, tol=0.0), autograph=False)(g)
+    np.testing.assert_allclose(flat(step), scale * solved, rtol=1e-8, atol=1e-12)
+    np.testing.assert_allclose(float(info.scale), scale, rtol=1e-8)
+    # the quadratic model of the KL at the step is max_kl
+    np.testing.assert_allclose(0.5 * flat(step) @ (fisher + damping * np.eye(size)) @ flat(step),
+                               max_kl, rtol=1e-8)
+
+
+def test_line_search_rejects_steps_over_the_kl_bound_or_without_improvement():
+    x0, step = [tf.zeros([2], F64)], [tf.constant([1.0, 0.0], F64)]
+    s0 = tf.constant(0.0, F64)
+    cases = [  # (surrogate, kl, expected fraction or None)
+        (lambda x: x[0], lambda x: x[0] ** 2, 0.25),  # KL <= 0.1 first at 0.5**2
+        (lambda x: x[0] - 10 * x[0] ** 2, lambda x: 0.0 * x[0], 0.0625),  # improves below 0.1
+        (lambda x: 0.0 * x[0], lambda x: 0.0 * x[0], None),  # never improves (equal)
+        (lambda x: x[0], lambda x: x[0] / 0.0, None),  # KL never finite
+        (lambda x: tf.where(x[0] > 0.3, np.inf, x[0]), lambda x: 0.0 * x[0], 0.25),  # not finite
+    ]
+    for surrogate, kl, fraction in cases:
+        new, info = rl.line_search(lambda c: (surrogate(c[0]), kl(c[0])), x0, step, s0, 0.1,
+                                   steps=6, ratio=0.5)
+        if fraction is None:
+            assert not bool(info.accepted) and int(info.tries) == 6
+            np.testing.assert_array_equal(new[0], x0[0])
+        else:
+            assert bool(info.accepted) and float(info.fraction) == fraction
+            np.testing.assert_array_equal(new[0], [fraction, 0.0])
+            assert float(info.kl) <= 0.1 and float(info.surrogate) > 0
+
+
+class IgnoresParams(rl.GaussianPolicy):
+    """A policy whose distribution forgets `params` (its variables instead)."""
+
+    def distribution(self, observations, params=None):
+        return super().distribution(observations)
+
+
+def test_inner_step_names_a_parameter_the_log_probs_do_not_depend_on():
+    env = rl.Navigation2D(horizon=2, dtype="float64")
+    policy = tiny_policy()
+    episodes = rl.rollout(env, policy, env.sample_tasks(0, 1), 0, 2)
+    one = rl.Trajectories(*[t[0] for t in episodes])
+    theta = hogrod.trainable_values(policy)
+    fast = rl.inner_step(policy, theta, one, 0.1, 0.9)
+    assert all(f.shape == t.shape for f, t in zip(fast, theta))
+    forgetful = IgnoresParams(models.dense_net((2, 3, 2), dtype="float64"), 2, dtype="float64")
+    forgetful.build((None, 2))
+    with pytest.raises(ValueError, match=r"do not depend on parameter '\S+'"):
+        rl.inner_step(forgetful, hogrod.trainable_values(forgetful), one, 0.1, 0.9)
+
+
+@pytest.fixture(scope="module")
+def learner():
+    env = rl.Navigation2D(horizon=3, dtype="float64")
+    policy = tiny_policy(1)
+    return rl.MamlRL(env, policy, meta_batch=2, batch=3, step_size=0.3, discount=0.9,
+                     gae_lambda=0.95, damping=0.1, hvp_mode="reverse_over_reverse")
+
+
+def test_the_meta_gradient_has_every_second_order_term(learner):
+    policy, env = learner.policy, learner.env
+    theta0 = hogrod.trainable_values(policy)
+    compiled = lambda fn: tf.function(fn, autograph=False)  # noqa: E731 (eager: per-call pfor)
+    data = compiled(learner.sample)(env.sample_tasks(3, 2), tf.range(2, dtype=tf.int64),
+                                    tf.constant([4, 0], tf.int64), theta0)
+
+    def gradient(data, theta):
+        with tf.GradientTape() as tape:
+            tape.watch(theta)
+            surrogate, _ = learner.surrogate_and_kl(data, theta)
+        return tape.gradient(surrogate, theta)
+    meta_gradient = flat(compiled(gradient)(data, theta0))
+
+    def log_probs(obs, actions, params):
+        return rl.policy_distribution(policy, obs, params).log_prob(actions)
+
+    def meta_objective(theta):  # no magic box: explicit importance weights around theta0
+        total = 0.0
+        for i in range(2):
+            inner = rl.Trajectories(*[t[i] for t in data.inner])
+            outer = rl.Trajectories(*[t[i] for t in data.outer])
+            m, steps = inner.mask, inner.rewards.shape[1]
+            adv = rl.gae_advantages(inner.rewards, data.inner_values[i], 0.9, 0.95, m)
+            gamma = 0.9 ** np.arange(steps)
+            w0 = tf.cumsum(m * log_probs(inner.observations, inner.actions, theta0), axis=1)
+            with tf.GradientTape() as t:
+                t.watch(theta)
+                w = tf.cumsum(m * log_probs(inner.observations, inner.actions, theta), axis=1)
+                ratio = tf.exp(w - w0)
+                earlier = tf.concat([tf.ones_like(ratio[:, :1]), ratio[:, :-1]], axis=1)
+                weighted = tf.reduce_mean(tf.reduce_sum(gamma * (ratio - earlier) * adv, 1))
+            scale = data.inner_scale[i]
+            fast = [p + 0.3 * scale * g for p, g in zip(theta, t.gradient(weighted, theta))]
+            r = tf.exp(log_probs(outer.observations, outer.actions, fast) - outer.log_probs)
+            total += tf.reduce_sum(r * data.advantages[i] * outer.mask) / tf.reduce_sum(
+                outer.mask)
+        return float(total) / 2
+
+    rng = np.random.default_rng(5)
+    h = 1e-5
+    for _ in range(2):
+        v = [tf.constant(rng.normal(size=t.shape)) for t in theta0]
+        plus = meta_objective([t + h * u for t, u in zip(theta0, v)])
+        minus = meta_objective([t - h * u for t, u in zip(theta0, v)])
+        np.testing.assert_allclose(meta_gradient @ flat(v), (plus - minus) / (2 * h),
+                                   rtol=1e-6, atol=1e-9)
+
+
+def test_a_meta_step_over_two_replicas_equals_one_device(learner):
+    strategy = distribute.make_strategy("mirrored")
+    assert strategy.num_replicas_in_sync == 2
+    start = hogrod.trainable_values(learner.policy)
+    with strategy.scope():
+        policy = tiny_policy(2)
+    for v, t in zip(policy.trainable_variables, start):
+        v.assign(t)
+    mirrored = rl.MamlRL(learner.env, policy, meta_batch=2, batch=3, step_size=0.3,
+                         discount=0.9, gae_lambda=0.95, damping=0.1,
+                         hvp_mode="reverse_over_reverse", strategy=strategy)
+    one, two = learner.step(7), mirrored.step(7)
+    assert float(one["accepted"]) == 1.0 and float(one["kl"]) > 0
+    # the episodes and the surrogate's gradient agree to rounding; ten CG iterations on a
+    # near-singular Fisher amplify the rounding of the replicas' sums (seen: up to 2e-7
+    # relative in the logs, 2e-8 absolute in the weights; a wrong reduction is off by 1e-3
+    # or more)
+    for k in one:
+        np.testing.assert_allclose(float(two[k]), float(one[k]), rtol=1e-5, atol=1e-12,
+                                   err_msg=k)
+    for a, b in zip(policy.trainable_variables, learner.policy.trainable_variables):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(flat(start), flat(hogrod.trainable_values(policy)))
+
+
+def test_the_binary_resumes_exactly(tmp_path):
+    """A run of two meta-iterations (the clipped surrogate: the TRPO step is the test
+    above's), then its first checkpoint alone resumed to two: the same weights and
+    metrics, bit for bit."""
+    from experiments import maml_rl
+
+    config = ["configs/rl/navigation2d_smoke.gin"]
+    params = ["maml_rl_experiment.eval_steps = 0", "maml_rl_experiment.outer = 'clip'",
+              "maml_rl_experiment.outer_steps = 2"]
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    _, metrics = harness.run(maml_rl.maml_rl_experiment, config, params, str(full))
+    assert (full / "adaptation.png").exists() and metrics["meta_iterations"] == 2
+    (resumed / "ckpt").mkdir(parents=True)
+    for f in (full / "ckpt").glob("ckpt-1.*"):
+        shutil.copy(f, resumed / "ckpt" / f.name)
+    (resumed / "ckpt" / "checkpoint").write_text(
+        'model_checkpoint_path: "ckpt-1"\nall_model_checkpoint_paths: "ckpt-1"\n')
+    for name in ("config.gin", "eval_history.json"):
+        shutil.copy(full / name, resumed / name)
+    _, again = harness.run(maml_rl.maml_rl_experiment, config, params, str(resumed))
+    for key in ("return_after_0", "final_train_kl", "final_train_surrogate",
+                "final_train_return_before"):
+        assert again[key] == metrics[key], key
+    for name, _ in tf.train.list_variables(str(full / "ckpt" / "ckpt-2")):
+        if name.startswith("policy"):
+            np.testing.assert_array_equal(
+                tf.train.load_variable(str(resumed / "ckpt" / "ckpt-2"), name),
+                tf.train.load_variable(str(full / "ckpt" / "ckpt-2"), name))
+    history = json.loads((resumed / "eval_history.json").read_text())
+    assert [h["step"] for h in history] == [0, 1, 2]
