@@ -138,21 +138,32 @@ def make_estimates(mdp, discount, horizon):
     return estimates
 
 
-def exact_derivatives(mdp, discount, horizon):
-    """`(J, grad, hess, d3)` of the exact expected return at the MDP's theta (numpy)."""
+def make_exact(mdp, discount, horizon):
+    """A compiled `exact(theta)` (float64 `[S, A]` logits; traced once) -> `(J, grad,
+    hess, d3)` of the MDP's exact expected return at `theta`, along the MDP's u and v."""
     tables = [tf.constant(mdp[k], F64) for k in ("transitions", "rewards", "initial")]
+    u, v = (tf.constant(mdp[k], F64) for k in ("u", "v"))
 
     def objective(t):
         return rl.expected_return(t, *tables, discount, horizon)
-    value = objective(tf.constant(mdp["theta"], F64))
-    out = derivatives(objective, tf.constant(mdp["theta"], F64), mdp["u"], mdp["v"])
+
+    @tf.function(input_signature=[tf.TensorSpec(mdp["theta"].shape, F64)], autograph=False)
+    def exact(theta):
+        return (objective(theta),) + derivatives(objective, theta, u, v)
+    return exact
+
+
+def exact_derivatives(mdp, discount, horizon):
+    """`(J, grad, hess, d3)` of the exact expected return at the MDP's theta (numpy)."""
+    value, *out = make_exact(mdp, discount, horizon)(tf.constant(mdp["theta"], F64))
     return (float(value),) + tuple(x.numpy() for x in out)
 
 
-def make_sampler(mdp, horizon):
-    """`sample(seed, batch)` -> int32 states, actions and float64 rewards `[batch,
-    horizon]` of softmax(theta) on the MDP's `TabularMDP`, vectorized over the batch
-    (compiled; traced once per batch size)."""
+def make_sampler(mdp, horizon, values):
+    """`sample(seed, batch)` -> int32 states, actions, float64 rewards and baseline values
+    ``values[t, s_t]`` (`values` `[horizon, S]`), `[batch, horizon]`, of softmax(theta) on
+    the MDP's `TabularMDP`, vectorized over the batch (compiled; traced once per batch
+    size)."""
     env = rl.TabularMDP(mdp["transitions"], mdp["rewards"], mdp["initial"], horizon=horizon,
                         dtype="float64")
     task = tf.nest.map_structure(lambda x: x[0], env.sample_tasks(0, 1))
@@ -170,7 +181,9 @@ def make_sampler(mdp, horizon):
             actions.append(a)
             state, _, reward, _ = env.step(task, state, a)
             rewards.append(reward)
-        return tf.stack(states, 1), tf.stack(actions, 1), tf.stack(rewards, 1)
+        states = tf.stack(states, 1)
+        return (states, tf.stack(actions, 1), tf.stack(rewards, 1),
+                baseline_values(values, states))
     return sample
 
 
@@ -222,18 +235,25 @@ def plot(path, batch_sizes, errors, title):
 
 
 def check_config():
-    """The binding of `batch_sizes` checked before a run starts (a slope needs two).
+    """The bindings of `batch_sizes`, `actions` and `discount` checked before a run starts
+    (a slope needs two batch sizes, a softmax policy two actions, a return a positive
+    discount).
 
     Raises:
       ValueError: naming the binding to change.
     """
-    try:
-        value = gin.query_parameter("dice_derivatives_experiment.batch_sizes")
-    except ValueError:  # not bound: the default
-        return
-    if not (isinstance(value, (tuple, list)) and len(set(value)) == len(value) >= 2):
-        raise ValueError("dice_derivatives_experiment.batch_sizes must be at least two "
-                         f"distinct batch sizes, got {value!r}")
+    for name, check, wanted in (
+            ("batch_sizes", lambda v: isinstance(v, (tuple, list))
+             and len(set(v)) == len(v) >= 2, "at least two distinct batch sizes"),
+            ("actions", lambda v: v >= 2, ">= 2"),
+            ("discount", lambda v: v > 0, "in (0, 1]")):
+        try:
+            value = gin.query_parameter(f"dice_derivatives_experiment.{name}")
+        except ValueError:  # not bound: the default
+            continue
+        if not check(value):
+            raise ValueError(f"dice_derivatives_experiment.{name} must be {wanted}, got "
+                             f"{value!r}")
 
 
 @gin.configurable
@@ -253,18 +273,12 @@ def dice_derivatives_experiment(output_dir,
     drawn from ``[k, b]``). mdp_seed: draws the MDP, the logits and the directions.
     """
     check_config()
-    if actions < 2:
-        raise ValueError(f"dice_derivatives_experiment.actions must be >= 2, got {actions}")
-    if discount <= 0:
-        raise ValueError("dice_derivatives_experiment.discount must be in (0, 1], got "
-                         f"{discount}")
     batch_sizes = sorted(int(b) for b in batch_sizes)
     start = time.perf_counter()
     mdp = random_mdp(states, actions, mdp_seed)
     value, *exact = exact_derivatives(mdp, discount, horizon)
     values = state_values(mdp, discount, horizon)
-    values_t = tf.constant(values, F64)
-    sample = make_sampler(mdp, horizon)
+    sample = make_sampler(mdp, horizon, tf.constant(values, F64))
     estimates = make_estimates(mdp, discount, horizon)
     sample_seconds = estimate_seconds = 0.0
     errors = {(kind, k): np.zeros((seeds, len(batch_sizes))) for kind in ESTIMATORS
@@ -273,8 +287,7 @@ def dice_derivatives_experiment(output_dir,
     for j, b in enumerate(batch_sizes):
         for s in range(seeds):
             t0 = time.perf_counter()
-            st, ac, rw = sample(tf.constant([s, b], tf.int64), b)
-            baseline = baseline_values(values_t, st)
+            st, ac, rw, baseline = sample(tf.constant([s, b], tf.int64), b)
             t1 = time.perf_counter()
             out = {kind: [x.numpy() for x in est]
                    for kind, est in estimates(st, ac, rw, baseline).items()}
@@ -293,7 +306,8 @@ def dice_derivatives_experiment(output_dir,
                    **{f"exact_norm_order{k}": float(np.linalg.norm(exact[k - 1]))
                       for k in ORDERS},
                    sample_seconds=sample_seconds, estimate_seconds=estimate_seconds,
-                   estimate_traces=int(estimates.experimental_get_tracing_count()))
+                   estimate_traces=int(estimates.experimental_get_tracing_count()),
+                   sample_traces=int(sample.experimental_get_tracing_count()))
     for kind in ESTIMATORS:
         for k in ORDERS:
             name = f"{kind}_order{k}"
