@@ -111,9 +111,7 @@ def estimator_objective(kind, log_probs, rewards, values, discount):
         return rl.dice_objective(log_probs, rewards, discount)
     if kind == "loaded_dice":
         return rl.dice_objective(log_probs, rewards, discount, values=values)
-    weights = tf.constant(discount, rewards.dtype) ** tf.range(
-        tf.shape(rewards)[1], dtype=rewards.dtype)
-    episode_return = tf.reduce_sum(weights * rewards, axis=1)
+    episode_return = rl.discounted_returns(rewards, discount)[:, 0]
     return tf.reduce_mean(tf.reduce_sum(log_probs, axis=1) * episode_return)
 
 
