@@ -46,6 +46,12 @@ def _no_gin_bindings_between_tests():
 
 import gc  # noqa: E402
 
+# Tracing a tf.function allocates millions of short-lived container objects; at Python's
+# default threshold (a young collection every 700 net allocations) the collector took about
+# 8% of a worker's CPU. Young collections every 20,000 allocations take under 2% with the
+# same peak memory.
+gc.set_threshold(20_000, 10, 10)
+
 
 @pytest.fixture(autouse=True, scope="module")
 def _collect_and_freeze_after_each_module():
