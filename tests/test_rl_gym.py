@@ -119,19 +119,41 @@ class _Navigation(gymnasium.Env):
         return self.position.copy(), -distance, bool(distance < 0.01), False, {}
 
 
-def test_equals_the_compiled_rollout_with_tasks_and_per_task_params():
-    env = rl.Navigation2D(horizon=4, dtype="float64")
-    policy = _gaussian(2, 2, std=0.5, seed=1)
-    tasks = env.sample_tasks(3, 2)
-    params = [tf.stack([v, 2 * v]) for v in map(tf.convert_to_tensor,
-                                                policy.trainable_variables)]
-    envs = gymnasium.vector.SyncVectorEnv([_Navigation] * 4)
-    host = rl.gym_rollout(envs, policy, tasks, 9, 2, 4, params, per_task_params=True)
-    np.testing.assert_array_equal(envs.get_attr("task")[3]["goal"], tasks["goal"][1])
-    graph = rl.rollout(env, policy, tasks, 9, 2, 4, params, per_task_params=True)
-    for name, a, b in zip(rl.Trajectories._fields, host, graph):
-        assert a.dtype == b.dtype, name
-        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-15, err_msg=name)
+class _HostNavigation:
+    """Navigation2D's tasks stepped on the host (`make_envs`): `MamlRL` samples with
+    `gym_rollout`."""
+
+    observation_dim = action_dim = 2
+    horizon = 3
+
+    def __init__(self):
+        self.graph = rl.Navigation2D(self.horizon, dtype="float64")
+        self.made = []
+
+    def sample_tasks(self, seed, n):
+        return self.graph.sample_tasks(seed, n)
+
+    def make_envs(self, num_envs):
+        self.made.append(gymnasium.vector.SyncVectorEnv([_Navigation] * num_envs))
+        return self.made[-1]
+
+
+def test_maml_rl_samples_on_the_host_as_in_graph():
+    """The host path's meta-batch (gym_rollout with shared, then per-task adapted
+    parameters, the compiled adaptation between) equals the compiled one's."""
+    host_env = _HostNavigation()
+    learners = [rl.MamlRL(env, _gaussian(2, 2, std=0.5, seed=1), meta_batch=2, batch=2,
+                          step_size=0.3) for env in (host_env.graph, host_env)]
+    tasks = host_env.sample_tasks(1, 2)
+    args = (tasks, tf.range(2, dtype=tf.int64), tf.constant([3, 4], tf.int64),
+            [tf.convert_to_tensor(v) for v in learners[0].variables])
+    graph = tf.function(learners[0].sample, autograph=False)(*args)
+    host = learners[1].sample(*args)
+    np.testing.assert_array_equal(host_env.made[0].get_attr("task")[3]["goal"],
+                                  tasks["goal"][1])
+    for a, b in zip(tf.nest.flatten(graph), tf.nest.flatten(host)):
+        assert a.dtype == b.dtype
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-15)
 
 
 def test_cartpole_mask_ends_at_termination_and_truncation():

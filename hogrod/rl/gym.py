@@ -184,21 +184,29 @@ class HalfCheetahTasks:
     ``ctrl_cost_weight * sum(a**2)`` of the action clipped to the action space's bounds
     [-1, 1] (the clipped action is what the simulator gets).
 
+    `MamlRL` steps it on the host (it has `make_envs`); `observation_dim` is 17 (the
+    positions without the forward one, and the velocities), `action_dim` 6.
+
     Args:
       kind: one of `HALFCHEETAH_TASKS`, "velocity" or "direction".
       ctrl_cost_weight: the control cost's weight, >= 0 (0.05, MAML's ``0.5 * 0.1``).
+      horizon: the episode length of a rollout, an int >= 1 (200 in MAML).
       dtype: the goals' dtype; None: Keras's floatx.
 
     Raises:
-      ArgumentError: `kind` or `ctrl_cost_weight` out of range.
+      ArgumentError: `kind`, `ctrl_cost_weight` or `horizon` out of range.
     """
 
+    observation_dim = 17
+    action_dim = 6
+
     def __init__(self, kind: str = "velocity", ctrl_cost_weight: float = 0.05,
-                 dtype: Optional[DType] = None) -> None:
+                 horizon: int = 200, dtype: Optional[DType] = None) -> None:
         where = "HalfCheetahTasks"
         self.kind = checks.choice(kind, HALFCHEETAH_TASKS, "kind", where)
         self.ctrl_cost_weight = checks.nonnegative(ctrl_cost_weight, "ctrl_cost_weight",
                                                    where)
+        self.horizon = checks.integer(horizon, "horizon", where, 1)
         self.dtype = tf.as_dtype(dtype or keras.backend.floatx())
 
     def sample_tasks(self, seed: Seed, n: int) -> Tree:
