@@ -3,6 +3,9 @@ surrogate as the outer step, DiCE inner steps):
 
     python -m experiments.maml_rl --gin_file=configs/rl/navigation2d_maml_trpo.gin
 
+or on MuJoCo's HalfCheetah, stepped on the host (`pip install hogrod[rl]`), with
+configs/rl/halfcheetah_vel_maml_trpo.gin or halfcheetah_dir_maml_trpo.gin.
+
 Outputs: metrics.json (the mean return on held-out goals after 0..eval_steps inner steps,
 `return_after_{s}` with 95% intervals `return_after_{s}_ci95`; the last meta-iteration's
 logs), TensorBoard events, checkpoints (a re-run with the same --output_dir resumes; every
@@ -21,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from hogrod import distribute, harness, models, rl, train
+from hogrod import checks, distribute, harness, models, rl, train
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -48,6 +51,9 @@ def plot_adaptation(path, history):
     plt.close(fig)
 
 
+ENVS = ("navigation2d", "halfcheetah_velocity", "halfcheetah_direction")
+
+
 @gin.configurable
 def maml_rl_experiment(output_dir, meta_iterations: harness.Count = 500,
                        hidden: tuple[harness.PositiveInt, ...] = (64, 64),
@@ -65,7 +71,7 @@ def maml_rl_experiment(output_dir, meta_iterations: harness.Count = 500,
                        eval_tasks: harness.PositiveInt = 40, eval_steps: harness.Count = 3,
                        eval_every: harness.PositiveInt = 50,
                        checkpoint_every: harness.PositiveInt = 50, seed: harness.Count = 0,
-                       dtype: str = "float32"):
+                       dtype: str = "float32", env: str = "navigation2d"):
     """MAML-RL on 2D navigation (`hogrod.rl.MamlRL`), evaluated on held-out goals.
 
     Args:
@@ -95,13 +101,17 @@ def maml_rl_experiment(output_dir, meta_iterations: harness.Count = 500,
       checkpoint_every: meta-iterations between checkpoints.
       seed: the run's seed (weights, tasks and episodes).
       dtype: "float32" or "float64", the policy's and the environment's.
+      env: one of `ENVS`: "navigation2d" (in-graph), "halfcheetah_velocity" or
+        "halfcheetah_direction" (`rl.HalfCheetahTasks`, gymnasium stepped on the host).
 
     Returns:
       The final evaluation's metrics and the last meta-iteration's logs.
     """
     keras.utils.set_random_seed(seed)
     strategy = distribute.make_strategy()
-    env = rl.Navigation2D(horizon, dtype=dtype)
+    env = (rl.Navigation2D(horizon, dtype=dtype) if env == ENVS[0] else rl.HalfCheetahTasks(
+        checks.choice(env, ENVS, "env", "maml_rl_experiment")[12:], horizon=horizon,
+        dtype=dtype))
     with strategy.scope():
         policy = rl.GaussianPolicy(
             models.dense_net((env.observation_dim, *hidden, env.action_dim), "tanh", dtype),

@@ -14,6 +14,9 @@
   `step(task, state, action)`.
 - `rollout`, `Trajectories`, `policy_distribution` (`rollout.py`): a policy's episodes on
   a meta-batch of tasks, `[tasks, batch, T]`, one compiled loop over time.
+- `gym_rollout`, `HalfCheetahTasks` (`gym.py`): the same `Trajectories` from a `gymnasium`
+  vector environment stepped on the host (seeded as `rollout`), and MAML's HalfCheetah
+  velocity and direction tasks (the optional extra `rl`: gymnasium, mujoco).
 - `natural_step`, `line_search` (`trpo.py`): TRPO's step on Fisher-vector products and its
   backtracking line search; `MamlRL`, `inner_step` (`maml_rl.py`): MAML-RL with DiCE inner
   steps and a TRPO or clipped-surrogate outer step, vectorized over tasks, under
@@ -33,6 +36,7 @@ Python numbers applied at the tensors' dtype.
 from hogrod.rl.envs import IteratedPrisonersDilemma, Navigation2D, TabularMDP
 from hogrod.rl.estimators import dice_objective, magic_box
 from hogrod.rl.exact import expected_return
+from hogrod.rl.gym import HALFCHEETAH_TASKS, HalfCheetahTasks, gym_rollout
 from hogrod.rl.lola import (IPDTrajectories, ipd_log_probs, joint_dice_objectives,
                             lola_dice_gradients, make_lola_update, sample_ipd)
 from hogrod.rl.maml_rl import MamlRL, MetaBatch, inner_step
@@ -49,4 +53,4 @@ __all__ = ["magic_box", "dice_objective", "discounted_returns", "gae_advantages"
            "lola_dice_gradients", "joint_dice_objectives", "sample_ipd", "ipd_log_probs",
            "IPDTrajectories", "rollout", "Trajectories", "policy_distribution",
            "natural_step", "line_search", "NaturalStep", "LineSearch", "MamlRL", "MetaBatch",
-           "inner_step"]
+           "inner_step", "gym_rollout", "HalfCheetahTasks", "HALFCHEETAH_TASKS"]

@@ -29,6 +29,12 @@ divides by their count); every gradient, Fisher-vector product, surrogate and KL
 mean over the replicas of each replica's mean over its tasks, the CG and line-search loops
 run once on the reduced values. A task's draws come from the iteration's seed folded with
 the task's index in the meta-batch, so a step equals one device's on the same tasks.
+
+An environment with `make_envs(num_envs)` (`hogrod.rl.HalfCheetahTasks`) is stepped on the
+host: its episodes come from `gym_rollout` on a `gymnasium` vector environment of ``tasks *
+batch`` sub-environments (made once per task count), seeded as `rollout`, outside the
+compiled step; the baseline, the inner step and the outer step are compiled on them (one
+replica).
 """
 
 from typing import Any, Dict, NamedTuple, Optional
@@ -39,6 +45,7 @@ import tensorflow as tf
 from hogrod import checks, distribute, optim, tree
 from hogrod.autodiff import HVP_MODES, hvp
 from hogrod.rl.estimators import dice_objective
+from hogrod.rl.gym import gym_rollout
 from hogrod.rl.returns import LinearFeatureBaseline, discounted_returns, gae_advantages
 from hogrod.rl.rollout import Trajectories, policy_distribution, rollout
 from hogrod.rl.trpo import line_search, natural_step
@@ -130,7 +137,8 @@ class MamlRL:
 
     Args:
       env: a `hogrod.rl` environment (`sample_tasks`, `reset`, `step`, `horizon`,
-        `observation_dim`).
+        `observation_dim`), or one with `make_envs(num_envs)` stepped on the host
+        (`sample_tasks`, `horizon`, `observation_dim`; see the module docstring).
       policy: a built policy of the environment's dtype, created under `strategy.scope()`
         when a strategy is given.
       meta_batch: tasks per meta-iteration, an int >= 1 divisible by the replicas.
@@ -156,8 +164,9 @@ class MamlRL:
       strategy: None (the current strategy) or a `tf.distribute.Strategy`.
 
     Raises:
-      ArgumentError: an argument out of range, `outer` not one of `OUTER_STEPS` or
-        `hvp_mode` not "auto" or one of `hogrod.autodiff.HVP_MODES`.
+      ArgumentError: an argument out of range, `outer` not one of `OUTER_STEPS`,
+        `hvp_mode` not "auto" or one of `hogrod.autodiff.HVP_MODES`, or a host
+        environment under a strategy of several replicas.
     """
 
     def __init__(self, env: Any, policy: keras.Model, meta_batch: int = 20, batch: int = 20,
@@ -178,6 +187,10 @@ class MamlRL:
             raise checks.ArgumentError(f"{where}: meta_batch = {meta_batch} does not divide "
                                        f"over the strategy's {replicas} replicas")
         self.batch = checks.integer(batch, "batch", where, 1)
+        self.host, self._host_envs = hasattr(env, "make_envs"), {}
+        if self.host and replicas != 1:
+            raise checks.ArgumentError(f"{where}: an environment stepped on the host "
+                                       f"(make_envs) runs on one replica, not {replicas}")
         self.horizon = checks.integer(env.horizon if horizon is None else horizon, "horizon",
                                       where, 1)
         self.step_size = checks.positive(step_size, "step_size", where)
@@ -204,6 +217,8 @@ class MamlRL:
                 lambda t: tf.Variable(t, trainable=False),
                 self.optimizer.init([tf.convert_to_tensor(v) for v in self.variables]))
         self._step = tf.function(self._meta_step, autograph=False)
+        self._host_fns = [tf.function(f, autograph=False) for f in (
+            self._prepare, self._finish, self._outer_step, self._eval_adapt)]
         # each traced once and called as a function where the loops call it again
         self._fvp_fn = tf.function(self._fvp, autograph=False)
         self._evaluate_fn = tf.function(self.surrogate_and_kl, autograph=False)
@@ -256,14 +271,28 @@ class MamlRL:
         keys = tf.map_fn(lambda i: tf.random.experimental.stateless_split(
             tf.random.experimental.stateless_fold_in(seed, i), 2),
             tf.cast(index, tf.int64), fn_output_signature=tf.int64)
-        inner = rollout(self.env, self.policy, tasks, keys[:, 0], self.batch, self.horizon,
-                        params)
+        prepare, finish = self._host_fns[:2] if self.host else (self._prepare, self._finish)
+        inner = self._rollout(tasks, keys[:, 0], params)
+        values, scales, fast = prepare(params, inner)
+        outer = self._rollout(tasks, keys[:, 1], fast, True)
+        return finish(inner, values, scales, fast, outer)
+
+    def _rollout(self, tasks, seeds, params, per_task_params=False):
+        if not self.host:
+            return rollout(self.env, self.policy, tasks, seeds, self.batch, self.horizon,
+                           params, per_task_params)
+        n = tf.nest.flatten(tasks)[0].shape[0]
+        if n not in self._host_envs:
+            self._host_envs[n] = self.env.make_envs(n * self.batch)
+        return gym_rollout(self._host_envs[n], self.policy, tasks, seeds, self.batch,
+                           self.horizon, params, per_task_params)
+
+    def _prepare(self, params, inner):
         values = self._values(inner)
         scales = self._scales(inner, values)
-        fast = self._adapt(params, inner, values, scales)
-        outer = rollout(self.env, self.policy, tasks, keys[:, 1], self.batch, self.horizon,
-                        fast, per_task_params=True)
+        return values, scales, self._adapt(params, inner, values, scales)
 
+    def _finish(self, inner, values, scales, fast, outer):
         def advantages(a):
             obs, r, m = a
             c = self.baseline.solve(obs, discounted_returns(r, self.discount, m), m)
@@ -334,6 +363,9 @@ class MamlRL:
         params = [tf.convert_to_tensor(v) for v in self.variables]
         data = self.strategy.run(lambda s: self.sample(s["task"], s["index"], seed, params),
                                  args=(shards,))
+        return self._outer_step(data, params)
+
+    def _outer_step(self, data, params):
         before, after = self._mean(lambda d: (self._returns(d.inner), self._returns(d.outer)),
                                    data)
         logs = {"return_before": before, "return_after": after}
@@ -384,6 +416,10 @@ class MamlRL:
             s = tf.constant([checks.seed(seed, "seed", "MamlRL.step"), 0], tf.int64)
         task_key, episode_key = tf.unstack(tf.random.experimental.stateless_split(s, 2))
         tasks = self.env.sample_tasks(task_key, self.meta_batch)
+        if self.host:
+            params = [tf.convert_to_tensor(v) for v in self.variables]
+            return self._host_fns[2](self.sample(tasks, tf.range(self.meta_batch, dtype=tf.int64),
+                                                 episode_key, params), params)
         shards = distribute.shard(self.strategy, {
             "task": tasks, "index": tf.range(self.meta_batch, dtype=tf.int64)})
         return self._step(shards, episode_key)
@@ -402,6 +438,8 @@ class MamlRL:
         """
         steps = checks.integer(steps, "steps", "MamlRL.evaluate", 0)
         seed = checks.seed(seed, "seed", "MamlRL.evaluate")
+        if self.host:
+            return self._evaluation(tasks, tf.constant([seed, 0], tf.int64), steps)
         if steps not in self._evaluate:
             self._evaluate[steps] = tf.function(lambda t, s: self._evaluation(t, s, steps),
                                                  autograph=False)
@@ -416,13 +454,16 @@ class MamlRL:
             keys = tf.map_fn(lambda i: tf.random.experimental.stateless_fold_in(
                 tf.random.experimental.stateless_fold_in(seed, i), tf.constant(s, tf.int64)),
                 tf.range(n, dtype=tf.int64), fn_output_signature=tf.int64)
-            episodes = rollout(self.env, self.policy, tasks, keys, self.batch, self.horizon,
-                               per_task, per_task_params=True)
+            episodes = self._rollout(tasks, keys, per_task, True)
             out.append(tf.reduce_mean(tf.reduce_sum(episodes.rewards * episodes.mask, -1), -1))
             if s < steps:
-                values = self._values(episodes)
-                per_task = tf.vectorized_map(lambda a: inner_step(
-                    self.policy, a[0], Trajectories(*a[1]), self.step_size, self.discount,
-                    a[2], self.gae_lambda, a[3]), (per_task, tuple(episodes), values,
-                                                   self._scales(episodes, values)))
+                per_task = (self._host_fns[3] if self.host else self._eval_adapt)(
+                    per_task, episodes)
         return tf.stack(out)
+
+    def _eval_adapt(self, per_task, episodes):
+        values = self._values(episodes)
+        return tf.vectorized_map(lambda a: inner_step(
+            self.policy, a[0], Trajectories(*a[1]), self.step_size, self.discount, a[2],
+            self.gae_lambda, a[3]), (per_task, tuple(episodes), values,
+                                     self._scales(episodes, values)))

@@ -24,7 +24,7 @@ import tensorflow as tf
 from hogrod import checks
 from hogrod.types import Params, Seed, Tree
 
-__all__ = ["Trajectories", "rollout", "policy_distribution"]
+__all__ = ["Trajectories", "rollout", "policy_distribution", "task_seeds"]
 
 
 class Trajectories(NamedTuple):
@@ -48,8 +48,20 @@ class Trajectories(NamedTuple):
     mask: tf.Tensor
 
 
-def _task_seeds(seed, n, where):
-    """`[n, 2]` int64 seeds: one given per task, or `fold_in(seed, i)` for task i."""
+def task_seeds(seed: Union[Seed, tf.Tensor], n: int, where: str) -> tf.Tensor:
+    """Each task's seed of a rollout: one given per task, or ``fold_in(seed, i)`` for task i.
+
+    Args:
+      seed: an int >= 0 or a `[2]` integer tensor, or `[n, 2]` integer seeds (returned).
+      n: the number of tasks.
+      where: the caller's name, for the error message.
+
+    Returns:
+      `[n, 2]` int64 seeds.
+
+    Raises:
+      ArgumentError: a seed of another kind or shape.
+    """
     if isinstance(seed, (tf.Tensor, tf.Variable)):
         s = tf.convert_to_tensor(seed)
         if not s.dtype.is_integer or s.shape.rank not in (1, 2) or s.shape[-1] != 2:
@@ -138,7 +150,7 @@ def rollout(env: object, policy: keras.Model, tasks: Tree, seed: Union[Seed, tf.
     if n is None or any(t.shape[0] != n for t in leaves):
         raise checks.ArgumentError(f"{where}: tasks must share one static leading task axis, "
                                    f"got {checks.describe(tasks)}")
-    seeds = _task_seeds(seed, n, where)
+    seeds = task_seeds(seed, n, where)
     if per_task_params and params is None:
         raise checks.ArgumentError(f"{where}: per_task_params=True needs params")
     if params is not None:
