@@ -8,12 +8,15 @@ configs/rl/halfcheetah_vel_maml_trpo.gin or halfcheetah_dir_maml_trpo.gin.
 
 Outputs: metrics.json (the mean return on held-out goals after 0..eval_steps inner steps,
 `return_after_{s}` with 95% intervals `return_after_{s}_ci95`; the last meta-iteration's
-logs), TensorBoard events, checkpoints (a re-run with the same --output_dir resumes; every
+logs; `train_return_before` and `train_return_after`, the training meta-batch's mean return
+before and after the inner step at every meta-iteration), TensorBoard events, checkpoints (a re-run with the same --output_dir resumes; every
 meta-iteration's draws follow from `seed` and its index, so a resumed run equals an
-uninterrupted one), operative_config.gin, eval_history.json and adaptation.png (the mean
+uninterrupted one), operative_config.gin, eval_history.json, train_history.json (every meta-iteration's logs)
+and adaptation.png (the mean
 return against the inner steps, with 95% bands, untrained and trained).
 """
 
+import json
 import os
 import time
 
@@ -52,6 +55,21 @@ def plot_adaptation(path, history):
 
 
 ENVS = ("navigation2d", "halfcheetah_velocity", "halfcheetah_direction")
+
+
+def read_train_history(path, upto_step):
+    """The logs of meta-iterations 1..upto_step an earlier run of the directory wrote to
+    `path` (later ones are redone); an error if any is missing, since the run's returns
+    would then be incomplete without a sign."""
+    trained = []
+    if os.path.exists(path):
+        with open(path) as f:
+            trained = [h for h in json.load(f) if h["step"] <= upto_step]
+    if [h["step"] for h in trained] != list(range(1, upto_step + 1)):
+        raise ValueError(f"{path} lists meta-iterations {[h['step'] for h in trained]}, not "
+                         f"1..{upto_step} of the checkpoint it resumes from: restore the file "
+                         "or start the run in a new --output_dir")
+    return trained
 
 
 @gin.configurable
@@ -125,6 +143,8 @@ def maml_rl_experiment(output_dir, meta_iterations: harness.Count = 500,
         f"outer_state_{i}": v for i, v in enumerate(tf.nest.flatten(learner.optimizer_state))})
     start = ckpt.restore()
     history = train.read_history(output_dir, start)
+    train_path = os.path.join(output_dir, "train_history.json")
+    trained = read_train_history(train_path, start)
     goals = env.sample_tasks(seed + 10**6, eval_tasks)
 
     def evaluate_now(i):
@@ -143,8 +163,12 @@ def maml_rl_experiment(output_dir, meta_iterations: harness.Count = 500,
     logs, began = {}, time.perf_counter()
     for i in range(start, meta_iterations):
         logs = learner.step(tf.constant([seed, i], tf.int64))
+        trained.append({"step": i + 1, **{k: float(v) for k, v in logs.items()}})
         ckpt.step.assign(i + 1)
         if (i + 1) % checkpoint_every == 0 or i + 1 == meta_iterations:
+            # before the checkpoint: a kill between the two leaves entries past the
+            # checkpoint's step, which the resumed run drops and redoes
+            train.write_json(train_path, trained)
             ckpt.save()
         if (i + 1) % eval_every == 0 and i + 1 != meta_iterations:
             evaluate_now(i + 1)
@@ -154,6 +178,8 @@ def maml_rl_experiment(output_dir, meta_iterations: harness.Count = 500,
     done = int(ckpt.step) - start
     return dict(result, meta_iterations=int(ckpt.step),
                 seconds_per_meta_iteration=seconds / done if done else None,
+                train_return_before=[h["return_before"] for h in trained],
+                train_return_after=[h["return_after"] for h in trained],
                 **{f"final_train_{k}": float(v) for k, v in logs.items()})
 
 

@@ -199,16 +199,17 @@ def test_the_binary_resumes_exactly(tmp_path):
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     _, metrics = harness.run(maml_rl.maml_rl_experiment, config, params, str(full))
     assert (full / "adaptation.png").exists() and metrics["meta_iterations"] == 2
+    assert len(metrics["train_return_after"]) == 2
     (resumed / "ckpt").mkdir(parents=True)
     for f in (full / "ckpt").glob("ckpt-1.*"):
         shutil.copy(f, resumed / "ckpt" / f.name)
     (resumed / "ckpt" / "checkpoint").write_text(
         'model_checkpoint_path: "ckpt-1"\nall_model_checkpoint_paths: "ckpt-1"\n')
-    for name in ("config.gin", "eval_history.json"):
+    for name in ("config.gin", "eval_history.json", "train_history.json"):
         shutil.copy(full / name, resumed / name)
     _, again = harness.run(maml_rl.maml_rl_experiment, config, params, str(resumed))
     for key in ("return_after_0", "final_train_kl", "final_train_surrogate",
-                "final_train_return_before"):
+                "final_train_return_before", "train_return_before", "train_return_after"):
         assert again[key] == metrics[key], key
     for name, _ in tf.train.list_variables(str(full / "ckpt" / "ckpt-2")):
         if name.startswith("policy"):
@@ -217,3 +218,15 @@ def test_the_binary_resumes_exactly(tmp_path):
                 tf.train.load_variable(str(full / "ckpt" / "ckpt-2"), name))
     history = json.loads((resumed / "eval_history.json").read_text())
     assert [h["step"] for h in history] == [0, 1, 2]
+
+
+def test_a_resumed_run_needs_the_training_logs_up_to_its_checkpoint(tmp_path):
+    from experiments.maml_rl import read_train_history
+    path = tmp_path / "train_history.json"
+    assert read_train_history(str(path), 0) == []
+    path.write_text(json.dumps([{"step": 1, "kl": 0.1}, {"step": 2, "kl": 0.2}]))
+    assert read_train_history(str(path), 1) == [{"step": 1, "kl": 0.1}]  # step 2 is redone
+    with pytest.raises(ValueError, match="train_history.json lists meta-iterations"):
+        read_train_history(str(path), 3)
+    with pytest.raises(ValueError, match="new --output_dir"):
+        read_train_history(str(tmp_path / "missing.json"), 1)
