@@ -135,7 +135,8 @@ def test_binaries_take_their_strategy_from_gin_and_agree_with_one_device(tmp_pat
                                     "wgan_gp_experiment.eval_samples = 100"], str(tmp_path / "g"))
     assert m["step"] == 2
     _, m = harness.run(maml.maml_experiment, ["configs/maml/sinusoid_maml.gin"] + mirrored,
-                       ["maml_experiment.meta_iterations = 3", "sinusoid_data.eval_tasks = 10"],
+                       ["maml_experiment.meta_iterations = 3", "sinusoid_data.eval_tasks = 10",
+                        "maml_experiment.eval_steps = (0, 1)"],
                        str(tmp_path / "m"))
     assert m["meta_iterations"] == 3
 
