@@ -3,8 +3,9 @@ environment's steps/s compiled in TensorFlow against a gymnasium vector environm
 
 Meta-gradient: a `GaussianPolicy` on a 2-64-64-2 tanh net (init std 1), `Navigation2D`,
 meta-batch 20 tasks of 20 episodes of 100 steps (MAML's 2D navigation). One fixed
-`MetaBatch` is sampled (`MamlRL.sample`: pre-adaptation episodes, the linear baseline's
-values, the inner scales, post-adaptation episodes and advantages); the timed function is
+`MetaBatch` is sampled as `MamlRL.sample` does (pre-adaptation episodes, the linear
+baseline's values, the inner scales, post-adaptation episodes and normalized advantages),
+task by task and eagerly (`fixed_batch`); the timed function is
 the gradient in the initial parameters of the mean over tasks of the importance-weighted
 surrogate, each task's adaptation (`inner_step`, Loaded DiCE) recomputed from them
 (`MamlRL.surrogate_and_kl`, tasks vectorized, one `tf.function`). PyTorch (the `bench`
@@ -39,6 +40,51 @@ from hogrod import harness, models, rl
 TOLERANCES = {"float64": 1e-9, "float32": 1e-3}
 
 
+def _masked_mean(x, m):
+    return tf.reduce_sum(x * m) / tf.maximum(tf.reduce_sum(m), tf.ones([], m.dtype))
+
+
+def fixed_batch(algo, tasks):
+    """`MamlRL.sample`'s `MetaBatch` built task by task, eagerly (nothing to compile).
+
+    Args:
+      algo: the `MamlRL` (environment, policy, sizes, baseline, step size, discount).
+      tasks: the meta-batch's tasks, a leading task axis.
+
+    Returns:
+      The `MetaBatch`: pre-adaptation episodes, the baseline's values, the inner scales
+      (1 / (mean length * the advantages' std)), post-adaptation episodes, their normalized
+      advantages (baseline refitted) and the sampling distributions' fields.
+    """
+    policy, base, d, lam = algo.policy, algo.baseline, algo.discount, algo.gae_lambda
+    params = [tf.convert_to_tensor(v) for v in policy.trainable_variables]
+    n = tf.nest.flatten(tasks)[0].shape[0]
+
+    def values_advantages(obs, r, m):
+        v = base.predict(obs, m, base.solve(obs, rl.discounted_returns(r, d, m), m))
+        adv = rl.gae_advantages(r, v, d, lam, m)
+        return v, adv, tf.sqrt(_masked_mean(tf.square(adv - _masked_mean(adv, m)), m))
+    inner = rl.rollout(algo.env, policy, tasks, 1, algo.batch, algo.horizon)
+    values, scales, fast = [], [], []
+    for i in range(n):
+        e = rl.Trajectories(*[f[i] for f in inner])
+        v, _, std = values_advantages(e.observations, e.rewards, e.mask)
+        length = tf.reduce_sum(e.mask) / algo.batch
+        values.append(v)
+        scales.append(1.0 / (length * (std + tf.constant(1e-8, std.dtype))))
+        fast.append(rl.inner_step(policy, params, e, algo.step_size, d, v, lam, scales[-1]))
+    fast = [tf.stack(p) for p in zip(*fast)]
+    outer = rl.rollout(algo.env, policy, tasks, 2, algo.batch, algo.horizon, fast, True)
+    advantages, old = [], []
+    for i in range(n):
+        obs, r, m = outer.observations[i], outer.rewards[i], outer.mask[i]
+        _, adv, std = values_advantages(obs, r, m)
+        advantages.append(m * (adv - _masked_mean(adv, m)) / (std + 1e-8))
+        old.append(tuple(rl.policy_distribution(policy, obs, [p[i] for p in fast])))
+    return rl.MetaBatch(inner, tf.stack(values), tf.stack(scales), outer,
+                        tf.stack(advantages), tuple(tf.stack(f) for f in zip(*old)))
+
+
 def setup(dtype, meta_batch, batch, horizon, step_size):
     """The policy, `MamlRL`, its fixed `MetaBatch` and the compiled meta-gradient.
 
@@ -61,9 +107,7 @@ def setup(dtype, meta_batch, batch, horizon, step_size):
     algo = rl.MamlRL(env, policy, meta_batch=meta_batch, batch=batch, horizon=horizon,
                      step_size=step_size)
     params = [tf.convert_to_tensor(v) for v in policy.trainable_variables]
-    data = tf.function(algo.sample, autograph=False)(
-        env.sample_tasks(0, meta_batch), tf.range(meta_batch, dtype=tf.int64),
-        tf.constant([1, 0], tf.int64), params)
+    data = fixed_batch(algo, env.sample_tasks(0, meta_batch))
 
     @tf.function(autograph=False)
     def meta_grad(data, params):
