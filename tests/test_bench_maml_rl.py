@@ -12,9 +12,9 @@ from hogrod import harness
 def test_tiny_run_times_the_meta_gradient_and_both_rollouts(tmp_path):
     pytest.importorskip("gymnasium")
     _, m = harness.run(maml_rl.bench_maml_rl, gin_params=[
-        "bench_maml_rl.meta_batch = 2", "bench_maml_rl.batch = 2", "bench_maml_rl.horizon = 3",
+        "bench_maml_rl.meta_batch = 1", "bench_maml_rl.batch = 2", "bench_maml_rl.horizon = 2",
         "bench_maml_rl.rounds = 1", "bench_maml_rl.steps_per_round = 1",
-        "bench_maml_rl.warmup = 1", "bench_maml_rl.env_rounds = 1",
+        "bench_maml_rl.warmup = 0", "bench_maml_rl.env_rounds = 1",
         "bench_maml_rl.check_float64 = False"], output_dir=str(tmp_path))
     assert m["steps_per_s_hogrod"] > 0
     assert m["env_steps_per_s_tf"] > 0 and m["env_steps_per_s_gym_sync"] > 0

@@ -2,12 +2,10 @@
 environment's steps/s compiled in TensorFlow against a gymnasium vector environment.
 
 Meta-gradient: a `GaussianPolicy` on a 2-64-64-2 tanh net (init std 1), `Navigation2D`,
-meta-batch 20 tasks of 20 episodes of 100 steps (MAML's 2D navigation). One fixed
-`MetaBatch` is sampled as `MamlRL.sample` does (pre-adaptation episodes, the linear
-baseline's values, the inner scales, post-adaptation episodes and normalized advantages),
-task by task and eagerly (`fixed_batch`); the timed function is
-the gradient in the initial parameters of the mean over tasks of the importance-weighted
-surrogate, each task's adaptation (`inner_step`, Loaded DiCE) recomputed from them
+20 tasks of 20 episodes of 100 steps (MAML's 2D navigation). One fixed `MetaBatch` is
+sampled as `MamlRL.sample` computes it (`fixed_batch`); the timed function is the gradient
+in the initial parameters of the mean over tasks of the importance-weighted surrogate, each
+task's adaptation (`inner_step`, Loaded DiCE with the baseline's values) recomputed from them
 (`MamlRL.surrogate_and_kl`, tasks vectorized, one `tf.function`). PyTorch (the `bench`
 extra): the same computation with `torch.func.grad` for the inner step, `torch.func.vmap`
 over tasks and `functional_call`, on the Keras weights and the same episodes. Before timing,
@@ -35,7 +33,7 @@ import tensorflow as tf
 from absl import logging
 
 from experiments.bench.timing import interleaved_rates
-from hogrod import harness, models, rl
+from hogrod import checks, harness, models, rl
 
 TOLERANCES = {"float64": 1e-9, "float32": 1e-3}
 
@@ -218,7 +216,7 @@ def torch_meta_grad(policy, algo, data):
 
 
 def gym_navigation(n):
-    """`Navigation2D` as `n` numpy environments in a vector environment's constructors.
+    """`Navigation2D` in numpy: `n` constructors for a `gymnasium` vector environment.
 
     Args:
       n: the sub-environments.
@@ -259,7 +257,7 @@ def bench_maml_rl(output_dir, meta_batch=20, batch=20, horizon=100, step_size=0.
       step_size: the inner step (0.1).
       rounds: interleaved rounds of the meta-gradient timing.
       steps_per_round: meta-gradients per candidate per round.
-      warmup: untimed calls of each candidate first.
+      warmup: untimed calls of each meta-gradient first (of each rollout: at most 1).
       env_rounds: interleaved rounds of the rollout timing (one rollout each).
       vector_envs: the gymnasium vector environments, "sync" and/or "async".
       check_float64: compare the meta-gradients in float64 first (with torch).
@@ -294,11 +292,14 @@ def bench_maml_rl(output_dir, meta_batch=20, batch=20, horizon=100, step_size=0.
                            autograph=False)
     envs = {"tf": lambda: compiled().numpy()}
     made = {"sync": gymnasium.vector.SyncVectorEnv, "async": gymnasium.vector.AsyncVectorEnv}
-    for kind in vector_envs:
-        vec = made[kind](gym_navigation(n))
+    vecs = [made[checks.choice(k, tuple(made), "vector_envs", "bench_maml_rl")](
+        gym_navigation(n)) for k in vector_envs]
+    for kind, vec in zip(vector_envs, vecs):
         envs[f"gym_{kind}"] = lambda vec=vec: rl.gym_rollout(vec, policy, tasks, 3, batch,
                                                              horizon).rewards.numpy()
-    env_rates = interleaved_rates(envs, env_rounds, 1, 1)
+    env_rates = interleaved_rates(envs, env_rounds, 1, min(warmup, 1))
+    for vec in vecs:
+        vec.close()
     for name, r in env_rates.items():
         metrics[f"env_steps_per_s_{name}"] = r * n * horizon
         if name != "tf":
