@@ -142,13 +142,14 @@ def relative_error(ref, got, tol, what):
     return err
 
 
-def torch_meta_grad(policy, algo, data):
+def torch_meta_grad(policy, algo, data, threads=None):
     """The same meta-gradient in torch.func, or None without torch.
 
     Args:
       policy: the built `GaussianPolicy` (its Keras weights are copied).
       algo: the `MamlRL` (step size, discount, GAE lambda).
       data: the fixed `MetaBatch`.
+      threads: torch's intra-op threads; None: torch's default.
 
     Returns:
       A zero-argument function returning the gradients as numpy arrays in
@@ -160,6 +161,8 @@ def torch_meta_grad(policy, algo, data):
     except ImportError:
         logging.warning("torch not installed (pip install -e '.[bench]'): no PyTorch baseline")
         return None
+    if threads is not None:
+        torch.set_num_threads(threads)
     dt = {"float32": torch.float32, "float64": torch.float64}[tf.as_dtype(policy.log_std.dtype).name]
     net = torch.nn.Sequential(torch.nn.Linear(2, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64),
                               torch.nn.Tanh(), torch.nn.Linear(64, 2)).to(dt)
@@ -246,7 +249,7 @@ def gym_navigation(n):
 @gin.configurable
 def bench_maml_rl(output_dir, meta_batch=20, batch=20, horizon=100, step_size=0.1,
                   rounds=10, steps_per_round=5, warmup=3, env_rounds=3,
-                  vector_envs=("sync",), check_float64=True):
+                  vector_envs=("sync",), check_float64=True, torch_threads=None):
     """Meta-gradients/s of hogrod and torch.func and env steps/s; returns the metrics.
 
     Args:
@@ -261,6 +264,9 @@ def bench_maml_rl(output_dir, meta_batch=20, batch=20, horizon=100, step_size=0.
       env_rounds: interleaved rounds of the rollout timing (one rollout each).
       vector_envs: the gymnasium vector environments, "sync" and/or "async".
       check_float64: compare the meta-gradients in float64 first (with torch).
+      torch_threads: torch's intra-op threads (`torch.set_num_threads`); None: torch's
+        default. On a loaded machine fewer threads than cores avoids OpenMP barriers
+        waiting on descheduled threads.
 
     Returns:
       The metrics: rates, ratios (None without torch), the agreement's relative errors.
@@ -268,11 +274,11 @@ def bench_maml_rl(output_dir, meta_batch=20, batch=20, horizon=100, step_size=0.
     del output_dir
     metrics = {"grad_rel_err_float64": None, "grad_rel_err_float32": None,
                "steps_per_s_torch_func": None, "ratio_hogrod_over_torch_func": None,
-               "torch": None}
+               "torch": None, "torch_threads": None}
     sizes = (meta_batch, batch, horizon, step_size)
     for dtype in ("float64", "float32") if check_float64 else ("float32",):
         policy, algo, data, params, meta_grad = setup(dtype, *sizes)
-        peer = torch_meta_grad(policy, algo, data)
+        peer = torch_meta_grad(policy, algo, data, torch_threads)
         if peer is not None:  # agreement before speed, on the same weights and episodes
             metrics[f"grad_rel_err_{dtype}"] = relative_error(
                 [g.numpy() for g in meta_grad(data, params)], peer(), TOLERANCES[dtype],
@@ -284,8 +290,8 @@ def bench_maml_rl(output_dir, meta_batch=20, batch=20, horizon=100, step_size=0.
     metrics.update({f"steps_per_s_{n}": r for n, r in rates.items()})
     if peer is not None:
         import torch
-        metrics.update(torch=torch.__version__, ratio_hogrod_over_torch_func=(
-            rates["hogrod"] / rates["torch_func"]))
+        metrics.update(torch=torch.__version__, torch_threads=torch.get_num_threads(),
+                       ratio_hogrod_over_torch_func=rates["hogrod"] / rates["torch_func"])
 
     env, tasks, n = algo.env, algo.env.sample_tasks(2, meta_batch), meta_batch * batch
     compiled = tf.function(lambda: rl.rollout(env, policy, tasks, 3, batch, horizon).rewards,
