@@ -163,7 +163,7 @@ def torch_meta_grad(policy, algo, data, threads=None):
         return None
     if threads is not None:
         torch.set_num_threads(threads)
-    dt = {"float32": torch.float32, "float64": torch.float64}[tf.as_dtype(policy.log_std.dtype).name]
+    dt = getattr(torch, tf.as_dtype(policy.log_std.dtype).name)  # float32 or float64
     net = torch.nn.Sequential(torch.nn.Linear(2, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64),
                               torch.nn.Tanh(), torch.nn.Linear(64, 2)).to(dt)
     dense = list(policy.network.trainable_variables)
