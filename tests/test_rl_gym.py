@@ -97,6 +97,10 @@ def test_same_seed_same_episodes_other_seed_others(pendulum):
     other = rl.gym_rollout(envs, policy, 2, 6, 2, 5)
     assert not np.array_equal(traj.observations[:, :, 0], other.observations[:, :, 0])
     assert not np.array_equal(traj.actions, other.actions)
+    # one trace of the policy's step for all three rollouts (a meta-iteration's rollouts
+    # must not retrace)
+    from hogrod.rl.gym import _act_fn
+    assert _act_fn(policy, False).experimental_get_tracing_count() == 1
 
 
 class _Navigation(gymnasium.Env):

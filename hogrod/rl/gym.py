@@ -21,6 +21,7 @@ imported when an environment is made or rolled out, not with this module.
 """
 
 import functools
+import weakref
 from typing import Any, Optional, Union
 
 import keras
@@ -127,25 +128,13 @@ def gym_rollout(envs: Any, policy: keras.Model, tasks: Union[Tree, int],
     dtype = tf.as_dtype(params[0].dtype if params is not None
                         else policy.trainable_variables[0].dtype)
 
-    def act(observations, t):
-        keys = tf.map_fn(lambda s: tf.random.experimental.stateless_fold_in(s, t), step_keys)
-        if params is None or not per_task_params:
-            dist = policy_distribution(policy, observations, params)
-        else:
-            dist = [policy.distribution(observations[i], [p[i] for p in params])
-                    for i in range(n)]
-            dist = type(dist[0])(*[tf.stack(f) for f in zip(*dist)])
-        action = tf.stack([type(dist)(*[f[i] for f in dist]).sample(keys[i])
-                           for i in range(n)])
-        return action, dist.log_prob(action)
-
-    act = tf.function(act, autograph=False)
+    act = _act_fn(policy, params is not None and per_task_params)
     space = envs.single_action_space
     out = []
     alive = np.ones(n * batch, bool)
     for t in range(horizon):
         o = tf.reshape(tf.cast(obs, dtype), [n, batch, -1])
-        action, log_prob = act(o, tf.constant(t, tf.int64))
+        action, log_prob = act(o, step_keys, tf.constant(t, tf.int64), params)
         if t == 0:
             _check_actions(action, o, space, gymnasium, where)
         a = np.reshape(action.numpy(), (n * batch,) + space.shape).astype(space.dtype)
@@ -157,6 +146,33 @@ def gym_rollout(envs: Any, policy: keras.Model, tasks: Union[Tree, int],
     fields = [tf.stack([tf.cast(step[k], dtype) if k != 1 else step[k] for step in out], 2)
               for k in range(5)]
     return Trajectories(*fields)
+
+
+# each policy's compiled step, made once: a rollout per meta-iteration must not retrace
+# (tracing a step of 40 tasks takes seconds and keeps its graph)
+_ACT = weakref.WeakKeyDictionary()
+
+
+def _act_fn(policy, per_task):
+    """The compiled `(observations [n, batch, ...], step keys [n, 2], t, params) ->
+    (actions, log-probabilities)` of `policy`, traced once per shape."""
+    fns = _ACT.setdefault(policy, {})
+    if per_task not in fns:
+        def act(observations, step_keys, t, params):
+            keys = tf.map_fn(lambda s: tf.random.experimental.stateless_fold_in(s, t),
+                             step_keys)
+            n = observations.shape[0]
+            if not per_task:
+                dist = policy_distribution(policy, observations, params)
+            else:
+                dist = [policy.distribution(observations[i], [p[i] for p in params])
+                        for i in range(n)]
+                dist = type(dist[0])(*[tf.stack(f) for f in zip(*dist)])
+            action = tf.stack([type(dist)(*[f[i] for f in dist]).sample(keys[i])
+                               for i in range(n)])
+            return action, dist.log_prob(action)
+        fns[per_task] = tf.function(act, autograph=False)
+    return fns[per_task]
 
 
 def _check_actions(action, observations, space, gymnasium, where):
