@@ -15,14 +15,21 @@ def bench_config(name):
     return os.path.join(REPO_ROOT, "experiments", "bench", "configs", f"{name}.gin")
 
 import hypothesis  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
-_cpus = tf.config.list_physical_devices("CPU")
-try:
-    tf.config.set_logical_device_configuration(
-        _cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
-except RuntimeError:  # already initialized (another conftest or plugin got there first)
-    pass
+
+def pytest_configure(config):
+    """Two logical CPUs in every process that runs tests. The pytest-xdist controller only
+    schedules: importing TensorFlow there would delay every worker's start by seconds."""
+    if config.getoption("numprocesses", None) and "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    import tensorflow as tf
+    cpus = tf.config.list_physical_devices("CPU")
+    try:
+        tf.config.set_logical_device_configuration(
+            cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+    except RuntimeError:  # already initialized (another conftest or plugin got there first)
+        pass
+
 
 hypothesis.settings.register_profile(
     "hogrod", deadline=None, max_examples=15, derandomize=True,
@@ -63,3 +70,15 @@ def _collect_and_freeze_after_each_module():
     yield
     gc.collect()
     gc.freeze()
+
+
+# The files with the longest single tests (subprocesses, whole binaries) run first: the
+# workers steal queued tests from each other's ends, and a long test left for last would
+# keep one worker busy while the other waits (half a minute over the suite).
+LONGEST_FIRST = ("test_scale_out.py", "test_wheel.py", "test_pinn.py", "test_rl_maml.py",
+                 "test_curvature_experiments.py", "test_train.py", "test_guide.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

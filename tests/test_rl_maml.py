@@ -171,7 +171,7 @@ def test_a_meta_step_over_two_replicas_equals_one_device(learner):
     for v, t in zip(policy.trainable_variables, start):
         v.assign(t)
     settings = dict(meta_batch=2, batch=3, step_size=0.3, discount=0.9, gae_lambda=0.95,
-                    outer="clip", outer_steps=2, hvp_mode="reverse_over_reverse")
+                    outer="clip", outer_steps=1, hvp_mode="reverse_over_reverse")
     single = rl.MamlRL(learner.env, learner.policy, **settings)
     mirrored = rl.MamlRL(learner.env, policy, strategy=strategy, **settings)
     one, two = single.step(7), mirrored.step(7)
