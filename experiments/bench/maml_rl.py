@@ -17,10 +17,9 @@ Environment: `rl.rollout` of the same policy (its initial weights) on the meta-b
 compiled, against `rl.gym_rollout` of a numpy `gymnasium.Env` with the same dynamics in a
 `gymnasium.vector.SyncVectorEnv` (and `AsyncVectorEnv` with `vector_envs`), in env steps/s.
 
-Full run (torch in its own venv whose `_main.pth` adds the main venv's site-packages):
+Full run, from the repository with the `bench` and `rl` extras installed:
 
-    PYTHONPATH=$PWD /work/benchvenv/bin/python -m experiments.bench.maml_rl \\
-        --gin_file=experiments/bench/configs/maml_rl.gin
+    python -m experiments.bench.maml_rl --gin_file=experiments/bench/configs/maml_rl.gin
 
 Target: hogrod >= 1.5x PyTorch's meta-gradients/s.
 """
