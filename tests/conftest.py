@@ -71,14 +71,3 @@ def _collect_and_freeze_after_each_module():
     gc.collect()
     gc.freeze()
 
-
-# The files with the longest single tests (subprocesses, whole binaries) run first: the
-# workers steal queued tests from each other's ends, and a long test left for last would
-# keep one worker busy while the other waits (half a minute over the suite).
-LONGEST_FIRST = ("test_scale_out.py", "test_wheel.py", "test_pinn.py", "test_rl_maml.py",
-                 "test_curvature_experiments.py", "test_train.py", "test_guide.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
