@@ -54,7 +54,8 @@ def plot_adaptation(path, history):
     plt.close(fig)
 
 
-ENVS = ("navigation2d", "halfcheetah_velocity", "halfcheetah_direction")
+ENVS = ("navigation2d", "navigation2d_oracle", "halfcheetah_velocity",
+        "halfcheetah_direction")
 
 
 def read_train_history(path, upto_step):
@@ -89,7 +90,8 @@ def maml_rl_experiment(output_dir, meta_iterations: harness.Count = 500,
                        eval_tasks: harness.PositiveInt = 40, eval_steps: harness.Count = 3,
                        eval_every: harness.PositiveInt = 50,
                        checkpoint_every: harness.PositiveInt = 50, seed: harness.Count = 0,
-                       dtype: str = "float32", env: str = "navigation2d"):
+                       dtype: str = "float32", env: str = "navigation2d",
+                       adapt: bool = True, time_limit_s: harness.Positive | None = None):
     """MAML-RL on 2D navigation (`hogrod.rl.MamlRL`), evaluated on held-out goals.
 
     Args:
@@ -119,17 +121,24 @@ def maml_rl_experiment(output_dir, meta_iterations: harness.Count = 500,
       checkpoint_every: meta-iterations between checkpoints.
       seed: the run's seed (weights, tasks and episodes).
       dtype: "float32" or "float64", the policy's and the environment's.
-      env: one of `ENVS`: "navigation2d" (in-graph), "halfcheetah_velocity" or
+      env: one of `ENVS`: "navigation2d" (in-graph), "navigation2d_oracle" (the goal
+        observed too, the MAML paper's oracle), "halfcheetah_velocity" or
         "halfcheetah_direction" (`rl.HalfCheetahTasks`, gymnasium stepped on the host).
+      adapt: False: trained without the inner step (`rl.MamlRL`'s `adapt`), the MAML
+        paper's pretrained policy (and its oracle); evaluation adapts either way.
+      time_limit_s: stop meta-training (with a checkpoint) once its meta-iterations have
+        taken this many seconds, counted over every run of the directory (evaluations
+        excluded); None: `meta_iterations` alone.
 
     Returns:
       The final evaluation's metrics and the last meta-iteration's logs.
     """
     keras.utils.set_random_seed(seed)
     strategy = distribute.make_strategy()
-    env = (rl.Navigation2D(horizon, dtype=dtype) if env == ENVS[0] else rl.HalfCheetahTasks(
-        checks.choice(env, ENVS, "env", "maml_rl_experiment")[12:], horizon=horizon,
-        dtype=dtype))
+    env = checks.choice(env, ENVS, "env", "maml_rl_experiment")
+    env = (rl.Navigation2D(horizon, dtype, observe_goal=env == "navigation2d_oracle")
+           if env.startswith("navigation2d") else
+           rl.HalfCheetahTasks(env[len("halfcheetah_"):], horizon=horizon, dtype=dtype))
     with strategy.scope():
         policy = rl.GaussianPolicy(
             models.dense_net((env.observation_dim, *hidden, env.action_dim), "tanh", dtype),
@@ -138,7 +147,7 @@ def maml_rl_experiment(output_dir, meta_iterations: harness.Count = 500,
     learner = rl.MamlRL(env, policy, meta_batch, batch, horizon, step_size, discount,
                         gae_lambda, True, outer, max_kl, cg_maxiter, damping,
                         line_search_steps, backtrack_ratio, clip, outer_lr, outer_steps,
-                        hvp_mode=hvp_mode, strategy=strategy)
+                        hvp_mode=hvp_mode, strategy=strategy, adapt=adapt)
     ckpt = train.Checkpointer(output_dir, policy=policy, **{
         f"outer_state_{i}": v for i, v in enumerate(tf.nest.flatten(learner.optimizer_state))})
     start = ckpt.restore()
@@ -160,23 +169,40 @@ def maml_rl_experiment(output_dir, meta_iterations: harness.Count = 500,
 
     if not history and start == 0:
         evaluate_now(0)
+    # the meta-iterations' seconds so far, over every run of the directory (its logs keep them)
+    spent = trained[-1].get("seconds") if trained else 0.0
+    if spent is None and time_limit_s is not None:
+        raise ValueError(f"{train_path} does not record the seconds of its meta-iterations, "
+                         "so maml_rl_experiment.time_limit_s cannot count them: unset it or "
+                         "start the run in a new --output_dir")
+    over = lambda: time_limit_s is not None and spent >= time_limit_s  # noqa: E731
     logs, began = {}, time.perf_counter()
-    for i in range(start, meta_iterations):
+    for i in range(start, meta_iterations if not over() else start):
+        t = time.perf_counter()
         logs = learner.step(tf.constant([seed, i], tf.int64))
-        trained.append({"step": i + 1, **{k: float(v) for k, v in logs.items()}})
+        spent = (spent or 0.0) + time.perf_counter() - t
+        trained.append({"step": i + 1, "seconds": spent,
+                        **{k: float(v) for k, v in logs.items()}})
         ckpt.step.assign(i + 1)
-        if (i + 1) % checkpoint_every == 0 or i + 1 == meta_iterations:
+        last = i + 1 == meta_iterations or over()
+        if (i + 1) % checkpoint_every == 0 or last:
             # before the checkpoint: a kill between the two leaves entries past the
             # checkpoint's step, which the resumed run drops and redoes
             train.write_json(train_path, trained)
             ckpt.save()
-        if (i + 1) % eval_every == 0 and i + 1 != meta_iterations:
+        if last:
+            if over():
+                logging.info("time limit of %.0f s reached after meta-iteration %d",
+                             time_limit_s, i + 1)
+            break
+        if (i + 1) % eval_every == 0:
             evaluate_now(i + 1)
     seconds = time.perf_counter() - began
-    result = evaluate_now(int(ckpt.step))
-    plot_adaptation(os.path.join(output_dir, "adaptation.png"), history)
     done = int(ckpt.step) - start
-    return dict(result, meta_iterations=int(ckpt.step),
+    result = (history[-1] if not done and history and history[-1]["step"] == int(ckpt.step)
+              else evaluate_now(int(ckpt.step)))
+    plot_adaptation(os.path.join(output_dir, "adaptation.png"), history)
+    return dict(result, meta_iterations=int(ckpt.step), train_seconds=spent,
                 seconds_per_meta_iteration=seconds / done if done else None,
                 train_return_before=[h["return_before"] for h in trained],
                 train_return_after=[h["return_after"] for h in trained],

@@ -41,6 +41,22 @@ def test_navigation_steps_as_numpy():
     assert bool(done[0]) and float(reward[0]) > -0.01
 
 
+def test_the_oracle_observes_its_goal_and_is_rewarded_as_the_plain_task():
+    plain, oracle = (rl.Navigation2D(dtype="float64", observe_goal=g) for g in (False, True))
+    assert (plain.observation_dim, oracle.observation_dim) == (2, 4)
+    task = {"goal": tf.constant([0.3, -0.2], F64)}
+    (s1, o1), (s2, o2) = plain.reset(task, 0, 3), oracle.reset(task, 0, 3)
+    np.testing.assert_array_equal(o2, np.concatenate([o1, [[0.3, -0.2]] * 3], 1))
+    action = tf.constant(np.random.default_rng(1).normal(size=(3, 2)) * 0.1)
+    (_, o1, r1, d1), (_, o2, r2, d2) = plain.step(task, s1, action), oracle.step(task, s2,
+                                                                                 action)
+    np.testing.assert_array_equal(o2, np.concatenate([o1, [[0.3, -0.2]] * 3], 1))
+    np.testing.assert_array_equal(r2, r1)
+    np.testing.assert_array_equal(d2, d1)
+    with pytest.raises(checks.ArgumentError, match="observe_goal must be a bool"):
+        rl.Navigation2D(observe_goal="yes")
+
+
 def test_navigation_is_done_at_the_horizon():
     env = rl.Navigation2D(horizon=3, dtype="float64")
     task = {"goal": tf.constant([0.4, 0.4], F64)}

@@ -6,7 +6,6 @@ magic box means); a meta-step under MirroredStrategy on two logical CPUs against
 the binary, resumed, against an uninterrupted run."""
 
 import json
-import shutil
 
 import numpy as np
 import keras
@@ -162,6 +161,37 @@ def test_the_meta_gradient_has_every_second_order_term(learner):
                                    rtol=1e-6, atol=1e-9)
 
 
+def test_without_adaptation_the_surrogate_is_the_policy_gradient_of_the_sampled_tasks():
+    """`adapt=False` (the pretrained baseline): the outer episodes are the inner ones and the
+    surrogate's gradient is the plain policy gradient, mean over tasks of
+    sum(grad log pi * A * mask) / sum(mask)."""
+    env = rl.Navigation2D(horizon=3, dtype="float64")
+    policy = tiny_policy(4)
+    learner = rl.MamlRL(env, policy, meta_batch=2, batch=3, step_size=0.3, discount=0.9,
+                        hvp_mode="reverse_over_reverse", adapt=False)
+    theta = hogrod.trainable_values(policy)
+    compiled = lambda fn: tf.function(fn, autograph=False)  # noqa: E731
+    data = compiled(learner.sample)(env.sample_tasks(3, 2), tf.range(2, dtype=tf.int64),
+                                    tf.constant([4, 0], tf.int64), theta)
+    for a, b in zip(data.outer, data.inner):
+        np.testing.assert_array_equal(a, b)
+
+    def gradients(theta):
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(theta)
+            surrogate, kl = learner.surrogate_and_kl(data, theta)
+            plain = 0.0
+            for i in range(2):
+                e = rl.Trajectories(*[t[i] for t in data.outer])
+                lp = rl.policy_distribution(policy, e.observations, theta).log_prob(e.actions)
+                plain += tf.reduce_sum(lp * data.advantages[i] * e.mask) / tf.reduce_sum(
+                    e.mask) / 2
+        return tape.gradient(surrogate, theta), tape.gradient(plain, theta), kl
+    got, want, kl = compiled(gradients)(theta)
+    np.testing.assert_allclose(flat(got), flat(want), rtol=1e-12, atol=1e-14)
+    assert abs(float(kl)) < 1e-14 and np.abs(flat(want)).max() > 1e-3
+
+
 def test_a_meta_step_over_two_replicas_equals_one_device(learner):
     strategy = distribute.make_strategy("mirrored")
     assert strategy.num_replicas_in_sync == 2
@@ -190,8 +220,8 @@ def test_a_meta_step_over_two_replicas_equals_one_device(learner):
 
 def test_the_binary_resumes_exactly(tmp_path):
     """A run of two meta-iterations (TRPO: the clipped surrogate's step is the test
-    above's), then its first checkpoint alone resumed to two: the same weights and
-    metrics, bit for bit."""
+    above's); another stopped by its time limit after the first, then continued to two:
+    the same weights and metrics, bit for bit."""
     from experiments import maml_rl
 
     config = ["configs/rl/navigation2d_smoke.gin"]
@@ -200,14 +230,11 @@ def test_the_binary_resumes_exactly(tmp_path):
     _, metrics = harness.run(maml_rl.maml_rl_experiment, config, params, str(full))
     assert (full / "adaptation.png").exists() and metrics["meta_iterations"] == 2
     assert len(metrics["train_return_after"]) == 2
-    (resumed / "ckpt").mkdir(parents=True)
-    for f in (full / "ckpt").glob("ckpt-1.*"):
-        shutil.copy(f, resumed / "ckpt" / f.name)
-    (resumed / "ckpt" / "checkpoint").write_text(
-        'model_checkpoint_path: "ckpt-1"\nall_model_checkpoint_paths: "ckpt-1"\n')
-    for name in ("config.gin", "eval_history.json", "train_history.json"):
-        shutil.copy(full / name, resumed / name)
-    _, again = harness.run(maml_rl.maml_rl_experiment, config, params, str(resumed))
+    _, stopped = harness.run(maml_rl.maml_rl_experiment, config, params + [
+        "maml_rl_experiment.time_limit_s = 1e-9"], str(resumed))
+    assert stopped["meta_iterations"] == 1 and 0 < stopped["train_seconds"]
+    _, again = harness.run(maml_rl.maml_rl_experiment, config, params, str(resumed),
+                           allow_config_change=True)
     for key in ("return_after_0", "final_train_kl", "final_train_surrogate",
                 "final_train_return_before", "train_return_before", "train_return_after"):
         assert again[key] == metrics[key], key
@@ -218,6 +245,8 @@ def test_the_binary_resumes_exactly(tmp_path):
                 tf.train.load_variable(str(full / "ckpt" / "ckpt-2"), name))
     history = json.loads((resumed / "eval_history.json").read_text())
     assert [h["step"] for h in history] == [0, 1, 2]
+    logged = json.loads((resumed / "train_history.json").read_text())
+    assert 0 < logged[0]["seconds"] < logged[1]["seconds"] == again["train_seconds"]
 
 
 def test_a_resumed_run_needs_the_training_logs_up_to_its_checkpoint(tmp_path):

@@ -179,19 +179,32 @@ class Navigation2D:
     an action (`[batch, 2]`) is clipped to [-0.1, 0.1] per coordinate and added to the
     position; the reward is the negative Euclidean distance from the new position to the
     goal; `done` is True within Euclidean distance 0.01 of the goal and at the last step of
-    the horizon. The observation is the position.
+    the horizon. The observation is the position, or with `observe_goal` the position then
+    the goal (`[batch, 4]`: the MAML paper's oracle, a policy that is told its task).
 
     Args:
       horizon: the episode length, an int >= 1 (100 in MAML).
       dtype: the positions' and rewards' dtype; None: Keras's floatx.
+      observe_goal: whether the observation holds the goal too.
     """
 
-    observation_dim = 2
     action_dim = 2
 
-    def __init__(self, horizon: int = 100, dtype: Optional[DType] = None) -> None:
+    def __init__(self, horizon: int = 100, dtype: Optional[DType] = None,
+                 observe_goal: bool = False) -> None:
         self.horizon = checks.integer(horizon, "horizon", "Navigation2D", 1)
         self.dtype = tf.as_dtype(dtype or keras.backend.floatx())
+        if not isinstance(observe_goal, bool):
+            raise checks.ArgumentError(f"Navigation2D: observe_goal must be a bool, got "
+                                       f"{observe_goal!r}")
+        self.observe_goal = observe_goal
+        self.observation_dim = 4 if observe_goal else 2
+
+    def _observe(self, task, position):
+        if not self.observe_goal:
+            return position
+        goal = tf.broadcast_to(tf.cast(task["goal"], self.dtype), tf.shape(position))
+        return tf.concat([position, goal], -1)
 
     def sample_tasks(self, seed: Seed, n: int) -> Tree:
         """`n` goals uniform in [-0.5, 0.5]^2.
@@ -218,12 +231,12 @@ class Navigation2D:
 
         Returns:
           `(state, observation)`: the state `{"position": [batch, 2], "t": int32 scalar}` and
-          the `[batch, 2]` position.
+          the observation (`[batch, observation_dim]`).
         """
         _seed(seed, "Navigation2D.reset")
         batch = checks.integer(batch, "batch", "Navigation2D.reset", 1)
         position = tf.zeros([batch, 2], self.dtype)
-        return {"position": position, "t": tf.zeros([], tf.int32)}, position
+        return {"position": position, "t": tf.zeros([], tf.int32)}, self._observe(task, position)
 
     def step(self, task: Tree, state: Tree, action: TensorLike) -> tuple:
         """One step of every episode.
@@ -234,8 +247,8 @@ class Navigation2D:
           action: `[batch, 2]` velocities of the environment's dtype (clipped here).
 
         Returns:
-          `(state, observation, reward, done)`: the next state, the `[batch, 2]` position,
-          the `[batch]` negative distances to the goal and the `[batch]` bool done (within
+          `(state, observation, reward, done)`: the next state, the observation
+          (`[batch, observation_dim]`), the `[batch]` negative distances to the goal and the `[batch]` bool done (within
           0.01 of the goal, or the horizon's last step).
 
         Raises:
@@ -251,7 +264,8 @@ class Navigation2D:
         distance = tf.norm(position - task["goal"], axis=-1)
         t = state["t"] + 1
         done = (distance < tf.constant(0.01, self.dtype)) | (t >= self.horizon)
-        return ({"position": position, "t": t}, position, -distance, done)
+        return ({"position": position, "t": t}, self._observe(task, position), -distance,
+                done)
 
 
 class IteratedPrisonersDilemma:

@@ -14,6 +14,11 @@ tasks, `tf.vectorized_map`) it
 3. rolls out `batch` episodes with ``theta'`` and computes their advantages (the
    baseline fitted to them, GAE with `gae_lambda`, optionally normalized).
 
+With `adapt=False` training takes no inner step: the episodes of step 1 are the outer
+step's, with ``theta'`` = theta (the MAML paper's "pretrained" policy, trained by the same
+TRPO on every task; with a goal-observing environment, its oracle). Evaluation adapts
+either way.
+
 The outer step improves the mean over tasks of the importance-weighted surrogate
 ``mean_t ratio_t A_t`` (``ratio = pi_theta'(theta)(a|s) / pi_old(a|s)`` on the post-
 adaptation episodes, ``theta'(theta)`` recomputed from the fixed inner episodes), by
@@ -162,6 +167,8 @@ class MamlRL:
       reg_coeff: the baseline's first ridge regularization, > 0.
       hvp_mode: `hogrod.hvp`'s mode for the Fisher-vector products.
       strategy: None (the current strategy) or a `tf.distribute.Strategy`.
+      adapt: whether training takes the inner step (MAML-RL); False: the outer step on the
+        unadapted policy's episodes (see the module docstring).
 
     Raises:
       ArgumentError: an argument out of range, `outer` not one of `OUTER_STEPS`,
@@ -177,8 +184,12 @@ class MamlRL:
                  line_search_steps: int = 15, backtrack_ratio: float = 0.8,
                  clip: float = 0.2, outer_lr: float = 1e-3, outer_steps: int = 5,
                  reg_coeff: float = 1e-5, hvp_mode: str = "auto",
-                 strategy: Optional[tf.distribute.Strategy] = None) -> None:
+                 strategy: Optional[tf.distribute.Strategy] = None,
+                 adapt: bool = True) -> None:
         where = "MamlRL"
+        if not isinstance(adapt, bool):
+            raise checks.ArgumentError(f"{where}: adapt must be a bool, got {adapt!r}")
+        self.adapt = adapt
         self.env, self.policy = env, policy
         self.strategy = strategy or tf.distribute.get_strategy()
         replicas = self.strategy.num_replicas_in_sync
@@ -274,7 +285,7 @@ class MamlRL:
         prepare, finish = self._host_fns[:2] if self.host else (self._prepare, self._finish)
         inner = self._rollout(tasks, keys[:, 0], params)
         values, scales, fast = prepare(params, inner)
-        outer = self._rollout(tasks, keys[:, 1], fast, True)
+        outer = self._rollout(tasks, keys[:, 1], fast, True) if self.adapt else inner
         return finish(inner, values, scales, fast, outer)
 
     def _rollout(self, tasks, seeds, params, per_task_params=False):
@@ -290,6 +301,8 @@ class MamlRL:
     def _prepare(self, params, inner):
         values = self._values(inner)
         scales = self._scales(inner, values)
+        if not self.adapt:
+            return values, scales, [tf.stack([p] * inner.rewards.shape[0]) for p in params]
         return values, scales, self._adapt(params, inner, values, scales)
 
     def _finish(self, inner, values, scales, fast, outer):
@@ -325,7 +338,8 @@ class MamlRL:
         def one(a):
             inner, values, scale, outer, adv, old = a
             fast = inner_step(self.policy, params, Trajectories(*inner), self.step_size,
-                              self.discount, values, self.gae_lambda, scale)
+                              self.discount, values, self.gae_lambda, scale
+                              ) if self.adapt else params
             dist = policy_distribution(self.policy, outer[0], fast)
             ratio = tf.exp(dist.log_prob(outer[1]) - outer[2])
             gain = ratio * adv
