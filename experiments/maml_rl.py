@@ -4,16 +4,20 @@ surrogate as the outer step, DiCE inner steps):
     python -m experiments.maml_rl --gin_file=configs/rl/navigation2d_maml_trpo.gin
 
 or on MuJoCo's HalfCheetah, stepped on the host (`pip install hogrod[rl]`), with
-configs/rl/halfcheetah_vel_maml_trpo.gin or halfcheetah_dir_maml_trpo.gin.
+configs/rl/halfcheetah_vel_maml_trpo.gin or halfcheetah_dir_maml_trpo.gin. The MAML paper's
+2D-navigation baselines are configs of this binary too: navigation2d_pretrained_trpo.gin
+(`adapt = False`), navigation2d_oracle_trpo.gin (the goal observed) and
+navigation2d_random.gin (untrained).
 
 Outputs: metrics.json (the mean return on held-out goals after 0..eval_steps inner steps,
 `return_after_{s}` with 95% intervals `return_after_{s}_ci95`; the last meta-iteration's
 logs; `train_return_before` and `train_return_after`, the training meta-batch's mean return
-before and after the inner step at every meta-iteration), TensorBoard events, checkpoints (a re-run with the same --output_dir resumes; every
-meta-iteration's draws follow from `seed` and its index, so a resumed run equals an
-uninterrupted one), operative_config.gin, eval_history.json, train_history.json (every meta-iteration's logs)
-and adaptation.png (the mean
-return against the inner steps, with 95% bands, untrained and trained).
+before and after the inner step at every meta-iteration; `train_seconds`, the
+meta-iterations' seconds over every run of the directory), TensorBoard events, checkpoints
+(a re-run with the same --output_dir resumes; every meta-iteration's draws follow from
+`seed` and its index, so a resumed run equals an uninterrupted one), operative_config.gin,
+eval_history.json, train_history.json (every meta-iteration's logs) and adaptation.png (the
+mean return against the inner steps, with 95% bands, untrained and trained).
 """
 
 import json
