@@ -12,12 +12,14 @@ navigation2d_random.gin (untrained).
 Outputs: metrics.json (the mean return on held-out goals after 0..eval_steps inner steps,
 `return_after_{s}` with 95% intervals `return_after_{s}_ci95`; the last meta-iteration's
 logs; `train_return_before` and `train_return_after`, the training meta-batch's mean return
-before and after the inner step at every meta-iteration; `train_seconds`, the
-meta-iterations' seconds over every run of the directory), TensorBoard events, checkpoints
-(a re-run with the same --output_dir resumes; every meta-iteration's draws follow from
-`seed` and its index, so a resumed run equals an uninterrupted one), operative_config.gin,
-eval_history.json, train_history.json (every meta-iteration's logs) and adaptation.png (the
-mean return against the inner steps, with 95% bands, untrained and trained).
+before and after the inner step at every meta-iteration, equal with `adapt = False`;
+`train_seconds`, the meta-iterations' seconds over every run of the directory), TensorBoard
+events, checkpoints (a re-run with the same --output_dir resumes; every meta-iteration's
+draws follow from `seed` and its index, so a resumed run equals an uninterrupted one, up to
+a time limit), operative_config.gin, eval_history.json, train_history.json (every
+meta-iteration's logs and `seconds`, the meta-training seconds up to it) and
+adaptation.png (the mean return against the inner steps, with 95% bands, untrained and
+trained).
 """
 
 import json
@@ -132,7 +134,12 @@ def maml_rl_experiment(output_dir, meta_iterations: harness.Count = 500,
         paper's pretrained policy (and its oracle); evaluation adapts either way.
       time_limit_s: stop meta-training (with a checkpoint) once its meta-iterations have
         taken this many seconds, counted over every run of the directory (evaluations
-        excluded); None: `meta_iterations` alone.
+        excluded; the first meta-iteration of each process includes its tracing); None:
+        `meta_iterations` alone. A re-run of a directory past its limit trains no further
+        (raise the limit with --allow_config_change to continue). Unlike
+        `maml_experiment.time_limit_s`, which counts one process's steps, a resumed run
+        keeps the budget it has left, so the stopping iteration depends on the machine:
+        with a time limit, a resumed run equals an uninterrupted one only up to it.
 
     Returns:
       The final evaluation's metrics and the last meta-iteration's logs.
@@ -171,22 +178,24 @@ def maml_rl_experiment(output_dir, meta_iterations: harness.Count = 500,
         logging.info("eval at %d: %s", i, {k: round(v, 3) for k, v in result.items()})
         return result
 
-    if not history and start == 0:
-        evaluate_now(0)
-    # the meta-iterations' seconds so far, over every run of the directory (its logs keep them)
-    spent = trained[-1].get("seconds") if trained else 0.0
+    if not history and start == 0 and meta_iterations > 0:
+        evaluate_now(0)  # the untrained policy (with nothing to train, the final evaluation)
+    # the meta-iterations' seconds so far, over every run of the directory (its logs keep
+    # them); None once an entry lacks them (a run that did not record them)
+    spent = (None if any("seconds" not in h or h["seconds"] is None for h in trained)
+             else trained[-1]["seconds"] if trained else 0.0)
     if spent is None and time_limit_s is not None:
-        raise ValueError(f"{train_path} does not record the seconds of its meta-iterations, "
+        raise ValueError(f"{train_path} does not record the seconds of every meta-iteration, "
                          "so maml_rl_experiment.time_limit_s cannot count them: unset it or "
                          "start the run in a new --output_dir")
     over = lambda: time_limit_s is not None and spent >= time_limit_s  # noqa: E731
     logs, began = {}, time.perf_counter()
     for i in range(start, meta_iterations if not over() else start):
         t = time.perf_counter()
-        logs = learner.step(tf.constant([seed, i], tf.int64))
-        spent = (spent or 0.0) + time.perf_counter() - t
-        trained.append({"step": i + 1, "seconds": spent,
-                        **{k: float(v) for k, v in logs.items()}})
+        logs = {k: float(v) for k, v in learner.step(tf.constant([seed, i], tf.int64)).items()}
+        if spent is not None:  # after the logs are read: the step's work is done
+            spent += time.perf_counter() - t
+        trained.append({"step": i + 1, "seconds": spent, **logs})
         ckpt.step.assign(i + 1)
         last = i + 1 == meta_iterations or over()
         if (i + 1) % checkpoint_every == 0 or last:
@@ -203,14 +212,13 @@ def maml_rl_experiment(output_dir, meta_iterations: harness.Count = 500,
             evaluate_now(i + 1)
     seconds = time.perf_counter() - began
     done = int(ckpt.step) - start
-    result = (history[-1] if not done and history and history[-1]["step"] == int(ckpt.step)
-              else evaluate_now(int(ckpt.step)))
+    result = evaluate_now(int(ckpt.step))  # a re-run re-evaluates, with its own settings
     plot_adaptation(os.path.join(output_dir, "adaptation.png"), history)
     return dict(result, meta_iterations=int(ckpt.step), train_seconds=spent,
                 seconds_per_meta_iteration=seconds / done if done else None,
                 train_return_before=[h["return_before"] for h in trained],
                 train_return_after=[h["return_after"] for h in trained],
-                **{f"final_train_{k}": float(v) for k, v in logs.items()})
+                **{f"final_train_{k}": v for k, v in logs.items()})
 
 
 def main():

@@ -69,6 +69,22 @@ def test_every_policy_and_seed_runs_once_and_the_summary_is_the_t_interval(tmp_p
         k: v for k, v in m.items() if k != "wall_seconds"}
 
 
+def test_a_finished_run_of_other_bindings_or_not_the_drivers_is_an_error(tmp_path,
+                                                                        monkeypatch):
+    calls = []
+    monkeypatch.setattr(bench.runs, "run_binary", recorder(calls))
+    out = str(tmp_path / "maml" / "seed0")
+    bench.run_one(out, POLICIES["maml"], ["maml_rl_experiment.seed = 0"])
+    assert bench.run_one(out, POLICIES["maml"], ["maml_rl_experiment.seed = 0"]) is not None
+    assert len(calls) == 1  # kept
+    with pytest.raises(ValueError, match="holds a run of .*meta_iterations = 2"):
+        bench.run_one(out, POLICIES["maml"], ["maml_rl_experiment.seed = 0",
+                                              "maml_rl_experiment.meta_iterations = 2"])
+    os.makedirs(tmp_path / "other")
+    with pytest.raises(ValueError, match="without driver.json"):
+        bench.run_one(str(tmp_path / "other"), POLICIES["maml"], [])
+
+
 def test_the_ordering_fails_when_maml_after_one_step_is_below_pretrained_after_three():
     per_seed = {p: [{f"return_after_{s}": fake_returns(p, 0, s) for s in range(4)}
                     | {"meta_iterations": 1}] for p in POLICIES}
@@ -78,8 +94,18 @@ def test_the_ordering_fails_when_maml_after_one_step_is_below_pretrained_after_t
         bench.summarize({"maml": [{"return_after_0": 0.0}]}, 3)
 
 
-def test_a_missing_policy_or_config_is_named():
+def test_bad_settings_are_named():
     with pytest.raises(ValueError, match=r"needs the policies \['random'\]"):
-        bench._check({k: v for k, v in POLICIES.items() if k != "random"}, (0,), 3)
-    with pytest.raises(ValueError, match=r"policies\['maml'\]: no config"):
-        bench._check(dict(POLICIES, maml="configs/rl/nothing.gin"), (0,), 3)
+        bench._check({k: v for k, v in POLICIES.items() if k != "random"}, (0,), 3, ())
+    with pytest.raises(ValueError, match=r"policies\['maml'\]: gin file not found"):
+        bench._check(dict(POLICIES, maml="configs/rl/nothing.gin"), (0,), 3, ())
+    bench._check(dict(POLICIES, maml="rl/navigation2d_maml_trpo.gin"), (0,), 3, ())
+    for seeds in ((0, 0), (True,), (-1,), 3, (0.5,)):
+        with pytest.raises(ValueError, match="seeds must be distinct integer seeds"):
+            bench._check(POLICIES, seeds, 3, ())
+    with pytest.raises(ValueError, match="steps must be an int"):
+        bench._check(POLICIES, (0,), True, ())
+    with pytest.raises(ValueError, match="extra_params must be a tuple"):
+        bench._check(POLICIES, (0,), 3, "maml_rl_experiment.batch = 2")
+    with pytest.raises(ValueError, match="finite"):
+        bench.seed_interval([1.0, float("nan")])

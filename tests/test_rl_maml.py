@@ -6,6 +6,7 @@ magic box means); a meta-step under MirroredStrategy on two logical CPUs against
 the binary, resumed, against an uninterrupted run."""
 
 import json
+import shutil
 
 import numpy as np
 import keras
@@ -233,6 +234,9 @@ def test_the_binary_resumes_exactly(tmp_path):
     _, stopped = harness.run(maml_rl.maml_rl_experiment, config, params + [
         "maml_rl_experiment.time_limit_s = 1e-9"], str(resumed))
     assert stopped["meta_iterations"] == 1 and 0 < stopped["train_seconds"]
+    # logs past the checkpoint (as a kill after writing them leaves) are dropped and redone
+    for name in ("eval_history.json", "train_history.json"):
+        shutil.copy(full / name, resumed / name)
     _, again = harness.run(maml_rl.maml_rl_experiment, config, params, str(resumed),
                            allow_config_change=True)
     for key in ("return_after_0", "final_train_kl", "final_train_surrogate",
@@ -247,6 +251,17 @@ def test_the_binary_resumes_exactly(tmp_path):
     assert [h["step"] for h in history] == [0, 1, 2]
     logged = json.loads((resumed / "train_history.json").read_text())
     assert 0 < logged[0]["seconds"] < logged[1]["seconds"] == again["train_seconds"]
+
+
+def test_with_nothing_to_train_the_binary_evaluates_once(tmp_path):
+    """The random baseline (navigation2d_random.gin): no meta-iteration, one evaluation."""
+    from experiments import maml_rl
+    _, m = harness.run(maml_rl.maml_rl_experiment, ["configs/rl/navigation2d_smoke.gin"],
+                       ["maml_rl_experiment.meta_iterations = 0",
+                        "maml_rl_experiment.env = 'navigation2d_oracle'"], str(tmp_path))
+    assert m["meta_iterations"] == 0 and m["train_seconds"] == 0.0
+    assert [h["step"] for h in json.loads((tmp_path / "eval_history.json").read_text())] == [0]
+    assert m["return_after_1"] != m["return_after_0"]
 
 
 def test_a_resumed_run_needs_the_training_logs_up_to_its_checkpoint(tmp_path):

@@ -1,23 +1,27 @@
 """MAML-RL on 2D navigation against the MAML paper's baselines (its Figure 4): the mean
-held-out return after 0..3 policy-gradient steps of a MAML policy, a policy pretrained by
-TRPO on all goals with the same budget, a random initialization, and an oracle policy that
-observes the goal, over seeds.
+held-out return after 0..`steps` policy-gradient steps of a MAML policy, a policy pretrained
+by TRPO on all goals with the same budget (500 meta-iterations or 30 minutes of them; its
+iterations sample one batch of episodes per task where MAML's sample two, so it takes more
+of them), a random initialization, and an oracle policy that observes the goal, over seeds.
 
 Each (policy, seed) is one `python -m experiments.maml_rl` run of the policy's config, in
-`<output_dir>/<policy>/seed<k>/`, with `maml_rl_experiment.seed = k` (the held-out goals
-and their episodes are the same for every policy of a seed). A finished run is kept (checked
-to be the same seed); one stopped midway resumes from its checkpoint, and its meta-training
-clock (`time_limit_s`) counts on from where it stopped, so the driver can be stopped and
-started again, in several sessions. It writes metrics.json with, per policy,
-`{policy}_return_after_{s}` (the mean over seeds of each seed's mean over the held-out
-goals) and `{policy}_return_after_{s}_ci95` (Student's t 95% interval over the seeds'
-means), `figure4_ordering` (MAML's mean after one step above pretrained's and random's
-after three) and navigation2d_baselines.png:
+`<output_dir>/<policy>/seed<k>/`, with `maml_rl_experiment.seed = k` (every policy of a seed
+is evaluated on the same held-out goals with the same seeds). The driver records what it
+runs in the run's `driver.json` (config and bindings); a finished run is kept only if that
+record is the same (else an error naming both), and one stopped midway resumes from its
+checkpoint, its meta-training clock (`time_limit_s`) counting on from where it stopped, so
+the driver can be stopped and started again, in several sessions. It writes metrics.json
+with, per policy, `{policy}_return_after_{s}` (the mean over seeds of each seed's mean over
+the held-out goals), `{policy}_return_after_{s}_ci95` (Student's t 95% interval over the
+seeds' means), `{policy}_meta_iterations` and `{policy}_train_seconds` (per seed);
+`figure4_ordering` (MAML's mean after one step above pretrained's and random's after
+`steps`) and navigation2d_baselines.png:
 
     python -m experiments.bench.navigation2d_baselines \
         --gin_file=experiments/bench/configs/navigation2d_baselines.gin
 """
 
+import json
 import os
 
 import gin
@@ -27,38 +31,44 @@ from absl import logging
 from scipy import stats
 
 from experiments.bench import runs
-from hogrod import harness
+from hogrod import harness, train
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def _check(policies, seeds, steps):
+def _check(policies, seeds, steps, extra_params):
     where = "bench_navigation2d_baselines"
     if not isinstance(policies, dict) or not policies:
         raise ValueError(f"{where}.policies must be {{name: gin file}}, got {policies!r}")
     for name, path in policies.items():
-        if not os.path.exists(os.path.join(harness.REPO_ROOT, path)):
-            raise ValueError(f"{where}.policies[{name!r}]: no config {path} (a path from the "
-                             "repository's root)")
+        try:
+            harness.resolve_gin_file(path)
+        except harness.ConfigError as e:
+            raise ValueError(f"{where}.policies[{name!r}]: {e}") from None
     missing = {"maml", "pretrained", "random"} - set(policies)
     if missing:
         raise ValueError(f"{where}.policies needs the policies {sorted(missing)} for the "
                          "figure's ordering")
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise ValueError(f"{where}.seeds must be distinct seeds, got {seeds}")
-    if not isinstance(steps, int) or steps < 1:
+    if (not isinstance(seeds, (tuple, list)) or not seeds or len(set(seeds)) != len(seeds)
+            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
+                       for s in seeds)):
+        raise ValueError(f"{where}.seeds must be distinct integer seeds >= 0, got {seeds!r}")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise ValueError(f"{where}.steps must be an int >= 1, got {steps!r}")
+    if not isinstance(extra_params, (tuple, list)) or not all(
+            isinstance(p, str) for p in extra_params):
+        raise ValueError(f"{where}.extra_params must be a tuple of gin bindings, got "
+                         f"{extra_params!r}")
 
 
 def seed_interval(values):
-    """(mean, half-width of the Student's t 95% interval) of per-seed values; the width is
-    0 for one seed."""
-    values = np.asarray(values, np.float64)
-    if len(values) < 2:
-        return float(values.mean()), 0.0
-    half = stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values))
-    return float(values.mean()), float(half)
+    """(mean, half-width of the Student's t 95% interval) of finite per-seed values; the
+    width is 0 for one seed."""
+    s = runs.seed_stats(values)  # checks that there are values and that they are finite
+    half = (stats.t.ppf(0.975, s["n"] - 1) * s["std"] / np.sqrt(s["n"]) if s["n"] > 1
+            else 0.0)
+    return s["mean"], float(half)
 
 
 def summarize(per_policy, steps):
@@ -74,6 +84,7 @@ def summarize(per_policy, steps):
             out[f"{name}_{key}"], out[f"{name}_{key}_ci95"] = seed_interval(
                 [m[key] for m in per_seed])
         out[f"{name}_meta_iterations"] = [m["meta_iterations"] for m in per_seed]
+        out[f"{name}_train_seconds"] = [m.get("train_seconds") for m in per_seed]
     out["figure4_ordering"] = bool(
         out["maml_return_after_1"] > out[f"pretrained_return_after_{steps}"]
         and out["maml_return_after_1"] > out[f"random_return_after_{steps}"])
@@ -98,6 +109,29 @@ def plot(path, metrics, policies, steps):
     plt.close(fig)
 
 
+def run_one(output_dir, config, gin_params):
+    """The metrics of one run: kept if finished with the same config and bindings (its
+    `driver.json`), else run or resumed; an error if the directory holds another run."""
+    record = {"config": config, "gin_params": list(gin_params)}
+    path = os.path.join(output_dir, "driver.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            earlier = json.load(f)
+        if earlier != record:
+            raise ValueError(f"{output_dir} holds a run of {earlier}, not of {record}: remove "
+                             "the directory or use another output_dir")
+    elif os.path.exists(output_dir):
+        raise ValueError(f"{output_dir} exists without driver.json: not a run this driver "
+                         "started; remove it or use another output_dir")
+    done = runs.finished_metrics(output_dir)
+    if done is not None:
+        return done
+    os.makedirs(output_dir, exist_ok=True)
+    train.write_json(path, record)
+    logging.info("running %s %s in %s", config, gin_params, output_dir)
+    return runs.run_binary("experiments.maml_rl", [config], gin_params, output_dir)
+
+
 @gin.configurable
 def bench_navigation2d_baselines(output_dir, policies=gin.REQUIRED, seeds=(0, 1, 2), steps=3,
                                  extra_params=()):
@@ -114,18 +148,18 @@ def bench_navigation2d_baselines(output_dir, policies=gin.REQUIRED, seeds=(0, 1,
     Returns:
       The metrics (see the module docstring).
     """
-    _check(policies, seeds, steps)
+    _check(policies, seeds, steps, extra_params)
     per_policy = {}
     for name, config in policies.items():
         per_policy[name] = []
         for seed in seeds:
             out = os.path.join(output_dir, name, f"seed{seed}")
-            m = runs.finished_metrics(out, {"maml_rl_experiment.seed": seed})
-            if m is None:
-                logging.info("running %s, seed %d, in %s", name, seed, out)
-                m = runs.run_binary("experiments.maml_rl", [config],
-                                    [f"maml_rl_experiment.seed = {seed}"] + list(extra_params),
-                                    out)
+            m = run_one(out, config, [f"maml_rl_experiment.seed = {seed}"] + list(extra_params))
+            if f"return_after_{steps}" not in m:
+                raise ValueError(f"{out} reports no return_after_{steps}: the config "
+                                 f"{config} (policies[{name!r}]) must bind "
+                                 f"maml_rl_experiment.eval_steps >= {steps}, or lower "
+                                 "bench_navigation2d_baselines.steps")
             per_policy[name].append(m)
     metrics = summarize(per_policy, steps)
     plot(os.path.join(output_dir, "navigation2d_baselines.png"), metrics, policies, steps)

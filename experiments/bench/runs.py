@@ -1,5 +1,5 @@
 """Running experiment binaries in subprocesses and summarising results over seeds: what the
-benchmark drivers share (`pinnacle_deepxde`, `pinnacle_table`), since binaries never
+benchmark drivers share (`pinnacle_deepxde`, `pinnacle_table`, `navigation2d_baselines`), since binaries never
 import one another (`tests/test_configs.py`).
 
 A binary runs as a user runs it, `python -m experiments.<name> --gin_file=... --gin_param=...

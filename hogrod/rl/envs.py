@@ -248,8 +248,8 @@ class Navigation2D:
 
         Returns:
           `(state, observation, reward, done)`: the next state, the observation
-          (`[batch, observation_dim]`), the `[batch]` negative distances to the goal and the `[batch]` bool done (within
-          0.01 of the goal, or the horizon's last step).
+          (`[batch, observation_dim]`), the `[batch]` negative distances to the goal and
+          the `[batch]` bool done (within 0.01 of the goal, or the horizon's last step).
 
         Raises:
           ArgumentError: an action not floating `[batch, 2]` of the environment's dtype.

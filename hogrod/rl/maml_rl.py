@@ -302,6 +302,8 @@ class MamlRL:
         values = self._values(inner)
         scales = self._scales(inner, values)
         if not self.adapt:
+            # no inner step: each task's "adapted" parameters are params (`_finish` takes
+            # the sampling distribution per task)
             return values, scales, [tf.stack([p] * inner.rewards.shape[0]) for p in params]
         return values, scales, self._adapt(params, inner, values, scales)
 
@@ -421,8 +423,9 @@ class MamlRL:
 
         Returns:
           Scalars: `return_before` and `return_after` (the mean undiscounted return of the
-          episodes before and after the inner step), `surrogate_before`, `surrogate`, `kl`
-          and, for TRPO, `accepted`, `step_fraction`, `cg_iterations`.
+          episodes before and after the inner step; equal with `adapt=False`),
+          `surrogate_before`, `surrogate`, `kl` and, for TRPO, `accepted`, `step_fraction`,
+          `cg_iterations`.
         """
         if isinstance(seed, (tf.Tensor, tf.Variable)):
             s = tf.cast(tf.convert_to_tensor(seed), tf.int64)
