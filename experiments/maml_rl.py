@@ -10,7 +10,8 @@ configs/rl/halfcheetah_vel_maml_trpo.gin or halfcheetah_dir_maml_trpo.gin. The M
 navigation2d_random.gin (untrained).
 
 Outputs: metrics.json (the mean return on held-out goals after 0..eval_steps inner steps,
-`return_after_{s}` with 95% intervals `return_after_{s}_ci95`; the last meta-iteration's
+`return_after_{s}` with 95% intervals `return_after_{s}_ci95` and the count of goals whose
+return is not finite, `return_after_{s}_nonfinite`; the last meta-iteration's
 logs; `train_return_before` and `train_return_after`, the training meta-batch's mean return
 before and after the inner step at every meta-iteration, equal with `adapt = False`;
 `train_seconds`, the meta-iterations' seconds over every run of the directory), TensorBoard
@@ -174,6 +175,8 @@ def maml_rl_experiment(output_dir, meta_iterations: harness.Count = 500,
             result[f"return_after_{s}"] = float(r.mean())
             result[f"return_after_{s}_ci95"] = float(1.96 * r.std(ddof=1) / np.sqrt(len(r))
                                                      if len(r) > 1 else 0.0)
+            # goals whose adapted policy diverged (their NaN or inf is in the mean too)
+            result[f"return_after_{s}_nonfinite"] = float(np.sum(~np.isfinite(r)))
         train.record_eval(output_dir, history, result)
         logging.info("eval at %d: %s", i, {k: round(v, 3) for k, v in result.items()})
         return result

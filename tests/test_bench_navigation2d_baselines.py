@@ -54,8 +54,9 @@ def test_every_policy_and_seed_runs_once_and_the_summary_is_the_t_interval(tmp_p
     assert {d for _, _, d in calls} == {str(tmp_path / p / f"seed{s}") for p in POLICIES
                                        for s in (0, 1, 2)}
     # seeds 0, 1, 2 add 0, 1, 2: mean +1, sample std 1
+    assert "oracle_return_after_1" not in m  # evaluated without adaptation (flat)
     for policy in POLICIES:
-        for s in range(4):
+        for s in range(1 if policy == "oracle" else 4):
             assert m[f"{policy}_return_after_{s}"] == pytest.approx(
                 fake_returns(policy, 1, s), rel=1e-12)
             assert m[f"{policy}_return_after_{s}_ci95"] == pytest.approx(

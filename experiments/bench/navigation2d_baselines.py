@@ -2,7 +2,11 @@
 held-out return after 0..`steps` policy-gradient steps of a MAML policy, a policy pretrained
 by TRPO on all goals with the same budget (500 meta-iterations or 30 minutes of them; its
 iterations sample one batch of episodes per task where MAML's sample two, so it takes more
-of them), a random initialization, and an oracle policy that observes the goal, over seeds.
+of them), a random initialization, and an oracle policy that observes the goal, over seeds. The
+policies in `flat` (the oracle) are evaluated without adaptation (`eval_steps = 0`): one
+that observes its goal has nothing to adapt, and a policy-gradient step on its near-constant
+advantages, normalized by their standard deviation, is a step of arbitrary size; their
+return is drawn flat across the steps, as the MAML paper's figure draws the oracle.
 
 Each (policy, seed) is one `python -m experiments.maml_rl` run of the policy's config, in
 `<output_dir>/<policy>/seed<k>/`, with `maml_rl_experiment.seed = k` (every policy of a seed
@@ -71,11 +75,12 @@ def seed_interval(values):
     return s["mean"], float(half)
 
 
-def summarize(per_policy, steps):
-    """The metrics of {policy: [metrics.json of each seed]}."""
+def summarize(per_policy, steps, flat=()):
+    """The metrics of {policy: [metrics.json of each seed]} (`flat`: policies evaluated
+    after 0 steps only)."""
     out = {}
     for name, per_seed in per_policy.items():
-        for s in range(steps + 1):
+        for s in range(1 if name in flat else steps + 1):
             key = f"return_after_{s}"
             missing = [i for i, m in enumerate(per_seed) if key not in m]
             if missing:
@@ -91,14 +96,17 @@ def summarize(per_policy, steps):
     return out
 
 
-def plot(path, metrics, policies, steps):
-    """Mean held-out return against inner steps per policy, 95% intervals over seeds."""
+def plot(path, metrics, policies, steps, flat=()):
+    """Mean held-out return against inner steps per policy, 95% intervals over seeds (a
+    `flat` policy's return after 0 steps drawn at every step)."""
     fig, ax = plt.subplots(figsize=(5, 4))
     x = np.arange(steps + 1)
     for name in policies:
-        mean = np.array([metrics[f"{name}_return_after_{s}"] for s in x])
-        half = np.array([metrics[f"{name}_return_after_{s}_ci95"] for s in x])
-        line, = ax.plot(x, mean, marker="o", label=name)
+        at = [0 if name in flat else s for s in x]
+        mean = np.array([metrics[f"{name}_return_after_{s}"] for s in at])
+        half = np.array([metrics[f"{name}_return_after_{s}_ci95"] for s in at])
+        line, = ax.plot(x, mean, marker="" if name in flat else "o", ls="--" if name in flat
+                        else "-", label=f"{name} (not adapted)" if name in flat else name)
         ax.fill_between(x, mean - half, mean + half, color=line.get_color(), alpha=0.2, lw=0)
     ax.set_xlabel("policy-gradient steps")
     ax.set_ylabel("mean return on held-out goals")
@@ -134,7 +142,7 @@ def run_one(output_dir, config, gin_params):
 
 @gin.configurable
 def bench_navigation2d_baselines(output_dir, policies=gin.REQUIRED, seeds=(0, 1, 2), steps=3,
-                                 extra_params=()):
+                                 extra_params=(), flat=("oracle",)):
     """Run (or resume, or keep) every (policy, seed) and compare them.
 
     Args:
@@ -144,25 +152,31 @@ def bench_navigation2d_baselines(output_dir, policies=gin.REQUIRED, seeds=(0, 1,
       seeds: the seeds, each a `maml_rl_experiment.seed`.
       steps: the inner steps compared (each config's `eval_steps` at least this).
       extra_params: gin bindings added to every run (e.g. a shorter budget for a smoke run).
+      flat: policies evaluated without adaptation (see the module docstring).
 
     Returns:
       The metrics (see the module docstring).
     """
     _check(policies, seeds, steps, extra_params)
+    if not isinstance(flat, (tuple, list)) or set(flat) - set(policies) or set(flat) & {
+            "maml", "pretrained", "random"}:
+        raise ValueError(f"bench_navigation2d_baselines.flat must name policies other than "
+                         f"maml, pretrained and random, got {flat!r}")
     per_policy = {}
     for name, config in policies.items():
         per_policy[name] = []
         for seed in seeds:
             out = os.path.join(output_dir, name, f"seed{seed}")
             m = run_one(out, config, [f"maml_rl_experiment.seed = {seed}"] + list(extra_params))
-            if f"return_after_{steps}" not in m:
+            if name not in flat and f"return_after_{steps}" not in m:
                 raise ValueError(f"{out} reports no return_after_{steps}: the config "
                                  f"{config} (policies[{name!r}]) must bind "
                                  f"maml_rl_experiment.eval_steps >= {steps}, or lower "
                                  "bench_navigation2d_baselines.steps")
             per_policy[name].append(m)
-    metrics = summarize(per_policy, steps)
-    plot(os.path.join(output_dir, "navigation2d_baselines.png"), metrics, policies, steps)
+    metrics = summarize(per_policy, steps, flat)
+    plot(os.path.join(output_dir, "navigation2d_baselines.png"), metrics, policies, steps,
+         flat)
     logging.info("%s", {k: v for k, v in metrics.items() if "_after_" in k})
     return metrics
 
