@@ -14,7 +14,7 @@ is evaluated on the same held-out goals with the same seeds). The driver records
 runs in the run's `driver.json` (config and bindings); a finished run is kept only if that
 record is the same (else an error naming both), and one stopped midway resumes from its
 checkpoint, its meta-training clock (`time_limit_s`) counting on from where it stopped, so
-the driver can be stopped and started again, in several sessions. It writes metrics.json
+the driver can be stopped and started again. It writes metrics.json
 with, per policy, `{policy}_return_after_{s}` (the mean over seeds of each seed's mean over
 the held-out goals), `{policy}_return_after_{s}_ci95` (Student's t 95% interval over the
 seeds' means), `{policy}_meta_iterations` and `{policy}_train_seconds` (per seed);
