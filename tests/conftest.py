@@ -31,6 +31,13 @@ def pytest_configure(config):
         pass
 
 
+def pytest_collection_modifyitems(items):
+    """Tests marked `slow` (tens of seconds each: subprocesses, whole binaries) run first.
+    pytest-xdist's work stealing splits what is left into halves; with the long tests at
+    the end of a worker's queue, the other worker would idle until the last one ends."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
+
+
 hypothesis.settings.register_profile(
     "hogrod", deadline=None, max_examples=15, derandomize=True,
     suppress_health_check=[hypothesis.HealthCheck.too_slow])

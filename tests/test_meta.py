@@ -227,6 +227,7 @@ def test_imaml_accelerated_steps_reach_the_proximal_solution_where_plain_steps_d
         meta.imaml(model, mse, accelerated=1)
 
 
+@pytest.mark.slow
 def test_every_algorithm_trains_one_compiled_step():
     # with Dropout: every step draws new masks (the seed state advances), in one trace
     for name, factory in meta.ALGORITHMS.items():
@@ -286,6 +287,7 @@ def test_evaluation_counts_diverged_tasks_and_reports_the_median():
     np.testing.assert_allclose(ev["loss_after_40_median"], expect, rtol=1e-3)
 
 
+@pytest.mark.slow
 def test_short_sinusoid_run_adapts_well_below_the_unadapted_loss(tmp_path):
     from experiments import maml as exp
     from hogrod import harness

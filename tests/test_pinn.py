@@ -148,6 +148,7 @@ def test_bad_input_is_named():
         pinn.Box((0, 1), (1, 0))
 
 
+@pytest.mark.slow
 def test_a_short_training_run_reduces_the_error_well_below_its_start(tmp_path):
     from experiments import pinn as exp
     from hogrod import harness
@@ -268,6 +269,7 @@ def test_annealing_weights_move_to_the_balancing_ratio():
                                float(got["initial"]) * float(t["initial"]), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_bench_binary_checks_agreement_and_runs(tmp_path):
     from experiments.bench import pinn as bench_pinn
     from hogrod import harness
@@ -286,6 +288,7 @@ def test_bench_binary_checks_agreement_and_runs(tmp_path):
     assert m["matmul_floor_ms"] > 0 and m["floor_ratio_over_hogrod"] > 1
 
 
+@pytest.mark.slow
 def test_convergence_benchmark_records_error_curves(tmp_path):
     from experiments.bench import pinn_convergence as bench
     from hogrod import harness

@@ -193,6 +193,7 @@ def test_without_adaptation_the_surrogate_is_the_policy_gradient_of_the_sampled_
     assert abs(float(kl)) < 1e-14 and np.abs(flat(want)).max() > 1e-3
 
 
+@pytest.mark.slow
 def test_a_meta_step_over_two_replicas_equals_one_device(learner):
     strategy = distribute.make_strategy("mirrored")
     assert strategy.num_replicas_in_sync == 2
@@ -219,6 +220,7 @@ def test_a_meta_step_over_two_replicas_equals_one_device(learner):
     assert not np.allclose(flat(start), flat(hogrod.trainable_values(policy)))
 
 
+@pytest.mark.slow
 def test_the_binary_resumes_exactly(tmp_path):
     """A run of two meta-iterations (TRPO: the clipped surrogate's step is the test
     above's); another stopped by its time limit after the first, then continued to two:

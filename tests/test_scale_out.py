@@ -69,6 +69,7 @@ def test_replicas_drawing_their_own_noise_are_not_the_single_device_step():
                   step(tf.distribute.get_strategy())).max() > 1e-4
 
 
+@pytest.mark.slow
 def test_two_process_multi_worker_steps_equal_single_device(tmp_path):
     results = distribute.launch_local(
         [sys.executable, os.path.join(REPO_ROOT, "tests", "workers", "families.py"),
@@ -104,6 +105,7 @@ def test_checkpoint_from_two_replicas_resumes_on_one(tmp_path):
     np.testing.assert_allclose(weights(resumed), weights(model), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_binaries_take_their_strategy_from_gin_and_agree_with_one_device(tmp_path):
     """The PINN and Hessian-spectrum binaries under configs/strategy/mirrored_2cpu.gin give
     the single-device metrics (deterministic steps); WGAN-GP and MAML run under it."""
@@ -141,6 +143,7 @@ def test_binaries_take_their_strategy_from_gin_and_agree_with_one_device(tmp_pat
     assert m["meta_iterations"] == 3
 
 
+@pytest.mark.slow
 def test_scaling_benchmark_measures_each_replica_count_in_its_own_process(tmp_path):
     from experiments.bench import scaling
     from hogrod import harness

@@ -240,6 +240,7 @@ def test_summaries_and_progress(tmp_path, caplog):
                r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.slow
 def test_sigkill_and_resume_ends_with_the_uninterrupted_weights(tmp_path, monkeypatch):
     script = os.path.join(WORKERS, "resumable.py")
     env = dict(os.environ, PYTHONPATH=REPO_ROOT)

@@ -16,6 +16,8 @@ import sys
 import sysconfig
 import zipfile
 
+import pytest
+
 from conftest import REPO_ROOT
 
 
@@ -68,6 +70,7 @@ def _venv(tmp_path, wheel):
     return venv, site
 
 
+@pytest.mark.slow
 def test_the_wheel_installs_hogrod_alone_and_its_commands_run_from_anywhere(tmp_path):
     wheel = _build_wheel(tmp_path)
     with zipfile.ZipFile(wheel) as z:
