@@ -73,3 +73,17 @@ def test_a_non_finite_product_is_an_error_naming_the_operator_not_a_silent_nan()
             estimate()
     with pytest.raises(ValueError, match=r"square matrix, got shape \(3, 4\)"):
         curvature.top_eigenvalues(np.ones((3, 4)))
+
+
+@pytest.mark.parametrize("setting", ["api", "environment"])
+def test_one_inter_op_thread_is_an_error_naming_the_setting_not_a_hang(monkeypatch, setting):
+    """The compiled loop holds the only inter-op thread while its host product waits for
+    one to run TensorFlow: the solve would wait forever. (The setting is faked: a process
+    has its thread pools once.)"""
+    if setting == "api":
+        monkeypatch.setattr(tf.config.threading, "get_inter_op_parallelism_threads", lambda: 1)
+    else:
+        monkeypatch.setattr(tf.config.threading, "get_inter_op_parallelism_threads", lambda: 0)
+        monkeypatch.setenv("TF_NUM_INTEROP_THREADS", "1")
+    with pytest.raises(RuntimeError, match="TF_NUM_INTEROP_THREADS=1"):
+        curvature.top_eigenvalues(np.diag([3.0, 2.0, 1.0]), k=1)

@@ -9,6 +9,7 @@ run as one compiled loop in float64 whose products call the operator on the host
 """
 
 import functools
+import os
 import threading
 from typing import Any, Callable, Optional, Tuple, Union
 
@@ -96,6 +97,21 @@ def _compiled(solver, n, static, with_stop, indexed):
                                             **kwargs), autograph=False)
 
 
+def _check_inter_op_threads():
+    """The compiled loop holds an inter-op thread while its numpy_function runs the host
+    product, and a product that runs TensorFlow (every operator's does) needs another:
+    with one, the solve waits for itself forever."""
+    threads = tf.config.threading.get_inter_op_parallelism_threads() or int(
+        os.environ.get("TF_NUM_INTEROP_THREADS", "0") or 0)
+    if threads == 1:
+        raise RuntimeError(
+            "hogrod.curvature solvers need at least 2 TensorFlow inter-op threads: their "
+            "compiled loop waits on a host product that runs TensorFlow itself, and with "
+            "one thread it would wait forever. Unset TF_NUM_INTEROP_THREADS=1 or call "
+            "tf.config.threading.set_inter_op_parallelism_threads with 2 or more (0 is "
+            "TensorFlow's default, one per core).")
+
+
 def host_solver(solver: Callable[..., Any], matvec: Callable[..., np.ndarray], n: int,
                 stop: Optional[Callable[..., Any]] = None, indexed: bool = False,
                 **static: Any) -> Callable[..., Any]:
@@ -107,7 +123,9 @@ def host_solver(solver: Callable[..., Any], matvec: Callable[..., np.ndarray], n
     outputs come back as numpy. The compiled function is cached per (solver, n, static),
     so `static` must be hashable. An exception `matvec` raises (FloatingPointError on a
     NaN product) is re-raised as itself, not as TensorFlow's wrapper of it. Runs are
-    serialized by a lock; a `matvec` must not itself run a host solver.
+    serialized by a lock; a `matvec` must not itself run a host solver. `run` needs two
+    or more TensorFlow inter-op threads (the loop waits on a product that runs
+    TensorFlow): with one it raises a RuntimeError naming the setting, never hangs.
 
     Args:
       solver: a `hogrod.linalg` solver `solver(matvec, *args, **static)`.
@@ -134,6 +152,7 @@ def host_solver(solver: Callable[..., Any], matvec: Callable[..., np.ndarray], n
                          bool(indexed))
 
     def run(*args):
+        _check_inter_op_threads()
         with _running_lock:
             errors.clear()
             _running.append({"matvec": host, "stop": stop})
