@@ -101,9 +101,9 @@ def _check_inter_op_threads():
     """The compiled loop holds an inter-op thread while its numpy_function runs the host
     product, and a product that runs TensorFlow (every operator's does) needs another:
     with one, the solve waits for itself forever."""
-    threads = tf.config.threading.get_inter_op_parallelism_threads() or int(
-        os.environ.get("TF_NUM_INTEROP_THREADS", "0") or 0)
-    if threads == 1:
+    threads = (tf.config.threading.get_inter_op_parallelism_threads()
+               or os.environ.get("TF_NUM_INTEROP_THREADS", "").strip())
+    if str(threads) == "1":
         raise RuntimeError(
             "hogrod.curvature solvers need at least 2 TensorFlow inter-op threads: their "
             "compiled loop waits on a host product that runs TensorFlow itself, and with "
