@@ -208,11 +208,11 @@ def hessian_spectrum(output_dir, dim: harness.PositiveInt = 10,
         step = train.make_train_step(loss, opt, model.trainable_variables, strategy=strategy)
         data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(n_examples, seed=seed)
         data = data.repeat().batch(batch_size or n_examples)
-        iterator = iter(strategy.experimental_distribute_dataset(data))
+        iterator = iter(distribute.distribute_dataset(strategy, data))
         ckpt = train.Checkpointer(output_dir, model=model, optimizer=opt, data=iterator)
     else:
         step = gd_step(loss, model.trainable_variables, learning_rate)
-        iterator = iter(tf.data.Dataset.from_tensors((x, y)).repeat())
+        iterator = iter(distribute.without_autotune(tf.data.Dataset.from_tensors((x, y)).repeat()))
         ckpt = train.Checkpointer(output_dir, model=model, data=iterator)
     stats = {}
     logs = train.train_loop(step, iterator, steps, ckpt, output_dir,

@@ -78,8 +78,8 @@ def episode_data(seed, source="omniglot", data_dir=None, n_way=5, k_shot=1, k_qu
                                  meta_batch_size, seed)
 
     def held_out(ways):
-        return next(iter(meta.episodes(test_cls, ways, k_shot, k_query, eval_tasks,
-                                       seed + 10**6)))
+        return next(iter(distribute.without_autotune(meta.episodes(
+            test_cls, ways, k_shot, k_query, eval_tasks, seed + 10**6))))
     more = {f"{ways}way": held_out(ways) for ways in also_test_n_way}
     return MetaData(train_stream, held_out(n_way), cross_entropy, True, meta_batch_size,
                     more or None)
@@ -271,7 +271,7 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
     # One meta-batch per step; unbatch/batch makes the stream splittable across replicas.
     stream = data.train.unbatch().batch(data.meta_batch_size) \
         if strategy.num_replicas_in_sync > 1 else data.train
-    iterator = iter(strategy.experimental_distribute_dataset(stream))
+    iterator = iter(distribute.distribute_dataset(strategy, stream))
     ckpt = train.Checkpointer(output_dir, model=net, optimizer=optimizer, data=iterator,
                               **{f"algo_var_{i}": v for i, v in enumerate(algo.variables)},
                               **{f"algo_state_{i}": v for i, v in enumerate(algo.state)})

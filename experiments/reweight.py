@@ -37,7 +37,7 @@ import tensorflow as tf
 from absl import logging
 
 from hogrod.models import dense_net
-from hogrod import checks, functional_call, harness, hypergrad, optim, train
+from hogrod import checks, distribute, functional_call, harness, hypergrad, optim, train
 
 DIGIT_CLASSES = tuple(range(10))
 
@@ -283,7 +283,7 @@ def train_one_seed(output_dir, seed, weighting, data, model_fn, steps, batch_siz
     stream = (tf.data.Dataset.from_tensor_slices((x_tr.astype(dtype), y_tr.astype(dtype)))
               .shuffle(len(x_tr), seed=seed, reshuffle_each_iteration=True).repeat()
               .batch(batch_size, drop_remainder=True))
-    iterator = iter(stream)
+    iterator = iter(distribute.without_autotune(stream))
     ckpt = train.Checkpointer(output_dir, model=model, optimizer=optimizer, data=iterator)
     path = os.path.join(output_dir, "train_loss.json")
     history = _read_losses(path, ckpt.latest_step())

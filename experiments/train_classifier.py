@@ -135,7 +135,7 @@ def train_classifier(output_dir, dataset: str = "mnist", data_dir: str | None = 
         transforms.append(train.clip_by_value(clip_value))
     step = train.make_train_step(objective, transform=train.chain(*transforms), strategy=strategy,
                                  **step_args)
-    iterator = iter(strategy.experimental_distribute_dataset(info_ds))
+    iterator = iter(distribute.distribute_dataset(strategy, info_ds))
     ckpt = train.Checkpointer(output_dir, model=model, data=iterator, **opts)
 
     @tf.function

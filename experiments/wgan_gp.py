@@ -87,8 +87,8 @@ def wgan_gp_experiment(output_dir, dataset: str = "eight_gaussians",
         for e, v in zip(sampler.trainable_variables, generator.trainable_variables):
             e.assign(generator_ema * e + (1.0 - generator_ema) * v)
 
-    data = iter(strategy.experimental_distribute_dataset(
-        gan.toy_batches(dataset, batch_size, seed)))
+    data = iter(distribute.distribute_dataset(strategy,
+                                              gan.toy_batches(dataset, batch_size, seed)))
     extra = {"generator_ema": sampler} if generator_ema is not None else {}
     ckpt = train.Checkpointer(output_dir, generator=generator, critic=critic,
                               critic_optimizer=opt_c, generator_optimizer=opt_g, data=data,

@@ -29,6 +29,21 @@ def pytest_configure(config):
             cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
     except RuntimeError:  # already initialized (another conftest or plugin got there first)
         pass
+    _iterate_without_autotune(tf)
+
+
+def _iterate_without_autotune(tf):
+    """Every iterator a test makes with `iter(dataset)` runs without tf.data's autotuning,
+    as hogrod's own iterators do (`hogrod.distribute.without_autotune` says why): deleting
+    an autotuned iterator can wait up to a minute for its autotuning thread, and a garbage
+    collection that freed one left over by an earlier test stalled a worker for 40-106 s.
+    The elements are the same."""
+    from hogrod import distribute
+    iterate = tf.data.Dataset.__iter__
+
+    def __iter__(self):
+        return iterate(distribute.without_autotune(self))
+    tf.data.Dataset.__iter__ = __iter__
 
 
 def pytest_collection_modifyitems(items):

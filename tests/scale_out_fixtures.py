@@ -41,7 +41,7 @@ def meta_step(strategy):
                                  strategy=strategy)
     data = tf.data.Dataset.from_tensors(tasks).unbatch().batch(8)
     before = flat(model.trainable_variables)
-    step(next(iter(strategy.experimental_distribute_dataset(data))))
+    step(next(iter(distribute.distribute_dataset(strategy, data))))
     return flat(model.trainable_variables) - before
 
 
@@ -60,7 +60,7 @@ def gan_step(strategy, penalty=gan.gradient_penalty, optimizer=_adam):
     step = gan.make_wgan_gp_step(generator, critic, opt_c, opt_g, latent_dim=2, n_critic=2,
                                  penalty=penalty, strategy=strategy)
     data = gan.with_noise(gan.toy_batches("eight_gaussians", 32, seed=0), latent_dim=2)
-    batches = iter(strategy.experimental_distribute_dataset(data))
+    batches = iter(distribute.distribute_dataset(strategy, data))
     before = flat(critic.trainable_variables + generator.trainable_variables)
     step(next(gan.grouped(batches, 2)))
     return flat(critic.trainable_variables + generator.trainable_variables) - before
@@ -106,7 +106,7 @@ def train_step(strategy):
         model, opt, objective, data = make_problem()
     step = train.make_train_step(objective, opt, model.trainable_variables, strategy=strategy)
     before = flat(model.trainable_variables)
-    step(next(iter(strategy.experimental_distribute_dataset(data.batch(GLOBAL_BATCH)))))
+    step(next(iter(distribute.distribute_dataset(strategy, data.batch(GLOBAL_BATCH)))))
     return flat(model.trainable_variables) - before
 
 

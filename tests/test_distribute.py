@@ -53,3 +53,26 @@ def test_mirrored_strategy_over_two_logical_cpus_and_bad_kind():
     assert distribute.make_strategy("default") is tf.distribute.get_strategy()
     with pytest.raises(ValueError, match="make_strategy.kind"):
         distribute.make_strategy("tpu_pod")
+
+
+def test_distribute_dataset_splits_batches_and_turns_autotuning_off(monkeypatch):
+    """Deleting an autotuned tf.data iterator can wait up to a minute for its autotuning
+    thread, so hogrod's iterators go without autotuning (the elements are the same)."""
+    data = tf.data.Dataset.range(8).batch(4)
+    for strategy, shards in ((distribute.make_strategy("mirrored"), [[0, 1], [2, 3]]),
+                             (tf.distribute.get_strategy(), [[0, 1, 2, 3]])):
+        given = []
+        original = strategy.experimental_distribute_dataset
+        monkeypatch.setattr(strategy, "experimental_distribute_dataset",
+                            lambda d, *a, **k: given.append(d) or original(d, *a, **k))
+        batches = [[t.numpy().tolist() for t in strategy.experimental_local_results(b)]
+                   for b in distribute.distribute_dataset(strategy, data)]
+        assert given[0].options().autotune.enabled is False
+        assert batches[0] == shards and len(batches) == 2
+    quiet = distribute.without_autotune(data)
+    assert quiet.options().autotune.enabled is False and data.options().autotune.enabled is None
+    assert [b.numpy().tolist() for b in quiet] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    with pytest.raises(TypeError, match="distribute_dataset: data must be a tf.data.Dataset"):
+        distribute.distribute_dataset(strategy, [0, 1])
+    with pytest.raises(TypeError, match="data must be a tf.data.Dataset, got list"):
+        distribute.without_autotune([0, 1])

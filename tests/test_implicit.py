@@ -253,7 +253,7 @@ def implicit_step(strategy):
     step = train.make_train_step(loss_fn, opt, variables, strategy=strategy)
     data = tf.data.Dataset.from_tensor_slices(rows).batch(4)
     before = np.concatenate([np.ravel(v.numpy()) for v in variables])
-    logs = step(next(iter(strategy.experimental_distribute_dataset(data))))
+    logs = step(next(iter(distribute.distribute_dataset(strategy, data))))
     assert float(logs["applied"]) == 1.0
     return np.concatenate([np.ravel(v.numpy()) for v in variables]) - before
 

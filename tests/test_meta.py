@@ -404,7 +404,7 @@ def test_mirrored_meta_gradient_equals_single_device():
         step = train.make_train_step(algo.meta_loss, opt, model.trainable_variables,
                                      strategy=strategy)
         data = tf.data.Dataset.from_tensors(tasks).unbatch().batch(4)
-        step(next(iter(strategy.experimental_distribute_dataset(data))))
+        step(next(iter(distribute.distribute_dataset(strategy, data))))
         return np.concatenate([v.numpy().ravel() for v in model.trainable_variables])
 
     single = run(tf.distribute.get_strategy())

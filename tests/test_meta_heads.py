@@ -392,7 +392,7 @@ def test_mirrored_step_is_the_sgd_step_on_the_meta_gradient(meta_gradients):
         lambda t: {"loss": tf.add_n([a.meta_loss(t)["loss"] for a in algos])}, opt,
         [v for g in groups for v in g], strategy=strategy)
     data = tf.data.Dataset.from_tensors(tiny_episodes()).unbatch().batch(2)
-    step(next(iter(strategy.experimental_distribute_dataset(data))))
+    step(next(iter(distribute.distribute_dataset(strategy, data))))
     for name, group in zip(NAMES, groups):
         model, algo, _, grads = meta_gradients[name]
         want = [v.numpy() - 0.5 * g.numpy()

@@ -2,6 +2,7 @@
 CPUs and under a two-process MultiWorkerMirroredStrategy equals the single-device step;
 a checkpoint written by two replicas restores on one."""
 
+import fcntl
 import os
 import sys
 
@@ -15,24 +16,35 @@ from hogrod import distribute, gan, train
 from scale_out_fixtures import FAMILIES, flat, gan_step, mlp
 from train_fixtures import GLOBAL_BATCH, make_problem, weights
 
-_SINGLE = {}
 
+@pytest.fixture(scope="session")
+def single(tmp_path_factory):
+    """single(name): the oracle, one family's single-device result, computed once per test
+    run and shared by the pytest-xdist workers through a file (computing every family
+    takes about 20 CPU-s); a lock makes a worker wait for one another is computing."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the workers' common base directory
 
-def single(name):  # the oracle, computed once per family
-    if name not in _SINGLE:
-        _SINGLE[name] = FAMILIES[name](tf.distribute.get_strategy())
-    return _SINGLE[name]
+    def result(name):
+        path = shared / f"scale_out_single_{name}.npy"
+        with open(f"{path}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not path.exists():
+                np.save(path, FAMILIES[name](tf.distribute.get_strategy()))
+        return np.load(path)
+    return result
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
-def test_mirrored_step_equals_single_device(name):
+def test_mirrored_step_equals_single_device(name, single):
     strategy = distribute.make_strategy("mirrored")
     assert strategy.num_replicas_in_sync == 2
     np.testing.assert_allclose(FAMILIES[name](strategy), single(name), atol=1e-5)
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
-def test_each_step_moves_the_weights(name):  # so the equivalences compare something
+def test_each_step_moves_the_weights(name, single):  # so the equivalences compare something
     assert np.linalg.norm(single(name)) > 1e-3
 
 
@@ -59,8 +71,8 @@ def test_replicas_drawing_their_own_noise_are_not_the_single_device_step():
             opts = [keras.optimizers.SGD(0.1) for _ in range(2)]
         fn = gan.make_wgan_gp_step(generator, critic, *opts, latent_dim=2, n_critic=1,
                                    strategy=strategy)
-        data = iter(strategy.experimental_distribute_dataset(
-            gan.toy_batches("eight_gaussians", 32, seed=0)))
+        data = iter(distribute.distribute_dataset(
+            strategy, gan.toy_batches("eight_gaussians", 32, seed=0)))
         keras.utils.set_random_seed(1)
         fn((next(data),))
         return flat(critic.trainable_variables)
@@ -70,7 +82,7 @@ def test_replicas_drawing_their_own_noise_are_not_the_single_device_step():
 
 
 @pytest.mark.slow
-def test_two_process_multi_worker_steps_equal_single_device(tmp_path):
+def test_two_process_multi_worker_steps_equal_single_device(tmp_path, single):
     results = distribute.launch_local(
         [sys.executable, os.path.join(REPO_ROOT, "tests", "workers", "families.py"),
          str(tmp_path)], 2, timeout_s=400, cwd=REPO_ROOT, env={"PYTHONPATH": REPO_ROOT})
@@ -87,8 +99,8 @@ def test_checkpoint_from_two_replicas_resumes_on_one(tmp_path):
             opt = keras.optimizers.Adam(1e-2)
         step = train.make_train_step(loss_fn, opt, model.trainable_variables, strategy=strategy)
         ckpt = train.Checkpointer(str(tmp_path / "ckpt"), model=model, optimizer=opt)
-        batches = iter(strategy.experimental_distribute_dataset(
-            data.batch(GLOBAL_BATCH).repeat()))
+        batches = iter(distribute.distribute_dataset(strategy,
+                                                     data.batch(GLOBAL_BATCH).repeat()))
         for _ in range(ckpt.restore()):  # skip the batches the restored steps used
             next(batches)
         train.train_loop(step, batches, steps, ckpt)

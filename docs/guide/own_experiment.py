@@ -73,7 +73,7 @@ def own_regression(output_dir, steps: harness.PositiveInt = 600, width: harness.
                                         strategy=strategy)  # weights etc. from gin
     dataset = (tf.data.Dataset.from_tensor_slices((x, y)).shuffle(n_train, seed=seed)
                .repeat().batch(batch_size, drop_remainder=True))
-    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+    iterator = iter(hogrod.distribute.distribute_dataset(strategy, dataset))
     ckpt = hogrod.train.Checkpointer(output_dir, model=model, optimizer=optimizer, data=iterator)
     resumed_from = ckpt.latest_step()
     # the evaluations up to the checkpoint

@@ -50,7 +50,7 @@ def build(family, strategy):
         step = train.make_train_step(algo.meta_loss, opt, model.trainable_variables,
                                      strategy=strategy)
         data = tf.data.Dataset.from_tensors(tasks).unbatch().batch(32).repeat()
-        it = iter(strategy.experimental_distribute_dataset(data))
+        it = iter(distribute.distribute_dataset(strategy, data))
         return lambda: step(next(it)), 32
     if family == "gan":
         with strategy.scope():
@@ -59,7 +59,7 @@ def build(family, strategy):
         step = gan.make_wgan_gp_step(generator, critic, *opts, latent_dim=2, n_critic=1,
                                      strategy=strategy)
         data = gan.with_noise(gan.toy_batches("eight_gaussians", 512, 0), 2)
-        it = iter(strategy.experimental_distribute_dataset(data))
+        it = iter(distribute.distribute_dataset(strategy, data))
         return lambda: step.critic_step(next(it)), 512
     if family == "pinn":
         problem = pinn.problems.burgers_problem(hard_constraints=False)

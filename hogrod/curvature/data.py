@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, 
 import keras
 import tensorflow as tf
 
-from hogrod import checks
+from hogrod import checks, distribute
 from hogrod.autodiff import unwrap
 from hogrod.types import Batch, DType, Loss, Params, Scalar, Tensor, Tree
 
@@ -111,18 +111,20 @@ def distribute_batches(data: Batch, strategy: Optional[tf.distribute.Strategy],
       strategy: None or a `tf.distribute.Strategy`.
       where: the public function checked.
     Returns:
-      `data` itself without a strategy, else `strategy.experimental_distribute_dataset(data)`
-      (a batch that does not split evenly gives shards of different sizes, possibly empty).
+      Without a strategy, `data` itself (a Dataset with tf.data's autotuning off,
+      `hogrod.distribute.without_autotune`); else `hogrod.distribute.distribute_dataset`
+      of `data` (a batch that does not split evenly gives shards of different sizes,
+      possibly empty).
     Raises:
       ArgumentError: a strategy with data that is not a Dataset.
     """
     check_strategy(strategy, where)
     if strategy is None:
-        return data
+        return distribute.without_autotune(data) if isinstance(data, tf.data.Dataset) else data
     if not isinstance(data, tf.data.Dataset):
         raise checks.ArgumentError(f"{where}: with a strategy, data must be a tf.data.Dataset "
                                    "of batches (each batch is split over the replicas)")
-    return strategy.experimental_distribute_dataset(data)
+    return distribute.distribute_dataset(strategy, data)
 
 
 class BatchPasses:

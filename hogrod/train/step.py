@@ -332,7 +332,7 @@ def make_train_step(objective: Objective,
         gradients, and make one update: the same update as one step on the whole batch,
         with the memory of one micro-batch. Must divide every batch's (per-replica) size.
       strategy: a `tf.distribute.Strategy`; default the current one. The batch passed to
-        the step is then a distributed batch (`strategy.experimental_distribute_dataset`).
+        the step is then a distributed batch (`hogrod.distribute.distribute_dataset`).
       jit_compile: compile the loss and its gradient (per replica) with XLA, which fuses
         the many small elementwise ops of a PINN residual or a small MLP; the update and
         the all-reduce stay outside XLA. A loss that calls `tf.vectorized_map` directly
