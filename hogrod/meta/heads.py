@@ -404,9 +404,11 @@ def _cg(maxiter, tol, where):
                                            info.residual_norm <= tol * tree.norm(b)))
         asserts = implicit_solves.ensure(
             ok, f"{where}: the implicit gradient's CG solve did not reach tol={tol:.1e} in "
-                f"{maxiter} steps or met non-positive curvature: the dual solution is not "
-                "unique (support embeddings linearly dependent, e.g. more support examples "
-                "than the embedding width)")
+                f"{maxiter} steps or met non-positive curvature: either the dual solution is "
+                "not unique (support embeddings linearly dependent, e.g. more support "
+                "examples than the embedding width, with kernel_ridge 0) or the system is too "
+                f"ill-conditioned for {tf.nest.flatten(b)[0].dtype.name} (embeddings of "
+                "large norm against kernel_ridge; a larger kernel_ridge or float64 help)")
         with tf.control_dependencies(asserts):
             return tf.nest.map_structure(tf.identity, w)
     return solve
