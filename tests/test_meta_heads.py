@@ -255,6 +255,51 @@ def test_svm_stopped_short_of_its_tolerance_is_an_error():
         heads.svm_logits(xs, ys, xq, 4, maxiter=2)
 
 
+def svm_values(xs, ys, xq, n_way, **kwargs):
+    support = tf.constant(xs)
+    with tf.GradientTape() as tape:
+        tape.watch(support)
+        logits = heads.svm_logits(support, ys, tf.constant(xq), n_way, **kwargs)
+        value = tf.reduce_sum(tf.sin(logits))
+    return logits.numpy(), tape.gradient(value, support).numpy()
+
+
+def test_svm_of_float32_embeddings_solved_in_float64():
+    # 20-way 1-shot in 64 dimensions: at norm ~800 the kernel's condition number (~6e5
+    # against the ridge of 1) is beyond float32's solver at its own tolerance, an error;
+    # solved in float64 it agrees with the float64 solve (and here needs the float64
+    # solver's own tolerance: at float32's the gradient's CG solve fails)
+    rng = np.random.default_rng(0)
+    ys = np.arange(20, dtype=np.int32)
+    xq = rng.normal(size=(10, 64)).astype(np.float32)
+    large = (100 * rng.normal(size=(20, 64))).astype(np.float32)
+    with pytest.raises(ValueError, match="did not return a root"):
+        heads.svm_logits(large, ys, xq, 20)
+    logits, grad = svm_values(large, ys, xq, 20, solve_dtype="float64")
+    assert logits.dtype == grad.dtype == np.float32 and np.all(np.isfinite(grad))
+    exact = heads.svm_logits(large.astype(np.float64), ys, xq.astype(np.float64), 20).numpy()
+    np.testing.assert_allclose(logits, exact, rtol=0, atol=1e-6 * np.abs(exact).max())
+
+    # the gradient through the casts against float64 central differences along a random
+    # direction, where the dual moves with X (C = 10: most coordinates free)
+    support = rng.normal(size=(20, 64)).astype(np.float32)
+    _, grad = svm_values(support, ys, xq, 20, c=10.0, solve_dtype="float64")
+    direction = rng.normal(size=support.shape)
+
+    def value(x):
+        logits = heads.svm_logits(x, ys, xq.astype(np.float64), 20, c=10.0, tol=1e-12,
+                                  maxiter=20000)
+        return np.sum(np.sin(logits.numpy()))
+
+    h = 1e-4
+    x = support.astype(np.float64)
+    fd = (value(x + h * direction) - value(x - h * direction)) / (2 * h)
+    np.testing.assert_allclose(np.sum(grad * direction), fd, rtol=1e-3)
+    for bad in ("float16", "int64", "wide"):
+        with pytest.raises(checks.ArgumentError, match="solve_dtype"):
+            heads.svm_logits(support, ys, xq, 20, solve_dtype=bad)
+
+
 def embedding_net():
     keras.utils.set_random_seed(0)
     return keras.Sequential([keras.Input((6,), dtype="float64"),

@@ -197,6 +197,7 @@ def r2d2(model: keras.Model, loss: Loss, l2: float = 1.0, scale: float = 1.0,
 def metaoptnet(model: keras.Model, loss: Loss, c: float = 0.1, scale: float = 1.0,
                learn_scale: bool = True, maxiter: int = heads.SVM_MAXITER,
                tol: Optional[float] = None, kernel_ridge: float = heads.KERNEL_RIDGE,
+               solve_dtype: Optional[str] = None,
                task_map: str = "vectorized") -> Algorithm:
     """MetaOptNet-SVM (Lee et al. 2019): the Crammer-Singer multi-class SVM on the support
     embeddings (`hogrod.meta.svm_logits`), solved in its dual per task and differentiated
@@ -217,6 +218,10 @@ def metaoptnet(model: keras.Model, loss: Loss, c: float = 0.1, scale: float = 1.
       kernel_ridge: r >= 0 added to the diagonal of the dual's kernel (MetaOptNet's 1.0:
         the dual strongly convex, its solution and gradient unique even for linearly
         dependent support embeddings; 0: the plain SVM; see `hogrod.meta.svm_logits`).
+      solve_dtype: the dtype the duals are solved and differentiated at, e.g. 'float64'
+        for a float32 model, whose embeddings' norms grow in meta-training until float32
+        arithmetic cannot reach the tolerances (see `hogrod.meta.svm_logits`); None: the
+        model's dtype.
       task_map: 'vectorized', 'sequential' or 'recomputed' (see `hogrod.meta.maml`).
 
     Returns:
@@ -233,6 +238,7 @@ def metaoptnet(model: keras.Model, loss: Loss, c: float = 0.1, scale: float = 1.
         raise checks.ArgumentError(f"{where}: learn_scale must be True or False, got "
                                    f"{learn_scale!r}")
     dtype = _dtype(model, where)
+    heads.solve_dtype_of(solve_dtype, dtype, where)
     scale_v = _scalar_variable(scale, dtype, "metaoptnet_scale", "scale", where)
     variables = [scale_v] if learn_scale else []
     scale_value = scale_v if learn_scale else checks.number(scale, "scale", where)
@@ -242,7 +248,8 @@ def metaoptnet(model: keras.Model, loss: Loss, c: float = 0.1, scale: float = 1.
 
         def one_task(x, y):
             return heads.svm_dual(x, y, n_way, c, maxiter, tol, batched=False,
-                                  asserts=asserts, where=where, kernel_ridge=kernel_ridge)
+                                  asserts=asserts, where=where, kernel_ridge=kernel_ridge,
+                                  solve_dtype=solve_dtype)
 
         if xs.shape.rank == 2:
             alpha = one_task(xs, ys)

@@ -265,7 +265,8 @@ def affine(logits: tf.Tensor, scale: Optional[Scalar], bias: Optional[Scalar]) -
 def svm_logits(support_embeddings: TensorLike, support_labels: TensorLike,
                query_embeddings: TensorLike, n_way: Scalar, c: float = 0.1,
                maxiter: int = SVM_MAXITER, tol: Optional[float] = None,
-               kernel_ridge: float = KERNEL_RIDGE) -> tf.Tensor:
+               kernel_ridge: float = KERNEL_RIDGE,
+               solve_dtype: Optional[str] = None) -> tf.Tensor:
     """MetaOptNet-SVM's logits: a Crammer-Singer multi-class SVM fitted to the support.
 
     The primal (Crammer and Singer 2001, no bias; Lee et al. 2019): with x_i the support
@@ -308,6 +309,14 @@ def svm_logits(support_embeddings: TensorLike, support_labels: TensorLike,
     SVM's weights are still unique but the dual is not, and the implicit solve may fail (an
     error naming it).
 
+    `solve_dtype` computes the dual and its implicit gradient at a wider dtype than the
+    embeddings' (float64 for float32 embeddings), the solution cast back: the solver aims
+    at the wider dtype's default tolerance within `maxiter`, and the root check and the
+    gradient's linear solve are at the embeddings'. Float32 arithmetic fails on embeddings of large norm: the kernel's
+    condition number grows as their squared norm over `kernel_ridge`, and the solver or
+    the gradient's linear solve stops short of its tolerance (an error, never a wrong
+    gradient). Meta-training makes the norms grow, so a long float32 run needs it.
+
     Args:
       support_embeddings: `[n, d]` floating.
       support_labels: integer `[n]` in `0..n_way-1`, every class at least once.
@@ -321,6 +330,8 @@ def svm_logits(support_embeddings: TensorLike, support_labels: TensorLike,
         default, the square root).
       kernel_ridge: r >= 0, added to the dual's kernel's diagonal (see above), applied at
         the embeddings' dtype; default `KERNEL_RIDGE` (1.0, MetaOptNet's).
+      solve_dtype: the dtype the dual is solved and differentiated at ('float64' or a
+        `tf.DType`), at least as wide as the embeddings'; None: the embeddings' dtype.
 
     Returns:
       The logits, `[q, n_way]` at the embeddings' dtype.
@@ -328,13 +339,14 @@ def svm_logits(support_embeddings: TensorLike, support_labels: TensorLike,
     Raises:
       ArgumentError: mismatched ranks, dtypes or widths, a label outside `0..n_way-1`, a
         class without support examples, `c` or `tol` not positive, `maxiter` < 1,
-        `kernel_ridge` negative.
+        `kernel_ridge` negative, `solve_dtype` not a floating dtype at least as wide as
+        the embeddings'.
     """
     where = "hogrod.meta.svm_logits"
     xs, ys, xq, _, _, asserts = episode(support_embeddings, support_labels, query_embeddings,
                                         n_way, where)
     alpha = svm_dual(xs, ys, n_way, c, maxiter, tol, batched=False, asserts=asserts,
-                     where=where, kernel_ridge=kernel_ridge)
+                     where=where, kernel_ridge=kernel_ridge, solve_dtype=solve_dtype)
     return tf.linalg.matmul(xq, tf.linalg.matmul(xs, alpha, transpose_a=True))  # query W^T
 
 
@@ -344,7 +356,8 @@ def svm_logits(support_embeddings: TensorLike, support_labels: TensorLike,
 def svm_dual(support: tf.Tensor, labels: tf.Tensor, n_way: Scalar, c: float, maxiter: int,
              tol: Optional[float], batched: bool, asserts: Sequence = (),
              where: str = "hogrod.meta.svm_logits",
-             kernel_ridge: float = KERNEL_RIDGE) -> tf.Tensor:
+             kernel_ridge: float = KERNEL_RIDGE,
+             solve_dtype: Optional[str] = None) -> tf.Tensor:
     """The Crammer-Singer dual solution alpha `[..., n, n_way]` (see `svm_logits`), with its
     implicit gradient with respect to `support`.
 
@@ -360,16 +373,22 @@ def svm_dual(support: tf.Tensor, labels: tf.Tensor, n_way: Scalar, c: float, max
       asserts: value checks to run first.
       where: the public function, in messages.
       kernel_ridge: r >= 0, the dual's kernel ``X X^T + r I``.
+      solve_dtype: the dtype to solve and differentiate at, or None (support's).
 
     Returns:
-      alpha.
+      alpha, at support's dtype.
     """
-    dtype = support.dtype
+    dtype = solve_dtype_of(solve_dtype, support.dtype, where)
     c = checks.positive(c, "c", where)
     ridge = checks.nonnegative(kernel_ridge, "kernel_ridge", where)
     maxiter = checks.integer(maxiter, "maxiter", where, least=1)
-    eps = float(np.finfo(dtype.as_numpy_dtype).eps)
+    # the checks are at the embeddings' precision; a wider dtype's solver aims at its own
+    # default as well, within maxiter: at float32's tolerance the active set and the
+    # multipliers may still be wrong, and the gradient's linear solve then fail
+    eps = float(np.finfo(support.dtype.as_numpy_dtype).eps)
     tol = 0.5 * eps ** 0.5 if tol is None else checks.positive(tol, "tol", where)
+    solve_tol = tol if dtype == support.dtype else min(
+        tol, 0.5 * float(np.finfo(dtype.as_numpy_dtype).eps) ** 0.5)
 
     def optimality(alpha, x, y):
         return _kkt(alpha, x, _one_hot(y), c, ridge)
@@ -385,12 +404,29 @@ def svm_dual(support: tf.Tensor, labels: tf.Tensor, n_way: Scalar, c: float, max
                           root_tol=2 * tol, batched=batched)
     def solve(init, x, y):
         args = (init, x, _one_hot(y), tf.constant(c, dtype), tf.constant(maxiter),
-                tf.constant(tol, dtype), tf.constant(ridge, dtype))
+                tf.constant(solve_tol, dtype), tf.constant(ridge, dtype))
         # eagerly, the loop as one traced function (an eager while loop runs op by op)
         return _solve_traced(*args) if tf.executing_eagerly() else _solve_dual(*args)
 
-    support = _with(list(asserts), support)
-    return solve(tf.zeros_like(_one_hot(labels)), support, labels)
+    given = support.dtype
+    support = tf.cast(_with(list(asserts), support), dtype)  # the gradient flows back
+    return tf.cast(solve(tf.zeros_like(_one_hot(labels)), support, labels), given)
+
+
+def solve_dtype_of(solve_dtype, dtype: tf.DType, where: str) -> tf.DType:
+    """`solve_dtype` as a `tf.DType` (None: `dtype`), checked to be floating and at least
+    as wide as `dtype`."""
+    if solve_dtype is None:
+        return dtype
+    try:
+        wide = tf.as_dtype(solve_dtype)
+    except TypeError:
+        wide = None
+    if wide is None or not wide.is_floating or wide.size < dtype.size:
+        raise checks.ArgumentError(f"{where}: solve_dtype must be None or a floating dtype at "
+                                   f"least as wide as the embeddings' {dtype.name} (e.g. "
+                                   f"'float64'), got {solve_dtype!r}")
+    return wide
 
 
 def _cg(maxiter, tol, where):
@@ -408,7 +444,8 @@ def _cg(maxiter, tol, where):
                 "not unique (support embeddings linearly dependent, e.g. more support "
                 "examples than the embedding width, with kernel_ridge 0) or the system is too "
                 f"ill-conditioned for {tf.nest.flatten(b)[0].dtype.name} (embeddings of "
-                "large norm against kernel_ridge; a larger kernel_ridge or float64 help)")
+                "large norm against kernel_ridge; a larger kernel_ridge or solve_dtype='float64' "
+                "help)")
         with tf.control_dependencies(asserts):
             return tf.nest.map_structure(tf.identity, w)
     return solve
