@@ -386,7 +386,7 @@ def evaluate(output_dir, prob, u, objective, dtype):
     `prediction`: u there) and `l2re` (PINNacle's relative L2 error) where the problem has
     a grid. Grid points where the reference is NaN are left out of both errors; their
     number is `reference_rows_dropped`, and a warning in the log."""
-    ref = None if prob.reference is None else prob.reference(prob.grid)
+    ref = prob.reference_on_grid
     pred = None if prob.grid is None else training.predict_on_grid(prob, u, dtype)
     plot(os.path.join(output_dir, "solution.png"), prob, pred, ref)
     out = {}

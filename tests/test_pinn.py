@@ -365,6 +365,26 @@ def test_relative_l2_is_normalized_by_the_reference_and_is_a_number_or_none():
         pinn.relative_l2(prob, lambda x: tf.concat([u(x), u(x)], 1), tf.float64)
 
 
+def test_the_reference_on_the_grid_is_computed_once_per_problem():
+    calls = []
+
+    def reference(x):
+        calls.append(len(x))
+        return pinn.reference.heat_sine(x, 0.5)
+    prob = dataclasses.replace(pinn.problems.heat_problem(alpha=0.5, grid_shape=(9, 7)),
+                               reference=reference)
+    u = lambda x: tf.sin(x[:, :1]) + x[:, 1:]  # noqa: E731
+    first = pinn.relative_l2(prob, u, tf.float64)
+    assert pinn.relative_l2(prob, u, tf.float64) == first and calls == [63]
+    np.testing.assert_array_equal(prob.reference_on_grid, reference(prob.grid))
+    with pytest.raises(ValueError, match="read-only"):
+        prob.reference_on_grid[0] = 0.0
+    # another problem (another grid) computes its own
+    other = dataclasses.replace(prob, grid=prob.grid[:5], grid_shape=None)
+    np.testing.assert_array_equal(other.reference_on_grid, reference(prob.grid[:5]))
+    assert dataclasses.replace(prob, reference=None).reference_on_grid is None
+
+
 def test_problems_are_built_with_keywords_and_checked():
     box = pinn.Box((0.0,), (1.0,))
     pde = pinn.PDE([(0, 0)], lambda x, d: d[(0, 0)])

@@ -11,6 +11,7 @@ inverse problem on the truth. The catalogue of problems is `problems.py`.
 """
 
 import dataclasses
+import functools
 import math
 from typing import Callable, Dict, Mapping, NamedTuple, Optional
 
@@ -250,6 +251,17 @@ class Problem:
                 raise ValueError(f"{where}: data must be Observations(points [n, "
                                  f"{self.domain.dim}], values [n, m]), got shapes {x.shape} "
                                  f"and {y.shape}")
+
+    @functools.cached_property
+    def reference_on_grid(self) -> Optional[np.ndarray]:
+        """`reference(grid)` as a read-only array, computed once per problem (a Cole-Hopf
+        quadrature on Burgers' grid takes most of a second, and training measures the error
+        often); None without a reference or a grid."""
+        if self.reference is None or self.grid is None:
+            return None
+        ref = np.array(self.reference(self.grid))
+        ref.flags.writeable = False
+        return ref
 
 
 def bind_unknowns(problem: Problem, variables: Mapping[str, tf.Variable]) -> Problem:

@@ -374,7 +374,7 @@ def reference_nan_rows(problem: Problem) -> int:
     """
     if problem.reference is None:
         return 0
-    ref = np.asarray(problem.reference(problem.grid), np.float64)
+    ref = np.asarray(problem.reference_on_grid, np.float64)
     return int(np.isnan(ref.reshape(len(ref), -1)).any(axis=1).sum())
 
 
@@ -398,7 +398,7 @@ def relative_l2(problem: Problem, u_fn: Callable[[tf.Tensor], tf.Tensor],
     if problem.reference is None:
         return None
     pred = predict_on_grid(problem, u_fn, dtype)
-    ref = np.asarray(problem.reference(problem.grid))
+    ref = problem.reference_on_grid
     if pred.shape != ref.shape:
         raise ValueError(f"relative_l2: the solution has shape {pred.shape} on the grid of "
                          f"problem {problem.name!r} but its reference has shape {ref.shape}")
