@@ -311,11 +311,13 @@ def svm_logits(support_embeddings: TensorLike, support_labels: TensorLike,
 
     `solve_dtype` computes the dual and its implicit gradient at a wider dtype than the
     embeddings' (float64 for float32 embeddings), the solution cast back: the solver aims
-    at the wider dtype's default tolerance within `maxiter`, and the root check and the
-    gradient's linear solve are at the embeddings'. Float32 arithmetic fails on embeddings of large norm: the kernel's
-    condition number grows as their squared norm over `kernel_ridge`, and the solver or
-    the gradient's linear solve stops short of its tolerance (an error, never a wrong
-    gradient). Meta-training makes the norms grow, so a long float32 run needs it.
+    at the wider dtype's default tolerance within `maxiter`; the root check and the
+    gradient's linear solve are at the embeddings'. On embeddings of large norm the
+    kernel's condition number grows as their squared norm over `kernel_ridge`, and in
+    float32 the solver or the gradient's linear solve stops short of its tolerance (an
+    error). Meta-training makes the norms grow, so a long float32 run needs it. Even where
+    float32 converges, its tolerance can leave the active set wrong and the gradient far
+    from the exact one; the wider solve, aiming tighter, comes much closer.
 
     Args:
       support_embeddings: `[n, d]` floating.
