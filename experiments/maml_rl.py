@@ -98,7 +98,8 @@ def maml_rl_experiment(output_dir, meta_iterations: harness.Count = 500,
                        eval_every: harness.PositiveInt = 50,
                        checkpoint_every: harness.PositiveInt = 50, seed: harness.Count = 0,
                        dtype: str = "float32", env: str = "navigation2d",
-                       adapt: bool = True, time_limit_s: harness.Positive | None = None):
+                       adapt: bool = True, time_limit_s: harness.Positive | None = None,
+                       task_sampling: str = "independent", task_map: str = "vectorized"):
     """MAML-RL on 2D navigation (`hogrod.rl.MamlRL`), evaluated on held-out goals.
 
     Args:
@@ -141,6 +142,11 @@ def maml_rl_experiment(output_dir, meta_iterations: harness.Count = 500,
         `maml_experiment.time_limit_s`, which counts one process's steps, a resumed run
         keeps the budget it has left, so the stopping iteration depends on the machine:
         with a time limit, a resumed run equals an uninterrupted one only up to it.
+      task_sampling: how each meta-batch's goals and the held-out goals are drawn, one of
+        `rl.TASK_SAMPLING`: "independent" (MAML's) or "latin_hypercube" (spread evenly
+        over the goal range, each still uniform: the training return's mean over a
+        meta-batch varies far less between meta-iterations).
+      task_map: `rl.MamlRL`'s `task_map`, "vectorized" or "sequential".
 
     Returns:
       The final evaluation's metrics and the last meta-iteration's logs.
@@ -148,9 +154,11 @@ def maml_rl_experiment(output_dir, meta_iterations: harness.Count = 500,
     keras.utils.set_random_seed(seed)
     strategy = distribute.make_strategy()
     env = checks.choice(env, ENVS, "env", "maml_rl_experiment")
-    env = (rl.Navigation2D(horizon, dtype, observe_goal=env == "navigation2d_oracle")
+    env = (rl.Navigation2D(horizon, dtype, observe_goal=env == "navigation2d_oracle",
+                           task_sampling=task_sampling)
            if env.startswith("navigation2d") else
-           rl.HalfCheetahTasks(env[len("halfcheetah_"):], horizon=horizon, dtype=dtype))
+           rl.HalfCheetahTasks(env[len("halfcheetah_"):], horizon=horizon, dtype=dtype,
+                               task_sampling=task_sampling))
     with strategy.scope():
         policy = rl.GaussianPolicy(
             models.dense_net((env.observation_dim, *hidden, env.action_dim), "tanh", dtype),
@@ -159,7 +167,8 @@ def maml_rl_experiment(output_dir, meta_iterations: harness.Count = 500,
     learner = rl.MamlRL(env, policy, meta_batch, batch, horizon, step_size, discount,
                         gae_lambda, True, outer, max_kl, cg_maxiter, damping,
                         line_search_steps, backtrack_ratio, clip, outer_lr, outer_steps,
-                        hvp_mode=hvp_mode, strategy=strategy, adapt=adapt)
+                        hvp_mode=hvp_mode, strategy=strategy, adapt=adapt,
+                        task_map=task_map)
     ckpt = train.Checkpointer(output_dir, policy=policy, **{
         f"outer_state_{i}": v for i, v in enumerate(tf.nest.flatten(learner.optimizer_state))})
     start = ckpt.restore()

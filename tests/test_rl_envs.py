@@ -161,3 +161,39 @@ def test_tables_given_as_python_numbers_are_exact_in_float64():
     np.testing.assert_array_equal(mdp.rewards.numpy(), [[0.1], [0.7]])
     np.testing.assert_array_equal(mdp.transitions.numpy()[:, 0, 1], [0.1, 0.7])
     np.testing.assert_array_equal(mdp.initial.numpy(), [0.3, 0.7])
+
+
+def test_latin_hypercube_goals_fill_every_interval_and_each_stays_uniform():
+    from scipy import stats
+    n = 40
+    nav = rl.Navigation2D(dtype="float64", task_sampling="latin_hypercube")
+    goals = nav.sample_tasks(3, n)["goal"].numpy()
+    for column in goals.T:  # one goal in each of the n intervals of [-0.5, 0.5]
+        np.testing.assert_array_equal(np.sort(np.floor((column + 0.5) * n)), np.arange(n))
+    # the columns' intervals are permuted independently: not one diagonal
+    assert not np.array_equal(np.argsort(goals[:, 0]), np.argsort(goals[:, 1]))
+    np.testing.assert_array_equal(nav.sample_tasks(3, n)["goal"], goals)
+    # each row is uniform over the seeds (an unpermuted hypercube puts row 0 in [-0.5, -0.45])
+    firsts = np.stack([nav.sample_tasks(s, n)["goal"].numpy()[0] for s in range(300)])
+    for column in firsts.T:
+        assert stats.kstest(column + 0.5, "uniform").pvalue > 1e-3
+    # the meta-batch's mean goal varies far less than with independent goals
+    iid = rl.Navigation2D(dtype="float64")
+    spread = {k: np.std([e.sample_tasks(s, n)["goal"].numpy().mean(0) for s in range(100)])
+              for k, e in (("lhs", nav), ("iid", iid))}
+    assert spread["lhs"] < 0.1 * spread["iid"]
+    # the default is unchanged: independent uniforms from the seed
+    np.testing.assert_array_equal(iid.sample_tasks(5, 7)["goal"], tf.random.stateless_uniform(
+        [7, 2], [5, 0], tf.constant(-0.5, F64), tf.constant(0.5, F64), dtype=F64))
+
+    velocity = rl.HalfCheetahTasks("velocity", dtype="float64", task_sampling="latin_hypercube")
+    v = velocity.sample_tasks(tf.constant([4, 1], tf.int64), n)["goal"].numpy()
+    np.testing.assert_array_equal(np.sort(np.floor(v / 2 * n)), np.arange(n))
+    direction = rl.HalfCheetahTasks("direction", dtype="float64",
+                                    task_sampling="latin_hypercube")
+    for s in range(5):
+        d = direction.sample_tasks(s, 10)["goal"].numpy()
+        assert sorted(d) == [-1.0] * 5 + [1.0] * 5
+    for make in (rl.Navigation2D, rl.HalfCheetahTasks):
+        with pytest.raises(checks.ArgumentError, match="task_sampling"):
+            make(task_sampling="stratified")

@@ -6,8 +6,8 @@ Meta-gradient: a `GaussianPolicy` on a 2-64-64-2 tanh net (init std 1), `Navigat
 sampled as `MamlRL.sample` computes it (`fixed_batch`); the timed function is the gradient
 in the initial parameters of the mean over tasks of the importance-weighted surrogate, each
 task's adaptation (`inner_step`, Loaded DiCE with the baseline's values) recomputed from them
-(`MamlRL.surrogate_and_kl`, tasks vectorized, one `tf.function`). PyTorch (the `bench`
-extra): the same computation with `torch.func.grad` for the inner step, `torch.func.vmap`
+(`MamlRL.surrogate_and_kl`, the tasks mapped as `task_map` says, one `tf.function`).
+PyTorch (the `bench` extra): the same computation with `torch.func.grad` for the inner step, `torch.func.vmap`
 over tasks and `functional_call`, on the Keras weights and the same episodes. Before timing,
 both meta-gradients are compared in float64 (tolerance 1e-9, relative) and float32 (1e-3);
 the binary stops if either disagrees. Without torch the PyTorch side is skipped (logged) and
@@ -82,7 +82,7 @@ def fixed_batch(algo, tasks):
                         tf.stack(advantages), tuple(tf.stack(f) for f in zip(*old)))
 
 
-def setup(dtype, meta_batch, batch, horizon, step_size):
+def setup(dtype, meta_batch, batch, horizon, step_size, task_map="vectorized"):
     """The policy, `MamlRL`, its fixed `MetaBatch` and the compiled meta-gradient.
 
     Args:
@@ -91,6 +91,7 @@ def setup(dtype, meta_batch, batch, horizon, step_size):
       batch: episodes per task.
       horizon: steps per episode.
       step_size: the inner step.
+      task_map: `MamlRL`'s `task_map`, "vectorized" or "sequential".
 
     Returns:
       `(policy, algo, data, params, meta_grad)`; `meta_grad(data, params)` returns the
@@ -102,7 +103,7 @@ def setup(dtype, meta_batch, batch, horizon, step_size):
                                init_std=1.0, dtype=dtype)
     policy.build((None, 2))
     algo = rl.MamlRL(env, policy, meta_batch=meta_batch, batch=batch, horizon=horizon,
-                     step_size=step_size)
+                     step_size=step_size, task_map=task_map)
     params = [tf.convert_to_tensor(v) for v in policy.trainable_variables]
     data = fixed_batch(algo, env.sample_tasks(0, meta_batch))
 
@@ -248,7 +249,8 @@ def gym_navigation(n):
 @gin.configurable
 def bench_maml_rl(output_dir, meta_batch=20, batch=20, horizon=100, step_size=0.1,
                   rounds=10, steps_per_round=5, warmup=3, env_rounds=3,
-                  vector_envs=("sync",), check_float64=True, torch_threads=None):
+                  vector_envs=("sync",), check_float64=True, torch_threads=None,
+                  task_map="vectorized"):
     """Meta-gradients/s of hogrod and torch.func and env steps/s; returns the metrics.
 
     Args:
@@ -266,6 +268,7 @@ def bench_maml_rl(output_dir, meta_batch=20, batch=20, horizon=100, step_size=0.
       torch_threads: torch's intra-op threads (`torch.set_num_threads`); None: torch's
         default. On a loaded machine fewer threads than cores avoids OpenMP barriers
         waiting on descheduled threads.
+      task_map: `MamlRL`'s `task_map` for hogrod's meta-gradient.
 
     Returns:
       The metrics: rates, ratios (None without torch), the agreement's relative errors.
@@ -274,7 +277,7 @@ def bench_maml_rl(output_dir, meta_batch=20, batch=20, horizon=100, step_size=0.
     metrics = {"grad_rel_err_float64": None, "grad_rel_err_float32": None,
                "steps_per_s_torch_func": None, "ratio_hogrod_over_torch_func": None,
                "torch": None, "torch_threads": None}
-    sizes = (meta_batch, batch, horizon, step_size)
+    sizes = (meta_batch, batch, horizon, step_size, task_map)
     for dtype in ("float64", "float32") if check_float64 else ("float32",):
         policy, algo, data, params, meta_grad = setup(dtype, *sizes)
         peer = torch_meta_grad(policy, algo, data, torch_threads)
@@ -309,7 +312,7 @@ def bench_maml_rl(output_dir, meta_batch=20, batch=20, horizon=100, step_size=0.
         metrics[f"env_steps_per_s_{name}"] = r * n * horizon
         if name != "tf":
             metrics[f"env_ratio_tf_over_{name}"] = env_rates["tf"] / r
-    metrics.update(tensorflow=tf.__version__, gymnasium=gymnasium.__version__,
+    metrics.update(tensorflow=tf.__version__, gymnasium=gymnasium.__version__, task_map=task_map,
                    meta_batch=meta_batch, batch=batch, horizon=horizon)
     for name, value in sorted(metrics.items()):
         print(f"{name:35s} {value}")

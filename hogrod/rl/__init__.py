@@ -11,7 +11,8 @@
   the policy's variables through `hogrod.functional_call` (MAML's inner step).
 - `TabularMDP`, `Navigation2D`, `IteratedPrisonersDilemma` (`envs.py`): environments as
   batched pure TensorFlow functions, `sample_tasks(seed, n)`, `reset(task, seed, batch)`,
-  `step(task, state, action)`.
+  `step(task, state, action)`; `TASK_SAMPLING`, how `Navigation2D` and `HalfCheetahTasks`
+  draw a meta-batch's goals (independent, or a Latin hypercube over the meta-batch).
 - `rollout`, `Trajectories`, `policy_distribution` (`rollout.py`): a policy's episodes on
   a meta-batch of tasks, `[tasks, batch, T]`, one compiled loop over time.
 - `gym_rollout`, `HalfCheetahTasks` (`gym.py`): the same `Trajectories` from a `gymnasium`
@@ -33,7 +34,7 @@ Conventions: a batch of trajectories is `[batch, T]` tensors (`log_probs`, `rewa
 Python numbers applied at the tensors' dtype.
 """
 
-from hogrod.rl.envs import IteratedPrisonersDilemma, Navigation2D, TabularMDP
+from hogrod.rl.envs import TASK_SAMPLING, IteratedPrisonersDilemma, Navigation2D, TabularMDP
 from hogrod.rl.estimators import dice_objective, magic_box
 from hogrod.rl.exact import expected_return
 from hogrod.rl.gym import HALFCHEETAH_TASKS, HalfCheetahTasks, gym_rollout
@@ -53,4 +54,5 @@ __all__ = ["magic_box", "dice_objective", "discounted_returns", "gae_advantages"
            "lola_dice_gradients", "joint_dice_objectives", "sample_ipd", "ipd_log_probs",
            "IPDTrajectories", "rollout", "Trajectories", "policy_distribution",
            "natural_step", "line_search", "NaturalStep", "LineSearch", "MamlRL", "MetaBatch",
-           "inner_step", "gym_rollout", "HalfCheetahTasks", "HALFCHEETAH_TASKS"]
+           "inner_step", "gym_rollout", "HalfCheetahTasks", "HALFCHEETAH_TASKS",
+           "TASK_SAMPLING"]

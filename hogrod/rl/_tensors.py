@@ -157,3 +157,36 @@ def powers(base: float, steps: TensorLike, dtype: DType) -> tf.Tensor:
       A `[steps]` tensor.
     """
     return tf.pow(tf.constant(base, dtype), tf.cast(tf.range(steps), dtype))
+
+
+TASK_SAMPLING = ("independent", "latin_hypercube")
+
+
+def unit_draws(seed: tf.Tensor, n: int, d: int, sampling: str, dtype: DType) -> tf.Tensor:
+    """`[n, d]` draws, each uniform on the unit interval, for a meta-batch's tasks.
+
+    "independent": independent uniforms (`tf.random.stateless_uniform`). "latin_hypercube":
+    in each column every one of the `n` intervals [k / n, (k + 1) / n] holds exactly one
+    draw, uniform inside it, the intervals assigned to the rows by an independent random
+    permutation per column. Each draw is still uniform, so a mean over the tasks keeps its
+    expectation, but the meta-batch covers the range evenly: a mean over tasks whose value
+    varies smoothly with the task (a return that grows with a goal's distance) varies far
+    less from one meta-batch to the next.
+
+    Args:
+      seed: an int64 `[2]` tensor.
+      n: the rows (tasks), an int >= 1.
+      d: the columns, an int >= 1.
+      sampling: one of `TASK_SAMPLING` (checked by the caller).
+      dtype: a floating dtype.
+
+    Returns:
+      The `[n, d]` tensor.
+    """
+    if sampling == "independent":
+        return tf.random.stateless_uniform([n, d], seed, dtype=dtype)
+    order, within = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    intervals = tf.argsort(tf.random.stateless_uniform([d, n], order), axis=1)
+    u = tf.random.stateless_uniform([n, d], within, dtype=dtype)
+    # an interval's index and the offset are summed first: exact for n < 2**24 in float32
+    return (tf.cast(tf.transpose(intervals), dtype) + u) / tf.cast(n, dtype)

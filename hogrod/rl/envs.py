@@ -29,7 +29,9 @@ from hogrod import checks
 from hogrod.rl import _tensors
 from hogrod.types import DType, Seed, TensorLike, Tree
 
-__all__ = ["TabularMDP", "Navigation2D", "IteratedPrisonersDilemma"]
+__all__ = ["TabularMDP", "Navigation2D", "IteratedPrisonersDilemma", "TASK_SAMPLING"]
+
+TASK_SAMPLING = _tensors.TASK_SAMPLING
 
 
 def _seed(seed, where):
@@ -175,7 +177,9 @@ def _check_steps(state, action, where, shape, integer):
 class Navigation2D:
     """MAML's 2D navigation: a point moved by velocity actions toward a goal.
 
-    A task is a goal drawn uniformly from [-0.5, 0.5]^2; an episode starts at the origin;
+    A task is a goal drawn uniformly from [-0.5, 0.5]^2 (independently, or with
+    `task_sampling="latin_hypercube"` evenly spread over a meta-batch, each goal still
+    uniform); an episode starts at the origin;
     an action (`[batch, 2]`) is clipped to [-0.1, 0.1] per coordinate and added to the
     position; the reward is the negative Euclidean distance from the new position to the
     goal; `done` is True within Euclidean distance 0.01 of the goal and at the last step of
@@ -186,13 +190,18 @@ class Navigation2D:
       horizon: the episode length, an int >= 1 (100 in MAML).
       dtype: the positions' and rewards' dtype; None: Keras's floatx.
       observe_goal: whether the observation holds the goal too.
+      task_sampling: how `sample_tasks` draws a meta-batch's goals, one of `TASK_SAMPLING`:
+        "independent" (MAML's) or "latin_hypercube" (each coordinate stratified over the
+        meta-batch, a lower-variance mean over its tasks; see `sample_tasks`).
     """
 
     action_dim = 2
 
     def __init__(self, horizon: int = 100, dtype: Optional[DType] = None,
-                 observe_goal: bool = False) -> None:
+                 observe_goal: bool = False, task_sampling: str = "independent") -> None:
         self.horizon = checks.integer(horizon, "horizon", "Navigation2D", 1)
+        self.task_sampling = checks.choice(task_sampling, TASK_SAMPLING, "task_sampling",
+                                           "Navigation2D")
         self.dtype = tf.as_dtype(dtype or keras.backend.floatx())
         if not isinstance(observe_goal, bool):
             raise checks.ArgumentError(f"Navigation2D: observe_goal must be a bool, got "
@@ -207,7 +216,8 @@ class Navigation2D:
         return tf.concat([position, goal], -1)
 
     def sample_tasks(self, seed: Seed, n: int) -> Tree:
-        """`n` goals uniform in [-0.5, 0.5]^2.
+        """`n` goals uniform in [-0.5, 0.5]^2: independent, or a Latin hypercube (each
+        coordinate's range cut into `n` equal intervals, one goal in each).
 
         Args:
           seed: an int >= 0 or a `[2]` integer tensor.
@@ -219,7 +229,10 @@ class Navigation2D:
         s = _seed(seed, "Navigation2D.sample_tasks")
         n = checks.integer(n, "n", "Navigation2D.sample_tasks", 1)
         half = tf.constant(0.5, self.dtype)
-        return {"goal": tf.random.stateless_uniform([n, 2], s, -half, half, dtype=self.dtype)}
+        if self.task_sampling == "independent":
+            return {"goal": tf.random.stateless_uniform([n, 2], s, -half, half,
+                                                        dtype=self.dtype)}
+        return {"goal": _tensors.unit_draws(s, n, 2, self.task_sampling, self.dtype) - half}
 
     def reset(self, task: Tree, seed: Seed, batch: int) -> tuple:
         """Starts `batch` episodes at the origin.

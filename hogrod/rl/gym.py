@@ -29,6 +29,8 @@ import numpy as np
 import tensorflow as tf
 
 from hogrod import checks
+from hogrod.rl import _tensors
+from hogrod.rl._tensors import TASK_SAMPLING
 from hogrod.rl.rollout import Trajectories, policy_distribution, task_seeds
 from hogrod.types import DType, Params, Seed, Tree
 
@@ -208,25 +210,35 @@ class HalfCheetahTasks:
       ctrl_cost_weight: the control cost's weight, >= 0 (0.05, MAML's ``0.5 * 0.1``).
       horizon: the episode length of a rollout, an int >= 1 (200 in MAML).
       dtype: the goals' dtype; None: Keras's floatx.
+      task_sampling: how `sample_tasks` draws a meta-batch's goals, one of
+        `TASK_SAMPLING`: "independent" (MAML's) or "latin_hypercube" (the velocities
+        spread evenly over [0, 2], one in each of `n` equal intervals; the directions as
+        close to half and half as `n` allows), each goal still drawn from the same
+        distribution. The mean return over a meta-batch then varies far less from one
+        meta-batch to the next (a velocity task's return falls with its goal).
 
     Raises:
-      ArgumentError: `kind`, `ctrl_cost_weight` or `horizon` out of range.
+      ArgumentError: `kind`, `ctrl_cost_weight`, `horizon` or `task_sampling` out of range.
     """
 
     observation_dim = 17
     action_dim = 6
 
     def __init__(self, kind: str = "velocity", ctrl_cost_weight: float = 0.05,
-                 horizon: int = 200, dtype: Optional[DType] = None) -> None:
+                 horizon: int = 200, dtype: Optional[DType] = None,
+                 task_sampling: str = "independent") -> None:
         where = "HalfCheetahTasks"
         self.kind = checks.choice(kind, HALFCHEETAH_TASKS, "kind", where)
         self.ctrl_cost_weight = checks.nonnegative(ctrl_cost_weight, "ctrl_cost_weight",
                                                    where)
         self.horizon = checks.integer(horizon, "horizon", where, 1)
         self.dtype = tf.as_dtype(dtype or keras.backend.floatx())
+        self.task_sampling = checks.choice(task_sampling, TASK_SAMPLING, "task_sampling",
+                                           where)
 
     def sample_tasks(self, seed: Seed, n: int) -> Tree:
-        """`n` goals: velocities uniform in [0, 2] or directions -1 or 1.
+        """`n` goals: velocities uniform in [0, 2] or directions -1 or 1, independent or
+        from a Latin hypercube (`task_sampling`).
 
         Args:
           seed: an int >= 0 or a `[2]` integer tensor.
@@ -244,7 +256,10 @@ class HalfCheetahTasks:
         else:
             s = tf.constant([checks.seed(seed, "seed", where), 0], tf.int64)
         n = checks.integer(n, "n", where, 1)
-        u = tf.random.stateless_uniform([n], s, dtype=self.dtype)
+        if self.task_sampling == "independent":
+            u = tf.random.stateless_uniform([n], s, dtype=self.dtype)
+        else:
+            u = _tensors.unit_draws(s, n, 1, self.task_sampling, self.dtype)[:, 0]
         if self.kind == "velocity":
             return {"goal": 2 * u}
         return {"goal": tf.where(u < 0.5, -tf.ones_like(u), tf.ones_like(u))}

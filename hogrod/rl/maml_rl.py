@@ -1,7 +1,7 @@
 """MAML for reinforcement learning (Finn et al. 2017) with DiCE inner steps.
 
 Each meta-iteration samples a meta-batch of tasks; for each task (vectorized over the
-tasks, `tf.vectorized_map`) it
+tasks, `tf.vectorized_map`; the meta-gradient's map as `task_map` says) it
 
 1. rolls out `batch` episodes with the policy's parameters theta,
 2. fits the linear feature baseline to them and takes the inner step
@@ -49,6 +49,7 @@ import tensorflow as tf
 
 from hogrod import checks, distribute, optim, tree
 from hogrod.autodiff import HVP_MODES, hvp
+from hogrod.meta.common import map_tasks
 from hogrod.rl.estimators import dice_objective
 from hogrod.rl.gym import gym_rollout
 from hogrod.rl.returns import LinearFeatureBaseline, discounted_returns, gae_advantages
@@ -56,9 +57,10 @@ from hogrod.rl.rollout import Trajectories, policy_distribution, rollout
 from hogrod.rl.trpo import line_search, natural_step
 from hogrod.types import Params, Tree
 
-__all__ = ["inner_step", "MetaBatch", "MamlRL", "OUTER_STEPS"]
+__all__ = ["inner_step", "MetaBatch", "MamlRL", "OUTER_STEPS", "TASK_MAPS"]
 
 OUTER_STEPS = ("trpo", "clip")
+TASK_MAPS = ("vectorized", "sequential")
 
 
 def _mean(x, mask):
@@ -165,15 +167,23 @@ class MamlRL:
       outer_lr: the clipped surrogate's Adam step size, > 0 ("clip" only).
       outer_steps: Adam steps on each meta-batch, >= 1 ("clip" only).
       reg_coeff: the baseline's first ridge regularization, > 0.
-      hvp_mode: `hogrod.hvp`'s mode for the Fisher-vector products.
+      hvp_mode: `hogrod.hvp`'s mode for the Fisher-vector products; with
+        `task_map="sequential"` "auto" is "reverse_over_reverse".
       strategy: None (the current strategy) or a `tf.distribute.Strategy`.
       adapt: whether training takes the inner step (MAML-RL); False: the outer step on the
         unadapted policy's episodes (see the module docstring).
+      task_map: how the surrogate and the KL (the meta-gradient, the Fisher-vector
+        products) map over the tasks: "vectorized" (`tf.vectorized_map`) or "sequential"
+        (`tf.map_fn`, tasks in parallel iterations), as the meta family's `task_map`
+        (`hogrod.meta.common.map_tasks`). The same numbers up to rounding; on CPU
+        "sequential" computed the 2D-navigation meta-gradient faster (`pfor`'s batched
+        products of the inner step's second-order graph cost more than they save there).
 
     Raises:
       ArgumentError: an argument out of range, `outer` not one of `OUTER_STEPS`,
-        `hvp_mode` not "auto" or one of `hogrod.autodiff.HVP_MODES`, or a host
-        environment under a strategy of several replicas.
+        `hvp_mode` not "auto" or one of `hogrod.autodiff.HVP_MODES`, `task_map` not
+        "vectorized" or "sequential", or a host environment under a strategy of several
+        replicas.
     """
 
     def __init__(self, env: Any, policy: keras.Model, meta_batch: int = 20, batch: int = 20,
@@ -185,8 +195,18 @@ class MamlRL:
                  clip: float = 0.2, outer_lr: float = 1e-3, outer_steps: int = 5,
                  reg_coeff: float = 1e-5, hvp_mode: str = "auto",
                  strategy: Optional[tf.distribute.Strategy] = None,
-                 adapt: bool = True) -> None:
+                 adapt: bool = True, task_map: str = "vectorized") -> None:
         where = "MamlRL"
+        self.task_map = checks.choice(task_map, TASK_MAPS, "task_map", where)
+        hvp_mode = checks.choice(hvp_mode, ("auto",) + HVP_MODES, "hvp_mode", where)
+        if self.task_map == "sequential":
+            # forward mode cannot pass tf.map_fn's TensorArrays (a variant tangent)
+            if hvp_mode == "forward_over_reverse":
+                raise checks.ArgumentError(
+                    f"{where}: hvp_mode='forward_over_reverse' cannot differentiate through "
+                    f"task_map='sequential' (tf.map_fn); use 'reverse_over_reverse' or "
+                    f"'auto', or task_map='vectorized'")
+            hvp_mode = "reverse_over_reverse"
         if not isinstance(adapt, bool):
             raise checks.ArgumentError(f"{where}: adapt must be a bool, got {adapt!r}")
         self.adapt = adapt
@@ -218,7 +238,7 @@ class MamlRL:
                                              1.0, low_open=True, high_open=True)
         self.clip = checks.number(clip, "clip", where, 0.0, 1.0, low_open=True, high_open=True)
         self.outer_steps = checks.integer(outer_steps, "outer_steps", where, 1)
-        self.hvp_mode = checks.choice(hvp_mode, ("auto",) + HVP_MODES, "hvp_mode", where)
+        self.hvp_mode = hvp_mode
         self.variables = list(policy.trainable_variables)
         self.dtype = tf.as_dtype(self.variables[0].dtype)
         self.baseline = LinearFeatureBaseline(env.observation_dim, reg_coeff, self.dtype)
@@ -337,7 +357,7 @@ class MamlRL:
         Returns:
           `(surrogate, kl)`, scalars of the parameters' dtype.
         """
-        def one(a):
+        def one(a, _, params):
             inner, values, scale, outer, adv, old = a
             fast = inner_step(self.policy, params, Trajectories(*inner), self.step_size,
                               self.discount, values, self.gae_lambda, scale
@@ -351,9 +371,9 @@ class MamlRL:
                 gain = tf.minimum(gain, tf.clip_by_value(ratio, low, high) * adv)
             kl = type(dist)(*old).kl(dist)
             return _mean(gain, outer[4]), _mean(kl, outer[4])
-        surrogate, kl = tf.vectorized_map(one, (tuple(data.inner), data.inner_values,
-                                                data.inner_scale, tuple(data.outer),
-                                                data.advantages, data.old))
+        surrogate, kl = map_tasks(one, (tuple(data.inner), data.inner_values,
+                                        data.inner_scale, tuple(data.outer), data.advantages,
+                                        data.old), None, params, self.task_map)
         return tf.reduce_mean(surrogate), tf.reduce_mean(kl)
 
     def _gradient(self, data, params, clipped):
