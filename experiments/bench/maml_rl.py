@@ -7,11 +7,11 @@ sampled as `MamlRL.sample` computes it (`fixed_batch`); the timed function is th
 in the initial parameters of the mean over tasks of the importance-weighted surrogate, each
 task's adaptation (`inner_step`, Loaded DiCE with the baseline's values) recomputed from them
 (`MamlRL.surrogate_and_kl`, the tasks mapped as `task_map` says, one `tf.function`).
-PyTorch (the `bench` extra): the same computation with `torch.func.grad` for the inner step, `torch.func.vmap`
-over tasks and `functional_call`, on the Keras weights and the same episodes. Before timing,
-both meta-gradients are compared in float64 (tolerance 1e-9, relative) and float32 (1e-3);
-the binary stops if either disagrees. Without torch the PyTorch side is skipped (logged) and
-its metrics are None.
+PyTorch (the `bench` extra): the same computation with `torch.func.grad` for the inner
+step, `torch.func.vmap` over tasks and `functional_call`, on the Keras weights and the same
+episodes. Before timing, both meta-gradients are compared in float64 (tolerance 1e-9,
+relative) and float32 (1e-3); the binary stops if either disagrees. Without torch the
+PyTorch side is skipped (logged) and its metrics are None.
 
 Environment: `rl.rollout` of the same policy (its initial weights) on the meta-batch,
 compiled, against `rl.gym_rollout` of a numpy `gymnasium.Env` with the same dynamics in a
@@ -312,8 +312,8 @@ def bench_maml_rl(output_dir, meta_batch=20, batch=20, horizon=100, step_size=0.
         metrics[f"env_steps_per_s_{name}"] = r * n * horizon
         if name != "tf":
             metrics[f"env_ratio_tf_over_{name}"] = env_rates["tf"] / r
-    metrics.update(tensorflow=tf.__version__, gymnasium=gymnasium.__version__, task_map=task_map,
-                   meta_batch=meta_batch, batch=batch, horizon=horizon)
+    metrics.update(tensorflow=tf.__version__, gymnasium=gymnasium.__version__,
+                   task_map=task_map, meta_batch=meta_batch, batch=batch, horizon=horizon)
     for name, value in sorted(metrics.items()):
         print(f"{name:35s} {value}")
     return metrics

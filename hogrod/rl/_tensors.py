@@ -162,11 +162,11 @@ def powers(base: float, steps: TensorLike, dtype: DType) -> tf.Tensor:
 TASK_SAMPLING = ("independent", "latin_hypercube")
 
 
-def unit_draws(seed: tf.Tensor, n: int, d: int, sampling: str, dtype: DType) -> tf.Tensor:
-    """`[n, d]` draws, each uniform on the unit interval, for a meta-batch's tasks.
+def latin_hypercube(seed: tf.Tensor, n: int, d: int, dtype: DType) -> tf.Tensor:
+    """`[n, d]` draws on the unit interval forming a Latin hypercube, for a meta-batch's
+    tasks (`TASK_SAMPLING`'s "latin_hypercube").
 
-    "independent": independent uniforms (`tf.random.stateless_uniform`). "latin_hypercube":
-    in each column every one of the `n` intervals [k / n, (k + 1) / n] holds exactly one
+    In each column every one of the `n` intervals [k / n, (k + 1) / n] holds exactly one
     draw, uniform inside it, the intervals assigned to the rows by an independent random
     permutation per column. Each draw is still uniform, so a mean over the tasks keeps its
     expectation, but the meta-batch covers the range evenly: a mean over tasks whose value
@@ -177,14 +177,11 @@ def unit_draws(seed: tf.Tensor, n: int, d: int, sampling: str, dtype: DType) -> 
       seed: an int64 `[2]` tensor.
       n: the rows (tasks), an int >= 1.
       d: the columns, an int >= 1.
-      sampling: one of `TASK_SAMPLING` (checked by the caller).
       dtype: a floating dtype.
 
     Returns:
       The `[n, d]` tensor.
     """
-    if sampling == "independent":
-        return tf.random.stateless_uniform([n, d], seed, dtype=dtype)
     order, within = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
     intervals = tf.argsort(tf.random.stateless_uniform([d, n], order), axis=1)
     u = tf.random.stateless_uniform([n, d], within, dtype=dtype)

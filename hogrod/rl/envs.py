@@ -232,7 +232,7 @@ class Navigation2D:
         if self.task_sampling == "independent":
             return {"goal": tf.random.stateless_uniform([n, 2], s, -half, half,
                                                         dtype=self.dtype)}
-        return {"goal": _tensors.unit_draws(s, n, 2, self.task_sampling, self.dtype) - half}
+        return {"goal": _tensors.latin_hypercube(s, n, 2, self.dtype) - half}
 
     def reset(self, task: Tree, seed: Seed, batch: int) -> tuple:
         """Starts `batch` episodes at the origin.

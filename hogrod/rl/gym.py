@@ -30,7 +30,6 @@ import tensorflow as tf
 
 from hogrod import checks
 from hogrod.rl import _tensors
-from hogrod.rl._tensors import TASK_SAMPLING
 from hogrod.rl.rollout import Trajectories, policy_distribution, task_seeds
 from hogrod.types import DType, Params, Seed, Tree
 
@@ -233,8 +232,8 @@ class HalfCheetahTasks:
                                                    where)
         self.horizon = checks.integer(horizon, "horizon", where, 1)
         self.dtype = tf.as_dtype(dtype or keras.backend.floatx())
-        self.task_sampling = checks.choice(task_sampling, TASK_SAMPLING, "task_sampling",
-                                           where)
+        self.task_sampling = checks.choice(task_sampling, _tensors.TASK_SAMPLING,
+                                           "task_sampling", where)
 
     def sample_tasks(self, seed: Seed, n: int) -> Tree:
         """`n` goals: velocities uniform in [0, 2] or directions -1 or 1, independent or
@@ -259,7 +258,7 @@ class HalfCheetahTasks:
         if self.task_sampling == "independent":
             u = tf.random.stateless_uniform([n], s, dtype=self.dtype)
         else:
-            u = _tensors.unit_draws(s, n, 1, self.task_sampling, self.dtype)[:, 0]
+            u = _tensors.latin_hypercube(s, n, 1, self.dtype)[:, 0]
         if self.kind == "velocity":
             return {"goal": 2 * u}
         return {"goal": tf.where(u < 0.5, -tf.ones_like(u), tf.ones_like(u))}
