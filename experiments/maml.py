@@ -235,6 +235,8 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
         memory; the evaluation maps sequentially). It is passed to the algorithm as its
         `task_map` argument, so it takes precedence over a binding such as
         `maml.task_map`.
+      meta_lr: Adam's meta learning rate, or a Keras schedule of the meta-iteration
+        (e.g. `@PiecewiseConstantDecay()`, registered by `hogrod.harness`).
       meta_lr_decay_every: multiply the meta learning rate by `meta_lr_decay` every this
         many meta-iterations (a staircase; Snell et al. halve it every 2,000 episodes);
         None: constant.
@@ -256,6 +258,11 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
     if declared is not None and declared != data.meta_batch_size:
         raise ValueError(f"the data function's stream has meta-batches of {declared} tasks but "
                          f"its MetaData.meta_batch_size is {data.meta_batch_size}")
+    if meta_lr_decay_every is not None and \
+            isinstance(meta_lr, keras.optimizers.schedules.LearningRateSchedule):
+        raise ValueError(
+            "maml_experiment.meta_lr is a schedule and maml_experiment.meta_lr_decay_every = "
+            f"{meta_lr_decay_every} decays it again: remove one of the two bindings")
     with strategy.scope():
         net = model()
         rate = meta_lr if meta_lr_decay_every is None else \

@@ -99,7 +99,8 @@ def maml_rl_experiment(output_dir, meta_iterations: harness.Count = 500,
                        checkpoint_every: harness.PositiveInt = 50, seed: harness.Count = 0,
                        dtype: str = "float32", env: str = "navigation2d",
                        adapt: bool = True, time_limit_s: harness.Positive | None = None,
-                       task_sampling: str = "independent", task_map: str = "vectorized"):
+                       task_sampling: str = "independent", task_map: str = "vectorized",
+                       jit_compile: bool = False):
     """MAML-RL on 2D navigation (`hogrod.rl.MamlRL`), evaluated on held-out goals.
 
     Args:
@@ -147,6 +148,8 @@ def maml_rl_experiment(output_dir, meta_iterations: harness.Count = 500,
         over the goal range, each still uniform: the training return's mean over a
         meta-batch varies far less between meta-iterations).
       task_map: `rl.MamlRL`'s `task_map`, "vectorized" or "sequential".
+      jit_compile: `rl.MamlRL`'s `jit_compile` (XLA for the meta-gradient, the
+        Fisher-vector products and the line search).
 
     Returns:
       The final evaluation's metrics and the last meta-iteration's logs.
@@ -168,7 +171,7 @@ def maml_rl_experiment(output_dir, meta_iterations: harness.Count = 500,
                         gae_lambda, True, outer, max_kl, cg_maxiter, damping,
                         line_search_steps, backtrack_ratio, clip, outer_lr, outer_steps,
                         hvp_mode=hvp_mode, strategy=strategy, adapt=adapt,
-                        task_map=task_map)
+                        task_map=task_map, jit_compile=jit_compile)
     ckpt = train.Checkpointer(output_dir, policy=policy, **{
         f"outer_state_{i}": v for i, v in enumerate(tf.nest.flatten(learner.optimizer_state))})
     start = ckpt.restore()

@@ -28,10 +28,6 @@ from absl import logging
 from hogrod import checks, distribute, harness, pinn, train
 from hogrod.pinn import training
 
-# a learning-rate schedule for pinn_experiment.adam_lr (= @ExponentialDecay())
-gin.external_configurable(keras.optimizers.schedules.ExponentialDecay, module="keras")
-# linear decay to end_learning_rate over decay_steps (power 1), as STDE and Hu et al. train
-gin.external_configurable(keras.optimizers.schedules.PolynomialDecay, module="keras")
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -92,7 +88,8 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width: harness.PositiveInt
         scheme, `weights` must be None.
       gpinn: gradient-enhanced PINN, {coordinate j: w_j}: adds the term sum_j w_j
         mean((d residual / d x_j)^2) (None: none).
-      adam_steps: the number of Adam steps; adam_lr: its learning rate (or a schedule).
+      adam_steps: the number of Adam steps; adam_lr: its learning rate, or a Keras schedule (`@ExponentialDecay()`, ...;
+        registered by `hogrod.harness`).
       lbfgs_maxiter: the most L-BFGS iterations after Adam (it stops earlier at its
         tolerance; 0: no L-BFGS).
       n_collocation, n_condition: the collocation points, and the points of each condition

@@ -21,6 +21,7 @@ import time
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import gin
+import keras
 from absl import app, flags, logging
 
 from hogrod.bindings import (PACKAGE_DIR, ConfigError, Count, Fraction, NonNegative, Positive,
@@ -33,6 +34,14 @@ __all__ = ["main", "run", "run_cli", "parse_config", "resolve_gin_file", "config
            "Positive", "NonNegative", "Fraction"]
 
 FLAGS = flags.FLAGS
+# Keras's learning-rate schedules, for any binary's rate binding (e.g.
+# `pinn_experiment.adam_lr = @ExponentialDecay()`, `maml_experiment.meta_lr =
+# @PiecewiseConstantDecay()`); registered here, once per process, for every binary.
+for _schedule in (keras.optimizers.schedules.ExponentialDecay,
+                  keras.optimizers.schedules.PolynomialDecay,  # power 1: linear decay
+                  keras.optimizers.schedules.PiecewiseConstantDecay,
+                  keras.optimizers.schedules.CosineDecay):
+    gin.external_configurable(_schedule, module="keras")
 REPO_ROOT = os.path.dirname(PACKAGE_DIR)  # the checkout, for a development install
 #: An experiment: a gin configurable `fn(output_dir) -> metrics or None`.
 Experiment = Callable[[str], Optional[Mapping[str, Any]]]

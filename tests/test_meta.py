@@ -321,6 +321,23 @@ def test_short_sinusoid_run_adapts_well_below_the_unadapted_loss(tmp_path):
         0, 800]
 
 
+def test_a_schedule_bound_to_the_meta_learning_rate_sets_each_steps_rate(tmp_path):
+    from experiments import maml as exp
+    from hogrod import harness
+    short = ["maml_experiment.meta_iterations = 2", "maml_experiment.eval_every = 2",
+             "sinusoid_data.eval_tasks = 2", "maml_experiment.eval_steps = (0, 1)",
+             "maml_experiment.meta_lr = @PiecewiseConstantDecay()",
+             "PiecewiseConstantDecay.boundaries = [0]",
+             "PiecewiseConstantDecay.values = [1e-3, 2.5e-4]"]
+    args = (exp.maml_experiment, ["configs/maml/sinusoid_maml.gin"], short)
+    _, metrics = harness.run(*args, str(tmp_path / "schedule"))
+    # Adam's rate at the second step (iterations 1, past the boundary)
+    assert metrics["final_train_lr"] == pytest.approx(2.5e-4, rel=1e-6)
+    with pytest.raises(ValueError, match="meta_lr is a schedule.*meta_lr_decay_every = 5"):
+        harness.run(args[0], args[1], short + ["maml_experiment.meta_lr_decay_every = 5"],
+                    str(tmp_path / "both"))
+
+
 def synthetic_classes(num_classes=7, per_class=(5, 6, 7, 5, 9, 5, 6)):
     images = []
     for c in range(num_classes):

@@ -198,31 +198,36 @@ def test_without_adaptation_the_surrogate_is_the_policy_gradient_of_the_sampled_
     assert abs(float(kl)) < 1e-14 and np.abs(flat(want)).max() > 1e-3
 
 
-def test_a_trpo_step_with_the_tasks_mapped_sequentially_equals_the_vectorized_one():
+def test_a_trpo_step_with_the_tasks_mapped_sequentially_or_under_xla_equals_the_plain_one():
     """The Fisher-vector products (reverse over reverse: forward mode cannot pass
     `tf.map_fn`) and the line search through `tf.map_fn` give the step
-    `tf.vectorized_map` gives."""
+    `tf.vectorized_map` gives; so does the step with its meta-gradient, products (forward
+    over reverse) and line search compiled by XLA."""
     env = rl.Navigation2D(horizon=3, dtype="float64")
     steps = {}
-    for task_map in ("vectorized", "sequential"):
+    for task_map, jit in (("vectorized", False), ("sequential", False), ("vectorized", True)):
         policy = tiny_policy(6)
         # "auto" is reverse over reverse with "sequential": the same products here
-        mode = "reverse_over_reverse" if task_map == "vectorized" else "auto"
+        mode = "reverse_over_reverse" if (task_map, jit) == ("vectorized", False) else "auto"
         learner = rl.MamlRL(env, policy, meta_batch=2, batch=3, step_size=0.3, discount=0.9,
-                            damping=0.1, task_map=task_map, hvp_mode=mode)
+                            damping=0.1, task_map=task_map, hvp_mode=mode, jit_compile=jit)
         logs = {k: float(v) for k, v in learner.step(5).items()}
-        steps[task_map] = logs, flat(hogrod.trainable_values(policy))
-    (vectorized, after), (sequential, after_sequential) = steps.values()
+        steps[task_map, jit] = logs, flat(hogrod.trainable_values(policy))
+        if task_map == "sequential":
+            assert learner.hvp_mode == "reverse_over_reverse"  # "auto" through tf.map_fn
+    (vectorized, after), *others = steps.values()
     assert vectorized["accepted"] == 1 and vectorized["kl"] > 0
-    # ten CG iterations on a near-singular Fisher amplify the two maps' different rounding
+    # ten CG iterations on a near-singular Fisher amplify the maps' different rounding
     # (seen: 6e-9 relative); a task dropped or mis-mapped is off by 1e-3 or more
-    for k in vectorized:
-        np.testing.assert_allclose(sequential[k], vectorized[k], rtol=1e-7, atol=1e-12,
-                                   err_msg=k)
-    np.testing.assert_allclose(after_sequential, after, rtol=1e-7, atol=1e-8)
-    assert learner.hvp_mode == "reverse_over_reverse"  # "auto" through tf.map_fn
+    for logs, params in others:
+        for k in vectorized:
+            np.testing.assert_allclose(logs[k], vectorized[k], rtol=1e-7, atol=1e-12,
+                                       err_msg=k)
+        np.testing.assert_allclose(params, after, rtol=1e-7, atol=1e-8)
     with pytest.raises(hogrod.checks.ArgumentError, match="task_map"):
         rl.MamlRL(env, policy, meta_batch=2, batch=3, task_map="recomputed")
+    with pytest.raises(hogrod.checks.ArgumentError, match="jit_compile must be a bool"):
+        rl.MamlRL(env, policy, meta_batch=2, batch=3, jit_compile="yes")
     with pytest.raises(hogrod.checks.ArgumentError, match="forward_over_reverse"):
         rl.MamlRL(env, policy, meta_batch=2, batch=3, task_map="sequential",
                   hvp_mode="forward_over_reverse")

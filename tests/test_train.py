@@ -438,3 +438,41 @@ def test_weights_and_transform_are_checked():
                                          vs)
     with pytest.raises(ValueError, match=r"only monitor terms \['monitor/x'\]"):
         only_monitor(big_batch(data))
+
+
+def test_an_xla_step_updates_as_the_plain_step_does_and_skips_a_non_finite_gradient():
+    """With the default strategy the XLA step is one computation, its update and guard
+    included: the same steps (float64), the same logs, the same skipped step."""
+    def problem():
+        keras.utils.set_random_seed(3)
+        w = tf.Variable(tf.random.normal([3, 2], dtype=tf.float64), name="w")
+        b = tf.Variable(tf.zeros([2], tf.float64), name="b")
+
+        def objective(batch):
+            x, y = batch
+            pred = tf.matmul(x, w) + b
+            return {"mse": tf.reduce_mean((pred - y) ** 2), "l2": tf.reduce_sum(w ** 2)}
+        return [w, b], objective
+
+    def run(jit):
+        variables, objective = problem()
+        step = train.make_train_step(objective, keras.optimizers.Adam(0.05), variables,
+                                     weights={"l2": 1e-3}, accumulation_steps=2,
+                                     transform=train.clip_by_global_norm(0.5),
+                                     jit_compile=jit)
+        logs = []
+        for i in range(4):
+            x = tf.random.stateless_normal([4, 3], [i, 0], dtype=tf.float64)
+            y = tf.sin(x[:, :2]) / (i > 0)  # step 0: y inf, so is the loss
+            logs.append(step((x, y)))
+        return [v.numpy() for v in variables], logs, step
+
+    plain, plain_logs, _ = run(False)
+    fused, fused_logs, step = run(True)
+    assert [float(lg["applied"]) for lg in fused_logs] == [0.0, 1.0, 1.0, 1.0]
+    for a, e in zip(fused, plain):
+        np.testing.assert_allclose(a, e, rtol=1e-12)
+    for a, e in zip(fused_logs, plain_logs):
+        assert set(a) == set(e)
+        for k in ("loss", "mse", "grad_norm", "lr", "applied"):
+            np.testing.assert_allclose(float(a[k]), float(e[k]), rtol=1e-12)

@@ -6,7 +6,8 @@ Meta-gradient: a `GaussianPolicy` on a 2-64-64-2 tanh net (init std 1), `Navigat
 sampled as `MamlRL.sample` computes it (`fixed_batch`); the timed function is the gradient
 in the initial parameters of the mean over tasks of the importance-weighted surrogate, each
 task's adaptation (`inner_step`, Loaded DiCE with the baseline's values) recomputed from them
-(`MamlRL.surrogate_and_kl`, the tasks mapped as `task_map` says, one `tf.function`).
+(`MamlRL.surrogate_and_kl`, the tasks mapped as `task_map` says, one `tf.function`,
+compiled by XLA with `jit_compile`).
 PyTorch (the `bench` extra): the same computation with `torch.func.grad` for the inner
 step, `torch.func.vmap` over tasks and `functional_call`, on the Keras weights and the same
 episodes. Before timing, both meta-gradients are compared in float64 (tolerance 1e-9,
@@ -82,7 +83,8 @@ def fixed_batch(algo, tasks):
                         tf.stack(advantages), tuple(tf.stack(f) for f in zip(*old)))
 
 
-def setup(dtype, meta_batch, batch, horizon, step_size, task_map="vectorized"):
+def setup(dtype, meta_batch, batch, horizon, step_size, task_map="vectorized",
+          jit_compile=False):
     """The policy, `MamlRL`, its fixed `MetaBatch` and the compiled meta-gradient.
 
     Args:
@@ -92,6 +94,7 @@ def setup(dtype, meta_batch, batch, horizon, step_size, task_map="vectorized"):
       horizon: steps per episode.
       step_size: the inner step.
       task_map: `MamlRL`'s `task_map`, "vectorized" or "sequential".
+      jit_compile: compile the meta-gradient with XLA, as `MamlRL(jit_compile=True)` does.
 
     Returns:
       `(policy, algo, data, params, meta_grad)`; `meta_grad(data, params)` returns the
@@ -107,7 +110,7 @@ def setup(dtype, meta_batch, batch, horizon, step_size, task_map="vectorized"):
     params = [tf.convert_to_tensor(v) for v in policy.trainable_variables]
     data = fixed_batch(algo, env.sample_tasks(0, meta_batch))
 
-    @tf.function(autograph=False)
+    @tf.function(autograph=False, jit_compile=jit_compile)
     def meta_grad(data, params):
         with tf.GradientTape() as tape:
             tape.watch(params)
@@ -250,7 +253,7 @@ def gym_navigation(n):
 def bench_maml_rl(output_dir, meta_batch=20, batch=20, horizon=100, step_size=0.1,
                   rounds=10, steps_per_round=5, warmup=3, env_rounds=3,
                   vector_envs=("sync",), check_float64=True, torch_threads=None,
-                  task_map="vectorized"):
+                  task_map="vectorized", jit_compile=False):
     """Meta-gradients/s of hogrod and torch.func and env steps/s; returns the metrics.
 
     Args:
@@ -269,6 +272,7 @@ def bench_maml_rl(output_dir, meta_batch=20, batch=20, horizon=100, step_size=0.
         default. On a loaded machine fewer threads than cores avoids OpenMP barriers
         waiting on descheduled threads.
       task_map: `MamlRL`'s `task_map` for hogrod's meta-gradient.
+      jit_compile: compile hogrod's meta-gradient with XLA (`MamlRL`'s `jit_compile`).
 
     Returns:
       The metrics: rates, ratios (None without torch), the agreement's relative errors.
@@ -277,7 +281,7 @@ def bench_maml_rl(output_dir, meta_batch=20, batch=20, horizon=100, step_size=0.
     metrics = {"grad_rel_err_float64": None, "grad_rel_err_float32": None,
                "steps_per_s_torch_func": None, "ratio_hogrod_over_torch_func": None,
                "torch": None, "torch_threads": None}
-    sizes = (meta_batch, batch, horizon, step_size, task_map)
+    sizes = (meta_batch, batch, horizon, step_size, task_map, jit_compile)
     for dtype in ("float64", "float32") if check_float64 else ("float32",):
         policy, algo, data, params, meta_grad = setup(dtype, *sizes)
         peer = torch_meta_grad(policy, algo, data, torch_threads)
@@ -313,7 +317,8 @@ def bench_maml_rl(output_dir, meta_batch=20, batch=20, horizon=100, step_size=0.
         if name != "tf":
             metrics[f"env_ratio_tf_over_{name}"] = env_rates["tf"] / r
     metrics.update(tensorflow=tf.__version__, gymnasium=gymnasium.__version__,
-                   task_map=task_map, meta_batch=meta_batch, batch=batch, horizon=horizon)
+                   task_map=task_map, jit_compile=jit_compile, meta_batch=meta_batch,
+                   batch=batch, horizon=horizon)
     for name, value in sorted(metrics.items()):
         print(f"{name:35s} {value}")
     return metrics

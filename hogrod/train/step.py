@@ -298,6 +298,34 @@ def _logs(terms, total, norm, groups):
     return dict(terms, loss=total, grad_norm=norm, **rates)
 
 
+def _is_default(strategy):
+    """Whether `strategy` is the default one (no tf.distribute scope): its `run` calls the
+    function as it is and its all-reduce is the identity."""
+    return not tf.distribute.has_strategy() and strategy is tf.distribute.get_strategy()
+
+
+def _fused_step(gradient, groups, all_vars, transform, k):
+    """The whole step as one XLA computation, the update and its guard included: one
+    replica, no loss scaling. Outside XLA, Keras's update of a few small variables costs as
+    much as a small model's gradient (its many small ops, each dispatched)."""
+    def step(batch):
+        terms, total, grads = _replica_gradient(gradient, batch, k)
+        norm = global_norm(grads)
+        finite = _finite(terms, norm, None)
+        grads = _transformed(transform, grads, all_vars)
+
+        def apply():
+            _apply(groups, grads, 1, None)
+            return tf.constant(1.0)
+
+        applied = tf.cond(finite, apply, lambda: tf.constant(0.0))
+        return dict(_logs(terms, total, norm, groups), applied=applied)
+
+    logging.info("train step: %d variables in %d group(s), one XLA computation, "
+                 "accumulation %d", len(all_vars), len(groups), k)
+    return tf.function(step, jit_compile=True)
+
+
 @gin.configurable(denylist=["objective", "optimizer", "variables"])
 def make_train_step(objective: Objective,
                     optimizer: keras.optimizers.Optimizer | Groups,
@@ -333,9 +361,11 @@ def make_train_step(objective: Objective,
         with the memory of one micro-batch. Must divide every batch's (per-replica) size.
       strategy: a `tf.distribute.Strategy`; default the current one. The batch passed to
         the step is then a distributed batch (`hogrod.distribute.distribute_dataset`).
-      jit_compile: compile the loss and its gradient (per replica) with XLA, which fuses
-        the many small elementwise ops of a PINN residual or a small MLP; the update and
-        the all-reduce stay outside XLA. A loss that calls `tf.vectorized_map` directly
+      jit_compile: compile with XLA, which fuses the many small elementwise ops of a PINN
+        residual or a small MLP: with the default strategy and no loss scaling the whole
+        step (gradient, guard, transform and update) is one XLA computation; otherwise the
+        loss and its gradient per replica are, and the update and the all-reduce stay
+        outside XLA. A loss that calls `tf.vectorized_map` directly
         defeats it: XLA then takes the batch and the weights as compile-time constants
         and compiles anew on every step (hogrod.meta's algorithms avoid this).
 
@@ -374,6 +404,8 @@ def make_train_step(objective: Objective,
     def gradient(batch):
         return _gradient(objective, weights, all_vars, scaler, batch)
 
+    if jit_compile and replicas == 1 and scaler is None and _is_default(strategy):
+        return _fused_step(gradient, groups, all_vars, transform, k)
     if jit_compile:
         gradient = tf.function(gradient, jit_compile=True)
 
