@@ -12,7 +12,18 @@ Dropout and other random layers) is threaded explicitly: pass `state` (a list
 of tensors ordered like `model.non_trainable_variables`, e.g. from
 `model_state(model)`) and get `(outputs, new_state)` back; leave it out and the
 model's current state is read and only outputs are returned.
+
+BatchNormalization on batch statistics (training=True) is differentiated exactly to every
+order inside `functional_call`: Keras's TensorFlow backend takes the variance from
+`tf.nn.moments`, which stops the gradient through the mean inside the variance. That
+leaves first derivatives exact (the variance's derivative in the mean is zero) but drops
+terms of every second derivative: MAML's meta-gradient through BatchNorm, iMAML's
+Hessian-vector products. `exact_batch_statistics` swaps in the full variance while the
+model is called (both compute the same value).
 """
+
+import contextlib
+import importlib
 
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
@@ -22,7 +33,7 @@ import tensorflow as tf
 
 from hogrod.types import Tensor, TensorLike
 
-__all__ = ["functional_call", "model_state", "trainable_values"]
+__all__ = ["functional_call", "model_state", "trainable_values", "exact_batch_statistics"]
 
 
 def model_state(model: keras.Model) -> List[tf.Tensor]:
@@ -97,6 +108,44 @@ def _check_input_precision(model: keras.Model, args: Tuple[Any, ...]) -> None:
                 f"keras.Input(..., dtype='{g.name}')")
 
 
+def _exact_moments(x, axes, keepdims=False):
+    """`tf.nn.moments` without its stop_gradient on the mean inside the variance."""
+    mean = tf.reduce_mean(x, axes, keepdims=True)
+    variance = tf.reduce_mean(tf.math.squared_difference(x, mean), axes, keepdims=True)
+    if not keepdims:
+        mean, variance = tf.squeeze(mean, axes), tf.squeeze(variance, axes)
+    return mean, variance
+
+
+_KERAS_NN = importlib.import_module("keras.src.backend.tensorflow.nn")
+if not callable(getattr(_KERAS_NN, "_compute_moments", None)):
+    raise ImportError(
+        "hogrod: this Keras has no keras.src.backend.tensorflow.nn._compute_moments, through "
+        "which hogrod makes BatchNormalization's batch statistics exact to second order; "
+        "install the Keras version pyproject.toml pins")
+
+
+@contextlib.contextmanager
+def exact_batch_statistics():
+    """Inside the block, BatchNormalization's batch statistics differentiate exactly.
+
+    Keras's TensorFlow backend computes the batch variance with `tf.nn.moments`, whose
+    `stop_gradient` on the mean leaves first derivatives exact but every second
+    derivative through the statistics wrong. Inside this block (while a model is called or
+    traced) the variance is the plain mean of squared deviations: the same value,
+    differentiable to every order. `functional_call` uses it on every call.
+
+    Yields:
+      None.
+    """
+    original = _KERAS_NN._compute_moments
+    _KERAS_NN._compute_moments = _exact_moments
+    try:
+        yield
+    finally:
+        _KERAS_NN._compute_moments = original
+
+
 def functional_call(model: keras.Model, params: Sequence[TensorLike], *args: Any,
                     training: bool = False, state: Optional[Sequence[TensorLike]] = None,
                     **kwargs: Any) -> Union[Any, Tuple[Any, List[Tensor]]]:
@@ -136,7 +185,9 @@ def functional_call(model: keras.Model, params: Sequence[TensorLike], *args: Any
     given_state = state is not None
     state = model_state(model) if state is None else list(state)
     _check(model.non_trainable_variables, state, "non-trainable")
-    outputs, new_state = model.stateless_call(params, state, *args, training=training, **kwargs)
+    with exact_batch_statistics():
+        outputs, new_state = model.stateless_call(params, state, *args, training=training,
+                                                  **kwargs)
     if given_state:
         return outputs, list(new_state)
     return outputs

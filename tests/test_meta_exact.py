@@ -290,3 +290,37 @@ def test_jit_compiled_maml_step_takes_the_meta_batch_as_input():
     for s in range(2):
         batch = tuple(tf.random.stateless_normal((3, 5, 1), (s, i)) for i in range(4))
         np.testing.assert_allclose(jit(batch)["loss"], plain(batch)["loss"], rtol=1e-5)
+
+
+def test_maml_through_batch_statistics_matches_central_differences_to_second_order():
+    """BatchNorm on the batch's statistics: the meta-gradient against float64 central
+    differences of the meta-loss. Keras's batch variance (tf.nn.moments) stops the
+    gradient through its mean, which drops second-order terms of this meta-gradient; the
+    bias before BatchNorm cancels out of the model, so its meta-gradient is zero."""
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((3,), dtype="float64"),
+                              keras.layers.Dense(4, dtype="float64"),
+                              keras.layers.BatchNormalization(dtype="float64"),
+                              keras.layers.Activation("tanh", dtype="float64"),
+                              keras.layers.Dense(1, dtype="float64")])
+    for v in model.trainable_variables:  # away from BatchNorm's gamma 1, beta 0
+        v.assign(v + 0.3 * np.random.default_rng(2).normal(size=v.shape))
+    tasks = tuple(tf.constant(t) for t in linear_tasks(n=2, dim=3, seed=4))
+    algo = meta.maml(model, mse, inner_lr=0.4, inner_steps=2)
+    _, grads = meta.meta_gradient(algo, model, tasks)
+    theta = [v.numpy() for v in model.trainable_variables]
+    numeric, eps = [], 1e-5
+    for i, t in enumerate(theta):
+        g = np.zeros_like(t)
+        for j in np.ndindex(t.shape):
+            values = []
+            for sign in (1, -1):
+                shifted = t.copy()
+                shifted[j] += sign * eps
+                model.trainable_variables[i].assign(shifted)
+                values.append(float(algo.meta_loss(tasks)["loss"]))
+            model.trainable_variables[i].assign(t)
+            g[j] = (values[0] - values[1]) / (2 * eps)
+        numeric.append(g)
+    np.testing.assert_allclose(flat(grads), flat(numeric), rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(grads[1].numpy(), 0.0, atol=1e-12)  # the cancelled bias

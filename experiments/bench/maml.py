@@ -16,13 +16,10 @@ loss and its gradient compiled by XLA with `jit_compile`). PyTorch (the `bench` 
 the forward pass, the recipe of the torch.func MAML tutorial. Its conv4 is NCHW, pads as
 TensorFlow's 'same' does (a stride-2 3x3 window on an even side: nothing before, one row or
 column after; torch's padding=1 would shift every window), flattens in Keras's NHWC order
-and normalizes as Keras's BatchNormalization does on TensorFlow: the variance is
-`tf.nn.moments`', the gradient of the mean stopped in it. That gives exact first
-derivatives but not exact second ones, so hogrod's meta-gradient through batch-statistics
-BatchNorm is not the exact MAML meta-gradient (12-23% apart in float64 on this net); the torch
-side computes the same. (`F.batch_norm` would differ: it differentiates the variance fully,
-and under `vmap` its double backward is wrong, functorch issue 534.) Both timed in the same
-run, interleaved in rounds:
+and normalizes on the batch's statistics with a small BatchNorm of its own, differentiated
+exactly to second order as hogrod's `functional_call` differentiates Keras's
+(`hogrod.exact_batch_statistics`). (`F.batch_norm` under `vmap` gives a wrong double
+backward: functorch issue 534.) Both timed in the same run, interleaved in rounds:
 
     python -m experiments.bench.maml --gin_file=experiments/bench/configs/maml.gin
     python -m experiments.bench.maml --gin_file=experiments/bench/configs/maml_omniglot.gin
@@ -137,12 +134,9 @@ def torch_net(problem, n_way):
             return F.pad(x, pads)
 
     class BatchNorm(nn.Module):
-        """Keras's BatchNormalization in training mode on TensorFlow: the batch's mean and
-        variance, the variance `tf.nn.moments`' with the gradient of the mean stopped in
-        it. Its first derivatives are exact, its second derivatives (MAML's meta-gradient
-        through the inner step) not: this is the computation hogrod's meta-step does.
-        (`F.batch_norm` would differentiate the variance fully, and under `vmap` its
-        double backward is wrong: functorch issue 534.)"""
+        """Keras's BatchNormalization in training mode: the batch's mean and (biased)
+        variance, epsilon 1e-3, differentiated exactly to every order (`F.batch_norm`'s
+        double backward under `vmap` is wrong: functorch issue 534)."""
 
         def __init__(self, channels):
             super().__init__()
@@ -151,7 +145,7 @@ def torch_net(problem, n_way):
 
         def forward(self, x):
             mean = x.mean((0, 2, 3), keepdim=True)
-            variance = ((x - mean.detach()) ** 2).mean((0, 2, 3), keepdim=True)
+            variance = ((x - mean) ** 2).mean((0, 2, 3), keepdim=True)
             scale = torch.rsqrt(variance + 1e-3) * self.weight[:, None, None]
             return (x - mean) * scale + self.bias[:, None, None]
 
