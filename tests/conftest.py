@@ -3,10 +3,32 @@ the data sets (HOGROD_DATA) in ../shared/data beside the repository unless set."
 
 import os
 
+import numpy as np
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATA = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
 os.environ.setdefault("HOGROD_DATA", SHARED_DATA)  # subprocesses of tests inherit it
+
+
+def central_differences(loss, variables, d=1e-6):
+    """d loss / d variables by float64 central differences, each entry perturbed in place
+    (the tests' oracle for gradients)."""
+    out = []
+    for v in variables:
+        base = np.array(v.numpy())
+        fd = np.zeros_like(base)
+        for idx in np.ndindex(base.shape):
+            values = []
+            for sign in (1, -1):
+                shifted = base.copy()
+                shifted[idx] += sign * d
+                v.assign(shifted)
+                values.append(float(loss()))
+            fd[idx] = (values[0] - values[1]) / (2 * d)
+        v.assign(base)
+        out.append(fd)
+    return out
 
 
 def bench_config(name):

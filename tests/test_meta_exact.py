@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 
 from hogrod import meta, train
+from conftest import central_differences
 
 LR = 0.05  # not a float32 number
 
@@ -308,19 +309,7 @@ def test_maml_through_batch_statistics_matches_central_differences_to_second_ord
     tasks = tuple(tf.constant(t) for t in linear_tasks(n=2, dim=3, seed=4))
     algo = meta.maml(model, mse, inner_lr=0.4, inner_steps=2)
     _, grads = meta.meta_gradient(algo, model, tasks)
-    theta = [v.numpy() for v in model.trainable_variables]
-    numeric, eps = [], 1e-5
-    for i, t in enumerate(theta):
-        g = np.zeros_like(t)
-        for j in np.ndindex(t.shape):
-            values = []
-            for sign in (1, -1):
-                shifted = t.copy()
-                shifted[j] += sign * eps
-                model.trainable_variables[i].assign(shifted)
-                values.append(float(algo.meta_loss(tasks)["loss"]))
-            model.trainable_variables[i].assign(t)
-            g[j] = (values[0] - values[1]) / (2 * eps)
-        numeric.append(g)
+    numeric = central_differences(lambda: algo.meta_loss(tasks)["loss"],
+                                  model.trainable_variables, 1e-5)
     np.testing.assert_allclose(flat(grads), flat(numeric), rtol=1e-7, atol=1e-9)
     np.testing.assert_allclose(grads[1].numpy(), 0.0, atol=1e-12)  # the cancelled bias

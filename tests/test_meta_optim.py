@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 from hogrod import meta, optim, train
+from conftest import central_differences
 
 LR = 0.05  # not a float32 number
 
@@ -36,25 +37,6 @@ def linear_tasks(n=2, k_support=6, k_query=5, seed=0):
     xs, xq = rng.normal(size=(n, k_support, 2)), rng.normal(size=(n, k_query, 2))
     w = rng.normal(size=(n, 2, 1))
     return tuple(tf.constant(t) for t in (xs, xs @ w + 0.1, xq, xq @ w - 0.2))
-
-
-def central_differences(loss, variables, d=1e-6):
-    """d loss / d variables by float64 central differences, each entry perturbed in place."""
-    out = []
-    for v in variables:
-        base = np.array(v.numpy())
-        fd = np.zeros_like(base)
-        for idx in np.ndindex(base.shape):
-            values = []
-            for sign in (1, -1):
-                shifted = base.copy()
-                shifted[idx] += sign * d
-                v.assign(shifted)
-                values.append(float(loss()))
-            fd[idx] = (values[0] - values[1]) / (2 * d)
-        v.assign(base)
-        out.append(fd)
-    return out
 
 
 def flat(tensors):

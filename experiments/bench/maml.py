@@ -44,6 +44,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from experiments.bench.peers import relative_error
 from experiments.bench.timing import interleaved_rates
 from hogrod.models import conv4, cross_entropy, mlp, mse
 import hogrod
@@ -249,20 +250,6 @@ def sinusoid_torch_batches(meta_batch, k, queries):
         return [torch.tensor(a, dtype=torch.float32) for a in
                 (xs, amp * np.sin(xs - ph), xq, amp * np.sin(xq - ph))]
     return next_batch
-
-
-def relative_error(ref, got, tol, what):
-    """``||got - ref|| / ||ref||`` over every entry of two lists of arrays; AssertionError
-    above `tol` or when the shapes differ."""
-    if [np.shape(a) for a in ref] != [np.shape(a) for a in got]:
-        raise AssertionError(f"{what}: gradient shapes differ")
-    r = np.concatenate([np.ravel(a) for a in ref])
-    g = np.concatenate([np.ravel(a) for a in got])
-    err = float(np.linalg.norm(g - r) / np.linalg.norm(r))
-    if not err <= tol:
-        raise AssertionError(f"{what}: torch.func's meta-gradient disagrees with hogrod's: "
-                             f"rel err {err:.2e} > {tol:.0e}")
-    return err
 
 
 @gin.configurable

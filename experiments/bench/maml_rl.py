@@ -32,6 +32,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from experiments.bench.peers import relative_error
 from experiments.bench.timing import interleaved_rates
 from hogrod import checks, harness, models, rl
 
@@ -117,32 +118,6 @@ def setup(dtype, meta_batch, batch, horizon, step_size, task_map="vectorized",
             surrogate = algo.surrogate_and_kl(data, params)[0]
         return tape.gradient(surrogate, params)
     return policy, algo, data, params, meta_grad
-
-
-def relative_error(ref, got, tol, what):
-    """The relative difference of two lists of arrays, raising above `tol`.
-
-    Args:
-      ref: hogrod's gradients.
-      got: the peer's, the same shapes and order.
-      tol: the largest relative difference accepted.
-      what: the comparison's name, for the message.
-
-    Returns:
-      ``||got - ref|| / ||ref||`` over every entry, a float.
-
-    Raises:
-      AssertionError: the difference exceeds `tol` or the shapes differ.
-    """
-    if [np.shape(a) for a in ref] != [np.shape(a) for a in got]:
-        raise AssertionError(f"{what}: gradient shapes differ")
-    r = np.concatenate([np.ravel(a) for a in ref])
-    g = np.concatenate([np.ravel(a) for a in got])
-    err = float(np.linalg.norm(g - r) / np.linalg.norm(r))
-    if not err <= tol:
-        raise AssertionError(f"{what}: torch.func's meta-gradient disagrees with hogrod's: "
-                             f"rel err {err:.2e} > {tol:.0e}")
-    return err
 
 
 def torch_meta_grad(policy, algo, data, threads=None):

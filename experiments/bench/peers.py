@@ -2,7 +2,7 @@
 ridge hyperproblem of the hypergradient benchmarks with its closed-form hypergradient, and
 the DeepXDE peers of the PINN benchmarks (`deepxde_*_data`, `check_deepxde_peer`,
 `deepxde_glorot_normal`: DeepXDE's `"Glorot normal"` under Keras 3 gives every layer and seed
-the same weights).
+the same weights), and `relative_error`, the agreement check of the `torch.func` peers.
 """
 
 import math
@@ -218,3 +218,29 @@ def check_deepxde_peer(data, prob, terms, n_collocation, n_condition, where, sol
         if not np.allclose(solution(prob.grid), ref, rtol=1e-10, atol=1e-12):
             raise ValueError(f"{where}: DeepXDE's solution and hogrod's reference differ on "
                              "prob.grid")
+
+
+def relative_error(ref, got, tol, what):
+    """The relative difference of two lists of arrays, raising above `tol`.
+
+    Args:
+      ref: hogrod's gradients.
+      got: the peer's, the same shapes and order.
+      tol: the largest relative difference accepted.
+      what: the comparison's name, for the message.
+
+    Returns:
+      ``||got - ref|| / ||ref||`` over every entry, a float.
+
+    Raises:
+      AssertionError: the difference exceeds `tol` or the shapes differ.
+    """
+    if [np.shape(a) for a in ref] != [np.shape(a) for a in got]:
+        raise AssertionError(f"{what}: gradient shapes differ")
+    r = np.concatenate([np.ravel(a) for a in ref])
+    g = np.concatenate([np.ravel(a) for a in got])
+    err = float(np.linalg.norm(g - r) / np.linalg.norm(r))
+    if not err <= tol:
+        raise AssertionError(f"{what}: torch.func's meta-gradient disagrees with hogrod's: "
+                             f"rel err {err:.2e} > {tol:.0e}")
+    return err
