@@ -25,7 +25,7 @@ model is called (both compute the same value).
 import contextlib
 import importlib
 
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 import keras
 import numpy as np
@@ -126,7 +126,7 @@ if not callable(getattr(_KERAS_NN, "_compute_moments", None)):
 
 
 @contextlib.contextmanager
-def exact_batch_statistics():
+def exact_batch_statistics() -> Iterator[None]:
     """Inside the block, BatchNormalization's batch statistics differentiate exactly.
 
     Keras's TensorFlow backend computes the batch variance with `tf.nn.moments`, whose
