@@ -18,8 +18,8 @@ TensorFlow's 'same' does (a stride-2 3x3 window on an even side: nothing before,
 column after; torch's padding=1 would shift every window), flattens in Keras's NHWC order
 and normalizes on the batch's statistics with a small BatchNorm of its own, differentiated
 exactly to second order as hogrod's `functional_call` differentiates Keras's
-(`hogrod.exact_batch_statistics`). (`F.batch_norm` under `vmap` gives a wrong double
-backward: functorch issue 534.) Both timed in the same run, interleaved in rounds:
+(`hogrod.exact_batch_statistics`; `F.batch_norm` under `vmap` gives a wrong double
+backward). Both timed in the same run, interleaved in rounds:
 
     python -m experiments.bench.maml --gin_file=experiments/bench/configs/maml.gin
     python -m experiments.bench.maml --gin_file=experiments/bench/configs/maml_omniglot.gin
@@ -137,7 +137,7 @@ def torch_net(problem, n_way):
     class BatchNorm(nn.Module):
         """Keras's BatchNormalization in training mode: the batch's mean and (biased)
         variance, epsilon 1e-3, differentiated exactly to every order (`F.batch_norm`'s
-        double backward under `vmap` is wrong: functorch issue 534)."""
+        double backward under `vmap` is wrong)."""
 
         def __init__(self, channels):
             super().__init__()
