@@ -260,8 +260,11 @@ def test_bench_binary_runs(tmp_path):
                         "bench_wgan_gp.rounds = 1", "bench_wgan_gp.steps_per_round = 2",
                         "bench_wgan_gp.warmup = 1"], str(tmp_path))
     assert m["ratio_over_eager"] > 0
-    # the floor is the step's products alone: the whole step takes longer
-    assert m["matmul_floor_ms"] > 0 and m["floor_ratio_over_hogrod_compiled"] > 1
+    # each ratio is the candidate's time over the floor's (the products alone), from the
+    # rates of the same rounds; which is faster at width 8 is noise, not a property
+    for name in ("hogrod_compiled", "tf_eager"):
+        assert m[f"floor_ratio_over_{name}"] == pytest.approx(
+            1e3 / (m["matmul_floor_ms"] * m[f"critic_steps_per_s_{name}"]), rel=1e-12)
 
 
 class QuadraticCritic(keras.Model):
