@@ -16,8 +16,7 @@ from types import ModuleType
 from hogrod import stderr_filter  # noqa: F401  (first, before TensorFlow: a binary's filter)
 from hogrod.autodiff import (batch_jacobian, derivatives, gnvp, grad, hessian, hvp, jacobian,
                              value_and_grad)
-from hogrod.functional import (exact_batch_statistics, functional_call, model_state,
-                               trainable_values)
+from hogrod.functional import functional_call, model_state, trainable_values
 
 __version__ = "0.1.0"
 
@@ -33,5 +32,4 @@ def __getattr__(name: str) -> ModuleType:
 
 
 __all__ = ["value_and_grad", "grad", "hvp", "hessian", "jacobian", "batch_jacobian",
-           "derivatives", "gnvp", "functional_call", "model_state", "trainable_values",
-           "exact_batch_statistics"]
+           "derivatives", "gnvp", "functional_call", "model_state", "trainable_values"]

@@ -13,19 +13,21 @@ of tensors ordered like `model.non_trainable_variables`, e.g. from
 `model_state(model)`) and get `(outputs, new_state)` back; leave it out and the
 model's current state is read and only outputs are returned.
 
-BatchNormalization on batch statistics (training=True) is differentiated exactly to every
-order inside `functional_call`: Keras's TensorFlow backend takes the variance from
-`tf.nn.moments`, which stops the gradient through the mean inside the variance. That
-leaves first derivatives exact (the variance's derivative in the mean is zero) but drops
-terms of every second derivative: MAML's meta-gradient through BatchNorm, iMAML's
-Hessian-vector products. `exact_batch_statistics` swaps in the full variance while the
-model is called (both compute the same value).
+Importing hogrod makes Keras's normalization statistics differentiable to every order.
+Keras's TensorFlow backend takes the variance of BatchNormalization (on batch statistics),
+LayerNormalization, GroupNormalization and `keras.ops.moments` from `tf.nn.moments`, which
+stops the gradient through the mean inside the variance. That leaves first derivatives
+exact (the variance's derivative in the mean is zero) but drops terms of every second
+derivative: MAML's meta-gradient and iMAML's Hessian-vector products through BatchNorm, a
+gradient penalty through a LayerNorm critic, a PDE residual's second derivatives through
+LayerNorm, any Hessian of such a model. hogrod replaces Keras's moments function (a private
+one; the import fails naming the pinned Keras if it is gone) by one computing the same
+values without the stop.
 """
 
-import contextlib
 import importlib
 
-from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import keras
 import numpy as np
@@ -33,7 +35,7 @@ import tensorflow as tf
 
 from hogrod.types import Tensor, TensorLike
 
-__all__ = ["functional_call", "model_state", "trainable_values", "exact_batch_statistics"]
+__all__ = ["functional_call", "model_state", "trainable_values"]
 
 
 def model_state(model: keras.Model) -> List[tf.Tensor]:
@@ -117,33 +119,16 @@ def _exact_moments(x, axes, keepdims=False):
     return mean, variance
 
 
+# Process-wide rather than inside hogrod's own calls: a model called directly under nested
+# tapes (a critic's gradient penalty, a PINN's residual, `hogrod.hessian` of a loss) meets
+# the same statistics, and a graph traced before or after gets the same derivatives.
 _KERAS_NN = importlib.import_module("keras.src.backend.tensorflow.nn")
 if not callable(getattr(_KERAS_NN, "_compute_moments", None)):
     raise ImportError(
         "hogrod: this Keras has no keras.src.backend.tensorflow.nn._compute_moments, through "
-        "which hogrod makes BatchNormalization's batch statistics exact to second order; "
-        "install the Keras version pyproject.toml pins")
-
-
-@contextlib.contextmanager
-def exact_batch_statistics() -> Iterator[None]:
-    """Inside the block, BatchNormalization's batch statistics differentiate exactly.
-
-    Keras's TensorFlow backend computes the batch variance with `tf.nn.moments`, whose
-    `stop_gradient` on the mean leaves first derivatives exact but every second
-    derivative through the statistics wrong. Inside this block (while a model is called or
-    traced) the variance is the plain mean of squared deviations: the same value,
-    differentiable to every order. `functional_call` uses it on every call.
-
-    Yields:
-      None.
-    """
-    original = _KERAS_NN._compute_moments
-    _KERAS_NN._compute_moments = _exact_moments
-    try:
-        yield
-    finally:
-        _KERAS_NN._compute_moments = original
+        "which hogrod makes normalization statistics exact to second order; install the "
+        "Keras version pyproject.toml pins")
+_KERAS_NN._compute_moments = _exact_moments
 
 
 def functional_call(model: keras.Model, params: Sequence[TensorLike], *args: Any,
@@ -185,9 +170,8 @@ def functional_call(model: keras.Model, params: Sequence[TensorLike], *args: Any
     given_state = state is not None
     state = model_state(model) if state is None else list(state)
     _check(model.non_trainable_variables, state, "non-trainable")
-    with exact_batch_statistics():
-        outputs, new_state = model.stateless_call(params, state, *args, training=training,
-                                                  **kwargs)
+    outputs, new_state = model.stateless_call(params, state, *args, training=training,
+                                              **kwargs)
     if given_state:
         return outputs, list(new_state)
     return outputs

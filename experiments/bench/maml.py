@@ -17,9 +17,9 @@ the forward pass, the recipe of the torch.func MAML tutorial. Its conv4 is NCHW,
 TensorFlow's 'same' does (a stride-2 3x3 window on an even side: nothing before, one row or
 column after; torch's padding=1 would shift every window), flattens in Keras's NHWC order
 and normalizes on the batch's statistics with a small BatchNorm of its own, differentiated
-exactly to second order as hogrod's `functional_call` differentiates Keras's
-(`hogrod.exact_batch_statistics`; `F.batch_norm` under `vmap` gives a wrong double
-backward). Both timed in the same run, interleaved in rounds:
+exactly to second order as hogrod differentiates Keras's (`hogrod/functional.py`;
+`F.batch_norm` under `vmap` gives a wrong double backward). Both timed in the same run,
+interleaved in rounds:
 
     python -m experiments.bench.maml --gin_file=experiments/bench/configs/maml.gin
     python -m experiments.bench.maml --gin_file=experiments/bench/configs/maml_omniglot.gin
