@@ -13,7 +13,7 @@ directional derivative ``D3 = d/dtheta (u^T H(theta) v)`` for two fixed random d
 ``u``, ``v``. The same nested tapes on each estimator's objective over a batch of sampled
 episodes give their estimates, for
 
-- ``dice``: `hogrod.rl.dice_objective` (unbiased at every order);
+- ``dice``: `hogrod.rl.dice_surrogate` (unbiased at every order);
 - ``loaded_dice``: Loaded DiCE with the exact time-dependent state values ``V_t(s_t)`` as
   the baseline (constants; unbiased at every order, lower variance);
 - ``naive``: the surrogate ``mean_b sum_t log pi(a_t|s_t) * R`` with ``R`` the episode's
@@ -108,9 +108,9 @@ def estimator_objective(kind, log_probs, rewards, values, discount):
     """The scalar whose derivatives estimate J's: `kind` one of ESTIMATORS, `log_probs`,
     `rewards`, `values` `[batch, T]` (`values` used by ``loaded_dice`` only)."""
     if kind == "dice":
-        return rl.dice_objective(log_probs, rewards, discount)
+        return rl.dice_surrogate(log_probs, rewards, discount)
     if kind == "loaded_dice":
-        return rl.dice_objective(log_probs, rewards, discount, values=values)
+        return rl.dice_surrogate(log_probs, rewards, discount, values=values)
     episode_return = rl.discounted_returns(rewards, discount)[:, 0]
     return tf.reduce_mean(tf.reduce_sum(log_probs, axis=1) * episode_return)
 

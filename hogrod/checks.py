@@ -14,14 +14,15 @@ function is called or traced, so a compiled caller pays nothing for them.
 
 import math
 import numbers
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Union
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 __all__ = ["ArgumentError", "integer", "number", "positive", "nonnegative", "probability",
-           "choice", "seed", "function", "params", "describe"]
+           "choice", "seed", "stateless_seed", "function", "params", "describe", "require",
+           "floating", "like", "mask_of"]
 
 
 class ArgumentError(ValueError, TypeError):
@@ -187,6 +188,30 @@ def seed(value: Any, arg: str, where: str) -> int:
     return integer(value, arg, where, least=0)
 
 
+def stateless_seed(value: Any, arg: str, where: str) -> tf.Tensor:
+    """A stateless random seed: an int (>= 0) becomes ``[value, 0]``; a `[2]` integer tensor
+    (or array) is kept; both as int64.
+
+    Args:
+        value: an int >= 0, or a `[2]` integer tensor, variable or numpy array.
+        arg: the argument's name in the message.
+        where: the public function checked.
+
+    Returns:
+        A `[2]` int64 tensor.
+
+    Raises:
+        ArgumentError: anything else (a negative int, a float, a bool, a tensor of another
+            shape or dtype).
+    """
+    if isinstance(value, (tf.Tensor, tf.Variable, np.ndarray)):
+        s = tf.convert_to_tensor(value)
+        if not s.dtype.is_integer or not s.shape.is_compatible_with([2]):
+            _fail(where, arg, "an int >= 0 or a [2] integer tensor", describe(s))
+        return tf.cast(s, tf.int64)
+    return tf.constant([seed(value, arg, where), 0], tf.int64)
+
+
 def function(value: Any, arg: str, where: str, form: str) -> Callable:
     """A callable, returned unchanged.
 
@@ -279,3 +304,142 @@ def params(value: Any, where: str, arg: str = "params") -> List[Any]:
                                 "only floating-point (or complex) values can be "
                                 "differentiated")
     return flat
+
+
+# ---- tensor checks: raise eagerly, assert in a graph -------------------------------------
+
+
+def require(ok: Union[bool, tf.Tensor, Callable[..., tf.Tensor]], message: str,
+            *inputs: Any, error: type = ArgumentError, data: Sequence[Any] = ()) -> List[Any]:
+    """An error with `message` unless a condition holds: raised eagerly, asserted in a graph.
+
+    `ok` is a boolean (any shape: all of it must hold), or a function of `inputs` giving
+    one. Given a function and inputs whose values are known when the graph is built
+    (constants: Python numbers, numpy arrays, `tf.constant`s), the condition is evaluated
+    on those values at once, so a bad constant raises when a function is traced, compiled
+    with XLA or not. Otherwise, in a graph, the check is a `tf.debugging.Assert` that fails
+    when the graph runs; XLA (`jit_compile=True`) drops assertions.
+
+    Args:
+        ok: a boolean tensor or Python bool, or a function of `inputs` returning one.
+        message: the error message.
+        *inputs: the tensors `ok` is a function of (only with a function).
+        error: the exception raised eagerly; default `ArgumentError` (a solver that did not
+            converge raises ValueError or FloatingPointError).
+        data: tensors printed after the message by a failing graph assertion.
+
+    Returns:
+        ``[]`` eagerly or for constants; in a graph a list of one assertion, for a control
+        dependency of the result (so an op that follows cannot fail first with another
+        message).
+
+    Raises:
+        ArgumentError: (or `error`) eagerly, or at tracing for constant inputs, where the
+            condition is False.
+    """
+    if callable(ok):
+        static = [tf.get_static_value(x) for x in inputs]
+        if all(v is not None for v in static):
+            with tf.init_scope():  # evaluated eagerly, also while a graph is traced
+                ok = ok(*[tf.constant(v) for v in static])
+            if not bool(np.all(np.asarray(ok))):
+                raise error(message)
+            return []
+        ok = ok(*inputs)
+    if isinstance(ok, (bool, np.bool_)) or tf.executing_eagerly():
+        if not bool(np.all(np.asarray(ok))):
+            raise error(message)
+        return []
+    return [tf.debugging.Assert(tf.reduce_all(ok), [message, *data])]
+
+
+def floating(x: Any, arg: str, where: str) -> tf.Tensor:
+    """`x` as a tensor of a floating dtype (Python numbers read in float64, never float32).
+
+    Args:
+        x: a tensor, variable, array or nested list of Python numbers.
+        arg: the argument's name in the message.
+        where: the public function checked.
+
+    Returns:
+        The tensor.
+
+    Raises:
+        ArgumentError: `x` is not convertible or not floating.
+    """
+    if isinstance(x, (list, tuple, float)):
+        x = np.asarray(x)
+    try:
+        t = tf.convert_to_tensor(x)
+    except (TypeError, ValueError) as e:
+        raise ArgumentError(f"{where}: {arg} must be a floating tensor, got "
+                            f"{type(x).__name__} ({e})") from None
+    if not t.dtype.is_floating:
+        raise ArgumentError(f"{where}: {arg} must have a floating dtype, got {t.dtype.name}")
+    return t
+
+
+def like(x: Any, arg: str, where: str, ref: tf.Tensor, ref_arg: str,
+         rank: Optional[int] = None) -> tf.Tensor:
+    """`x` as a floating tensor of `ref`'s dtype and shape.
+
+    Dtypes, ranks and the dimensions known when the graph is built are checked in Python;
+    dimensions known only when the graph runs by an assertion (which XLA drops).
+
+    Args:
+        x: a tensor, variable or array.
+        arg: the argument's name in the message.
+        where: the public function checked.
+        ref: the tensor `x` must match.
+        ref_arg: `ref`'s name in the message.
+        rank: if given, the rank `ref` must have (checked on `ref` too).
+
+    Returns:
+        The tensor.
+
+    Raises:
+        ArgumentError: a dtype or (static) shape differs, or the rank is wrong.
+    """
+    t = floating(x, arg, where)
+    if rank is not None:
+        for name, v in ((ref_arg, ref), (arg, t)):
+            if v.shape.rank is not None and v.shape.rank != rank:
+                raise ArgumentError(f"{where}: {name} must have rank {rank} ([batch, T]), got "
+                                    f"shape {v.shape.as_list()}")
+    if t.dtype != ref.dtype:
+        raise ArgumentError(f"{where}: {arg} has dtype {t.dtype.name} but {ref_arg} has "
+                            f"{ref.dtype.name}; they must be equal")
+    if not t.shape.is_compatible_with(ref.shape):
+        raise ArgumentError(f"{where}: {arg} has shape {t.shape.as_list()} but {ref_arg} has "
+                            f"{ref.shape.as_list()}; they must be equal")
+    if not (t.shape.is_fully_defined() and ref.shape.is_fully_defined()):
+        tf.debugging.assert_equal(tf.shape(t), tf.shape(ref),
+                                  message=f"{where}: {arg} and {ref_arg} differ in shape")
+    return t
+
+
+def mask_of(mask: Any, where: str, ref: tf.Tensor, ref_arg: str) -> Optional[tf.Tensor]:
+    """An episode mask checked: `ref`'s dtype and shape `[batch, T]`, every entry 0 or 1,
+    non-increasing along time (1 before an episode ends, 0 after).
+
+    Args:
+        mask: the `[batch, T]` mask, or None.
+        where: the public function checked.
+        ref: the `[batch, T]` tensor the mask belongs to.
+        ref_arg: `ref`'s name in the message.
+
+    Returns:
+        The mask tensor, or None.
+
+    Raises:
+        ArgumentError: a dtype, shape or (eagerly, or for constants) value is wrong.
+    """
+    if mask is None:
+        return None
+    m = like(mask, "mask", where, ref, ref_arg, rank=2)
+    require(lambda m: tf.reduce_all((m == 0) | (m == 1)),
+            f"{where}: mask must hold only 0 and 1 (1 before an episode ends, 0 after)", m)
+    require(lambda m: tf.reduce_all(m[:, 1:] <= m[:, :-1]),
+            f"{where}: mask must not increase along time (1 before an episode ends, 0 after; "
+            "an episode cannot restart)", m)
+    return m

@@ -179,9 +179,9 @@ def _check_start(inner_objective: BilevelObjective, params: Params, hyperparams:
     asserts = []
     for name, tree_ in (("params", params), ("hyperparams", hyperparams)):
         for path, leaf in zip(implicit_lib.leaf_paths(tree_, name), tf.nest.flatten(tree_)):
-            asserts += implicit_solves.ensure(_finite(leaf), f"{where}: {path} holds NaN or inf")
+            asserts += checks.require(_finite(leaf), f"{where}: {path} holds NaN or inf")
     value = _call(inner_objective, "inner_objective", params, hyperparams, where)
-    asserts += implicit_solves.ensure(
+    asserts += checks.require(
         tf.math.is_finite(value),
         f"{where}: inner_objective(params, hyperparams) is not finite at the given params "
         "(NaN or inf in the data it closes over, or in its arithmetic)")
@@ -190,11 +190,11 @@ def _check_start(inner_objective: BilevelObjective, params: Params, hyperparams:
 
 def _check_result(result: Hypergradient, where: str) -> Hypergradient:
     """The result, with its value and grads checked finite."""
-    asserts = implicit_solves.ensure(
+    asserts = checks.require(
         _finite(result.value),
         f"{where}: outer_objective is not finite at the inner solution (NaN or inf in its "
         "data, or the inner optimizer diverged: lower its rate)")
-    asserts += implicit_solves.ensure(
+    asserts += checks.require(
         _finite(result.grads),
         f"{where}: the hypergradient is not finite (the inner optimizer diverged, or the "
         "objectives overflow in their derivatives)")
@@ -420,12 +420,12 @@ def implicit(inner_optimizer: optim.Optimizer, inner_steps: int, solve: Solve = 
             g0 = tree.norm(_inner_grad(inner_objective, w0, h, where))
             g = tree.norm(_inner_grad(inner_objective, w, h, where))
             finite = tf.math.is_finite(g)
-            asserts = implicit_solves.ensure(
+            asserts = checks.require(
                 tf.logical_or(tf.logical_not(finite), g <= inner_tol * g0),
                 f"{where}: the inner solve did not reach ||grad|| <= inner_tol={inner_tol} * "
                 f"||grad at params|| in inner_steps={inner_steps} steps of inner_optimizer; "
                 "raise inner_steps or tune it")
-            asserts += implicit_solves.ensure(
+            asserts += checks.require(
                 finite, f"{where}: the inner solve diverged (its gradient is not finite after "
                         f"inner_steps={inner_steps} steps): lower inner_optimizer's rate")
             with tf.control_dependencies(asserts):

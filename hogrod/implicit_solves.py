@@ -20,7 +20,7 @@ from hogrod.types import MatVec, Tree
 #: A linear solve: one of `SOLVES` or a callable ``solve(matvec, b) -> w``.
 Solve = Union[str, Callable[[MatVec, Tree], Tree]]
 
-__all__ = ["SOLVES", "callable_name", "check_solve", "ensure", "Jacobians", "linear_solve"]
+__all__ = ["SOLVES", "callable_name", "check_solve", "Jacobians", "linear_solve"]
 
 SOLVES = ("cg", "normal_cg", "neumann", "dense")
 _OPTIONS = {"cg": ("maxiter", "tol", "truncated"), "normal_cg": ("maxiter", "tol"),
@@ -77,27 +77,6 @@ def check_solve(solve: Solve, options: Mapping[str, Any], where: str) -> None:
                                        "steps: give maxiter")
     if "step" in options:
         checks.positive(options["step"], "step", where)
-
-
-def ensure(ok: Union[bool, tf.Tensor], message: str) -> List[Any]:
-    """A check that raises eagerly and asserts in a graph.
-
-    Args:
-        ok: a boolean scalar (a tensor or a Python bool).
-        message: the error's text.
-
-    Returns:
-        ``[]`` eagerly (after raising if `ok` is false); in a graph, a list of one
-        `tf.debugging.Assert` op, to be made a control dependency of the result.
-
-    Raises:
-        ValueError: eagerly, when `ok` is false.
-    """
-    if tf.executing_eagerly():
-        if not bool(ok):
-            raise ValueError(message)
-        return []
-    return [tf.debugging.Assert(ok, [message])]
 
 
 
@@ -166,9 +145,10 @@ def _finish(w: Tree, asserts: List[Any]) -> Tree:
 def _solve_cg_truncated(matvec: MatVec, b: Tree, maxiter: int, tol: float,
                         where: str) -> Tree:
     w, _ = linalg.cg(matvec, b, maxiter=maxiter, tol=tol, on_negative_curvature="stop")
-    asserts = ensure(tf.math.is_finite(tree.norm(w)),
-                     f"{where}: the truncated CG solution of (dF/dx)^T w = v is not finite "
-                     "(NaN/inf in F or in the output gradient?)")
+    asserts = checks.require(
+        tf.math.is_finite(tree.norm(w)),
+        f"{where}: the truncated CG solution of (dF/dx)^T w = v is not finite "
+        "(NaN/inf in F or in the output gradient?)")
     return _finish(w, asserts)
 
 
@@ -176,25 +156,29 @@ def _solve_cg(matvec: MatVec, b: Tree, maxiter: int, tol: float, where: str,
               what: str) -> Tree:
     w, info = linalg.cg(matvec, b, maxiter=maxiter, tol=tol, on_negative_curvature="stop")
     b_norm = tree.norm(b)
-    asserts = ensure(tf.logical_not(info.negative_curvature),
-                     f"{where}: CG met non-positive curvature in {what}: the system is "
-                     "singular or indefinite; solve='cg' needs a symmetric positive definite "
-                     "dF/dx (use 'normal_cg' or 'dense' otherwise)")
-    asserts += ensure(tf.math.is_finite(tree.norm(w)),
-                      f"{where}: the CG solution of {what} is not finite (NaN/inf in F?)")
-    asserts += ensure(info.residual_norm <= tol * b_norm,
-                      f"{where}: CG did not reach tol={tol} on {what} in maxiter={maxiter} "
-                      "steps; raise maxiter or tol")
+    asserts = checks.require(
+        tf.logical_not(info.negative_curvature),
+        f"{where}: CG met non-positive curvature in {what}: the system is "
+        "singular or indefinite; solve='cg' needs a symmetric positive definite "
+        "dF/dx (use 'normal_cg' or 'dense' otherwise)")
+    asserts += checks.require(
+        tf.math.is_finite(tree.norm(w)),
+        f"{where}: the CG solution of {what} is not finite (NaN/inf in F?)")
+    asserts += checks.require(
+        info.residual_norm <= tol * b_norm,
+        f"{where}: CG did not reach tol={tol} on {what} in maxiter={maxiter} "
+        "steps; raise maxiter or tol")
     return _finish(w, asserts)
 
 
 def _solve_neumann(matvec: MatVec, b: Tree, maxiter: int, tol: float, step: float,
                    where: str) -> Tree:
     w, info = linalg.neumann(matvec, b, maxiter, tol=tol, step=step)
-    asserts = ensure(info.converged,
-                     f"{where}: the Neumann series did not converge to tol={tol} in "
-                     f"maxiter={maxiter} terms: it converges iff the spectral radius of "
-                     f"I - {step} * dF/dx is < 1 (choose step, or another solve)")
+    asserts = checks.require(
+        info.converged,
+        f"{where}: the Neumann series did not converge to tol={tol} in "
+        f"maxiter={maxiter} terms: it converges iff the spectral radius of "
+        f"I - {step} * dF/dx is < 1 (choose step, or another solve)")
     return _finish(w, asserts)
 
 
@@ -203,10 +187,11 @@ def _solve_dense(jac: Jacobians, b: Tree, where: str) -> Tree:
     n = a.shape[0]
     sigma = tf.linalg.svd(a, compute_uv=False)  # the LU op itself fails on exact singularity
     rcond = sigma[-1] / sigma[0]
-    asserts = ensure(tf.logical_and(tf.math.is_finite(rcond),
-                                    rcond > n * _eps(a.dtype)),
-                     f"{where}: dF/dx is singular (or nearly: sigma_min / sigma_max <= n eps), so "
-                     "x* is not an isolated root and has no implicit gradient")
+    asserts = checks.require(
+        tf.logical_and(tf.math.is_finite(rcond),
+        rcond > n * _eps(a.dtype)),
+        f"{where}: dF/dx is singular (or nearly: sigma_min / sigma_max <= n eps), so "
+        "x* is not an isolated root and has no implicit gradient")
     with tf.control_dependencies(asserts):
         w = tf.linalg.solve(tf.transpose(a), tree.flatten(b)[:, None])[:, 0]
     return tree.unflatten(w, b)
@@ -257,8 +242,9 @@ def linear_solve(solve: Solve, options: Mapping[str, Any], jac: Jacobians, b: Tr
     # solution: check the residual of the system itself (to sqrt(tol): the normal equations
     # square the condition number).
     residual = tree.norm(tree.sub(jac.vjp_x(w), b))
-    asserts = ensure(residual <= tol ** 0.5 * tree.norm(b),
-                     f"{where}: (dF/dx)^T w = v has no solution to sqrt(tol)={tol ** 0.5:.1e} "
-                     "(residual after normal_cg too large): dF/dx is singular or too "
-                     "ill-conditioned for normal_cg")
+    asserts = checks.require(
+        residual <= tol ** 0.5 * tree.norm(b),
+        f"{where}: (dF/dx)^T w = v has no solution to sqrt(tol)={tol ** 0.5:.1e} "
+        "(residual after normal_cg too large): dF/dx is singular or too "
+        "ill-conditioned for normal_cg")
     return _finish(w, asserts)

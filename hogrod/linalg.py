@@ -20,7 +20,7 @@ from typing import Callable, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from hogrod import tree
+from hogrod import checks, tree
 from hogrod.types import MatVec, Scalar, Seed, Tree
 
 __all__ = ["cg", "CGInfo", "neumann", "NeumannInfo", "power_iteration", "lanczos",
@@ -393,7 +393,7 @@ def power_iteration(matvec: MatVec, v0: Optional[Tree] = None, maxiter: int = 10
     tol = _check_tol(tol)
     v0 = tf.nest.map_structure(tf.convert_to_tensor, v0)
     v0_norm = tree.norm(v0)
-    _assert_nonzero(v0_norm, "power_iteration: v0 is zero")
+    checks.require(v0_norm > 0, "power_iteration: v0 is zero", error=ValueError)
     v = tree.scale(1 / v0_norm, v0)
     zero = tf.zeros([], dtype)
 
@@ -411,14 +411,6 @@ def power_iteration(matvec: MatVec, v0: Optional[Tree] = None, maxiter: int = 10
     _, v, lam, _ = tf.while_loop(cond, body, (tf.constant(0), v, zero, tf.constant(False)),
                                  maximum_iterations=maxiter)
     return lam, v
-
-
-def _assert_nonzero(value: tf.Tensor, message: str) -> None:
-    if tf.executing_eagerly():
-        if float(value) == 0:
-            raise ValueError(message)
-    else:
-        tf.debugging.Assert(value > 0, [message])
 
 
 def _stacked_shape(k: int, t: tf.Tensor) -> object:
@@ -480,7 +472,7 @@ def lanczos(matvec: MatVec, v0: Tree, k: int, reorthogonalize: bool = True,
                                                                           "breakdown_rtol")
     v0 = tf.nest.map_structure(tf.convert_to_tensor, v0)
     v0_norm = tree.norm(v0)
-    _assert_nonzero(v0_norm, "lanczos: v0 is zero")
+    checks.require(v0_norm > 0, "lanczos: v0 is zero", error=ValueError)
     q = tree.scale(1 / v0_norm, v0)
     basis = tf.nest.map_structure(lambda t: tf.zeros(_stacked_shape(k, t), dtype), q)
     zero = tf.zeros([], dtype)

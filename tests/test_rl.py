@@ -55,7 +55,7 @@ def bandit_derivatives(objective, logits, rewards):
     return value, grad, outer.jacobian(grad, logits)
 
 
-def test_dice_objective_on_a_bandit_has_the_closed_form_gradient_and_hessian():
+def test_dice_surrogate_on_a_bandit_has_the_closed_form_gradient_and_hessian():
     logits = tf.Variable([0.3, -0.5, 1.1, 0.0], dtype=F64)
     rewards = tf.constant([1.0, -2.0, 0.5, 3.0], F64)
     pi, r = tf.nn.softmax(logits).numpy(), rewards.numpy()
@@ -65,8 +65,8 @@ def test_dice_objective_on_a_bandit_has_the_closed_form_gradient_and_hessian():
     hess = (pi[None, :] * (eye - pi[:, None]) * (r - j)[None, :]
             - np.outer(pi, pi * (r - j)))  # d/dtheta_i of pi_j (r_j - J)
     hess = 0.5 * (hess + hess.T)
-    for objective in (rl.dice_objective,
-                      lambda lp, rw: rl.dice_objective(lp, rw, values=tf.fill(rw.shape, 0.7 * j)
+    for objective in (rl.dice_surrogate,
+                      lambda lp, rw: rl.dice_surrogate(lp, rw, values=tf.fill(rw.shape, 0.7 * j)
                                                        * rw / rewards[:, None])):
         value, g, h = bandit_derivatives(objective, logits, rewards)
         np.testing.assert_allclose(float(value), j, rtol=1e-12)
@@ -129,7 +129,7 @@ def test_returns_and_gae_equal_numpy_loops(gamma, lam):
                                (numpy_returns(r, gamma, mask) - v) * mask, atol=1e-12)
 
 
-def test_dice_objective_values_and_first_derivatives_with_a_mask():
+def test_dice_surrogate_values_and_first_derivatives_with_a_mask():
     r, v, mask = episodes(1)
     rng = np.random.default_rng(2)
     lp = tf.Variable(rng.normal(size=r.shape) - 1.0)
@@ -139,8 +139,8 @@ def test_dice_objective_values_and_first_derivatives_with_a_mask():
     disc = gamma ** np.arange(r.shape[1])
     expected_value = np.mean(ret[:, 0])
     with tf.GradientTape(persistent=True) as tape:
-        dice = rl.dice_objective(lp, r + garbage, gamma, mask=mask)
-        loaded = rl.dice_objective(lp, r + garbage, gamma, values=v + garbage, mask=mask,
+        dice = rl.dice_surrogate(lp, r + garbage, gamma, mask=mask)
+        loaded = rl.dice_surrogate(lp, r + garbage, gamma, values=v + garbage, mask=mask,
                                    gae_lambda=0.8)
     np.testing.assert_allclose([float(dice), float(loaded)], [expected_value] * 2, rtol=1e-12)
     # DiCE: d/dlp_t = mean of sum_{k>=t} gamma^k r_k; Loaded: gamma^t A_t
@@ -188,10 +188,10 @@ def test_linear_baseline_equals_numpy_ridge_least_squares():
 def test_compiled_estimators_trace_once_and_agree_with_eager():
     r, v, mask = episodes(5)
     lp = tf.constant(np.random.default_rng(6).normal(size=r.shape))
-    fn = tf.function(lambda lp, r, v, m: rl.dice_objective(lp, r, 0.95, v, 0.9, m))
+    fn = tf.function(lambda lp, r, v, m: rl.dice_surrogate(lp, r, 0.95, v, 0.9, m))
     for shift in (0.0, 1.0):
         np.testing.assert_allclose(fn(lp + shift, r, v, mask),
-                                   rl.dice_objective(lp + shift, r, 0.95, v, 0.9, mask),
+                                   rl.dice_surrogate(lp + shift, r, 0.95, v, 0.9, mask),
                                    rtol=1e-12)
     assert fn.experimental_get_tracing_count() == 1
 
@@ -200,18 +200,18 @@ def test_bad_inputs_are_named():
     lp = tf.zeros([3, 4], F64)
     r = tf.ones([3, 4], F64)
     bad = [
-        (lambda: rl.dice_objective(lp, tf.ones([3, 5], F64)), "rewards has shape"),
-        (lambda: rl.dice_objective(lp, tf.ones([3, 4], tf.float32)), "rewards has dtype"),
-        (lambda: rl.dice_objective(lp, r, values=tf.ones([4, 4], F64)), "values has shape"),
-        (lambda: rl.dice_objective(lp, r, mask=tf.ones([3, 3], F64)), "mask has shape"),
-        (lambda: rl.dice_objective(tf.zeros([3], F64), tf.ones([3], F64)), "log_probs must have rank 2"),
-        (lambda: rl.dice_objective(tf.zeros([3, 4], tf.int32), r), "log_probs must have a floating"),
-        (lambda: rl.dice_objective(lp, r, discount=0.0), "discount"),
-        (lambda: rl.dice_objective(lp, r, discount=1.5), "discount"),
-        (lambda: rl.dice_objective(lp, r, values=r, gae_lambda=1.2), "gae_lambda"),
-        (lambda: rl.dice_objective(lp, r, mask=tf.fill([3, 4], tf.constant(0.5, F64))),
+        (lambda: rl.dice_surrogate(lp, tf.ones([3, 5], F64)), "rewards has shape"),
+        (lambda: rl.dice_surrogate(lp, tf.ones([3, 4], tf.float32)), "rewards has dtype"),
+        (lambda: rl.dice_surrogate(lp, r, values=tf.ones([4, 4], F64)), "values has shape"),
+        (lambda: rl.dice_surrogate(lp, r, mask=tf.ones([3, 3], F64)), "mask has shape"),
+        (lambda: rl.dice_surrogate(tf.zeros([3], F64), tf.ones([3], F64)), "log_probs must have rank 2"),
+        (lambda: rl.dice_surrogate(tf.zeros([3, 4], tf.int32), r), "log_probs must have a floating"),
+        (lambda: rl.dice_surrogate(lp, r, discount=0.0), "discount"),
+        (lambda: rl.dice_surrogate(lp, r, discount=1.5), "discount"),
+        (lambda: rl.dice_surrogate(lp, r, values=r, gae_lambda=1.2), "gae_lambda"),
+        (lambda: rl.dice_surrogate(lp, r, mask=tf.fill([3, 4], tf.constant(0.5, F64))),
          "only 0 and 1"),
-        (lambda: rl.dice_objective(lp, r, mask=tf.constant([[0, 1, 1, 1]] * 3, F64)),
+        (lambda: rl.dice_surrogate(lp, r, mask=tf.constant([[0, 1, 1, 1]] * 3, F64)),
          "must not increase"),
         (lambda: rl.discounted_returns(r, -0.1), "discount"),
         (lambda: rl.gae_advantages(r, tf.ones([3, 2], F64), 0.9, 0.9), "values has shape"),
@@ -225,7 +225,7 @@ def test_bad_inputs_are_named():
     for call, pattern in bad:
         with pytest.raises(checks.ArgumentError, match=pattern):
             call()
-    compiled = tf.function(lambda m: rl.dice_objective(lp, r, mask=m))
+    compiled = tf.function(lambda m: rl.dice_surrogate(lp, r, mask=m))
     with pytest.raises(tf.errors.InvalidArgumentError, match="must not increase"):
         compiled(tf.constant([[0, 1, 1, 1]] * 3, F64))
 
@@ -239,7 +239,7 @@ def test_a_meta_batch_of_tasks_maps_returns_baseline_and_objective_without_fallb
 
     def one(lp, r, m, o):
         values = baseline.predict(o, m, baseline.solve(o, rl.discounted_returns(r, 0.9, m), m))
-        return rl.dice_objective(lp, r, 0.9, values=values, gae_lambda=0.95, mask=m)
+        return rl.dice_surrogate(lp, r, 0.9, values=values, gae_lambda=0.95, mask=m)
 
     mapped = tf.function(lambda *xs: tf.vectorized_map(lambda x: one(*x), xs,
                                                        fallback_to_while_loop=False))
@@ -273,7 +273,7 @@ def test_minus_infinity_after_an_episode_ends_leaves_the_derivatives_finite():
         lp = tf.Variable(log_probs)
         with tf.GradientTape() as outer:
             with tf.GradientTape() as inner:
-                value = rl.dice_objective(lp, r + junk, 0.9, values=values, gae_lambda=0.9,
+                value = rl.dice_surrogate(lp, r + junk, 0.9, values=values, gae_lambda=0.9,
                                           mask=mask)
             grad = inner.gradient(value, lp)
         return value.numpy(), grad.numpy(), outer.jacobian(grad, lp).numpy()

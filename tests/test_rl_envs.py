@@ -77,7 +77,7 @@ def test_constant_bad_values_are_errors_when_traced_even_under_xla():
          r"action must lie in 0\.\.1"),
         (lambda: rl.TabularMDP([[[0.9, 0.2]]] * 2, [[0.0]] * 2, horizon=2,
                                dtype="float64").rewards, "transitions must be probabilities"),
-        (lambda: rl.dice_objective(tf.zeros([3, 4], F64), tf.ones([3, 4], F64),
+        (lambda: rl.dice_surrogate(tf.zeros([3, 4], F64), tf.ones([3, 4], F64),
                                    mask=np.array([[0.0, 1, 1, 1]] * 3)), "must not increase"),
     ]
     for call, pattern in bad:

@@ -76,11 +76,11 @@ def weighted_estimator(kind):
         log_pi = tf.nn.log_softmax(theta)
         lp = tf.gather_nd(log_pi, np.stack([s, a], -1))
         if kind == "dice":
-            return rl.dice_objective(lp, rewards, GAMMA)
+            return rl.dice_surrogate(lp, rewards, GAMMA)
         if kind == "loaded":
-            return rl.dice_objective(lp, rewards, GAMMA, values=values)
+            return rl.dice_surrogate(lp, rewards, GAMMA, values=values)
         if kind == "loaded_gae":
-            return rl.dice_objective(lp, rewards, GAMMA, values=values, gae_lambda=0.5)
+            return rl.dice_surrogate(lp, rewards, GAMMA, values=values, gae_lambda=0.5)
         ret = tf.reduce_sum(rewards * GAMMA ** np.arange(T), axis=1)  # naive surrogate
         return tf.reduce_mean(tf.reduce_sum(lp, 1) * ret)
     return objective
@@ -154,7 +154,7 @@ def group_estimates(kind, s, a, r, groups):
                     ret = tf.reduce_sum(r_k * GAMMA ** np.arange(T), 1)
                     objective = tf.reduce_mean(tf.reduce_sum(lp, 1) * ret)
                 else:
-                    objective = rl.dice_objective(lp, r_k, GAMMA,
+                    objective = rl.dice_surrogate(lp, r_k, GAMMA,
                                                   values=v_k if kind == "loaded" else None)
             g = tf.reshape(inner.gradient(objective, theta), [-1])
             rows = [g[i] for i in range(S * A)]

@@ -84,7 +84,7 @@ def enumerated_objectives(params, seed):
     del seed
     log_probs = rl.ipd_log_probs(params, STATES, ACTIONS)
     weight = tf.stop_gradient(len(STATES) * tf.exp(tf.reduce_sum(log_probs, [1, 2])))
-    return rl.joint_dice_objectives(log_probs, weight[:, None, None] * REWARDS, GAMMA,
+    return rl.joint_dice_surrogates(log_probs, weight[:, None, None] * REWARDS, GAMMA,
                                     baseline="none")
 
 
@@ -108,7 +108,7 @@ ENV = rl.IteratedPrisonersDilemma(T, dtype="float64")
 
 def sampled_objectives(params, seed):
     games = rl.sample_ipd(ENV, params, seed, BATCH)
-    return rl.joint_dice_objectives(rl.ipd_log_probs(params, games.states, games.actions),
+    return rl.joint_dice_surrogates(rl.ipd_log_probs(params, games.states, games.actions),
                                     games.rewards, GAMMA)
 
 
@@ -158,7 +158,7 @@ def test_objectives_that_ignore_an_agents_parameters_are_errors_naming_it():
     def objectives_with(log_probs_of):
         def objectives(params, seed):
             del seed
-            return rl.joint_dice_objectives(log_probs_of(params), REWARDS, GAMMA)
+            return rl.joint_dice_surrogates(log_probs_of(params), REWARDS, GAMMA)
         return objectives
 
     frozen1 = objectives_with(lambda p: rl.ipd_log_probs([p[0], tf.stop_gradient(p[1])],
@@ -193,7 +193,7 @@ def test_objectives_that_ignore_an_agents_parameters_are_errors_naming_it():
         (lambda: rl.sample_ipd(env, [tf.zeros([5])] * 2, 0, 2), "params have dtype"),
         (lambda: rl.ipd_log_probs(theta, STATES, ACTIONS[:, :2]), "states have shape"),
         (lambda: rl.ipd_log_probs(theta, STATES[..., 0], ACTIONS), "states must be"),
-        (lambda: rl.joint_dice_objectives(REWARDS, REWARDS, GAMMA, "mean"), "baseline"),
+        (lambda: rl.joint_dice_surrogates(REWARDS, REWARDS, GAMMA, "mean"), "baseline"),
         (lambda: rl.make_lola_update(env, 4, 0.0, 1, 0.3, 0.2), "discount"),
         (lambda: rl.make_lola_update(rl.Navigation2D(), 4, 0.9, 1, 0.3, 0.2), "env must be"),
     ]

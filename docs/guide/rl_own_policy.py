@@ -6,7 +6,7 @@ Loaded DiCE against a small MDP's exact derivatives, and a Gaussian policy of yo
 
 Three parts, each checked against an oracle that does not use the function under test:
 
-(a) `hogrod.rl.dice_objective` on episodes of a small `TabularMDP` sampled from a tabular
+(a) `hogrod.rl.dice_surrogate` on episodes of a small `TabularMDP` sampled from a tabular
     softmax policy (a Keras layer wrapped in `CategoricalPolicy`): its value against the
     sample return in numpy; its gradient and Hessian, by nested tapes, against the exact
     ones of `expected_return` (dynamic programming), within 5 standard errors of 8
@@ -120,13 +120,13 @@ def dice_on_own_mdp(batch):
     j, g, h = exact_derivatives(theta, mdp)
 
     # the value is the mean discounted return of the sample (the magic boxes are 1)
-    value = rl.dice_objective(rl.policy_distribution(policy, episodes.observations).log_prob(
+    value = rl.dice_surrogate(rl.policy_distribution(policy, episodes.observations).log_prob(
         episodes.actions), episodes.rewards, GAMMA, mask=episodes.mask)
     r = (episodes.rewards * episodes.mask).numpy()
     assert abs(float(value) - np.mean(r @ GAMMA ** np.arange(T))) < 1e-12
 
     def dice(log_probs, rewards, mask, _):
-        return rl.dice_objective(log_probs, rewards, GAMMA, mask=mask)
+        return rl.dice_surrogate(log_probs, rewards, GAMMA, mask=mask)
 
     def naive(log_probs, rewards, mask, _):  # log_prob * return: right gradient only
         ret = tf.reduce_sum(rewards * mask * GAMMA ** np.arange(T), 1)
@@ -141,7 +141,7 @@ def dice_on_own_mdp(batch):
     v = tf.split(baseline.predict(episodes.observations, episodes.mask), GROUPS)
 
     def loaded(log_probs, rewards, mask, group):
-        return rl.dice_objective(log_probs, rewards, GAMMA, values=v[group], mask=mask)
+        return rl.dice_surrogate(log_probs, rewards, GAMMA, values=v[group], mask=mask)
 
     z, se = {}, {}
     for name, objective in (("dice", dice), ("loaded", loaded), ("naive", naive)):
@@ -207,7 +207,7 @@ def own_policy_on_navigation(horizon, batch):
     with tf.GradientTape() as tape:
         tape.watch(params)
         log_probs = rl.policy_distribution(policy, obs, params).log_prob(actions)  # [b, T]
-        objective = rl.dice_objective(log_probs, episodes.rewards, 0.99, mask=episodes.mask)
+        objective = rl.dice_surrogate(log_probs, episodes.rewards, 0.99, mask=episodes.mask)
     grads = dict(zip(names, tape.gradient(objective, params)))
     want = numpy_dice_gradient([t.numpy() for t in params], names, episodes, 0.99)
     for name in names:

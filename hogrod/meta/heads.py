@@ -37,15 +37,6 @@ SVM_MAXITER = 1000
 KERNEL_RIDGE = 1.0
 
 
-def _ensure(ok, message):
-    """`[]` after checking `ok` eagerly (raising `ArgumentError`), else `[Assert]`."""
-    if tf.executing_eagerly():
-        if not bool(tf.reduce_all(ok)):
-            raise checks.ArgumentError(message)
-        return []
-    return [tf.debugging.Assert(tf.reduce_all(ok), [message])]
-
-
 def _n_way(n_way, where):
     """A Python int >= 1, or an integer scalar tensor (checked to be >= 1 when run)."""
     if isinstance(n_way, (tf.Tensor, tf.Variable)):
@@ -105,14 +96,14 @@ def episode(support_embeddings: TensorLike, support_labels: TensorLike,
                                    f"{checks.describe(xs)}")
     ys = tf.cast(ys, tf.int32)
     n_way_t = tf.cast(n_way, tf.int32)
-    asserts = _ensure(n_way_t >= 1, f"{where}: n_way must be >= 1")
-    asserts += _ensure(tf.logical_and(ys >= 0, ys < n_way_t),
-                       f"{where}: support_labels must be in 0..n_way-1 (n_way={n_way})")
+    asserts = checks.require(n_way_t >= 1, f"{where}: n_way must be >= 1")
+    asserts += checks.require(tf.logical_and(ys >= 0, ys < n_way_t),
+                              f"{where}: support_labels must be in 0..n_way-1 (n_way={n_way})")
     with tf.control_dependencies(asserts):  # one_hot maps a label out of range to zeros
         one_hot = tf.one_hot(ys, n_way_t, dtype=xs.dtype)
     counts = tf.reduce_sum(one_hot, axis=-2)
-    asserts += _ensure(counts > 0, f"{where}: a class in 0..n_way-1 (n_way={n_way}) has no "
-                                   "support example; every class needs at least one")
+    asserts += checks.require(counts > 0, f"{where}: a class in 0..n_way-1 (n_way={n_way}) "
+                              "has no support example; every class needs at least one")
     return xs, ys, xq, one_hot, counts, asserts
 
 
@@ -120,7 +111,7 @@ def _positive(value, arg, dtype, where):
     """A Python number (checked > 0) at `dtype`, or a tensor (asserted > 0), and the checks."""
     if isinstance(value, (tf.Tensor, tf.Variable, np.ndarray)):
         value = tf.cast(value, dtype)
-        return value, _ensure(value > 0, f"{where}: {arg} must be positive")
+        return value, checks.require(value > 0, f"{where}: {arg} must be positive")
     return tf.constant(checks.positive(value, arg, where), dtype), []
 
 
@@ -440,7 +431,7 @@ def _cg(maxiter, tol, where):
         ok = tf.logical_and(tf.logical_not(info.negative_curvature),
                             tf.logical_and(tf.math.is_finite(info.residual_norm),
                                            info.residual_norm <= tol * tree.norm(b)))
-        asserts = implicit_solves.ensure(
+        asserts = checks.require(
             ok, f"{where}: the implicit gradient's CG solve did not reach tol={tol:.1e} in "
                 f"{maxiter} steps or met non-positive curvature: either the dual solution is "
                 "not unique (support embeddings linearly dependent, e.g. more support "

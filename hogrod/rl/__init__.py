@@ -1,6 +1,6 @@
 """Policy gradients with estimators of every order.
 
-- `magic_box`, `dice_objective` (`estimators.py`): DiCE and Loaded DiCE, a scalar to be
+- `magic_box`, `dice_surrogate` (`estimators.py`): DiCE and Loaded DiCE, a scalar to be
   maximized whose derivatives of every order under nested tapes are unbiased estimates of
   the expected discounted return's.
 - `discounted_returns`, `gae_advantages`, `LinearFeatureBaseline` (`returns.py`): returns,
@@ -24,7 +24,7 @@
   `tf.distribute`.
 - `expected_return` (`exact.py`): the exact expected return of a tabular softmax policy on a
   small MDP, differentiable to every order: the oracle of the estimators.
-- `make_lola_update`, `lola_dice_gradients`, `joint_dice_objectives`, `sample_ipd`,
+- `make_lola_update`, `lola_dice_gradients`, `joint_dice_surrogates`, `sample_ipd`,
   `ipd_log_probs`, `IPDTrajectories` (`lola.py`): LOLA-DiCE, two agents each ascending its
   DiCE objective through the other's predicted learning steps, on the iterated prisoner's
   dilemma (`lookahead` = 0: naive learners).
@@ -35,10 +35,10 @@ Python numbers applied at the tensors' dtype.
 """
 
 from hogrod.rl.envs import TASK_SAMPLING, IteratedPrisonersDilemma, Navigation2D, TabularMDP
-from hogrod.rl.estimators import dice_objective, magic_box
+from hogrod.rl.estimators import dice_surrogate, magic_box
 from hogrod.rl.exact import expected_return
 from hogrod.rl.gym import HALFCHEETAH_TASKS, HalfCheetahTasks, gym_rollout
-from hogrod.rl.lola import (IPDTrajectories, ipd_log_probs, joint_dice_objectives,
+from hogrod.rl.lola import (IPDTrajectories, ipd_log_probs, joint_dice_surrogates,
                             lola_dice_gradients, make_lola_update, sample_ipd)
 from hogrod.rl.maml_rl import MamlRL, MetaBatch, inner_step
 from hogrod.rl.policies import (Categorical, CategoricalPolicy, DiagonalGaussian,
@@ -47,11 +47,11 @@ from hogrod.rl.returns import LinearFeatureBaseline, discounted_returns, gae_adv
 from hogrod.rl.rollout import Trajectories, policy_distribution, rollout
 from hogrod.rl.trpo import LineSearch, NaturalStep, line_search, natural_step
 
-__all__ = ["magic_box", "dice_objective", "discounted_returns", "gae_advantages",
+__all__ = ["magic_box", "dice_surrogate", "discounted_returns", "gae_advantages",
            "LinearFeatureBaseline", "Categorical", "DiagonalGaussian", "CategoricalPolicy",
            "GaussianPolicy", "TabularMDP", "Navigation2D",
            "IteratedPrisonersDilemma", "expected_return", "make_lola_update",
-           "lola_dice_gradients", "joint_dice_objectives", "sample_ipd", "ipd_log_probs",
+           "lola_dice_gradients", "joint_dice_surrogates", "sample_ipd", "ipd_log_probs",
            "IPDTrajectories", "rollout", "Trajectories", "policy_distribution",
            "natural_step", "line_search", "NaturalStep", "LineSearch", "MamlRL", "MetaBatch",
            "inner_step", "gym_rollout", "HalfCheetahTasks", "HALFCHEETAH_TASKS",

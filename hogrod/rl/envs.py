@@ -26,22 +26,38 @@ import keras
 import tensorflow as tf
 
 from hogrod import checks
-from hogrod.rl import _tensors
 from hogrod.types import DType, Seed, TensorLike, Tree
 
 __all__ = ["TabularMDP", "Navigation2D", "IteratedPrisonersDilemma", "TASK_SAMPLING"]
 
-TASK_SAMPLING = _tensors.TASK_SAMPLING
+TASK_SAMPLING = ("independent", "latin_hypercube")
 
 
-def _seed(seed, where):
-    if isinstance(seed, (tf.Tensor, tf.Variable)):
-        s = tf.convert_to_tensor(seed)
-        if not s.dtype.is_integer or not s.shape.is_compatible_with([2]):
-            raise checks.ArgumentError(f"{where}: seed must be an int or a [2] integer tensor, "
-                                       f"got {checks.describe(s)}")
-        return tf.cast(s, tf.int64)
-    return tf.constant([checks.seed(seed, "seed", where), 0], tf.int64)
+def latin_hypercube(seed: tf.Tensor, n: int, d: int, dtype: DType) -> tf.Tensor:
+    """`[n, d]` draws on the unit interval forming a Latin hypercube, for a meta-batch's
+    tasks (`TASK_SAMPLING`'s "latin_hypercube").
+
+    In each column every one of the `n` intervals [k / n, (k + 1) / n] holds exactly one
+    draw, uniform inside it, the intervals assigned to the rows by an independent random
+    permutation per column. Each draw is still uniform, so a mean over the tasks keeps its
+    expectation, but the meta-batch covers the range evenly: a mean over tasks whose value
+    varies smoothly with the task (a return that grows with a goal's distance) varies far
+    less from one meta-batch to the next.
+
+    Args:
+      seed: an int64 `[2]` tensor.
+      n: the rows (tasks), an int >= 1.
+      d: the columns, an int >= 1.
+      dtype: a floating dtype.
+
+    Returns:
+      The `[n, d]` tensor.
+    """
+    order, within = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    intervals = tf.argsort(tf.random.stateless_uniform([d, n], order), axis=1)
+    u = tf.random.stateless_uniform([n, d], within, dtype=dtype)
+    # an interval's index and the offset are summed first: exact for n < 2**24 in float32
+    return (tf.cast(tf.transpose(intervals), dtype) + u) / tf.cast(n, dtype)
 
 
 class TabularMDP:
@@ -68,20 +84,20 @@ class TabularMDP:
                  dtype: Optional[DType] = None) -> None:
         where = "TabularMDP"
         self.dtype = tf.as_dtype(dtype or keras.backend.floatx())
-        p = tf.cast(_tensors.floating(transitions, "transitions", where), self.dtype)
-        r = tf.cast(_tensors.floating(rewards, "rewards", where), self.dtype)
+        p = tf.cast(checks.floating(transitions, "transitions", where), self.dtype)
+        r = tf.cast(checks.floating(rewards, "rewards", where), self.dtype)
         if p.shape.rank != 3 or p.shape[0] != p.shape[2] or r.shape != p.shape[:2]:
             raise checks.ArgumentError(f"{where}: transitions must be [S, A, S] and rewards "
                                        f"[S, A], got {checks.describe((p, r))}")
         self.num_states, self.num_actions = int(p.shape[0]), int(p.shape[1])
         mu = (tf.fill([self.num_states], tf.constant(1.0 / self.num_states, self.dtype))
-              if initial is None else tf.cast(_tensors.floating(initial, "initial", where),
+              if initial is None else tf.cast(checks.floating(initial, "initial", where),
                                               self.dtype))
         if mu.shape != [self.num_states]:
             raise checks.ArgumentError(f"{where}: initial must be [{self.num_states}], got "
                                        f"{mu.shape.as_list()}")
         for name, t in (("transitions", p), ("initial", mu)):
-            _tensors.require(lambda t: tf.reduce_all(t >= 0) & tf.reduce_all(
+            checks.require(lambda t: tf.reduce_all(t >= 0) & tf.reduce_all(
                 tf.abs(tf.reduce_sum(t, axis=-1) - 1) < 1e-6),
                 f"{where}: {name} must be probabilities summing to 1", t)
         self.transitions, self.rewards, self.initial = p, r, mu
@@ -99,7 +115,7 @@ class TabularMDP:
           A dict of `transitions` `[n, S, A, S]`, `rewards` `[n, S, A]` and `initial`
           `[n, S]`.
         """
-        _seed(seed, "TabularMDP.sample_tasks")
+        checks.stateless_seed(seed, "seed", "TabularMDP.sample_tasks")
         n = checks.integer(n, "n", "TabularMDP.sample_tasks", 1)
         tile = lambda t: tf.tile(t[None], [n] + [1] * t.shape.rank)  # noqa: E731
         return {"transitions": tile(self.transitions), "rewards": tile(self.rewards),
@@ -120,7 +136,7 @@ class TabularMDP:
           `(state, observation)`: the state `{"s": int32[batch], "t": int32 scalar, "seed":
           int64[2]}` and the `[batch, S]` one-hot observation.
         """
-        s = _seed(seed, "TabularMDP.reset")
+        s = checks.stateless_seed(seed, "seed", "TabularMDP.reset")
         batch = checks.integer(batch, "batch", "TabularMDP.reset", 1)
         draw, following = tf.unstack(tf.random.experimental.stateless_split(s, 2))
         logits = tf.math.log(tf.tile(task["initial"][None], [batch, 1]))
@@ -151,7 +167,7 @@ class TabularMDP:
             raise checks.ArgumentError(f"{where}: action must be integer [batch], got "
                                        f"{checks.describe(a)}")
         a = tf.cast(a, tf.int32)
-        _tensors.require(lambda a: tf.reduce_all((a >= 0) & (a < self.num_actions)),
+        checks.require(lambda a: tf.reduce_all((a >= 0) & (a < self.num_actions)),
                          f"{where}: action must lie in 0..{self.num_actions - 1}", a)
         s = state["s"]
         index = tf.stack([s, a], axis=1)
@@ -226,13 +242,13 @@ class Navigation2D:
         Returns:
           A dict with `goal` `[n, 2]`.
         """
-        s = _seed(seed, "Navigation2D.sample_tasks")
+        s = checks.stateless_seed(seed, "seed", "Navigation2D.sample_tasks")
         n = checks.integer(n, "n", "Navigation2D.sample_tasks", 1)
         half = tf.constant(0.5, self.dtype)
         if self.task_sampling == "independent":
             return {"goal": tf.random.stateless_uniform([n, 2], s, -half, half,
                                                         dtype=self.dtype)}
-        return {"goal": _tensors.latin_hypercube(s, n, 2, self.dtype) - half}
+        return {"goal": latin_hypercube(s, n, 2, self.dtype) - half}
 
     def reset(self, task: Tree, seed: Seed, batch: int) -> tuple:
         """Starts `batch` episodes at the origin.
@@ -246,7 +262,7 @@ class Navigation2D:
           `(state, observation)`: the state `{"position": [batch, 2], "t": int32 scalar}` and
           the observation (`[batch, observation_dim]`).
         """
-        _seed(seed, "Navigation2D.reset")
+        checks.stateless_seed(seed, "seed", "Navigation2D.reset")
         batch = checks.integer(batch, "batch", "Navigation2D.reset", 1)
         position = tf.zeros([batch, 2], self.dtype)
         return {"position": position, "t": tf.zeros([], tf.int32)}, self._observe(task, position)
@@ -320,7 +336,7 @@ class IteratedPrisonersDilemma:
         Returns:
           A dict with `payoffs` `[n, 2, 2]`.
         """
-        _seed(seed, "IteratedPrisonersDilemma.sample_tasks")
+        checks.stateless_seed(seed, "seed", "IteratedPrisonersDilemma.sample_tasks")
         n = checks.integer(n, "n", "IteratedPrisonersDilemma.sample_tasks", 1)
         return {"payoffs": tf.tile(tf.constant(self.PAYOFFS, self.dtype)[None], [n, 1, 1])}
 
@@ -337,7 +353,7 @@ class IteratedPrisonersDilemma:
           (each agent's own-perspective state index, 4 at the start) and the
           `[batch, 2, 5]` one-hot observations (`[:, i]` agent i's).
         """
-        _seed(seed, "IteratedPrisonersDilemma.reset")
+        checks.stateless_seed(seed, "seed", "IteratedPrisonersDilemma.reset")
         batch = checks.integer(batch, "batch", "IteratedPrisonersDilemma.reset", 1)
         s = tf.fill([batch, 2], 4)
         return {"s": s, "t": tf.zeros([], tf.int32)}, tf.one_hot(s, 5, dtype=self.dtype)
@@ -362,7 +378,7 @@ class IteratedPrisonersDilemma:
         """
         where = "IteratedPrisonersDilemma.step"
         a = tf.cast(_check_steps(state, action, where, state["s"].shape, integer=True), tf.int32)
-        _tensors.require(lambda a: tf.reduce_all((a >= 0) & (a <= 1)),
+        checks.require(lambda a: tf.reduce_all((a >= 0) & (a <= 1)),
                          f"{where}: action must lie in 0..1 (0 cooperate, 1 defect)", a)
         own, other = a[:, 0], a[:, 1]
         reward = tf.stack([tf.gather_nd(task["payoffs"], tf.stack([own, other], 1)),

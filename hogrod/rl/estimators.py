@@ -3,7 +3,7 @@ DiCE with a baseline.
 
 The expected discounted return ``J(theta) = E[sum_t discount**t r_t]`` of trajectories
 sampled from a policy has no derivative a tape can see: the samples do not depend on the
-parameters. `dice_objective` builds a scalar whose value is the sample return and whose
+parameters. `dice_surrogate` builds a scalar whose value is the sample return and whose
 derivatives of every order, taken with nested `tf.GradientTape`s, are unbiased estimates of
 J's derivatives (Foerster et al. 2018, "DiCE: The Infinitely Differentiable Monte Carlo
 Estimator"). A surrogate ``sum_t log_prob_t * R`` has the right first derivative only; its
@@ -15,11 +15,10 @@ from typing import Optional
 import tensorflow as tf
 
 from hogrod import checks
-from hogrod.rl import _tensors
-from hogrod.rl.returns import _advantages, _masked
+from hogrod.rl.returns import _advantages, _masked, _powers
 from hogrod.types import TensorLike
 
-__all__ = ["magic_box", "dice_objective"]
+__all__ = ["magic_box", "dice_surrogate"]
 
 
 def magic_box(x: TensorLike) -> tf.Tensor:
@@ -39,11 +38,11 @@ def magic_box(x: TensorLike) -> tf.Tensor:
     Raises:
       ArgumentError: `x` is not floating.
     """
-    x = _tensors.floating(x, "x", "magic_box")
+    x = checks.floating(x, "x", "magic_box")
     return tf.exp(x - tf.stop_gradient(x))
 
 
-def dice_objective(log_probs: TensorLike, rewards: TensorLike, discount: float = 1.0,
+def dice_surrogate(log_probs: TensorLike, rewards: TensorLike, discount: float = 1.0,
                    values: Optional[TensorLike] = None, gae_lambda: float = 1.0,
                    mask: Optional[TensorLike] = None) -> tf.Tensor:
     """The DiCE objective of a batch of trajectories: a scalar to be MAXIMIZED (its negative
@@ -94,17 +93,17 @@ def dice_objective(log_probs: TensorLike, rewards: TensorLike, discount: float =
         or when traced for a constant mask; for a mask computed in a graph an assertion
         fails when the graph runs, and XLA, `jit_compile=True`, drops it).
     """
-    where = "dice_objective"
-    lp = _tensors.floating(log_probs, "log_probs", where)
-    lp = _tensors.like(lp, "log_probs", where, lp, "log_probs", rank=2)
-    r = _tensors.like(rewards, "rewards", where, lp, "log_probs", rank=2)
-    v = None if values is None else _tensors.like(values, "values", where, lp, "log_probs",
+    where = "dice_surrogate"
+    lp = checks.floating(log_probs, "log_probs", where)
+    lp = checks.like(lp, "log_probs", where, lp, "log_probs", rank=2)
+    r = checks.like(rewards, "rewards", where, lp, "log_probs", rank=2)
+    v = None if values is None else checks.like(values, "values", where, lp, "log_probs",
                                                   rank=2)
     discount = checks.number(discount, "discount", where, 0.0, 1.0, low_open=True)
     gae_lambda = checks.probability(gae_lambda, "gae_lambda", where)
-    mask = _tensors.mask_of(mask, where, lp, "log_probs")
+    mask = checks.mask_of(mask, where, lp, "log_probs")
     lp, r = _masked(lp, mask), tf.stop_gradient(_masked(r, mask))
-    weights = _tensors.powers(discount, tf.shape(lp)[1], lp.dtype)[None, :]
+    weights = _powers(discount, tf.shape(lp)[1], lp.dtype)[None, :]
     dependencies = tf.cumsum(lp, axis=1)
     if v is None:
         return tf.reduce_mean(tf.reduce_sum(weights * r * magic_box(dependencies), axis=1))

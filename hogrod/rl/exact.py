@@ -10,7 +10,6 @@ derivatives of every order in `theta` come from nested tapes.
 import tensorflow as tf
 
 from hogrod import checks
-from hogrod.rl import _tensors
 from hogrod.types import TensorLike
 
 __all__ = ["expected_return"]
@@ -38,14 +37,14 @@ def expected_return(logits: TensorLike, transitions: TensorLike, rewards: Tensor
         `horizon` not a positive int.
     """
     where = "expected_return"
-    theta = _tensors.floating(logits, "logits", where)
+    theta = checks.floating(logits, "logits", where)
     if theta.shape.rank != 2:
         raise checks.ArgumentError(f"{where}: logits must be [S, A], got "
                                    f"{theta.shape.as_list()}")
     n_s, n_a = theta.shape
-    p = _tensors.floating(transitions, "transitions", where)
-    r = _tensors.like(rewards, "rewards", where, theta, "logits")
-    mu = _tensors.floating(initial, "initial", where)
+    p = checks.floating(transitions, "transitions", where)
+    r = checks.like(rewards, "rewards", where, theta, "logits")
+    mu = checks.floating(initial, "initial", where)
     for name, t, shape in (("transitions", p, [n_s, n_a, n_s]), ("initial", mu, [n_s])):
         if t.dtype != theta.dtype or t.shape.as_list() != shape:
             raise checks.ArgumentError(f"{where}: {name} must be {theta.dtype.name}{shape}, "

@@ -29,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from hogrod import checks
-from hogrod.rl import _tensors
+from hogrod.rl import envs
 from hogrod.rl.rollout import Trajectories, policy_distribution, task_seeds
 from hogrod.types import DType, Params, Seed, Tree
 
@@ -232,7 +232,7 @@ class HalfCheetahTasks:
                                                    where)
         self.horizon = checks.integer(horizon, "horizon", where, 1)
         self.dtype = tf.as_dtype(dtype or keras.backend.floatx())
-        self.task_sampling = checks.choice(task_sampling, _tensors.TASK_SAMPLING,
+        self.task_sampling = checks.choice(task_sampling, envs.TASK_SAMPLING,
                                            "task_sampling", where)
 
     def sample_tasks(self, seed: Seed, n: int) -> Tree:
@@ -258,7 +258,7 @@ class HalfCheetahTasks:
         if self.task_sampling == "independent":
             u = tf.random.stateless_uniform([n], s, dtype=self.dtype)
         else:
-            u = _tensors.latin_hypercube(s, n, 1, self.dtype)[:, 0]
+            u = envs.latin_hypercube(s, n, 1, self.dtype)[:, 0]
         if self.kind == "velocity":
             return {"goal": 2 * u}
         return {"goal": tf.where(u < 0.5, -tf.ones_like(u), tf.ones_like(u))}

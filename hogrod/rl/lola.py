@@ -12,7 +12,7 @@ parameters after `lookahead` steps of gradient ascent on j's own objective,
 steps (nested tapes), so i shapes how j learns. Both agents update from the same
 parameters at once; `lookahead` = 0 is the naive learner.
 
-All derivatives are DiCE's: an agent's objective on a batch is `dice_objective` of the
+All derivatives are DiCE's: an agent's objective on a batch is `dice_surrogate` of the
 joint log-probabilities (``log_probs[b, t]`` the sum of both agents' log-probabilities at
 step t, every choice the rewards depend on) and its own rewards, so the second derivatives
 the look-ahead needs are unbiased too.
@@ -28,10 +28,10 @@ import tensorflow as tf
 
 from hogrod import checks
 from hogrod.rl import envs
-from hogrod.rl.estimators import dice_objective
+from hogrod.rl.estimators import dice_surrogate
 from hogrod.types import Seed, TensorLike
 
-__all__ = ["IPDTrajectories", "sample_ipd", "ipd_log_probs", "joint_dice_objectives",
+__all__ = ["IPDTrajectories", "sample_ipd", "ipd_log_probs", "joint_dice_surrogates",
            "lola_dice_gradients", "make_lola_update"]
 
 BASELINES = ("batch_mean", "none")
@@ -120,7 +120,7 @@ def sample_ipd(env: envs.IteratedPrisonersDilemma, params: Sequence[TensorLike],
         raise checks.ArgumentError(f"{where}: params have dtype {theta[0].dtype.name}, the "
                                    f"environment {env.dtype.name}")
     batch = checks.integer(batch, "batch", where, 1)
-    seed = envs._seed(seed, where)
+    seed = checks.stateless_seed(seed, "seed", where)
     steps = env.horizon
     table = tf.stop_gradient(tf.concat(theta, 0))  # [10]: agent i's state s at 5 i + s
     task = {"payoffs": tf.constant(env.PAYOFFS, env.dtype)}
@@ -183,11 +183,11 @@ def ipd_log_probs(params: Sequence[TensorLike], states: TensorLike, actions: Ten
     return tf.math.log_sigmoid(sign * logits)
 
 
-def joint_dice_objectives(log_probs: TensorLike, rewards: TensorLike, discount: float,
+def joint_dice_surrogates(log_probs: TensorLike, rewards: TensorLike, discount: float,
                           baseline: str = "batch_mean") -> tf.Tensor:
     """Every agent's DiCE objective on a batch of joint trajectories, each to be MAXIMIZED.
 
-    Agent i's objective is `dice_objective` of ``sum_j log_probs[..., j]`` (the
+    Agent i's objective is `dice_surrogate` of ``sum_j log_probs[..., j]`` (the
     log-probability of every choice made at a step, all agents') and of its own rewards
     ``rewards[..., i]``, so its derivatives of every order in any agent's parameters are
     unbiased estimates of the expected discounted return's. With `baseline` "batch_mean"
@@ -212,7 +212,7 @@ def joint_dice_objectives(log_probs: TensorLike, rewards: TensorLike, discount: 
       ArgumentError: tensors not floating `[batch, T, n]` of one shape and dtype, or a bad
         discount or baseline.
     """
-    where = "joint_dice_objectives"
+    where = "joint_dice_surrogates"
     baseline = checks.choice(baseline, BASELINES, "baseline", where)
     discount = checks.number(discount, "discount", where, 0.0, 1.0, low_open=True)
     lp = tf.convert_to_tensor(log_probs)
@@ -232,11 +232,11 @@ def joint_dice_objectives(log_probs: TensorLike, rewards: TensorLike, discount: 
     for i in range(r.shape[-1]):
         own = r[..., i]
         if baseline == "none":
-            objectives.append(dice_objective(joint, own, discount))
+            objectives.append(dice_surrogate(joint, own, discount))
             continue
         b = tf.reduce_mean(own, axis=0, keepdims=True)
         constant = tf.reduce_sum(weights * b[0])
-        objectives.append(dice_objective(joint, own - b, discount) + constant)
+        objectives.append(dice_surrogate(joint, own - b, discount) + constant)
     return tf.stack(objectives)
 
 
@@ -273,7 +273,7 @@ def lola_dice_gradients(objectives: Callable[[Sequence[tf.Tensor], tf.Tensor], t
       objectives: ``objectives(params, seed) -> [2]`` both agents' objectives (maximized)
         on a batch drawn with `seed` (a `[2]` int64 tensor) at the values of `params` (a
         list of both agents' parameter tensors), differentiable in both, e.g.
-        `joint_dice_objectives` of `ipd_log_probs` of `sample_ipd`.
+        `joint_dice_surrogates` of `ipd_log_probs` of `sample_ipd`.
       params: agent 0's and agent 1's parameters, two floating tensors of one dtype and
         shape.
       seed: an int >= 0 or a `[2]` integer tensor.
@@ -299,8 +299,8 @@ def lola_dice_gradients(objectives: Callable[[Sequence[tf.Tensor], tf.Tensor], t
     theta = _agent_params(params, where)
     lookahead = checks.integer(lookahead, "lookahead", where, 0)
     rate = tf.constant(checks.positive(inner_rate, "inner_rate", where), theta[0].dtype)
-    seeds = tf.random.experimental.stateless_split(envs._seed(seed, where),
-                                                   2 * (lookahead + 1))
+    seeds = tf.random.experimental.stateless_split(
+        checks.stateless_seed(seed, "seed", where), 2 * (lookahead + 1))
     gradients, values = [], None
     for i in range(2):
         j = 1 - i
@@ -342,7 +342,7 @@ def make_lola_update(env: envs.IteratedPrisonersDilemma, batch: int, discount: f
 
     ``update(params, seed) -> (params, returns)``: both agents ascend their
     `lola_dice_gradients` (batches of `batch` games from `sample_ipd`, objectives
-    `joint_dice_objectives`) by ``outer_rate`` times the gradient, from the same
+    `joint_dice_surrogates`) by ``outer_rate`` times the gradient, from the same
     parameters. `params` is a `[2, 5]` tensor of the environment's dtype (row i agent i's
     cooperation logits), `seed` a `[2]` int64 tensor; it is traced once (an input
     signature) and the same arguments give the same result. `returns` is `[2]`, each
@@ -358,7 +358,7 @@ def make_lola_update(env: envs.IteratedPrisonersDilemma, batch: int, discount: f
       lookahead: predicted steps of the other agent, an int >= 0 (2 or 3).
       inner_rate: the predicted steps' learning rate, a positive Python number (0.3).
       outer_rate: the agents' learning rate, a positive Python number (0.2).
-      baseline: "batch_mean" (the reference's) or "none", see `joint_dice_objectives`.
+      baseline: "batch_mean" (the reference's) or "none", see `joint_dice_surrogates`.
 
     Returns:
       The `tf.function` `update`.
@@ -378,7 +378,7 @@ def make_lola_update(env: envs.IteratedPrisonersDilemma, batch: int, discount: f
 
     def objectives(params, seed):
         games = sample_ipd(env, params, seed, batch)
-        return joint_dice_objectives(ipd_log_probs(params, games.states, games.actions),
+        return joint_dice_surrogates(ipd_log_probs(params, games.states, games.actions),
                                      games.rewards, discount, baseline)
 
     @tf.function(input_signature=[tf.TensorSpec([2, 5], env.dtype),

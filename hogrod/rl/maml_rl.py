@@ -5,7 +5,7 @@ tasks, `tf.vectorized_map`; the meta-gradient's map as `task_map` says) it
 
 1. rolls out `batch` episodes with the policy's parameters theta,
 2. fits the linear feature baseline to them and takes the inner step
-   ``theta' = theta + step_size scale grad dice_objective`` (`inner_step`): Loaded DiCE
+   ``theta' = theta + step_size scale grad dice_surrogate`` (`inner_step`): Loaded DiCE
    with the baseline's values, scaled by 1 / (mean episode length * the advantages'
    standard deviation) held constant (pytorch-maml-rl's inner loss is a time average of
    normalized advantages, the scale its step size of 0.1 is meant for), so the
@@ -50,7 +50,7 @@ import tensorflow as tf
 from hogrod import checks, distribute, optim, tree
 from hogrod.autodiff import HVP_MODES, hvp
 from hogrod.meta.common import map_tasks
-from hogrod.rl.estimators import dice_objective
+from hogrod.rl.estimators import dice_surrogate
 from hogrod.rl.gym import gym_rollout
 from hogrod.rl.returns import LinearFeatureBaseline, discounted_returns, gae_advantages
 from hogrod.rl.rollout import Trajectories, policy_distribution, rollout
@@ -72,7 +72,7 @@ def inner_step(policy: keras.Model, params: Params, episodes: Trajectories, step
                gae_lambda: float = 1.0, scale: Optional[tf.Tensor] = None) -> list:
     """One policy-gradient step on the DiCE objective of one task's episodes.
 
-    ``params + step_size * scale * grad dice_objective(log_probs(params), rewards,
+    ``params + step_size * scale * grad dice_surrogate(log_probs(params), rewards,
     discount, values, gae_lambda, mask)``, the log-probabilities recomputed from the episodes'
     observations and actions through ``policy.distribution(observations, params)``. Taken
     under outer tapes, its derivatives are DiCE's, every order unbiased.
@@ -97,14 +97,14 @@ def inner_step(policy: keras.Model, params: Params, episodes: Trajectories, step
       ValueError: the log-probabilities do not depend on a parameter (its gradient would
         be a silent zero): the message names it (the policy's `distribution` must use
         `params`).
-      ArgumentError: `step_size` not > 0, or bad episodes (see `dice_objective`).
+      ArgumentError: `step_size` not > 0, or bad episodes (see `dice_surrogate`).
     """
     step_size = checks.positive(step_size, "step_size", "inner_step")
     params = [tf.convert_to_tensor(p) for p in params]
     with tf.GradientTape() as tape:
         tape.watch(params)
         dist = policy_distribution(policy, episodes.observations, params)
-        objective = dice_objective(dist.log_prob(episodes.actions), episodes.rewards,
+        objective = dice_surrogate(dist.log_prob(episodes.actions), episodes.rewards,
                                    discount, values, gae_lambda, episodes.mask)
         if scale is not None:
             objective = objective * tf.stop_gradient(tf.cast(scale, objective.dtype))

@@ -30,21 +30,9 @@ import tensorflow as tf
 
 from hogrod import checks
 from hogrod.functional import functional_call
-from hogrod.rl import _tensors
 from hogrod.types import Params, Seed, TensorLike
 
 __all__ = ["Categorical", "DiagonalGaussian", "CategoricalPolicy", "GaussianPolicy"]
-
-
-def _seed(seed, where):
-    """A stateless seed: an int (>= 0) becomes `[seed, 0]`; a `[2]` int tensor is kept."""
-    if isinstance(seed, (tf.Tensor, tf.Variable, np.ndarray)):
-        s = tf.convert_to_tensor(seed)
-        if not s.dtype.is_integer or not s.shape.is_compatible_with([2]):
-            raise checks.ArgumentError(f"{where}: seed must be an int or a [2] integer tensor, "
-                                       f"got {checks.describe(s)}")
-        return s
-    return tf.constant([checks.seed(seed, "seed", where), 0], tf.int64)
 
 
 def _same_kind(self, other, where):
@@ -89,12 +77,10 @@ class Categorical(NamedTuple):
             raise checks.ArgumentError(
                 f"{where}: actions must have shape {self.logits.shape[:-1].as_list()} (the "
                 f"logits' without the last axis), got {a.shape.as_list()}")
-        check = _tensors.require(
+        check = checks.require(
             tf.reduce_all((a >= 0) & (a < tf.cast(tf.shape(self.logits)[-1], a.dtype))),
             f"{where}: actions must lie in 0..{n - 1}")
-        if check is None:
-            return a
-        with tf.control_dependencies([check]):  # before a gather fails with its own message
+        with tf.control_dependencies(check):  # before a gather fails with its own message
             return tf.identity(a)
 
     def log_prob(self, actions: TensorLike) -> tf.Tensor:
@@ -126,7 +112,7 @@ class Categorical(NamedTuple):
         Returns:
           int32 actions shaped as the logits without their last axis.
         """
-        s = _seed(seed, "Categorical.sample")
+        s = checks.stateless_seed(seed, "seed", "Categorical.sample")
         n = tf.shape(self.logits)[-1]
         flat = tf.reshape(self.logits, [-1, n])
         draws = tf.random.stateless_categorical(flat, 1, s, dtype=tf.int32)[:, 0]
@@ -185,8 +171,8 @@ class DiagonalGaussian(NamedTuple):
         Raises:
           ArgumentError: actions not floating, or of another shape or dtype.
         """
-        a = _tensors.floating(actions, "actions", "DiagonalGaussian.log_prob")
-        a = _tensors.like(a, "actions", "DiagonalGaussian.log_prob", self.mean, "mean")
+        a = checks.floating(actions, "actions", "DiagonalGaussian.log_prob")
+        a = checks.like(a, "actions", "DiagonalGaussian.log_prob", self.mean, "mean")
         z = (a - self.mean) * tf.exp(-self.log_std)
         log_2pi = tf.constant(math.log(2 * math.pi), self.mean.dtype)
         return -0.5 * tf.reduce_sum(z * z + 2 * self.log_std + log_2pi, -1)
@@ -200,7 +186,7 @@ class DiagonalGaussian(NamedTuple):
         Returns:
           Actions of `mean`'s shape and dtype.
         """
-        s = _seed(seed, "DiagonalGaussian.sample")
+        s = checks.stateless_seed(seed, "seed", "DiagonalGaussian.sample")
         eps = tf.random.stateless_normal(tf.shape(self.mean), s, dtype=self.mean.dtype)
         return self.mean + tf.exp(self.log_std) * eps
 

@@ -15,10 +15,24 @@ import keras
 import tensorflow as tf
 
 from hogrod import checks
-from hogrod.rl import _tensors
 from hogrod.types import DType, Tensor, TensorLike
 
 __all__ = ["discounted_returns", "gae_advantages", "LinearFeatureBaseline"]
+
+
+def _powers(base: float, steps: TensorLike, dtype: DType) -> tf.Tensor:
+    """`[base**0, ..., base**(steps-1)]` at `dtype` (the base a Python number applied at
+    `dtype`, never through float32).
+
+    Args:
+      base: a Python number.
+      steps: the length, a scalar int tensor or int.
+      dtype: the floating dtype.
+
+    Returns:
+      A `[steps]` tensor.
+    """
+    return tf.pow(tf.constant(base, dtype), tf.cast(tf.range(steps), dtype))
 
 
 def _masked(x, mask):
@@ -57,10 +71,10 @@ def discounted_returns(rewards: TensorLike, discount: float,
         fails when it runs, except under XLA, `jit_compile=True`, which drops it).
     """
     where = "discounted_returns"
-    r = _tensors.floating(rewards, "rewards", where)
-    r = _tensors.like(r, "rewards", where, r, "rewards", rank=2)
+    r = checks.floating(rewards, "rewards", where)
+    r = checks.like(r, "rewards", where, r, "rewards", rank=2)
     discount = checks.number(discount, "discount", where, 0.0, 1.0, low_open=True)
-    mask = _tensors.mask_of(mask, where, r, "rewards")
+    mask = checks.mask_of(mask, where, r, "rewards")
     return _masked(_discounted_sum(_masked(r, mask), discount), mask)
 
 
@@ -88,17 +102,17 @@ def gae_advantages(rewards: TensorLike, values: TensorLike, discount: float, gae
         in [0, 1], or `mask` is not a 0/1 non-increasing mask.
     """
     where = "gae_advantages"
-    r = _tensors.floating(rewards, "rewards", where)
-    r = _tensors.like(r, "rewards", where, r, "rewards", rank=2)
-    v = _tensors.like(values, "values", where, r, "rewards", rank=2)
+    r = checks.floating(rewards, "rewards", where)
+    r = checks.like(r, "rewards", where, r, "rewards", rank=2)
+    v = checks.like(values, "values", where, r, "rewards", rank=2)
     discount = checks.number(discount, "discount", where, 0.0, 1.0, low_open=True)
     gae_lambda = checks.probability(gae_lambda, "gae_lambda", where)
-    mask = _tensors.mask_of(mask, where, r, "rewards")
+    mask = checks.mask_of(mask, where, r, "rewards")
     return _advantages(r, v, discount, gae_lambda, mask)
 
 
 def _advantages(rewards, values, discount, gae_lambda, mask):
-    """`gae_advantages` on checked tensors (shared with `dice_objective`)."""
+    """`gae_advantages` on checked tensors (shared with `dice_surrogate`)."""
     r, v = _masked(rewards, mask), _masked(values, mask)
     following = tf.concat([v[:, 1:], tf.zeros_like(v[:, :1])], axis=1)
     delta = r + tf.constant(discount, r.dtype) * following - v
@@ -140,7 +154,7 @@ class LinearFeatureBaseline(tf.Module):
                                         trainable=False, name="coefficients")
 
     def _observations(self, observations, where):
-        obs = _tensors.floating(observations, "observations", where)
+        obs = checks.floating(observations, "observations", where)
         if obs.dtype != self.dtype:
             raise checks.ArgumentError(f"{where}: observations have dtype {obs.dtype.name}, "
                                        f"the baseline {self.dtype.name}")
@@ -166,7 +180,7 @@ class LinearFeatureBaseline(tf.Module):
         """
         where = "LinearFeatureBaseline.features"
         obs = self._observations(observations, where)
-        mask = _tensors.mask_of(mask, where, obs[..., 0], "observations[..., 0]")
+        mask = checks.mask_of(mask, where, obs[..., 0], "observations[..., 0]")
         s = tf.clip_by_value(obs, tf.constant(-10.0, obs.dtype), tf.constant(10.0, obs.dtype))
         steps = tf.shape(obs)[1]
         t = tf.cast(tf.range(steps), obs.dtype) / tf.constant(100.0, obs.dtype)
@@ -194,7 +208,7 @@ class LinearFeatureBaseline(tf.Module):
         """
         where = "LinearFeatureBaseline.solve"
         f = self.features(observations, mask)
-        y = _tensors.like(returns, "returns", where, f[..., 0], "observations[..., 0]", rank=2)
+        y = checks.like(returns, "returns", where, f[..., 0], "observations[..., 0]", rank=2)
         f = tf.stop_gradient(tf.reshape(f, [-1, f.shape[-1]]))
         y = tf.reshape(tf.stop_gradient(_masked(y, mask)), [-1, 1])
         gram = tf.matmul(f, f, transpose_a=True)
@@ -210,7 +224,7 @@ class LinearFeatureBaseline(tf.Module):
             ok = usable & tf.reduce_all(shifted > 0) & tf.reduce_all(tf.math.is_finite(x))
             chosen = tf.where(ok, x, chosen)
             found = ok | found
-        _tensors.require(found, f"{where}: no ridge regularization from {self.reg_coeff} to "
+        checks.require(found, f"{where}: no ridge regularization from {self.reg_coeff} to "
                          f"{self.reg_coeff * 1e4} gives a finite fit; are the observations "
                          "or returns finite?")
         return chosen

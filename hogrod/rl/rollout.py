@@ -62,16 +62,13 @@ def task_seeds(seed: Union[Seed, tf.Tensor], n: int, where: str) -> tf.Tensor:
     Raises:
       ArgumentError: a seed of another kind or shape.
     """
-    if isinstance(seed, (tf.Tensor, tf.Variable)):
+    if isinstance(seed, (tf.Tensor, tf.Variable)) and seed.shape.rank == 2:
         s = tf.convert_to_tensor(seed)
-        if not s.dtype.is_integer or s.shape.rank not in (1, 2) or s.shape[-1] != 2:
+        if not s.dtype.is_integer or s.shape[-1] != 2:
             raise checks.ArgumentError(f"{where}: seed must be an int, a [2] integer tensor or "
                                        f"[tasks, 2] integer seeds, got {checks.describe(s)}")
-        s = tf.cast(s, tf.int64)
-        if s.shape.rank == 2:
-            return s
-    else:
-        s = tf.constant([checks.seed(seed, "seed", where), 0], tf.int64)
+        return tf.cast(s, tf.int64)
+    s = checks.stateless_seed(seed, "seed", where)
     return tf.map_fn(lambda i: tf.random.experimental.stateless_fold_in(s, i),
                      tf.range(n, dtype=tf.int64), fn_output_signature=tf.int64)
 
