@@ -7,8 +7,7 @@ import gin
 import keras
 import tensorflow as tf
 
-import hogrod
-from hogrod import checks, implicit, linalg, tree
+from hogrod import autodiff, checks, implicit, linalg, tree
 from hogrod.meta.common import (Algorithm, check_loss, check_task_map, compiled_when_eager,
                                 mean_over_tasks, pass_seed, query_loss, task_seeds)
 from hogrod.meta.inner import as_dtype, initial_params, run
@@ -87,7 +86,7 @@ def imaml(model: keras.Model, loss: Loss, inner_lr: Scalar = 0.01, inner_steps: 
         xs, ys = support
         fit = lambda: loss(ys, run(model, anchor, xs, True, seed))  # noqa: E731
         # |v^T H v| for the power iteration's unit v: a lower bound of |lambda|_max
-        top, _ = linalg.power_iteration(lambda v: hogrod.hvp(fit, anchor, v),
+        top, _ = linalg.power_iteration(lambda v: autodiff.hvp(fit, anchor, v),
                                         tree.ones_like(anchor), maxiter=curvature_probes)
         # |lambda|_max of H + lam I is at most that bound + lam; underestimating it by less
         # than a factor 2 still leaves the rate below 2 / L, the stability limit
@@ -108,7 +107,7 @@ def imaml(model: keras.Model, loss: Loss, inner_lr: Scalar = 0.01, inner_steps: 
                 fit = loss(ys, run(model, y, xs, True, seed))
                 return fit + 0.5 * lam * tf.add_n(
                     [tf.reduce_sum((p - a) ** 2) for p, a in zip(y, anchor)])
-            g = hogrod.grad(prox, y)
+            g = autodiff.grad(prox, y)
             new = [p - lr * gi for p, gi in zip(y, g)]
             y = new if momentum is None else [
                 n + momentum * (n - p) for n, p in zip(new, phi)]
@@ -130,7 +129,7 @@ def imaml(model: keras.Model, loss: Loss, inner_lr: Scalar = 0.01, inner_steps: 
     def optimality(phi, theta, support, seed):
         """The gradient of the proximal objective: zero at the inner solution."""
         xs, ys = support
-        g = hogrod.grad(lambda: loss(ys, run(model, phi, xs, True, seed)), phi)
+        g = autodiff.grad(lambda: loss(ys, run(model, phi, xs, True, seed)), phi)
         return [gi + lam * (p - t) for gi, p, t in zip(g, phi, theta)]
 
     def task_loss(task, seeds, theta):
@@ -162,7 +161,7 @@ def imaml(model: keras.Model, loss: Loss, inner_lr: Scalar = 0.01, inner_steps: 
         # (Unconnected is zero, not an error: task_map 'recomputed' runs this once with
         # every tape stopped, keeping only the value, and recomputes it for the gradient.)
         anchor = [tf.stop_gradient(t) for t in theta]
-        query, meta_grad = hogrod.value_and_grad(
+        query, meta_grad = autodiff.value_and_grad(
             lambda: query_loss(model, loss, inner_solution(anchor, anchor), xq, yq,
                                pass_seed(seeds, inner_steps)), anchor)
         surrogate = tf.add_n([tf.reduce_sum(t * tf.stop_gradient(g))

@@ -1,0 +1,66 @@
+"""The library's shape, read from its source: the families import the modules they use.
+
+`hogrod/__init__.py` re-exports the primitives for users; inside the library a module names
+the module it depends on (`from hogrod import autodiff`, then `autodiff.grad`), so the
+layers of WORKSPACE.md stay visible in the imports and no module depends on the package's
+top level being imported first."""
+
+import ast
+import glob
+import importlib.util
+import os
+
+from hogrod import harness
+
+_LIBRARY = os.path.join(harness.REPO_ROOT, "hogrod")
+# modules still reaching the top level (to empty)
+_KNOWN = {"hogrod/meta/inner.py"}
+
+
+def _modules():
+    """Every module of the library but its top-level `__init__`, as repository paths."""
+    paths = glob.glob(os.path.join(_LIBRARY, "**", "*.py"), recursive=True)
+    return sorted(os.path.relpath(p, harness.REPO_ROOT).replace(os.sep, "/") for p in paths
+                  if os.path.relpath(p, _LIBRARY) != "__init__.py")
+
+
+def _is_module(name):
+    return importlib.util.find_spec(name) is not None
+
+
+def _top_level_uses(source):
+    """Where a source uses the package's top level: `import hogrod` (or `import hogrod.x`,
+    which binds `hogrod` too), `hogrod.<name>` in code, and `from hogrod import <name>` of a
+    name that is not a module (a re-exported primitive)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [f"line {node.lineno}: import {a.name}" for a in node.names
+                      if a.name.split(".")[0] == "hogrod" and a.asname is None]
+        elif isinstance(node, ast.ImportFrom) and node.module == "hogrod" and not node.level:
+            found += [f"line {node.lineno}: from hogrod import {a.name}" for a in node.names
+                      if not _is_module(f"hogrod.{a.name}")]
+        elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+              and node.value.id == "hogrod"):
+            found.append(f"line {node.lineno}: hogrod.{node.attr}")
+    return found
+
+
+def test_the_check_finds_each_way_of_reaching_the_top_level():
+    source = ("import hogrod\nimport hogrod.tree\nfrom hogrod import grad, autodiff\n"
+              "import hogrod.tree as t\nfrom hogrod.autodiff import hvp\n"
+              "x = hogrod.hvp(f, p, v)\n'''`hogrod.grad` in a docstring'''\n")
+    assert _top_level_uses(source) == ["line 1: import hogrod", "line 2: import hogrod.tree",
+                                       "line 3: from hogrod import grad",
+                                       "line 6: hogrod.hvp"]
+
+
+def test_no_library_module_reaches_the_package_top_level():
+    found = {}
+    for path in _modules():
+        with open(os.path.join(harness.REPO_ROOT, path)) as f:
+            uses = _top_level_uses(f.read())
+        if uses and path not in _KNOWN:
+            found[path] = uses
+    assert len(_modules()) > 60 and "hogrod/meta/imaml.py" in _modules()
+    assert found == {}, found
