@@ -64,3 +64,33 @@ def test_no_library_module_reaches_the_package_top_level():
             found[path] = uses
     assert len(_modules()) > 60 and "hogrod/meta/imaml.py" in _modules()
     assert found == {}, found
+
+
+def _required_defaults(source):
+    """Parameters whose default is `gin.REQUIRED`, as `line N: function(parameter)`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args
+            positional = args.posonlyargs + args.args
+            pairs = list(zip(positional[len(positional) - len(args.defaults):], args.defaults))
+            pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d]
+            found += [f"line {node.lineno}: {node.name}({a.arg})" for a, d in pairs
+                      if ast.unparse(d) == "gin.REQUIRED"]
+    return found
+
+
+def test_no_library_function_has_a_gin_required_default():
+    """Library functions take arguments and gin binds them: a parameter a caller must give
+    has no default (a missing binding is then named by gin's error), never `gin.REQUIRED`,
+    which means nothing to a caller outside gin. The binaries' own signatures
+    (experiments/) may use it: the harness checks those before a run."""
+    assert _required_defaults("def f(a, b=gin.REQUIRED, *, c=1, d=gin.REQUIRED): pass\n") == [
+        "line 1: f(b)", "line 1: f(d)"]
+    found = {}
+    for path in _modules():
+        with open(os.path.join(harness.REPO_ROOT, path)) as f:
+            required = _required_defaults(f.read())
+        if required:
+            found[path] = required
+    assert found == {}, found

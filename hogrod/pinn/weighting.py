@@ -430,8 +430,8 @@ def self_adaptive_weights(problem: Problem, u_fn: Callable[[tf.Tensor], tf.Tenso
 
 
 @gin.configurable
-def combined_weights(problem, u_fn, points, condition_points, variables, gpinn=None,
-                     schemes=gin.REQUIRED):
+def combined_weights(problem, u_fn, points, condition_points, variables, gpinn=None, *,
+                     schemes):
     """Several schemes at once (jaxpi: gradient-norm weights on the terms and causal
     weights inside the residual): `schemes` by reference, e.g. [@grad_norm_weights,
     @causal_weights]. Their term weights, reducers and state must not overlap; at most one
