@@ -94,3 +94,45 @@ def test_no_library_function_has_a_gin_required_default():
         if required:
             found[path] = required
     assert found == {}, found
+
+
+_MODULE_LINES = 500
+_BODY_LINES = 100
+# modules over the limits (to empty)
+_KNOWN_LONG = {"hogrod/meta/heads.py", "hogrod/rl/maml_rl.py"}
+
+
+def _sizes(path, source):
+    """`path: N lines` past the module limit and `path: fn() body N lines` past the body
+    limit (the body without its docstring)."""
+    found = []
+    lines = source.count("\n")
+    if lines > _MODULE_LINES:
+        found.append(f"{path}: {lines} lines")
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if (len(body) > 1 and isinstance(body[0], ast.Expr)
+                    and isinstance(body[0].value, ast.Constant)
+                    and isinstance(body[0].value.value, str)):
+                body = body[1:]
+            length = node.end_lineno - body[0].lineno + 1
+            if length > _BODY_LINES:
+                found.append(f"{path}: {node.name}() body {length} lines")
+    return found
+
+
+def test_modules_and_function_bodies_stay_short():
+    """Every module of the library and the experiments under 500 lines, every function
+    body (docstring aside) under 100."""
+    body = "\n".join(f"    x{i} = {i}" for i in range(_BODY_LINES + 1))
+    assert _sizes("m.py", f'def f():\n    """Doc."""\n{body}\n') == ["m.py: f() body 101 lines"]
+    paths = _modules() + sorted(
+        os.path.relpath(p, harness.REPO_ROOT).replace(os.sep, "/") for p in
+        glob.glob(os.path.join(harness.REPO_ROOT, "experiments", "**", "*.py"), recursive=True))
+    found = []
+    for path in paths:
+        if path not in _KNOWN_LONG:
+            with open(os.path.join(harness.REPO_ROOT, path)) as f:
+                found += _sizes(path, f.read())
+    assert found == [], found
