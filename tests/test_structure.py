@@ -136,3 +136,30 @@ def test_modules_and_function_bodies_stay_short():
             with open(os.path.join(harness.REPO_ROOT, path)) as f:
                 found += _sizes(path, f.read())
     assert found == [], found
+
+
+def _readme():
+    with open(os.path.join(harness.REPO_ROOT, "README.md")) as f:
+        return f.read()
+
+
+def test_the_readme_lists_every_console_command_and_every_binary():
+    """README's command list is pyproject's [project.scripts], and its family table names
+    every binary (experiments/*.py) and every shipped config folder's family."""
+    import re
+    import tomllib
+    with open(os.path.join(harness.REPO_ROOT, "pyproject.toml"), "rb") as f:
+        scripts = set(tomllib.load(f)["project"]["scripts"])
+    text = _readme()
+    # the list in parentheses after "the console command `hogrod-NAME`"
+    listed = re.search(r"console command `hogrod-NAME` \(([^)]*)\)", text)
+    listed = set(re.findall(r"`(hogrod-[a-z-]+)`", listed.group(1) if listed else ""))
+    assert listed == scripts, (f"README lists {sorted(listed - scripts)} that pyproject does "
+                               f"not define and omits {sorted(scripts - listed)}")
+    binaries = {os.path.basename(p) for p in
+                glob.glob(os.path.join(harness.REPO_ROOT, "experiments", "*.py"))} - {
+        "__init__.py"}
+    table = text[text.index("## The families"):text.index("Every experiment is")]
+    assert [b for b in sorted(binaries) if f"`experiments/{b}`" not in table
+            and f"`{b}`" not in table] == []
+    assert "library only" not in table
