@@ -123,7 +123,7 @@ def _check_args(classes, optimizer, dtype, batch_size, strategy):
                          "under a configs/strategy/ config, or drop the strategy config")
 
 
-def estimate(op, top_k, hutchpp_matvecs, slq_iterations, slq_runs, seed, phase):
+def estimate(op, top_k, hutchpp_matvecs, slq_steps, slq_runs, seed, phase):
     """Lanczos top-k and smallest, Hutch++ trace, SLQ density: (metrics, top, grid, density)."""
     n = int(op.shape[0])
     phase(f"Lanczos: the top {top_k} Hessian eigenvalues of {n} parameters")
@@ -132,8 +132,8 @@ def estimate(op, top_k, hutchpp_matvecs, slq_iterations, slq_runs, seed, phase):
     low, _, _ = curvature.top_eigenvalues(op, 1, which="smallest", tol=1e-8)
     phase(f"Hutch++ trace estimate with {hutchpp_matvecs} Hessian-vector products")
     trace, trace_se = curvature.hutchpp(op, hutchpp_matvecs, seed=seed)
-    phase(f"spectral density: {slq_runs} stochastic Lanczos runs of {slq_iterations} steps")
-    grid, density, _, _ = curvature.spectral_density(op, slq_iterations, slq_runs, seed=seed)
+    phase(f"spectral density: {slq_runs} stochastic Lanczos runs of {slq_steps} steps")
+    grid, density, _, _ = curvature.spectral_density(op, slq_steps, slq_runs, seed=seed)
     metrics = {"top_eigenvalues": top.tolist(), "min_eigenvalue": float(low[0]),
                "lanczos_hvps": lanczos_matvecs, "trace_hutchpp": trace,
                "trace_hutchpp_se": trace_se,
@@ -174,7 +174,7 @@ def hessian_spectrum(output_dir, dim: harness.PositiveInt = 10,
                      checkpoint_every: harness.PositiveInt = 100, dtype: str = "float32",
                      estimates: bool = True, top_k: harness.PositiveInt = 5,
                      hutchpp_matvecs: harness.PositiveInt = 150,
-                     slq_iterations: harness.PositiveInt = 80, slq_runs: harness.PositiveInt = 5,
+                     slq_steps: harness.PositiveInt = 80, slq_runs: harness.PositiveInt = 5,
                      layer=None, dense_check_max_params: harness.Count = 3000,
                      seed: harness.Count = 0):
     """Train a tanh MLP (`dim`-`hidden`-outputs; one logit and the logistic loss when
@@ -231,7 +231,7 @@ def hessian_spectrum(output_dir, dim: harness.PositiveInt = 10,
     n = metrics["n_params"] = int(op.shape[0])
     phase = _Phases()
     if estimates:
-        found, top, grid, density = estimate(op, top_k, hutchpp_matvecs, slq_iterations,
+        found, top, grid, density = estimate(op, top_k, hutchpp_matvecs, slq_steps,
                                              slq_runs, seed, phase)
         metrics.update(found)
     if n <= dense_check_max_params:

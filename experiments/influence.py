@@ -147,7 +147,8 @@ def _lbfgs(fn, theta, weights, gtol, maxiter):
     return res.x
 
 
-def _train(model, x, y, l2, epochs, batch_size, lr, checkpoint_every, gtol, maxiter, rng):
+def _train(model, x, y, l2, epochs, batch_size, learning_rate, checkpoint_every, gtol, maxiter,
+           rng):
     """SGD (checkpoints every `checkpoint_every` epochs) then L-BFGS; the model holds theta*."""
     fn = _trainer(model, x, y, l2)
     theta = tree.flatten(model.trainable_variables).numpy()
@@ -158,7 +159,7 @@ def _train(model, x, y, l2, epochs, batch_size, lr, checkpoint_every, gtol, maxi
         for s in range(0, n, batch_size):
             weights = np.zeros(n)
             weights[order[s:s + batch_size]] = 1.0
-            theta = theta - lr * fn(theta, weights)[1]
+            theta = theta - learning_rate * fn(theta, weights)[1]
         if (epoch + 1) % checkpoint_every == 0:
             fn(theta, np.ones(n))  # assigns theta to the model
             checkpoints.append(model.get_weights())
@@ -214,7 +215,8 @@ def _digits_run(x, y, hidden, l2, train_args, seed):
         (x, y))
     return types.SimpleNamespace(
         model=model, loss=loss, train=(x, y), l2=l2, fn=fn, theta=theta, ekfac=ekfac,
-        checkpoints=checkpoints, learning_rates=[train_args["lr"]] * len(checkpoints))
+        checkpoints=checkpoints,
+        learning_rates=[train_args["learning_rate"]] * len(checkpoints))
 
 
 def _objective_at(run, theta, x, y):
@@ -242,7 +244,7 @@ def _name(method):
 
 @gin.configurable
 def digits_influence_study(output_dir, methods=gin.REQUIRED, n_train=300, n_test=200,
-                           hidden=16, l2=1e-3, epochs=30, batch_size=32, lr=0.2,
+                           hidden=16, l2=1e-3, epochs=30, batch_size=32, learning_rate=0.2,
                            checkpoint_every=5, gtol=1e-8, maxiter=3000, loo_test_points=(0, 1, 2),
                            loo_top=8, lds_test_points=10, lds_subsets=20, lds_fraction=0.5,
                            flip_fraction=0.1, seed=0):
@@ -252,14 +254,14 @@ def digits_influence_study(output_dir, methods=gin.REQUIRED, n_train=300, n_test
     # slower on a few cores: one BLAS thread
     with threadpoolctl.threadpool_limits(1):
         return _digits_study(output_dir, methods, n_train, n_test, hidden, l2, epochs,
-                             batch_size, lr, checkpoint_every, gtol, maxiter, loo_test_points,
-                             loo_top, lds_test_points, lds_subsets, lds_fraction, flip_fraction,
-                             seed)
+                             batch_size, learning_rate, checkpoint_every, gtol, maxiter,
+                             loo_test_points, loo_top, lds_test_points, lds_subsets,
+                             lds_fraction, flip_fraction, seed)
 
 
-def _digits_study(output_dir, methods, n_train, n_test, hidden, l2, epochs, batch_size, lr,
-                  checkpoint_every, gtol, maxiter, loo_test_points, loo_top, lds_test_points,
-                  lds_subsets, lds_fraction, flip_fraction, seed):
+def _digits_study(output_dir, methods, n_train, n_test, hidden, l2, epochs, batch_size,
+                  learning_rate, checkpoint_every, gtol, maxiter, loo_test_points, loo_top,
+                  lds_test_points, lds_subsets, lds_fraction, flip_fraction, seed):
     import sklearn.datasets
     if not methods or not all(callable(m) for m in methods):
         raise ValueError("digits_influence_study.methods must be a tuple of methods by "
@@ -273,7 +275,7 @@ def _digits_study(output_dir, methods, n_train, n_test, hidden, l2, epochs, batc
     x, y = data.data[order] / 16.0, data.target[order].astype(np.int64)
     x_tr, y_tr, x_te, y_te = x[:n_train], y[:n_train], x[n_train:n_train + n_test], y[
         n_train:n_train + n_test]
-    train_args = dict(epochs=epochs, batch_size=batch_size, lr=lr,
+    train_args = dict(epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
                       checkpoint_every=checkpoint_every, gtol=gtol, maxiter=maxiter)
     run = _digits_run(x_tr, y_tr, hidden, l2, train_args, seed)
     names = [_name(m) for m in methods]

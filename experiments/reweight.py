@@ -10,12 +10,13 @@ coming from a weighting scheme chosen by gin reference (`reweight_experiment.wei
 - `@plain_weights`: uniform, 1/B each;
 - `@class_balanced_weights`: inverse class frequency of the training set (sklearn's
   "balanced": n / (2 n_class), over B);
-- `@learned_weights`: Ren et al.'s per-step weights. One lookahead SGD step on
-  sum_i eps_i l_i(w) from the current weights w with eps = 0, the gradient of the mean
-  validation loss after it with respect to eps (hogrod.hypergrad's `one_step`), then
-  w_i = max(-grad_i, 0) normalized to sum 1 (all zero: all weights 0, no update). At eps = 0
-  the lookahead leaves w unchanged, so grad_i = -lookahead_lr <d L_val(w), d l_i(w)> and the
-  normalized weights do not depend on lookahead_lr.
+- `@learned_weights`: Ren et al.'s per-step weights. One lookahead SGD step (the inner
+  step, at `inner_lr`) on sum_i eps_i l_i(w) from the current weights w with eps = 0, the
+  gradient of the mean validation loss after it with respect to eps (hogrod.hypergrad's
+  `one_step`), then w_i = max(-grad_i, 0) normalized to sum 1 (all zero: all weights 0, no
+  update). At eps = 0 the lookahead leaves w unchanged, so
+  grad_i = -inner_lr <d L_val(w), d l_i(w)> and the normalized weights do not depend on
+  inner_lr.
 
     python -m experiments.reweight --gin_file=configs/reweight/learned.gin
     hogrod-reweight --gin_file=reweight/plain.gin --gin_param='reweight_experiment.num_seeds=5'
@@ -174,14 +175,14 @@ def class_balanced_weights(per_example_loss, params, batch, validation, class_co
 
 @gin.configurable(denylist=_SCHEME_ARGS)
 def learned_weights(per_example_loss, params, batch, validation, class_counts,
-                    lookahead_lr=0.1):
+                    inner_lr=0.1):
     """Ren et al. (2018), Algorithm 1: per-example weights from one lookahead SGD step.
 
-    eps = 0 (one per example); w1 = w - lookahead_lr * d/dw sum_i eps_i l_i(w); g = d
+    eps = 0 (one per example); w1 = w - inner_lr * d/dw sum_i eps_i l_i(w); g = d
     L_val(w1) / d eps (hogrod.hypergrad.hypergradient with one_step(sgd)); weights =
     max(-g, 0) / sum max(-g, 0), or all 0 if that sum is 0.
     """
-    checks.positive(lookahead_lr, "learned_weights.lookahead_lr", "learned_weights")
+    checks.positive(inner_lr, "learned_weights.inner_lr", "learned_weights")
     x, y = batch
     x_val, y_val = validation
     eps = tf.zeros(tf.shape(y), params[0].dtype)
@@ -192,7 +193,7 @@ def learned_weights(per_example_loss, params, batch, validation, class_counts,
     def outer(p, e):
         return tf.reduce_mean(per_example_loss(p, x_val, y_val))
 
-    method = hypergrad.one_step(optim.sgd(lookahead_lr))
+    method = hypergrad.one_step(optim.sgd(inner_lr))
     grads = hypergrad.hypergradient(inner, outer, list(params), eps, method).grads
     positive = tf.maximum(-grads, 0.0)
     total = tf.reduce_sum(positive)

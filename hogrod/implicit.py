@@ -78,7 +78,7 @@ explicitly disabled") naming the solver and these ways.
 
 import functools
 import inspect
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -301,6 +301,54 @@ def _is_tensor(leaf: Any) -> bool:
     return isinstance(leaf, (tf.Tensor, tf.Variable, np.ndarray))
 
 
+def _replaced(args: Tuple, flat: List[Any], idx: List[int], leaves: Sequence[Any]) -> Tuple:
+    """`args` with its flat leaves at positions `idx` replaced by `leaves`."""
+    new = list(flat)
+    for i, t in zip(idx, leaves):
+        new[i] = t
+    return tf.nest.pack_sequence_as(args, new)
+
+
+def _args_vjp(f: Callable[..., Tree], xs: Tree, v: Tree, rebuild: Callable, leaves: List,
+              solve: Solve, options: dict, names: List[str], where: str) -> List[tf.Tensor]:
+    """The implicit gradient of the differentiable args, ``-(dF/dargs)^T w`` where
+    ``(dF/dx)^T w = v`` (the linear system solved by `solve`)."""
+    jac = implicit_solves.Jacobians(f, xs, rebuild, leaves, where)
+    w = implicit_solves.linear_solve(solve, options, jac, v, where)
+    grads = jac.vjp_args(w)
+    missing = [name for g, name in zip(grads, names) if g is None]
+    if missing:
+        raise ValueError(f"{where}: the optimality function does not depend on "
+                         f"argument(s) {missing}, so their implicit gradient is undefined; "
+                         "pass them as Python values or through a closure if only the "
+                         "solver uses them")
+    return [-tf.convert_to_tensor(g) for g in grads]
+
+
+def _per_task_vjp(fn: Callable[..., Tree], args: Tuple, flat: List[Any], idx: List[int],
+                  xs: Tree, v: Tree, stopped: List[tf.Tensor],
+                  vjp: Callable[..., List[tf.Tensor]]) -> List[tf.Tensor]:
+    """`vjp` per task (batched=True): F on one-task batches of the task's own slices (every
+    tensor of args has the task axis; Python values are shared)."""
+    others = [i for i, leaf in enumerate(flat) if _is_tensor(leaf) and i not in idx]
+
+    def task(elems):
+        x_i, v_i, diff_i, other_i = elems
+
+        def rebuild_i(leaves):
+            return _replaced(args, flat, idx + others,
+                             [t[None] for t in list(leaves) + list(other_i)])
+
+        def fn_i(x, *a):
+            f = fn(tf.nest.map_structure(lambda t: t[None], x), *a)
+            return tf.nest.map_structure(lambda t: tf.convert_to_tensor(t)[0], f)
+
+        return vjp(fn_i, x_i, v_i, rebuild_i, diff_i)
+
+    return tf.vectorized_map(task, (xs, v, stopped,
+                                    [tf.convert_to_tensor(flat[i]) for i in others]))
+
+
 def _wrap(solver: Solver, fn: Callable[..., Tree], solve: Solve, options: dict,
           check_root: bool, root_tol: Optional[float], batched: bool) -> Solver:
     where = (f"implicit gradient of {callable_name(solver)} by optimality function "
@@ -320,11 +368,8 @@ def _wrap(solver: Solver, fn: Callable[..., Tree], solve: Solve, options: dict,
             lambda t: tf.stop_gradient(t) if isinstance(t, (tf.Tensor, tf.Variable)) else t,
             init)
 
-        def rebuild(leaves):
-            new = list(flat)
-            for i, t in zip(idx, leaves):
-                new[i] = t
-            return tf.nest.pack_sequence_as(args, new)
+        def rebuild(leaves):  # args with the differentiable leaves replaced
+            return _replaced(args, flat, idx, leaves)
 
         named = list(zip(names, flat)) + [("init", t) for t in tf.nest.flatten(init)]
         if batched:  # before the solver, whose own shape errors would say less
@@ -366,41 +411,11 @@ def _wrap(solver: Solver, fn: Callable[..., Tree], solve: Solve, options: dict,
                                                  for d, t in zip(dys, x_flat)])
                 xs = tf.nest.map_structure(tf.stop_gradient, x)
                 stopped = [tf.stop_gradient(t) for t in diff]
+                vjp = functools.partial(_args_vjp, solve=solve, options=options,
+                                        names=[names[i] for i in idx], where=where)
                 if not batched:
-                    return _gradients(fn, xs, v, rebuild, stopped)
-                # Per task: F on one-task batches of the task's own slices (every tensor
-                # of args has the task axis; Python values are shared).
-                others = [i for i, leaf in enumerate(flat) if _is_tensor(leaf) and i not in idx]
-
-                def task(elems):
-                    x_i, v_i, diff_i, other_i = elems
-
-                    def rebuild_i(leaves):
-                        new = list(flat)
-                        for i, t in zip(idx + others, list(leaves) + list(other_i)):
-                            new[i] = t[None]
-                        return tf.nest.pack_sequence_as(args, new)
-
-                    def fn_i(x, *a):
-                        f = fn(tf.nest.map_structure(lambda t: t[None], x), *a)
-                        return tf.nest.map_structure(lambda t: tf.convert_to_tensor(t)[0], f)
-
-                    return _gradients(fn_i, x_i, v_i, rebuild_i, diff_i)
-
-                return tf.vectorized_map(task, (xs, v, stopped,
-                                                [tf.convert_to_tensor(flat[i]) for i in others]))
-
-            def _gradients(f, xs, v, rebuild_, leaves):
-                jac = implicit_solves.Jacobians(f, xs, rebuild_, leaves, where)
-                w = implicit_solves.linear_solve(solve, options, jac, v, where)
-                grads = jac.vjp_args(w)
-                missing = [names[i] for g, i in zip(grads, idx) if g is None]
-                if missing:
-                    raise ValueError(f"{where}: the optimality function does not depend on "
-                                     f"argument(s) {missing}, so their implicit gradient "
-                                     "is undefined; pass them as Python values or through a "
-                                     "closure if only the solver uses them")
-                return [-tf.convert_to_tensor(g) for g in grads]
+                    return vjp(fn, xs, v, rebuild, stopped)
+                return _per_task_vjp(fn, args, flat, idx, xs, v, stopped, vjp)
 
             return x_flat, grad_fn
 

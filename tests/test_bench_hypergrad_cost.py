@@ -22,7 +22,7 @@ def test_cost_binary_reports_smallest_k_and_consistent_counts(tmp_path):
                         "bench_hypergrad_cost.train = 20", "bench_hypergrad_cost.validation = 8",
                         "bench_hypergrad_cost.condition = 10.0",
                         f"bench_hypergrad_cost.targets = {TARGETS}",
-                        "bench_hypergrad_cost.max_steps = 200",
+                        "bench_hypergrad_cost.maxiter = 200",
                         "bench_hypergrad_cost.rounds = 1",
                         "bench_hypergrad_cost.memory_steps = ()"], str(tmp_path))
     assert m["unrolled_oracle_max_rel_diff"] < 1e-8

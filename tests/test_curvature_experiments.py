@@ -8,7 +8,7 @@ def test_spectrum_and_influence_binaries_check_themselves_against_dense_oracles(
     from hogrod import harness
     _, m = harness.run(hessian_spectrum.hessian_spectrum, ["configs/curvature/spectrum_mlp.gin"],
                        ["hessian_spectrum.hidden = (8,)", "hessian_spectrum.steps = 30",
-                        "hessian_spectrum.n_examples = 256", "hessian_spectrum.slq_iterations = 20",
+                        "hessian_spectrum.n_examples = 256", "hessian_spectrum.slq_steps = 20",
                         "hessian_spectrum.hutchpp_matvecs = 30"], str(tmp_path / "s"))
     assert m["top_eigenvalue_max_rel_err"] < 1e-4
     assert m["trace_error_in_se"] < 3

@@ -22,8 +22,8 @@ def test_trace_estimators_within_three_standard_errors_and_deterministic():
 def test_spectral_density_integrates_to_one_and_locates_the_spectrum():
     spectrum = np.concatenate([np.full(30, -1.0), np.full(50, 2.0), [9.0]])
     A = known_spectrum(spectrum)
-    grid, density, nodes, weights = curvature.spectral_density(A, num_iterations=20,
-                                                               num_runs=10, sigma=0.1)
+    grid, density, nodes, weights = curvature.spectral_density(A, steps=20, num_runs=10,
+                                                               sigma=0.1)
     np.testing.assert_allclose(np.trapezoid(density, grid), 1.0, rtol=1e-6)
     np.testing.assert_allclose(weights.sum(), 1.0, rtol=1e-12)
     mass_near = lambda c: weights[np.abs(nodes - c) < 0.05].sum()  # noqa: E731

@@ -41,6 +41,8 @@ def test_chained_periodic_and_fourier_embedding_is_periodic_in_x():
     assert np.abs(net(x + np.array([0.0, 0.5])).numpy() - net(x).numpy()).max() > 1e-6
     with pytest.raises(ValueError, match="embedding_chain.embeddings"):
         pinn.networks.embedding_chain([])
+    with pytest.raises(ValueError, match="periodic_embedding.periods"):
+        pinn.networks.periodic_embedding([2.0])
 
 
 def test_combined_weights_are_their_parts():
@@ -65,3 +67,5 @@ def test_combined_weights_are_their_parts():
     assert abs(float(combined["residual"]) - float(plain["residual"])) > 1e-9  # causal acts
     with pytest.raises(ValueError, match="reducers of \\['residual'\\]"):
         pinn.weighting.combined_weights(*args, schemes=[pinn.causal_weights, pinn.causal_weights])
+    with pytest.raises(ValueError, match="combined_weights.schemes"):
+        pinn.weighting.combined_weights(*args, schemes=[])

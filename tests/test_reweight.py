@@ -39,7 +39,7 @@ def _paper_dots(params, x, y, x_val, y_val):
 
 def _learned(model, params, batch, validation):
     loss = rw.per_example_loss(model)
-    return rw.learned_weights(loss, params, batch, validation, None, lookahead_lr=LR)
+    return rw.learned_weights(loss, params, batch, validation, None, inner_lr=LR)
 
 
 def test_learned_weights_are_the_papers_formula():
@@ -143,7 +143,7 @@ def test_binary_runs_each_scheme(tmp_path, scheme):
     ("digits_imbalanced.positive_fraction = 0.013", "digits_imbalanced.train_size"),
     ("digits_imbalanced.positive = 10", "digits_imbalanced.positive"),
     ("digits_imbalanced.negative = 9", "digits_imbalanced.negative"),
-    ("learned_weights.lookahead_lr = 0.0", "learned_weights.lookahead_lr"),
+    ("learned_weights.inner_lr = 0.0", "learned_weights.inner_lr"),
     ("reweight_model.hidden = (0,)", "reweight_model.hidden"),
 ])
 def test_bad_input_names_the_binding(tmp_path, capsys, binding, match):

@@ -132,7 +132,7 @@ def test_binaries_take_their_strategy_from_gin_and_agree_with_one_device(tmp_pat
           "pinn_experiment.dtype = 'float64'"], ["relative_l2", "relative_l2_after_adam"]),
         (hessian_spectrum.hessian_spectrum, ["configs/curvature/spectrum_mlp.gin"],
          ["hessian_spectrum.hidden = (8,)", "hessian_spectrum.steps = 20",
-          "hessian_spectrum.n_examples = 256", "hessian_spectrum.slq_iterations = 10",
+          "hessian_spectrum.n_examples = 256", "hessian_spectrum.slq_steps = 10",
           "hessian_spectrum.hutchpp_matvecs = 6",
           # each product under the strategy iterates a distributed dataset: few of them
           "hessian_spectrum.top_k = 2", "hessian_spectrum.slq_runs = 1",

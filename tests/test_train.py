@@ -345,11 +345,13 @@ def test_accumulated_step_logs_the_mean_over_its_micro_batches():
                                rtol=1e-5)
 
 
-def test_nan_guard_skips_an_update_whose_gradient_alone_is_not_finite(tmp_path):
-    """sqrt at 0: the loss is finite, its gradient is inf; the update must not be applied."""
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_nan_guard_skips_an_update_whose_gradient_alone_is_not_finite(tmp_path, jit_compile):
+    """sqrt at 0: the loss is finite, its gradient is inf; the update must not be applied,
+    in the plain step as in the XLA one (its guard inside the one computation)."""
     w = tf.Variable([0.0, 4.0], name="w")
     step = train.make_train_step(lambda b: tf.reduce_sum(tf.sqrt(w)), keras.optimizers.SGD(0.1),
-                                 [w])
+                                 [w], jit_compile=jit_compile)
     logs = step(tf.zeros([1]))
     assert float(logs["loss"]) == 2.0 and float(logs["grad_norm"]) == np.inf
     assert float(logs["applied"]) == 0.0

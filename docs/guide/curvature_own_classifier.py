@@ -76,8 +76,7 @@ def main(quick=False):
     assert abs(trace - np.trace(H)) <= max(4 * stderr, 1e-6 * abs(np.trace(H)))
 
     # spectral_density -> (grid, density on the grid, Lanczos nodes, their weights)
-    grid, density, nodes, weights = curvature.spectral_density(op, num_iterations=30,
-                                                               num_runs=3)
+    grid, density, nodes, weights = curvature.spectral_density(op, steps=30, num_runs=3)
     assert abs(np.trapezoid(density, grid) - 1.0) < 1e-3 and abs(weights.sum() - 1.0) < 1e-9
     assert nodes.max() <= exact[0] * (1 + 1e-6) and nodes.min() >= exact[-1] - 1e-6 * exact[0]
 

@@ -8,9 +8,9 @@ gradient descent at 1/L from w = 0:
 
 - unrolled(K): K GD steps, differentiated. Its error at every K is computed first by an
   independent float64 numpy recursion (forward mode: J_{k+1} = (I - lr H) J_k -
-  lr diag(e^s w_k)); the smallest K <= max_steps whose error is <= the target is taken from
-  it, and `hogrod.hypergrad.unrolled` is run at K and K - 1 to confirm (its error agrees
-  with the recursion's; `unrolled_oracle_max_rel_diff`).
+  lr diag(e^s w_k)); the smallest K <= maxiter (the most inner steps tried) whose error is
+  <= the target is taken from it, and `hogrod.hypergrad.unrolled` is run at K and K - 1 to
+  confirm (its error agrees with the recursion's; `unrolled_oracle_max_rel_diff`).
 - implicit(N, CG): N GD steps, not differentiated, then CG on H v = grad L_out. N is the
   smallest with the exact-solve implicit error <= target / 2 (numpy), the CG tolerance
   target / 10; the library's error is measured and must be <= target.
@@ -25,7 +25,7 @@ Counts (deterministic, by the methods' structure):
 
 Seconds: each method as a `tf.function`, timed in interleaved rounds (`timing`), reported
 also as a ratio over the floor measured in the same rounds: one GD step of the inner
-problem (a compiled loop of `max_steps` steps, divided by `max_steps`).
+problem (a compiled loop of `maxiter` steps, divided by `maxiter`).
 
 Memory: on a larger problem (`memory_features`, `memory_train`), for K in `memory_steps`,
 unrolled(K) and implicit(N = K inner steps, CG), each in a fresh process: the rise of the
@@ -58,14 +58,14 @@ def _outer_grad(av, bv, w):
     return 2 * av.T @ (av @ w - bv) / len(bv)
 
 
-def _error_curves(a, b, av, bv, s, h, lr, exact, max_steps):
-    """Relative errors, for K = 0..max_steps, of unrolled(K) and of the implicit formula
+def _error_curves(a, b, av, bv, s, h, lr, exact, maxiter):
+    """Relative errors, for K = 0..maxiter, of unrolled(K) and of the implicit formula
     at w_K with an exact solve (numpy, float64)."""
     es, atb = np.exp(s), a.T @ b
     w, jac = np.zeros_like(s), np.zeros((len(s), len(s)))  # jac = dw_k / ds
     unrolled, implicit = [], []
     norm = np.linalg.norm(exact)
-    for _ in range(max_steps + 1):
+    for _ in range(maxiter + 1):
         g_out = _outer_grad(av, bv, w)
         unrolled.append(np.linalg.norm(jac.T @ g_out - exact) / norm)
         implicit.append(np.linalg.norm(-es * w * np.linalg.solve(h, g_out) - exact) / norm)
@@ -100,13 +100,13 @@ def _methods(lr, features, k, inner_steps, cg_tol, iterations):
     return unrolled, implicit
 
 
-def _cost_table(a, b, av, bv, s, targets, max_steps, rounds):
+def _cost_table(a, b, av, bv, s, targets, maxiter, rounds):
     exact, h = ridge_exact_hypergradient(a, b, av, bv, s)
     features = len(s)
     lr = 1.0 / np.linalg.eigvalsh(h)[-1]
     inner, outer = ridge_objectives(a, b, av, bv)
     w0, s_ = tf.zeros(features, tf.float64), tf.constant(s)
-    unrolled_err, implicit_err = _error_curves(a, b, av, bv, s, h, lr, exact, max_steps)
+    unrolled_err, implicit_err = _error_curves(a, b, av, bv, s, h, lr, exact, maxiter)
     norm = np.linalg.norm(exact)
 
     def error(fn):
@@ -118,8 +118,8 @@ def _cost_table(a, b, av, bv, s, targets, max_steps, rounds):
         k = _first_below(unrolled_err, target)
         n = _first_below(implicit_err, target / 2)
         if n is None:
-            raise ValueError(f"implicit needs more than max_steps={max_steps} inner steps "
-                             f"for {target}: raise bench_hypergrad_cost.max_steps")
+            raise ValueError(f"implicit needs more than maxiter={maxiter} inner steps "
+                             f"for {target}: raise bench_hypergrad_cost.maxiter")
         iterations = tf.Variable(-1, dtype=tf.int64)
         unrolled, implicit = _methods(lr, features, k, n, target / 10, iterations)
         fn = candidates[f"implicit_{target:g}"] = _compiled(inner, outer, w0, s_, implicit)
@@ -130,7 +130,7 @@ def _cost_table(a, b, av, bv, s, targets, max_steps, rounds):
             raise RuntimeError(f"implicit with {n} inner steps and CG tol {target / 10} "
                                f"missed {target}: {row['implicit_rel_err']}")
         if k is None:
-            row["unrolled_steps"] = None  # does not reach the target within max_steps
+            row["unrolled_steps"] = None  # does not reach the target within maxiter
         else:
             fn = candidates[f"unrolled_{target:g}"] = _compiled(inner, outer, w0, s_, unrolled)
             err = error(fn)
@@ -146,7 +146,7 @@ def _cost_table(a, b, av, bv, s, targets, max_steps, rounds):
     @tf.function
     def gd_steps():
         w = w0
-        for _ in tf.range(max_steps):
+        for _ in tf.range(maxiter):
             with tf.GradientTape() as tape:
                 tape.watch(w)
                 loss = inner(w, s_)
@@ -155,7 +155,7 @@ def _cost_table(a, b, av, bv, s, targets, max_steps, rounds):
 
     candidates["floor_gd_steps"] = lambda: gd_steps().numpy()
     rates = timing.interleaved_rates(candidates, rounds)
-    step_seconds = 1.0 / (rates["floor_gd_steps"] * max_steps)
+    step_seconds = 1.0 / (rates["floor_gd_steps"] * maxiter)
     for row in rows:
         for name in ("implicit", "unrolled"):
             key = f"{name}_{row['target']:g}"
@@ -223,12 +223,12 @@ def _memory_table(steps, **problem):
 
 @gin.configurable
 def bench_hypergrad_cost(output_dir, features=20, train=100, validation=50, condition=100.0,
-                         targets=(1e-2, 1e-4, 1e-6), max_steps=1000, rounds=20,
+                         targets=(1e-2, 1e-4, 1e-6), maxiter=1000, rounds=20,
                          memory_steps=(10, 100, 1000), memory_features=500,
                          memory_train=8000, seed=0):
     del output_dir  # metrics.json is written by the harness
     rows, oracle_diff, step_seconds, cond = _cost_table(
-        *ridge_hyperproblem(features, train, validation, condition, seed), targets, max_steps,
+        *ridge_hyperproblem(features, train, validation, condition, seed), targets, maxiter,
         rounds)
     memory = _memory_table(tuple(memory_steps), features=memory_features, train=memory_train,
                            validation=validation, condition=condition,

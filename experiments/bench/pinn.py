@@ -82,8 +82,8 @@ def hogrod_candidate(net, x, jit_compile=False, use_jet=True, fold=True):
 
 def forward_mode_candidate(net, x):
     """u_x, u_xx by nested `tf.autodiff.ForwardAccumulator` (forward-over-forward), u_t by
-    one more, then the parameter gradient by a tape around them: the forward-mode operators
-    the PINN issue asked to measure. (Eagerly, TF 2.21's tape fails on this nesting with an
+    one more, then the parameter gradient by a tape around them: the forward-mode candidate
+    measured beside the reverse-mode operators. (Eagerly, TF 2.21's tape fails on this nesting with an
     InternalError; inside tf.function it runs, see the agreement line it reports.)"""
     nu = NU
 

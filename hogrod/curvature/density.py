@@ -20,14 +20,14 @@ from hogrod.types import TensorLike
 __all__ = ["spectral_density"]
 
 
-def spectral_density(op: Union[tf.linalg.LinearOperator, TensorLike], num_iterations: int = 50,
+def spectral_density(op: Union[tf.linalg.LinearOperator, TensorLike], steps: int = 50,
                      num_runs: int = 5, sigma: Optional[float] = None, grid_points: int = 1000,
                      seed: int = 0) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The spectral density of a symmetric operator by stochastic Lanczos quadrature.
 
     Args:
       op: a curvature operator (anything with `matvec_flat`) or a dense symmetric matrix.
-      num_iterations: Lanczos steps per run (a fixed count >= 1, capped at n).
+      steps: Lanczos steps per run (a fixed count >= 1, capped at n).
       num_runs: runs from independent Rademacher vectors (>= 1).
       sigma: the Gaussians' width (> 0; default None: 1% of the spectrum's span, at least
         1e-6).
@@ -40,14 +40,14 @@ def spectral_density(op: Union[tf.linalg.LinearOperator, TensorLike], num_iterat
       Lanczos steps per run (the weights sum to 1).
     """
     where = "spectral_density"
-    num_iterations = checks.integer(num_iterations, "num_iterations", where, least=1)
+    steps = checks.integer(steps, "steps", where, least=1)
     num_runs = checks.integer(num_runs, "num_runs", where, least=1)
     grid_points = checks.integer(grid_points, "grid_points", where, least=2)
     checks.seed(seed, "seed", where)
     if sigma is not None:
         sigma = checks.positive(sigma, "sigma", where)
     matvec, n = as_matvec(op)
-    run = host_solver(linalg.lanczos, matvec, n, k=min(num_iterations, n))
+    run = host_solver(linalg.lanczos, matvec, n, k=min(steps, n))
     rng = np.random.default_rng(seed)
     nodes, weights = [], []
     for _ in range(num_runs):

@@ -19,8 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-import hogrod
-from hogrod import checks
+from hogrod import autodiff, checks
 from hogrod.autodiff import densify, fill_unconnected, unwrap
 from hogrod.curvature.eigen import as_matvec
 from hogrod.curvature.data import (batch_key, check_loss_dtype, compile_closure, data_batches,
@@ -116,8 +115,8 @@ class FisherOperator(CurvatureOperator):
             (x, y), index = batch
             size = tf.maximum(tf.cast(tf.shape(index)[0], v[0].dtype), 1) if mean else 1
             if fisher == "type2":
-                return hogrod.gnvp(lambda: _outputs(model, lik, x, where),
-                                   lambda z: tf.reduce_sum(lik.soft_loss(z)) / size, params, v)
+                return autodiff.gnvp(lambda: _outputs(model, lik, x, where),
+                                     lambda z: tf.reduce_sum(lik.soft_loss(z)) / size, params, v)
             return _outer_product(model, lik, fisher, x, y, params, v, num,
                                   batch_key(seed, index), where, size)
 

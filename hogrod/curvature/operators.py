@@ -27,8 +27,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-import hogrod
-from hogrod import checks, tree
+from hogrod import autodiff, checks, tree
 from hogrod.curvature.data import (MEAN_REDUCTIONS, BatchPasses, batch_loss, batch_size,
                                    check_data, check_loss_dtype, distribute_batches,
                                    model_params, params_dtype, replica_sums)
@@ -252,12 +251,12 @@ class HessianOperator(CurvatureOperator):
                dtype: Optional[DType], mode: str, strategy: Optional[tf.distribute.Strategy],
                mean: bool, where: str = "HessianOperator") -> None:
         """Checks `mode` and initializes the operator with `objective`'s HVP."""
-        if mode != "auto" and mode not in hogrod.autodiff.HVP_MODES:
+        if mode != "auto" and mode not in autodiff.HVP_MODES:
             raise checks.ArgumentError(f"{where}: mode must be 'auto' or one of "
-                                       f"{hogrod.autodiff.HVP_MODES}, got {mode!r}")
+                                       f"{autodiff.HVP_MODES}, got {mode!r}")
         flat = list(tf.nest.flatten(params))
-        product = lambda batch, v: hogrod.hvp(lambda: objective(batch), flat, v,  # noqa
-                                              mode=mode)
+        product = lambda batch, v: autodiff.hvp(lambda: objective(batch), flat, v,  # noqa
+                                                mode=mode)
         CurvatureOperator.__init__(self, product, flat, data, dtype, where, strategy, mean)
 
 
@@ -334,7 +333,7 @@ class GaussNewtonOperator(CurvatureOperator):
                strategy: Optional[tf.distribute.Strategy], mean: bool, where: str) -> None:
         """Initializes the operator with the Gauss-Newton-vector product of `outputs`."""
         flat = list(tf.nest.flatten(params))
-        product = lambda batch, v: hogrod.gnvp(  # noqa: E731
+        product = lambda batch, v: autodiff.gnvp(  # noqa: E731
             lambda: outputs(batch), lambda z: output_loss(z, batch), flat, v)
         CurvatureOperator.__init__(self, product, flat, data, dtype, where, strategy, mean,
                                     is_non_singular=None)

@@ -7,8 +7,7 @@ import gin
 import keras
 import tensorflow as tf
 
-import hogrod
-from hogrod import checks, implicit, linalg, tree
+from hogrod import autodiff, checks, implicit, linalg, tree
 from hogrod.meta.common import (Algorithm, check_loss, check_task_map, compiled_when_eager,
                                 mean_over_tasks, pass_seed, query_loss, task_seeds)
 from hogrod.meta.inner import as_dtype, initial_params, run
@@ -81,57 +80,7 @@ def imaml(model: keras.Model, loss: Loss, inner_lr: Scalar = 0.01, inner_steps: 
         raise checks.ArgumentError(f"{where}: accelerated must be True or False, got "
                                    f"{accelerated!r}")
 
-    def rate(support, anchor, seed=None):
-        if not curvature_probes:
-            return inner_lr
-        xs, ys = support
-        fit = lambda: loss(ys, run(model, anchor, xs, True, seed))  # noqa: E731
-        # |v^T H v| for the power iteration's unit v: a lower bound of |lambda|_max
-        top, _ = linalg.power_iteration(lambda v: hogrod.hvp(fit, anchor, v),
-                                        tree.ones_like(anchor), maxiter=curvature_probes)
-        # |lambda|_max of H + lam I is at most that bound + lam; underestimating it by less
-        # than a factor 2 still leaves the rate below 2 / L, the stability limit
-        return tf.minimum(as_dtype(inner_lr, top.dtype), 1.0 / (tf.abs(top) + lam))
-
-    def proximal(support, anchor, steps, seeds=None, probe_seed=None, rates=None):
-        """`steps` gradient steps on L_s(phi) + lam/2 ||phi - anchor||^2 from the anchor
-        (seeds: one per step for random layers, or None; rates: a list the rate used is
-        appended to, for the monitor)."""
-        xs, ys = support
-        lr = rate(support, anchor, probe_seed)
-        if rates is not None:
-            rates.append(lr)
-        momentum = nesterov_momentum(lr) if accelerated else None
-        phi = y = list(anchor)  # y: where the gradient is taken (phi itself when plain)
-        for k in range(steps):
-            def prox(y=y, seed=pass_seed(seeds, k)):
-                fit = loss(ys, run(model, y, xs, True, seed))
-                return fit + 0.5 * lam * tf.add_n(
-                    [tf.reduce_sum((p - a) ** 2) for p, a in zip(y, anchor)])
-            g = hogrod.grad(prox, y)
-            new = [p - lr * gi for p, gi in zip(y, g)]
-            y = new if momentum is None else [
-                n + momentum * (n - p) for n, p in zip(new, phi)]
-            phi = new
-        return phi
-
-    def nesterov_momentum(lr):
-        """(1 - sqrt(lam lr)) / (1 + sqrt(lam lr)), at lr's dtype (lr <= 1/(L + lam) keeps
-        lam lr < 1)."""
-        if isinstance(lr, numbers.Real):
-            if not 0 < lam * lr <= 1:
-                raise ValueError(f"imaml.accelerated needs imaml.lam * imaml.inner_lr in "
-                                 f"(0, 1] (the rate at most 1 / lam), got {lam} * {lr}")
-            r = math.sqrt(lam * lr)
-            return (1 - r) / (1 + r)
-        r = tf.sqrt(lr * lam)
-        return (1 - r) / (1 + r)
-
-    def optimality(phi, theta, support, seed):
-        """The gradient of the proximal objective: zero at the inner solution."""
-        xs, ys = support
-        g = hogrod.grad(lambda: loss(ys, run(model, phi, xs, True, seed)), phi)
-        return [gi + lam * (p - t) for gi, p, t in zip(g, phi, theta)]
+    prox = _Proximal(model, loss, inner_lr, lam, curvature_probes, accelerated)
 
     def task_loss(task, seeds, theta):
         xs, ys, xq, yq = task
@@ -140,7 +89,7 @@ def imaml(model: keras.Model, loss: Loss, inner_lr: Scalar = 0.01, inner_steps: 
         hessian_seed = pass_seed(seeds, inner_steps + 1)
 
         def task_optimality(phi, theta):  # the support data through a closure: no gradient
-            return optimality(phi, theta, support, hessian_seed)
+            return prox.optimality(phi, theta, support, hessian_seed)
 
         # The implicit function theorem on the optimality condition gives the meta-gradient
         # lam (H + lam I)^{-1} grad L_q = (I + H/lam)^{-1} grad L_q, the CG solve of the
@@ -154,15 +103,15 @@ def imaml(model: keras.Model, loss: Loss, inner_lr: Scalar = 0.01, inner_steps: 
         @implicit.custom_root(task_optimality, solve="cg", maxiter=maxiter, truncated=True,
                               check_root=False)
         def inner_solution(init, theta):  # never differentiated
-            return proximal(support, theta, inner_steps, pass_seed(seeds, 0, inner_steps),
-                            pass_seed(seeds, inner_steps + 2), rates)
+            return prox.solve(support, theta, inner_steps, pass_seed(seeds, 0, inner_steps),
+                              pass_seed(seeds, inner_steps + 2), rates)
 
         # The implicit gradient is taken here, per task: a tape outside tf.vectorized_map
         # differentiates pfor's converted ops, where tf.custom_gradient's override is lost.
         # (Unconnected is zero, not an error: task_map 'recomputed' runs this once with
         # every tape stopped, keeping only the value, and recomputes it for the gradient.)
         anchor = [tf.stop_gradient(t) for t in theta]
-        query, meta_grad = hogrod.value_and_grad(
+        query, meta_grad = autodiff.value_and_grad(
             lambda: query_loss(model, loss, inner_solution(anchor, anchor), xq, yq,
                                pass_seed(seeds, inner_steps)), anchor)
         surrogate = tf.add_n([tf.reduce_sum(t * tf.stop_gradient(g))
@@ -176,6 +125,72 @@ def imaml(model: keras.Model, loss: Loss, inner_lr: Scalar = 0.01, inner_steps: 
         return mean_over_tasks(task_loss, tasks, seeds, initial_params(model), mode)
 
     def adapt_eval(support, steps, seeds=None):  # the inner problem iMAML was meta-trained for
-        return proximal(support, initial_params(model), steps, seeds)
+        return prox.solve(support, initial_params(model), steps, seeds)
 
     return Algorithm(compiled_when_eager(meta_loss), adapt_eval, [])
+
+
+class _Proximal:
+    """The proximal inner problem ``min_phi L_s(phi) + lam/2 ||phi - anchor||^2`` of one
+    model and loss, and its solver: gradient steps (Nesterov's with `accelerated`) at
+    `inner_lr`, or at the curvature-safe rate with `curvature_probes` (see `imaml`)."""
+
+    def __init__(self, model, loss, inner_lr, lam, curvature_probes, accelerated):
+        self.model, self.loss, self.inner_lr, self.lam = model, loss, inner_lr, lam
+        self.curvature_probes, self.accelerated = curvature_probes, accelerated
+
+    def fit(self, params, support, seed):
+        """The support loss at `params` (training mode: random layers drawn from `seed`)."""
+        xs, ys = support
+        return self.loss(ys, run(self.model, params, xs, True, seed))
+
+    def rate(self, support, anchor, seed=None):
+        """`inner_lr`, or min(inner_lr, 1 / L) with L estimated by power iteration."""
+        if not self.curvature_probes:
+            return self.inner_lr
+        fit = lambda: self.fit(anchor, support, seed)  # noqa: E731
+        # |v^T H v| for the power iteration's unit v: a lower bound of |lambda|_max
+        top, _ = linalg.power_iteration(lambda v: autodiff.hvp(fit, anchor, v),
+                                        tree.ones_like(anchor),
+                                        maxiter=self.curvature_probes)
+        # |lambda|_max of H + lam I is at most that bound + lam; underestimating it by less
+        # than a factor 2 still leaves the rate below 2 / L, the stability limit
+        return tf.minimum(as_dtype(self.inner_lr, top.dtype), 1.0 / (tf.abs(top) + self.lam))
+
+    def momentum(self, lr):
+        """(1 - sqrt(lam lr)) / (1 + sqrt(lam lr)), at lr's dtype (lr <= 1/(L + lam) keeps
+        lam lr < 1)."""
+        lam = self.lam
+        if isinstance(lr, numbers.Real):
+            if not 0 < lam * lr <= 1:
+                raise ValueError(f"imaml.accelerated needs imaml.lam * imaml.inner_lr in "
+                                 f"(0, 1] (the rate at most 1 / lam), got {lam} * {lr}")
+            r = math.sqrt(lam * lr)
+            return (1 - r) / (1 + r)
+        r = tf.sqrt(lr * lam)
+        return (1 - r) / (1 + r)
+
+    def solve(self, support, anchor, steps, seeds=None, probe_seed=None, rates=None):
+        """`steps` gradient steps on L_s(phi) + lam/2 ||phi - anchor||^2 from the anchor
+        (seeds: one per step for random layers, or None; rates: a list the rate used is
+        appended to, for the monitor)."""
+        lr = self.rate(support, anchor, probe_seed)
+        if rates is not None:
+            rates.append(lr)
+        momentum = self.momentum(lr) if self.accelerated else None
+        phi = y = list(anchor)  # y: where the gradient is taken (phi itself when plain)
+        for k in range(steps):
+            def prox(y=y, seed=pass_seed(seeds, k)):
+                return self.fit(y, support, seed) + 0.5 * self.lam * tf.add_n(
+                    [tf.reduce_sum((p - a) ** 2) for p, a in zip(y, anchor)])
+            g = autodiff.grad(prox, y)
+            new = [p - lr * gi for p, gi in zip(y, g)]
+            y = new if momentum is None else [
+                n + momentum * (n - p) for n, p in zip(new, phi)]
+            phi = new
+        return phi
+
+    def optimality(self, phi, theta, support, seed):
+        """The gradient of the proximal objective: zero at the inner solution."""
+        g = autodiff.grad(lambda: self.fit(phi, support, seed), phi)
+        return [gi + self.lam * (p - t) for gi, p, t in zip(g, phi, theta)]

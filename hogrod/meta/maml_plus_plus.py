@@ -7,8 +7,7 @@ import gin
 import keras
 import tensorflow as tf
 
-import hogrod
-from hogrod import checks
+from hogrod import checks, functional
 from hogrod.meta.common import (Algorithm, adapt_with, check_loss, check_task_map,
                                 compiled_when_eager, mean_over_tasks, pass_seed, query_loss,
                                 task_seeds)
@@ -105,15 +104,15 @@ def maml_plus_plus(model: keras.Model, loss: Loss, inner_lr: Scalar = 0.01,
                          "(its per-step statistics are what predictions use)")
 
     def state_at(s):  # the model's state with step s's statistics substituted
-        state = hogrod.model_state(model)
+        state = functional.model_state(model)
         for i, var in zip(tracked, step_stats[s]):
             state[i] = tf.convert_to_tensor(var)
         return state
 
     def updated_stats(s, fast, x, seed):  # step s's statistics after seeing batch x
-        _, new = hogrod.functional_call(model, [tf.stop_gradient(p) for p in fast], x,
-                                        training=True,
-                                        state=seeded_state(model, seed, state_at(s)))
+        _, new = functional.functional_call(model, [tf.stop_gradient(p) for p in fast], x,
+                                            training=True,
+                                            state=seeded_state(model, seed, state_at(s)))
         return [tf.stop_gradient(new[i]) for i in tracked]
 
     def rates(step):
@@ -170,8 +169,8 @@ def maml_plus_plus(model: keras.Model, loss: Loss, inner_lr: Scalar = 0.01,
                 "monitor/query_last": per_step[-1]}
 
     def predict_non_transductive(fast, x, steps, seed=None):  # seed: Dropout is inactive
-        return hogrod.functional_call(model, fast, x, training=False,
-                                      state=state_at(min(steps, inner_steps)))[0]
+        return functional.functional_call(model, fast, x, training=False,
+                                          state=state_at(min(steps, inner_steps)))[0]
 
     # evaluation: step s at its own learned rate (past inner_steps, the last step's)
     adapt_eval = adapt_with(model, loss, lambda s: rates(min(s, inner_steps - 1)))

@@ -182,9 +182,12 @@ def fourier_features(num_features=64, sigma=1.0, seed=0, dtype=None):
 
 
 @gin.configurable
-def periodic_embedding(periods=gin.REQUIRED, harmonics=1, dtype=None):
+def periodic_embedding(periods, harmonics=1, dtype=None):
     """A `PeriodicEmbedding` layer: the gin factory for a network's `embedding`
     (`mlp_network.embedding = @periodic_embedding`, `periodic_embedding.periods = {0: 2.0}`)."""
+    if not isinstance(periods, dict) or not periods:
+        raise ValueError("periodic_embedding.periods must be a non-empty dict {coordinate "
+                         f"index: period}} (e.g. {{0: 2.0}}), got {periods!r}")
     return PeriodicEmbedding(periods, harmonics, dtype=dtype)
 
 
@@ -218,7 +221,7 @@ class EmbeddingChain(keras.layers.Layer):
 
 
 @gin.configurable
-def embedding_chain(embeddings=gin.REQUIRED, dtype=None):
+def embedding_chain(embeddings, dtype=None):
     """An `EmbeddingChain` of layer factories applied in order, the gin factory for a
     network's `embedding`: `modified_mlp.embedding = @embedding_chain`,
     `embedding_chain.embeddings = [@periodic_embedding, @fourier_features]`."""

@@ -24,8 +24,7 @@ import scipy.optimize
 import tensorflow as tf
 from absl import logging
 
-import hogrod
-from hogrod import checks
+from hogrod import autodiff, checks
 from hogrod.pinn import pointsets
 from hogrod.pinn.pdes import residual
 from hogrod.pinn.problem import Problem, condition_misfit
@@ -108,8 +107,8 @@ def _gpinn_values(pde, u_fn, coords, derivatives):
     roots = [math.sqrt(w) for w in coords.values()]
 
     def values(x):
-        jac = hogrod.batch_jacobian(lambda z: residual(pde, u_fn, z, **derivatives),
-                                    x)  # [n, m, dim]
+        jac = autodiff.batch_jacobian(lambda z: residual(pde, u_fn, z, **derivatives),
+                                      x)  # [n, m, dim]
         return tf.concat([r * jac[:, :, j] for r, j in zip(roots, coords)], axis=1)
     return values
 
@@ -293,7 +292,7 @@ def lbfgs(objective: Objective, variables: Sequence[tf.Variable], maxiter: int =
     sizes = [int(np.prod(s)) for s in shapes]
 
     def replica_value_and_grad(b):
-        return hogrod.value_and_grad(
+        return autodiff.value_and_grad(
             lambda: weighted_total(objective_terms(objective(b)), {}), variables)
 
     if jit_compile:

@@ -27,8 +27,7 @@ from typing import Callable, Mapping, Optional, Sequence
 import gin
 import tensorflow as tf
 
-import hogrod
-from hogrod import checks
+from hogrod import autodiff, checks
 from hogrod.pinn import training
 from hogrod.pinn import weighting_parts as parts
 from hogrod.pinn.problem import Problem
@@ -80,10 +79,10 @@ def annealing_weights(term_fn, variables, names, alpha=0.9, dtype=tf.float32):
     def update():
         # hogrod.grad, not tape.gradient(unconnected_gradients=ZERO): the latter fails on
         # Keras 3 variables (their dtype is a string).
-        g_res = hogrod.grad(lambda: term_fn()["residual"], variables)
+        g_res = autodiff.grad(lambda: term_fn()["residual"], variables)
         top = tf.reduce_max([tf.reduce_max(tf.abs(g)) for g in g_res])
         for n in names:
-            g = hogrod.grad(lambda n=n: term_fn()[n], variables)
+            g = autodiff.grad(lambda n=n: term_fn()[n], variables)
             mean = tf.reduce_mean(tf.concat([tf.reshape(tf.abs(x), [-1]) for x in g], 0))
             target = tf.cast(top / tf.maximum(mean, 1e-12), dtype)
             weights[n].assign(alpha * weights[n] + (1 - alpha) * target)
@@ -146,7 +145,7 @@ def balance_grad_norms(term_fn, variables, names, alpha=0.9, dtype=tf.float32):
     def update():
         norms = {}
         for n in names:
-            g = hogrod.grad(lambda n=n: term_fn()[n], variables)
+            g = autodiff.grad(lambda n=n: term_fn()[n], variables)
             norms[n] = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(x)) for x in g]))
         mean = tf.add_n(list(norms.values())) / len(names)
         for n in names:
@@ -431,8 +430,8 @@ def self_adaptive_weights(problem: Problem, u_fn: Callable[[tf.Tensor], tf.Tenso
 
 
 @gin.configurable
-def combined_weights(problem, u_fn, points, condition_points, variables, gpinn=None,
-                     schemes=gin.REQUIRED):
+def combined_weights(problem, u_fn, points, condition_points, variables, gpinn=None, *,
+                     schemes):
     """Several schemes at once (jaxpi: gradient-norm weights on the terms and causal
     weights inside the residual): `schemes` by reference, e.g. [@grad_norm_weights,
     @causal_weights]. Their term weights, reducers and state must not overlap; at most one

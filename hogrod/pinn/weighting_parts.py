@@ -9,8 +9,7 @@ from typing import Callable, List, Mapping, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-import hogrod
-from hogrod import checks
+from hogrod import autodiff, checks
 from hogrod.pinn import training
 from hogrod.pinn.problem import Problem
 from hogrod.types import TensorLike
@@ -50,7 +49,7 @@ def jacobian_square_sum(values_fn: Callable[[tf.Tensor], tf.Tensor],
                         variables: Sequence[tf.Variable]) -> Callable:
     """x -> (sum_j ``||d r_j / d theta||^2``, the number of values r_j = values_fn(x))."""
     def square_sum(x):
-        jac = hogrod.jacobian(lambda _: values_fn(x), variables)
+        jac = autodiff.jacobian(lambda _: values_fn(x), variables)
         rows = tf.size(jac[0]) // tf.size(variables[0])
         return tf.add_n([tf.reduce_sum(tf.square(j)) for j in jac]), rows
     return square_sum
