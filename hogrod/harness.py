@@ -315,7 +315,9 @@ def run_cli(fn: Experiment, gin_files: Sequence[str] = (), gin_params: Sequence[
     Returns:
       The exit code: 0 (the output directory printed on stdout), or 2 with the message of a
       bad config or of a bad input (a ValueError, TypeError or FileNotFoundError raised by
-      the run, or gin's RuntimeError naming a missing required binding) on stderr.
+      the run, a TensorFlow error raised before the run started, or gin's RuntimeError
+      naming a missing required binding) on stderr; a continued run's message names the
+      bindings that changed.
     """
     try:
         output_dir, _ = run(fn, gin_files, gin_params, output_dir, allow_config_change)
