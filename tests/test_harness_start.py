@@ -53,6 +53,7 @@ def binaries():
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["maml_rl", "wgan_gp", "hessian_spectrum"])
 def test_a_binding_the_library_refuses_leaves_no_directory_and_the_corrected_command_runs(
         name, tmp_path, capsys):
@@ -76,6 +77,7 @@ def test_a_binding_the_library_refuses_leaves_no_directory_and_the_corrected_com
     assert snapshot(out) == before
 
 
+@pytest.mark.slow
 def test_a_longer_run_continues_from_its_checkpoint_and_records_the_change(tmp_path, capsys):
     """maml on sinusoids: a task_map the algorithm refuses makes no directory; the corrected
     command runs 2 meta-iterations, and 3 with --allow_config_change continue one more step
