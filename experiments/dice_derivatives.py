@@ -278,6 +278,7 @@ def dice_derivatives_experiment(output_dir,
     values = state_values(mdp, discount, horizon)
     sample = make_sampler(mdp, horizon, tf.constant(values, F64))
     estimates = make_estimates(mdp, discount, horizon)
+    harness.started(output_dir)
     sample_seconds = estimate_seconds = 0.0
     errors = {(kind, k): np.zeros((seeds, len(batch_sizes))) for kind in ESTIMATORS
               for k in ORDERS}

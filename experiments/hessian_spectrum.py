@@ -214,6 +214,7 @@ def hessian_spectrum(output_dir, dim: harness.PositiveInt = 10,
         step = gd_step(loss, model.trainable_variables, learning_rate)
         iterator = iter(distribute.without_autotune(tf.data.Dataset.from_tensors((x, y)).repeat()))
         ckpt = train.Checkpointer(output_dir, model=model, data=iterator)
+    harness.started(output_dir, ckpt)
     stats = {}
     logs = train.train_loop(step, iterator, steps, ckpt, output_dir,
                             checkpoint_every=checkpoint_every, stats=stats)

@@ -381,7 +381,7 @@ def hyperopt_experiment(output_dir, method=gin.REQUIRED, data=hyperopt_digits,
     nu = tf.Variable(state0.nu, name="adam_nu")
     ckpt = train.Checkpointer(output_dir, log_l2=log_l2, w=w, b=b, adam_count=count,
                               adam_mu=mu, adam_nu=nu)
-    start = ckpt.restore()
+    start = harness.started(output_dir, ckpt)
     history = train.read_history(output_dir, start)
     inner, outer = make_objectives(splits["train"], splits["val"], float(bias_l2))
 

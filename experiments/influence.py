@@ -72,6 +72,7 @@ def influence_experiment(output_dir, n_train: harness.PositiveInt = 200,
         if not callable(study):
             raise ValueError("influence_experiment.study must be a study given by reference "
                              f"(e.g. @digits_influence_study), got {study!r}")
+        harness.started(output_dir)
         return study(output_dir)
     rng = np.random.default_rng(seed)
     w_true = rng.normal(size=dim)
@@ -88,6 +89,7 @@ def influence_experiment(output_dir, n_train: harness.PositiveInt = 200,
                 + 0.5 * l2 * tf.reduce_sum(model.trainable_variables[0] ** 2))
 
     chosen = list(test_points)
+    harness.started(output_dir)
     infl = curvature.influence(model, per_example, (x_tr, y_tr), (x_te[chosen], y_te[chosen]))
     test_loss = lambda w_: np.logaddexp(0, x_te[chosen] @ w_) - y_te[chosen] * (  # noqa: E731
         x_te[chosen] @ w_)

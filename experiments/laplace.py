@@ -231,6 +231,7 @@ def laplace_experiment(output_dir, n: harness.PositiveInt = 150,
     if not seeds or not all(isinstance(s_, int) for s_ in seeds):
         raise ValueError(f"laplace_experiment.seeds must be a non-empty tuple of ints, got "
                          f"{seeds!r}")
+    harness.started(output_dir)
     metrics = {"regression": regression(output_dir, n, noise, hidden, steps, learning_rate,
                                         hyper_steps, hyper_lr, tuple(seeds))}
     metrics["digits"] = classification(output_dir, digits_hidden, digits_steps,

@@ -122,6 +122,7 @@ def lola_experiment(output_dir, updates: harness.Count = 200,
             logging.info("update %d/%d: mean returns %.4f %.4f", u, updates,
                          logs["return_0"], logs["return_1"])
 
+    harness.started(output_dir, ckpt)
     stats = {}
     train.train_loop(step, itertools.repeat(None), updates, ckpt, output_dir,
                      checkpoint_every=checkpoint_every, log_every=None, callback=progress,

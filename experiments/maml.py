@@ -282,13 +282,12 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
     ckpt = train.Checkpointer(output_dir, model=net, optimizer=optimizer, data=iterator,
                               **{f"algo_var_{i}": v for i, v in enumerate(algo.variables)},
                               **{f"algo_state_{i}": v for i, v in enumerate(algo.state)})
-    history = train.read_history(output_dir, ckpt.latest_step())
-
     evaluate = meta.evaluator(algo, net, loss, eval_steps, classification, task_map,
                               seed=seed)
     more = {prefix: (tasks, meta.evaluator(algo, net, loss, eval_steps, classification,
                                            task_map, seed=seed))
             for prefix, tasks in (data.more_eval_tasks or {}).items()}
+    history = train.read_history(output_dir, harness.started(output_dir, ckpt))
 
     def evaluate_now(i):
         logging.info("evaluating at meta-iteration %d on held-out tasks", i)

@@ -157,6 +157,8 @@ def maml_rl_experiment(output_dir, meta_iterations: harness.Count = 500,
     keras.utils.set_random_seed(seed)
     strategy = distribute.make_strategy()
     env = checks.choice(env, ENVS, "env", "maml_rl_experiment")
+    # float16 too would fail only in the first step: TF has no float16 eigh (the baseline)
+    checks.choice(dtype, ("float32", "float64"), "dtype", "maml_rl_experiment")
     env = (rl.Navigation2D(horizon, dtype, observe_goal=env == "navigation2d_oracle",
                            task_sampling=task_sampling)
            if env.startswith("navigation2d") else
@@ -179,6 +181,7 @@ def maml_rl_experiment(output_dir, meta_iterations: harness.Count = 500,
     train_path = os.path.join(output_dir, "train_history.json")
     trained = read_train_history(train_path, start)
     goals = env.sample_tasks(seed + 10**6, eval_tasks)
+    harness.started(output_dir)
 
     def evaluate_now(i):
         returns = learner.evaluate(goals, seed + 2 * 10**6, eval_steps).numpy()

@@ -153,6 +153,7 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width: harness.PositiveInt
                               **({"ascent_optimizer": ascent_opt} if ascent_opt else {}))
     restored = ckpt.restore()  # before the clock and the error curve, which resume with it
     finished = progress.finished(output_dir, restored, adam_steps, lbfgs_maxiter)
+    harness.started(output_dir)
     clock = training.Clock(offset=progress.seconds())
     curve = ErrorCurve(output_dir, prob, u, tf_dtype, adam_steps, clock, error_every,
                        upto_step=math.inf if finished else restored)

@@ -296,6 +296,7 @@ def train_one_seed(output_dir, seed, weighting, data, model_fn, steps, batch_siz
         if i % checkpoint_every == 0 or i == steps:
             train.write_json(path, history)
 
+    harness.started(output_dir, ckpt)
     stats = {}
     train.train_loop(step, iterator, steps, ckpt, output_dir, checkpoint_every=checkpoint_every,
                      log_every=max(steps // 4, 1), callback=record, stats=stats)

@@ -150,6 +150,7 @@ def train_classifier(output_dir, dataset: str = "mnist", data_dir: str | None = 
         if i % max(1, steps // 50) == 0 or i == steps:
             history.append((i, logs["loss"], float(batch_accuracy(*probe))))
 
+    harness.started(output_dir, ckpt)
     stats = {}
     logs = train.train_loop(step, iterator, steps, ckpt, output_dir,
                             checkpoint_every=checkpoint_every, callback=record, stats=stats)

@@ -94,7 +94,7 @@ def wgan_gp_experiment(output_dir, dataset: str = "eight_gaussians",
                               critic_optimizer=opt_c, generator_optimizer=opt_g, data=data,
                               **extra)
     real = gan.sample_toy(dataset, eval_samples, tf.constant([seed + 10**6, 0], tf.int64)).numpy()
-    history = train.read_history(output_dir, ckpt.latest_step())
+    history = train.read_history(output_dir, harness.started(output_dir, ckpt))
     start = time.perf_counter()
 
     def evaluate(i, logs=None):

@@ -30,13 +30,13 @@ import re
 import tokenize
 import types
 import typing
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import gin
 from gin import config_parser
 
 __all__ = ["Range", "Count", "PositiveInt", "Positive", "NonNegative", "Fraction", "ConfigError",
-           "check_values", "check_required", "shipped_configs", "statements", "Named",
+           "check_values", "fits", "check_required", "shipped_configs", "statements", "Named",
            "check_syntax", "config_changes", "format_changes", "resolve_gin_file",
            "parse_config"]
 
@@ -148,15 +148,27 @@ def _describe(hint):
             list: "a tuple or list"}.get(hint, str(hint))
 
 
-def _fits(value, hint):
+def fits(value: Any, hint: Any) -> bool:
+    """Whether a bound value fits its parameter's annotation (what `check_values` asks).
+
+    Args:
+      value: a Python value as gin parses it.
+      hint: the annotation: `int` (a bool is not one), `float` (a finite real: NaN and
+        infinities are not), `bool`, `str`, `None`, `Literal[...]`, a union, a tuple or
+        list of those, or `Annotated[int or float, Range(...)]` (`Count`, `Positive`, ...).
+        An annotation of another kind fits anything (the function checks it).
+
+    Returns:
+      True if `value` fits `hint`.
+    """
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is typing.Annotated:
         ranges = [m for m in args[1:] if isinstance(m, Range)]
-        return _fits(value, args[0]) and all(
+        return fits(value, args[0]) and all(
             (value > r.low if r.low_open else value >= r.low)
             and (value < r.high if r.high_open else value <= r.high) for r in ranges)
     if origin in (typing.Union, types.UnionType):
-        return any(_fits(value, a) for a in args)
+        return any(fits(value, a) for a in args)
     if origin is typing.Literal:
         return value in args
     if origin in (tuple, list) or hint in (tuple, list):
@@ -165,7 +177,7 @@ def _fits(value, hint):
         if not args:
             return True
         items = list(args) if origin is tuple and ... not in args else [args[0]] * len(value)
-        return len(items) == len(value) and all(_fits(v, a) for v, a in zip(value, items))
+        return len(items) == len(value) and all(fits(v, a) for v, a in zip(value, items))
     if hint is int:
         return isinstance(value, numbers.Integral) and not isinstance(value, bool)
     if hint is float:
@@ -203,7 +215,7 @@ def check_values() -> None:
         if isinstance(value, _Text) and value.text.startswith("%"):
             value = macros.get(value.text[1:], value)
         hint = _hints(s.selector).get(s.arg_name) if s.arg_name else None
-        if hint is not None and not isinstance(value, _Text) and not _fits(value, hint):
+        if hint is not None and not isinstance(value, _Text) and not fits(value, hint):
             key = f"{s.scope + '/' if s.scope else ''}{s.selector}.{s.arg_name}"
             wrong.append(f"{key} = {value!r}: must be {_describe(hint)}")
     if wrong:
@@ -370,6 +382,30 @@ def resolve_gin_file(path: str) -> str:
                       f"{os.getcwd()} and in the shipped configs {CONFIG_DIR})")
 
 
+def _nonfinite(value):
+    """Whether a parsed binding value holds a NaN or an infinity (at any depth)."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, (tuple, list)):
+        return any(_nonfinite(v) for v in value)
+    if isinstance(value, dict):
+        return any(_nonfinite(v) for v in (*value.keys(), *value.values()))
+    return False
+
+
+def _check_finite(parsed, where):
+    """Refuse a binding whose value holds a non-finite number (`1e999`): gin leaves such a
+    binding out of its config text, so neither `check_values` nor config.gin would see it."""
+    for s in parsed:
+        if isinstance(s, config_parser.BindingStatement) and _nonfinite(s.value):
+            key = ((f"{s.scope}/" if s.scope else "") + s.selector
+                   + (f".{s.arg_name}" if s.arg_name else ""))
+            line = f", line {s.location.line_num}" if where else ""
+            raise ConfigError(f"bad value for the gin binding {key} = {s.value!r}{where}{line}: "
+                              "must hold finite numbers only (gin cannot write this one to "
+                              "config.gin)")
+
+
 def _parse_file(path, including=()):
     """Parse a gin file, resolving its includes here (gin's own search would first ask its
     package reader, which logs an error for every include it cannot import as a package)."""
@@ -382,6 +418,7 @@ def _parse_file(path, including=()):
     except tokenize.TokenError:  # not a SyntaxError: gin's message would not name the file
         raise ConfigError(f"bad gin config: {path} ends inside an unclosed bracket or quote"
                           ) from None
+    _check_finite(parsed, f" in {path}")
     start = 0  # the first line not parsed yet; the blank lines before it keep line numbers
     for statement in parsed:
         if isinstance(statement, config_parser.IncludeStatement):
@@ -404,7 +441,8 @@ def parse_config(gin_files: Sequence[str], gin_params: Sequence[str]) -> None:
       gin_params: binding strings, parsed last.
 
     Raises:
-      ConfigError: naming the binding (with a hint for a malformed value), or the
+      ConfigError: naming the binding (with a hint for a malformed value, or a value
+        holding a NaN or an infinity, which gin cannot write to config.gin), or the
         configurable or parameter and, for files, the file and line.
     """
     for name in LIBRARY:  # register every library configurable before parsing
@@ -412,6 +450,7 @@ def parse_config(gin_files: Sequence[str], gin_params: Sequence[str]) -> None:
     files = [resolve_gin_file(p) for p in gin_files]
     for binding in gin_params:
         check_syntax(binding)
+        _check_finite(statements(binding), "")
     try:
         with gin.unlock_config():  # a previous run in this process may have locked it
             gin.clear_config()

@@ -11,27 +11,40 @@ configs shipped in the package (`hogrod/configs/`, or the repository's `configs/
 every form works from any directory. `run` checks the config before it writes anything
 and says what a run writes; a bad config or a bad input exits with code 2 and the message
 alone (`run_cli`), `--verbosity=1` shows the traceback.
+
+The run's directory and its records (`config.gin`, `config_changes.txt`) are made only once
+the experiment has built its objects from the bindings and restored its checkpoint: the
+experiment says so by calling `started(output_dir)` (or `started(output_dir, checkpointer)`,
+which restores the checkpoint first). An error before that point (the library refusing a
+binding, a checkpoint that does not fit a changed config) leaves no directory, or leaves a
+resumed run's directory as it was::
+
+    ckpt = train.Checkpointer(output_dir, model=model, optimizer=opt)
+    start = harness.started(output_dir, ckpt)  # config.gin is written here
 """
 
 import datetime
 import json
 import os
+import re
 import sys
 import time
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import gin
 import keras
+import tensorflow as tf
 from absl import app, flags, logging
 
 from hogrod.bindings import (PACKAGE_DIR, ConfigError, Count, Fraction, NonNegative, Positive,
                              PositiveInt, Range, check_required, check_values, config_changes,
                              format_changes, parse_config, resolve_gin_file)
 from hogrod.train.history import write_json
+from hogrod.train.loop import Checkpointer
 
-__all__ = ["main", "run", "run_cli", "parse_config", "resolve_gin_file", "config_changes",
-           "write_metrics", "define_flags", "ConfigError", "Range", "Count", "PositiveInt",
-           "Positive", "NonNegative", "Fraction"]
+__all__ = ["main", "run", "run_cli", "started", "parse_config", "resolve_gin_file",
+           "config_changes", "write_metrics", "define_flags", "ConfigError", "Range", "Count",
+           "PositiveInt", "Positive", "NonNegative", "Fraction"]
 
 FLAGS = flags.FLAGS
 # Keras's learning-rate schedules, for any binary's rate binding (e.g.
@@ -123,18 +136,104 @@ def _write(output_dir, name, text, mode="w"):
         f.write(text)
 
 
+class _Run:
+    """The run `run` is making: what `started` writes once the experiment has built it."""
+
+    def __init__(self, name, output_dir, config, changes):
+        self.name, self.output_dir, self.config, self.changes = name, output_dir, config, changes
+        self.existed = os.path.exists(output_dir)
+        self.started = False
+
+    def start(self):
+        if not self.existed and os.path.exists(self.output_dir):
+            raise RuntimeError(
+                f"{self.name} wrote to {self.output_dir} before harness.started(output_dir): "
+                "call it once the experiment's objects are built, before anything is written")
+        os.makedirs(self.output_dir, exist_ok=True)
+        _write(self.output_dir, "config.gin", self.config)
+        if self.changes:
+            now = datetime.datetime.now().isoformat(timespec="seconds")
+            _write(self.output_dir, "config_changes.txt", f"# {now}: continued with "
+                   f"--allow_config_change (old -> new)\n{self.changes}\n", mode="a")
+            logging.warning("config changed from the earlier run in %s (old -> new):\n%s",
+                            self.output_dir, self.changes)
+        logging.info("%s: writing outputs to %s", self.name, os.path.abspath(self.output_dir))
+        self.started = True
+
+
+_RUN: Optional[_Run] = None  # the run `run` is making now (None outside one)
+
+
+def started(output_dir: str, checkpointer: Optional[Checkpointer] = None) -> int:
+    """Mark the point where the experiment has built its objects: the run starts writing.
+
+    An experiment calls it once every object is built from the bindings (so the library has
+    checked them) and its checkpoint restored, before it writes anything. The first call
+    of a run makes the output directory and writes `config.gin` (and, for a run continued
+    with another config, appends the changes to `config_changes.txt`); an error before it
+    leaves no directory, or a resumed run's as it was. `run` refuses an experiment that
+    writes to its directory before this point. Outside `run` (an experiment function called
+    directly) it only makes the directory.
+
+    Args:
+      output_dir: the run's output directory, or a directory inside it (a binary keeping
+        one checkpoint per subdirectory); made if missing.
+      checkpointer: a `train.Checkpointer` to restore first (its latest checkpoint, if any);
+        None: the experiment has restored its checkpoint itself, or has none.
+
+    Returns:
+      The step the checkpoint was taken at (0: none, or no `checkpointer`).
+
+    Raises:
+      ValueError: `output_dir` is not the run's directory nor one inside it.
+      CheckpointMismatchError: the checkpoint does not fit the objects (nothing is written).
+      RuntimeError: the experiment wrote to a new run's directory before this call.
+    """
+    step = checkpointer.restore() if checkpointer is not None else 0
+    current = _RUN
+    if current is not None:
+        top = os.path.abspath(current.output_dir)
+        if os.path.commonpath([top, os.path.abspath(output_dir)]) != top:
+            raise ValueError(f"harness.started: {output_dir} is not the run's output_dir "
+                             f"({current.output_dir}) nor a directory inside it")
+        if not current.started:
+            current.start()
+    os.makedirs(output_dir, exist_ok=True)
+    return step
+
+
+def _before_start(error, current):
+    """The error an experiment raised before `started`, as `run` raises it: the library's
+    refusal of a binding (a TensorFlow op error too) is a bad config, and a continued
+    run's error names the bindings that changed."""
+    if isinstance(error, tf.errors.OpError):
+        error = ConfigError(f"{current.name} failed while building its objects, before the "
+                            f"run started: {type(error).__name__}: "
+                            f"{error.message.strip().splitlines()[0][:500]}")
+    if current.changes and isinstance(error, (ValueError, TypeError, FileNotFoundError,
+                                              ConfigError)):
+        error.add_note(f"{current.output_dir} was continued with --allow_config_change and "
+                       f"these bindings changed (old -> new):\n{current.changes}\nnothing in "
+                       f"it was changed; continue it with its own config ({current.output_dir}"
+                       "/config.gin) or use a new --output_dir")
+    return error
+
+
 def run(fn: Experiment, gin_files: Sequence[str] = (), gin_params: Sequence[str] = (),
         output_dir: Optional[str] = None, allow_config_change: bool = False
         ) -> Tuple[str, Optional[Dict[str, Any]]]:
     """Parse and check the config, run `fn(output_dir)`, write metrics and operative config.
 
-    Before it creates `output_dir` it checks the required bindings and every bound value
-    against its parameter's annotation (`hogrod.bindings`: `adam_steps: harness.Count =
-    2000`), and refuses a config other than the one `<output_dir>/config.gin` records
-    unless `allow_config_change` (then the changes are appended to `config_changes.txt`).
-    It writes `config.gin`, `operative_config.gin` and `metrics.json` (a resumed run keeps
-    the values it did not measure again). The config is cleared afterwards, even when the
-    run fails: no binding reaches later code in the process.
+    Before it runs `fn` it checks the required bindings and every bound value against its
+    parameter's annotation (`hogrod.bindings`: `adam_steps: harness.Count = 2000`), and
+    refuses a config other than the one `<output_dir>/config.gin` records unless
+    `allow_config_change`. The directory is made, and `config.gin` written (the changes
+    appended to `config_changes.txt`), when `fn` calls `started` (once its objects are
+    built and its checkpoint restored), or after `fn` returns if it never wrote to it; an
+    error before then leaves no directory, or a resumed run's as it was. Then
+    `operative_config.gin` and `metrics.json` (a resumed run keeps the values it did not
+    measure again). The config is cleared afterwards, even when the run fails: no binding
+    reaches later code in the process.
 
     Args:
       fn: the experiment's gin configurable; an attribute `fn.check_config()`, if any, is
@@ -149,8 +248,12 @@ def run(fn: Experiment, gin_files: Sequence[str] = (), gin_params: Sequence[str]
       `(output_dir, metrics)`, metrics what `fn` returned with `wall_seconds`, or None.
 
     Raises:
-      ConfigError: a bad config, or one other than the earlier run's (nothing is written).
+      ConfigError: a bad config, one other than the earlier run's, or a TensorFlow error
+        raised before `fn` called `started` (nothing is written).
+      RuntimeError: `fn` wrote to a new run's directory before calling `started`.
     """
+    global _RUN
+    previous = _RUN
     try:
         parse_config(list(gin_files), list(gin_params))
         check_required(fn)
@@ -162,27 +265,38 @@ def run(fn: Experiment, gin_files: Sequence[str] = (), gin_params: Sequence[str]
         config = gin.config_str()
         changes = _changes_since(output_dir, config, allow_config_change)
         resumed = os.path.isdir(os.path.join(output_dir, "ckpt"))
-        os.makedirs(output_dir, exist_ok=True)
-        _write(output_dir, "config.gin", config)
-        if changes:
-            now = datetime.datetime.now().isoformat(timespec="seconds")
-            _write(output_dir, "config_changes.txt", f"# {now}: continued with "
-                   f"--allow_config_change (old -> new)\n{changes}\n", mode="a")
-            logging.warning("config changed from the earlier run in %s (old -> new):\n%s",
-                            output_dir, changes)
-        logging.info("%s: writing outputs to %s", fn.__name__, os.path.abspath(output_dir))
+        current = _RUN = _Run(fn.__name__, output_dir, config, changes)
         start = time.perf_counter()
         try:
             metrics = fn(output_dir)
+        except Exception as e:  # noqa: BLE001  (re-raised, named as `run` raises it)
+            if current.started:
+                raise
+            error = _before_start(e, current)
+            if error is e:
+                raise
+            raise error from e
         finally:
+            if current.started:
+                _write(output_dir, "operative_config.gin", gin.operative_config_str())
+        if not current.started:  # an experiment that writes nothing of its own
+            current.start()
             _write(output_dir, "operative_config.gin", gin.operative_config_str())
         if metrics is not None:
             metrics = dict(metrics, wall_seconds=time.perf_counter() - start)
             write_metrics(output_dir, metrics, resumed)
         return output_dir, metrics
     finally:
+        _RUN = previous
         with gin.unlock_config():
             gin.clear_config()
+
+
+def _message(error):
+    """An error's message and notes, without the lines gin adds naming the configurable
+    (with its address) the error passed through."""
+    text = "\n".join([str(error), *getattr(error, "__notes__", ())])
+    return re.sub(r"\n\s*In call to configurable '[^']*' \(<[^>]*>\)", "", text)
 
 
 def run_cli(fn: Experiment, gin_files: Sequence[str] = (), gin_params: Sequence[str] = (),
@@ -201,19 +315,23 @@ def run_cli(fn: Experiment, gin_files: Sequence[str] = (), gin_params: Sequence[
     Returns:
       The exit code: 0 (the output directory printed on stdout), or 2 with the message of a
       bad config or of a bad input (a ValueError, TypeError or FileNotFoundError raised by
-      the run, or gin's RuntimeError naming a missing required binding) on stderr.
+      the run, a TensorFlow error raised before the run started, or gin's RuntimeError
+      naming a missing required binding) on stderr; a continued run's message names the
+      bindings that changed.
     """
     try:
         output_dir, _ = run(fn, gin_files, gin_params, output_dir, allow_config_change)
     except ConfigError as e:
-        print(f"{fn.__name__}: {e}", file=sys.stderr)
+        if show_traceback and e.__cause__ is not None:
+            raise
+        print(f"{fn.__name__}: {_message(e)}", file=sys.stderr)
         return 2
     except (ValueError, TypeError, FileNotFoundError, RuntimeError) as e:
         if show_traceback or (isinstance(e, RuntimeError)
                               and "Required bindings for" not in str(e)):
             raise
-        print(f"{fn.__name__}: error: {e}\n(run with --verbosity=1 for the traceback)",
-              file=sys.stderr)
+        print(f"{fn.__name__}: error: {_message(e)}\n(run with --verbosity=1 for the "
+              "traceback)", file=sys.stderr)
         return 2
     print(f"{fn.__name__}: outputs in {os.path.abspath(output_dir)}")
     return 0

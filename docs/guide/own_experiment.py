@@ -75,7 +75,9 @@ def own_regression(output_dir, steps: harness.PositiveInt = 600, width: harness.
                .repeat().batch(batch_size, drop_remainder=True))
     iterator = iter(hogrod.distribute.distribute_dataset(strategy, dataset))
     ckpt = hogrod.train.Checkpointer(output_dir, model=model, optimizer=optimizer, data=iterator)
-    resumed_from = ckpt.latest_step()
+    # everything is built from the bindings: restore the checkpoint, then the harness
+    # writes config.gin (a binding refused above leaves no output directory)
+    resumed_from = harness.started(output_dir, ckpt)
     # the evaluations up to the checkpoint
     history = hogrod.train.read_history(output_dir, resumed_from)
 

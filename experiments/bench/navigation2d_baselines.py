@@ -162,6 +162,7 @@ def bench_navigation2d_baselines(output_dir, policies=gin.REQUIRED, seeds=(0, 1,
             "maml", "pretrained", "random"}:
         raise ValueError(f"bench_navigation2d_baselines.flat must name policies other than "
                          f"maml, pretrained and random, got {flat!r}")
+    harness.started(output_dir)
     per_policy = {}
     for name, config in policies.items():
         per_policy[name] = []

@@ -121,6 +121,7 @@ def bench_pinn_convergence(output_dir, error_every=500, thresholds=(1e-2, 1e-3),
         params = (deepxde_setup(dde_adam_steps, dde_lbfgs_maxiter)
                   if name == "deepxde_setup" else []) + [
             f"pinn_experiment.error_every = {error_every}", f"pinn_experiment.seed = {seed}"]
+        harness.started(output_dir)
         r = run_pinn_binary(files, params, os.path.abspath(os.path.join(output_dir, name)))
         results[f"hogrod_{name}"] = dict(r, **{
             f"seconds_to_{t:g}": pinn.seconds_to_error(r["error_history"], t)

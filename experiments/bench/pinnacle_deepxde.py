@@ -195,6 +195,7 @@ def bench_pinnacle_deepxde(output_dir, iterations=1000, cases=("burgers1d_c", "p
                          f"{sorted(PEERS)}")
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"bench_pinnacle_deepxde.seeds must be distinct seeds, got {seeds}")
+    harness.started(output_dir)
     m = {}
     if iterations:
         per_case, summary = {}, {}

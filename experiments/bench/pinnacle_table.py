@@ -121,6 +121,7 @@ def pinnacle_table(output_dir, cases=CASES, methods=None, seeds=(0, 1, 2), itera
     methods = {"vanilla": "", "best": "_best"} if methods is None else dict(methods)
     cases, seeds = tuple(cases), tuple(seeds)
     _check(cases, methods, seeds, iterations)
+    harness.started(output_dir)
     results, failures = {}, []
     for case in cases:
         results[case] = {}

@@ -130,6 +130,7 @@ def bench_scaling(output_dir, families: tuple[str, ...] = FAMILIES,
         if json.loads(os.environ.get("TF_CONFIG", '{"task": {"index": 0}}'))["task"]["index"] == 0:
             print("RESULT " + json.dumps(result), flush=True)
         return result
+    harness.started(output_dir)
     child = [sys.executable, "-m", "experiments.bench.scaling",
              "--gin_param=bench_scaling.measure_only = True",
              f"--gin_param=bench_scaling.families = {tuple(families)!r}",
