@@ -442,8 +442,7 @@ def mapping_of(monkeypatch, call):
     def spy(fn, tasks, seeds=None, params=(), mode="vectorized"):
         seen.append(mode)
         raise _Mapped
-    for module in ("hogrod.meta.common", "hogrod.meta.evaluation"):
-        monkeypatch.setattr(sys.modules[module], "map_tasks", spy)
+    monkeypatch.setattr(sys.modules["hogrod.taskmap"], "map_tasks", spy)
     with pytest.raises(_Mapped):
         call()
     return seen[-1]
