@@ -27,18 +27,6 @@ from hogrod.types import Loss
 __all__ = ["evaluate", "evaluator"]
 
 
-def _steps(steps):
-    if isinstance(steps, (str, bytes)) or not hasattr(steps, "__iter__"):
-        raise checks.ArgumentError(f"hogrod.meta.evaluate: steps must be a sequence of "
-                                   f"integers >= 0, got {steps!r}")
-    steps = tuple(steps)
-    if not steps:
-        raise checks.ArgumentError("hogrod.meta.evaluate: steps is empty; give the numbers "
-                                   "of adaptation steps to evaluate after, e.g. (0, 1, 10)")
-    return tuple(checks.integer(s, f"steps[{i}]", "hogrod.meta.evaluate")
-                 for i, s in enumerate(steps))
-
-
 @gin.configurable
 def evaluator(algorithm: Algorithm, model: keras.Model, loss: Loss,
               steps: Sequence[int] = (0, 1, 10), accuracy: bool = False,
@@ -72,7 +60,7 @@ def evaluator(algorithm: Algorithm, model: keras.Model, loss: Loss,
         raise checks.ArgumentError(f"{where}: algorithm must be a hogrod.meta Algorithm (e.g. "
                                    f"meta.maml(model, loss)), got {type(algorithm).__name__}")
     check_loss(loss, where)
-    steps = _steps(steps)
+    steps = checks.counts(steps, "steps", where)
     if not isinstance(accuracy, bool):
         raise checks.ArgumentError(f"{where}: accuracy must be True or False, got "
                                    f"{accuracy!r}")

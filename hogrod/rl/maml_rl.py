@@ -72,18 +72,6 @@ class MetaBatch(NamedTuple):
     old: tuple
 
 
-def _steps(steps, where):
-    """`evaluate`'s inner-step counts, a non-empty sequence of ints >= 0, as a tuple."""
-    if isinstance(steps, (str, bytes)) or not hasattr(steps, "__iter__"):
-        raise checks.ArgumentError(f"{where}: steps must be a sequence of inner-step counts "
-                                   f"(integers >= 0, e.g. (0, 1, 2, 3)), got {steps!r}")
-    steps = tuple(checks.integer(s, f"steps[{i}]", where) for i, s in enumerate(steps))
-    if not steps:
-        raise checks.ArgumentError(f"{where}: steps is empty; give the inner-step counts to "
-                                   "evaluate after, e.g. (0, 1, 2, 3)")
-    return steps
-
-
 class MamlRL(OuterStep):
     """MAML-RL's meta-training step and evaluation on a batched environment.
 
@@ -345,7 +333,7 @@ class MamlRL(OuterStep):
             ints >= 0.
         """
         where = "MamlRL.evaluate"
-        steps = _steps(steps, where)
+        steps = checks.counts(steps, "steps", where)
         seed = checks.seed(seed, "seed", where)
         if self.host:
             return self._evaluation(tasks, tf.constant([seed, 0], tf.int64), steps)
