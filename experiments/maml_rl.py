@@ -4,12 +4,15 @@ surrogate as the outer step, DiCE inner steps):
     python -m experiments.maml_rl --gin_file=configs/rl/navigation2d_maml_trpo.gin
 
 or on MuJoCo's HalfCheetah, stepped on the host (`pip install hogrod[rl]`), with
-configs/rl/halfcheetah_vel_maml_trpo.gin or halfcheetah_dir_maml_trpo.gin. The MAML paper's
+configs/rl/halfcheetah_vel_maml_trpo.gin or halfcheetah_dir_maml_trpo.gin. The environment
+is chosen by gin reference, `maml_rl_experiment.env = @navigation2d` (the factories below:
+`navigation2d`, `halfcheetah_velocity`, `halfcheetah_direction`). The MAML paper's
 2D-navigation baselines are configs of this binary too: navigation2d_pretrained_trpo.gin
-(`adapt = False`), navigation2d_oracle_trpo.gin (the goal observed) and
-navigation2d_random.gin (untrained).
+(`adapt = False`), navigation2d_oracle_trpo.gin (the goal observed,
+`navigation2d.observe_goal = True`) and navigation2d_random.gin (untrained).
 
-Outputs: metrics.json (the mean return on held-out goals after 0..eval_steps inner steps,
+Outputs: metrics.json (the mean return on held-out goals after each count of inner steps
+in eval_steps,
 `return_after_{s}` with 95% intervals `return_after_{s}_ci95` and the count of goals whose
 return is not finite, `return_after_{s}_nonfinite`; the last meta-iteration's
 logs; `train_return_before` and `train_return_after`, the training meta-batch's mean return
@@ -61,8 +64,80 @@ def plot_adaptation(path, history):
     plt.close(fig)
 
 
-ENVS = ("navigation2d", "navigation2d_oracle", "halfcheetah_velocity",
-        "halfcheetah_direction")
+@gin.configurable
+def navigation2d(horizon, dtype, task_sampling, observe_goal=False):
+    """MAML's 2D navigation (`rl.Navigation2D`), stepped in the graph.
+
+    Args:
+      horizon: steps per episode (the binary's `horizon`).
+      dtype: the positions' dtype (the binary's `dtype`).
+      task_sampling: how goals are drawn (the binary's `task_sampling`).
+      observe_goal: the goal observed too (the MAML paper's oracle).
+
+    Returns:
+      The environment.
+    """
+    return rl.Navigation2D(horizon, dtype, observe_goal=observe_goal,
+                           task_sampling=task_sampling)
+
+
+@gin.configurable
+def halfcheetah_velocity(horizon, dtype, task_sampling):
+    """MAML's HalfCheetah velocity tasks (`rl.HalfCheetahTasks`), stepped on the host.
+
+    Args:
+      horizon: steps per episode (the binary's `horizon`).
+      dtype: the goals' dtype (the binary's `dtype`).
+      task_sampling: how goals are drawn (the binary's `task_sampling`).
+
+    Returns:
+      The environment.
+    """
+    return rl.HalfCheetahTasks("velocity", horizon=horizon, dtype=dtype,
+                               task_sampling=task_sampling)
+
+
+@gin.configurable
+def halfcheetah_direction(horizon, dtype, task_sampling):
+    """MAML's HalfCheetah direction tasks (`rl.HalfCheetahTasks`), stepped on the host.
+
+    Args:
+      horizon: steps per episode (the binary's `horizon`).
+      dtype: the goals' dtype (the binary's `dtype`).
+      task_sampling: how goals are drawn (the binary's `task_sampling`).
+
+    Returns:
+      The environment.
+    """
+    return rl.HalfCheetahTasks("direction", horizon=horizon, dtype=dtype,
+                               task_sampling=task_sampling)
+
+
+def check_config():
+    """The bindings of `eval_tasks`, `eval_steps` and `env` checked before a run starts:
+    a 95% interval over held-out goals needs two of them at least (one goal would report
+    an interval of 0), the inner-step counts are a non-empty tuple of ints >= 0, and an
+    environment is a gin reference to a factory (`@navigation2d`), not a string.
+
+    Raises:
+      ValueError: naming the binding to change.
+    """
+    for name, check, wanted in (
+            ("eval_tasks", lambda v: isinstance(v, int) and not isinstance(v, bool)
+             and v >= 2, "an int >= 2 (the 95% interval over held-out goals needs two)"),
+            ("eval_steps", lambda v: isinstance(v, (tuple, list)) and len(v) > 0 and all(
+                isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in v),
+             "a non-empty tuple of inner-step counts (ints >= 0), e.g. (0, 1, 2, 3)"),
+            ("env", callable, "a gin reference to an environment factory: @navigation2d, "
+             "@halfcheetah_velocity or @halfcheetah_direction")):
+        try:
+            value = gin.query_parameter(f"maml_rl_experiment.{name}")
+        except ValueError:  # not bound: the default
+            continue
+        if isinstance(value, gin.config.ConfigurableReference):
+            continue  # a reference is called (and checked) by the run
+        if not check(value):
+            raise ValueError(f"maml_rl_experiment.{name} must be {wanted}, got {value!r}")
 
 
 def read_train_history(path, upto_step):
@@ -85,19 +160,20 @@ def maml_rl_experiment(output_dir, meta_iterations: harness.Count = 500,
                        hidden: tuple[harness.PositiveInt, ...] = (64, 64),
                        init_std: harness.Positive = 1.0,
                        meta_batch: harness.PositiveInt = 20, batch: harness.PositiveInt = 20,
-                       horizon: harness.PositiveInt = 100, step_size: harness.Positive = 0.1,
+                       horizon: harness.PositiveInt = 100, inner_lr: harness.Positive = 0.1,
                        discount: harness.Fraction = 0.99, gae_lambda: harness.Fraction = 1.0,
                        outer: str = "trpo", max_kl: harness.Positive = 0.01,
                        cg_maxiter: harness.PositiveInt = 10,
                        damping: harness.NonNegative = 1e-5,
-                       line_search_steps: harness.PositiveInt = 15,
+                       line_search_maxiter: harness.PositiveInt = 15,
                        backtrack_ratio: harness.Fraction = 0.8, clip: harness.Fraction = 0.2,
                        outer_lr: harness.Positive = 1e-3,
                        outer_steps: harness.PositiveInt = 5, hvp_mode: str = "auto",
-                       eval_tasks: harness.PositiveInt = 40, eval_steps: harness.Count = 3,
+                       eval_tasks: harness.PositiveInt = 40,
+                       eval_steps: tuple[harness.Count, ...] = (0, 1, 2, 3),
                        eval_every: harness.PositiveInt = 50,
                        checkpoint_every: harness.PositiveInt = 50, seed: harness.Count = 0,
-                       dtype: str = "float32", env: str = "navigation2d",
+                       dtype: str = "float32", env=navigation2d,
                        adapt: bool = True, time_limit_s: harness.Positive | None = None,
                        task_sampling: str = "independent", task_map: str = "vectorized",
                        jit_compile: bool = False):
@@ -111,28 +187,30 @@ def maml_rl_experiment(output_dir, meta_iterations: harness.Count = 500,
       meta_batch: tasks per meta-iteration (divisible by the replicas).
       batch: episodes per task and rollout.
       horizon: steps per episode (100 in MAML).
-      step_size: the inner DiCE step.
+      inner_lr: the inner DiCE step's rate.
       discount: the discount.
       gae_lambda: GAE's lambda of the inner Loaded DiCE and the outer advantages.
       outer: "trpo" or "clip" (`MamlRL`'s outer step).
       max_kl: TRPO's KL bound.
       cg_maxiter: TRPO's CG iterations.
       damping: TRPO's Fisher damping.
-      line_search_steps: TRPO's backtracking tries.
+      line_search_maxiter: TRPO's most backtracking tries.
       backtrack_ratio: TRPO's backtracking factor.
       clip: the clipped surrogate's epsilon ("clip").
       outer_lr: the clipped surrogate's Adam step ("clip").
       outer_steps: Adam steps per meta-batch ("clip").
       hvp_mode: `hogrod.hvp`'s mode for the Fisher-vector products.
-      eval_tasks: held-out goals (drawn from `seed` + 10**6, the same in every run).
-      eval_steps: inner steps of the evaluation (returns after 0..eval_steps).
+      eval_tasks: held-out goals, >= 2 (drawn from `seed` + 10**6, the same in every run).
+      eval_steps: the inner-step counts the evaluation reports (`return_after_{s}` for
+        each), a non-empty tuple of ints >= 0.
       eval_every: meta-iterations between evaluations.
       checkpoint_every: meta-iterations between checkpoints.
       seed: the run's seed (weights, tasks and episodes).
       dtype: "float32" or "float64", the policy's and the environment's.
-      env: one of `ENVS`: "navigation2d" (in-graph), "navigation2d_oracle" (the goal
-        observed too, the MAML paper's oracle), "halfcheetah_velocity" or
-        "halfcheetah_direction" (`rl.HalfCheetahTasks`, gymnasium stepped on the host).
+      env: the environment's factory, a gin reference `env(horizon, dtype, task_sampling)`:
+        `@navigation2d` (in-graph; `navigation2d.observe_goal = True`: the goal observed
+        too, the MAML paper's oracle), `@halfcheetah_velocity` or `@halfcheetah_direction`
+        (`rl.HalfCheetahTasks`, gymnasium stepped on the host).
       adapt: False: trained without the inner step (`rl.MamlRL`'s `adapt`), the MAML
         paper's pretrained policy (and its oracle); evaluation adapts either way.
       time_limit_s: stop meta-training (with a checkpoint) once its meta-iterations have
@@ -154,24 +232,22 @@ def maml_rl_experiment(output_dir, meta_iterations: harness.Count = 500,
     Returns:
       The final evaluation's metrics and the last meta-iteration's logs.
     """
+    check_config()
     keras.utils.set_random_seed(seed)
     strategy = distribute.make_strategy()
-    env = checks.choice(env, ENVS, "env", "maml_rl_experiment")
-    # float16 too would fail only in the first step: TF has no float16 eigh (the baseline)
+    # float16 would fail only in the first step: TF has no float16 eigh (the baseline)
     checks.choice(dtype, ("float32", "float64"), "dtype", "maml_rl_experiment")
-    env = (rl.Navigation2D(horizon, dtype, observe_goal=env == "navigation2d_oracle",
-                           task_sampling=task_sampling)
-           if env.startswith("navigation2d") else
-           rl.HalfCheetahTasks(env[len("halfcheetah_"):], horizon=horizon, dtype=dtype,
-                               task_sampling=task_sampling))
+    env = checks.function(env, "env", "maml_rl_experiment",
+                          "@navigation2d, @halfcheetah_velocity or @halfcheetah_direction")(
+        horizon=horizon, dtype=dtype, task_sampling=task_sampling)
     with strategy.scope():
         policy = rl.GaussianPolicy(
             models.dense_net((env.observation_dim, *hidden, env.action_dim), "tanh", dtype),
             env.action_dim, init_std, dtype=dtype)
         policy.build((None, env.observation_dim))
-    learner = rl.MamlRL(env, policy, meta_batch, batch, horizon, step_size, discount,
+    learner = rl.MamlRL(env, policy, meta_batch, batch, horizon, inner_lr, discount,
                         gae_lambda, True, outer, max_kl, cg_maxiter, damping,
-                        line_search_steps, backtrack_ratio, clip, outer_lr, outer_steps,
+                        line_search_maxiter, backtrack_ratio, clip, outer_lr, outer_steps,
                         hvp_mode=hvp_mode, strategy=strategy, adapt=adapt,
                         task_map=task_map, jit_compile=jit_compile)
     ckpt = train.Checkpointer(output_dir, policy=policy, **{
@@ -186,10 +262,10 @@ def maml_rl_experiment(output_dir, meta_iterations: harness.Count = 500,
     def evaluate_now(i):
         returns = learner.evaluate(goals, seed + 2 * 10**6, eval_steps).numpy()
         result = {"step": i}
-        for s, r in enumerate(returns):
+        for s, r in zip(eval_steps, returns):
             result[f"return_after_{s}"] = float(r.mean())
-            result[f"return_after_{s}_ci95"] = float(1.96 * r.std(ddof=1) / np.sqrt(len(r))
-                                                     if len(r) > 1 else 0.0)
+            # eval_tasks >= 2 (check_config): an interval over one goal is not 0
+            result[f"return_after_{s}_ci95"] = float(1.96 * r.std(ddof=1) / np.sqrt(len(r)))
             # goals whose adapted policy diverged (their NaN or inf is in the mean too)
             result[f"return_after_{s}_nonfinite"] = float(np.sum(~np.isfinite(r)))
         train.record_eval(output_dir, history, result)
@@ -242,6 +318,11 @@ def maml_rl_experiment(output_dir, meta_iterations: harness.Count = 500,
 def main():
     """The console command `hogrod-maml-rl` (see the module docstring)."""
     harness.main(maml_rl_experiment)
+
+
+# the harness runs an experiment's `check_config` once the config is parsed, before it
+# writes anything
+maml_rl_experiment.check_config = check_config
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from hogrod.functional import functional_call, model_state, trainable_values
 __version__ = "0.1.0"
 
 _SUBPACKAGES = ("train", "meta", "gan", "pinn", "curvature", "harness", "distribute", "tree",
-                "linalg", "optim", "implicit", "hypergrad", "rl")
+                "linalg", "optim", "implicit", "hypergrad", "rl", "taskmap")
 
 
 # lazy subpackages: `import hogrod; hogrod.meta.adapt(...)` works

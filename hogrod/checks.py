@@ -14,7 +14,7 @@ function is called or traced, so a compiled caller pays nothing for them.
 
 import math
 import numbers
-from typing import Any, Callable, List, Optional, Sequence, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import keras
 import numpy as np
@@ -22,7 +22,7 @@ import tensorflow as tf
 
 __all__ = ["ArgumentError", "integer", "number", "positive", "nonnegative", "probability",
            "choice", "seed", "stateless_seed", "function", "params", "describe", "require",
-           "floating", "like", "mask_of"]
+           "floating", "like", "mask_of", "counts"]
 
 
 class ArgumentError(ValueError, TypeError):
@@ -443,3 +443,28 @@ def mask_of(mask: Any, where: str, ref: tf.Tensor, ref_arg: str) -> Optional[tf.
             f"{where}: mask must not increase along time (1 before an episode ends, 0 after; "
             "an episode cannot restart)", m)
     return m
+
+
+def counts(value: Any, arg: str, where: str) -> Tuple[int, ...]:
+    """A non-empty sequence of integers >= 0 (the inner-step counts an evaluation reports
+    after), as a tuple of Python ints in the order given.
+
+    Args:
+        value: the value given, any iterable (a string or a lone int is refused).
+        arg: the argument's name in the message.
+        where: the public function (or binding) checked, first in the message.
+
+    Returns:
+        `tuple(int(v) for v in value)`.
+
+    Raises:
+        ArgumentError: `value` is not a sequence, is empty, or holds anything but integers
+            >= 0 (the message names the entry, e.g. ``steps[1]``).
+    """
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        _fail(where, arg, "a non-empty sequence of integers >= 0, e.g. (0, 1, 10)", value)
+    value = tuple(value)
+    if not value:
+        raise ArgumentError(f"{where}: {arg} is empty; give the counts to report, e.g. "
+                            "(0, 1, 10)")
+    return tuple(integer(v, f"{arg}[{i}]", where) for i, v in enumerate(value))

@@ -90,23 +90,24 @@ def test_the_ordering_fails_when_maml_after_one_step_is_below_pretrained_after_t
     per_seed = {p: [{f"return_after_{s}": fake_returns(p, 0, s) for s in range(4)}
                     | {"meta_iterations": 1}] for p in POLICIES}
     per_seed["maml"][0]["return_after_1"] = -38.0  # pretrained after 3 is -37
-    assert bench.summarize(per_seed, 3)["figure4_ordering"] is False
-    with pytest.raises(ValueError, match="report no return_after_1: their eval_steps must be"):
-        bench.summarize({"maml": [{"return_after_0": 0.0}]}, 3)
+    assert bench.summarize(per_seed, (0, 1, 2, 3))["figure4_ordering"] is False
+    with pytest.raises(ValueError, match=r"report no return_after_1: their eval_steps must include \(0, 1, 2, 3\)"):
+        bench.summarize({"maml": [{"return_after_0": 0.0}]}, (0, 1, 2, 3))
 
 
 def test_bad_settings_are_named():
     with pytest.raises(ValueError, match=r"needs the policies \['random'\]"):
-        bench._check({k: v for k, v in POLICIES.items() if k != "random"}, (0,), 3, ())
+        bench._check({k: v for k, v in POLICIES.items() if k != "random"}, (0,), (0, 1), ())
     with pytest.raises(ValueError, match=r"policies\['maml'\]: gin file not found"):
-        bench._check(dict(POLICIES, maml="configs/rl/nothing.gin"), (0,), 3, ())
-    bench._check(dict(POLICIES, maml="rl/navigation2d_maml_trpo.gin"), (0,), 3, ())
+        bench._check(dict(POLICIES, maml="configs/rl/nothing.gin"), (0,), (0, 1), ())
+    bench._check(dict(POLICIES, maml="rl/navigation2d_maml_trpo.gin"), (0,), (0, 1), ())
     for seeds in ((0, 0), (True,), (-1,), 3, (0.5,)):
         with pytest.raises(ValueError, match="seeds must be distinct integer seeds"):
-            bench._check(POLICIES, seeds, 3, ())
-    with pytest.raises(ValueError, match="steps must be an int"):
-        bench._check(POLICIES, (0,), True, ())
+            bench._check(POLICIES, seeds, (0, 1, 2, 3), ())
+    for steps in (True, 3, (0, 2), (1, 0), (1, 1), (0, 1.0)):
+        with pytest.raises(ValueError, match="steps must be increasing inner-step counts"):
+            bench._check(POLICIES, (0,), steps, ())
     with pytest.raises(ValueError, match="extra_params must be a tuple"):
-        bench._check(POLICIES, (0,), 3, "maml_rl_experiment.batch = 2")
+        bench._check(POLICIES, (0,), (0, 1, 2, 3), "maml_rl_experiment.batch = 2")
     with pytest.raises(ValueError, match="finite"):
         bench.seed_interval([1.0, float("nan")])

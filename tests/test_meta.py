@@ -442,8 +442,7 @@ def mapping_of(monkeypatch, call):
     def spy(fn, tasks, seeds=None, params=(), mode="vectorized"):
         seen.append(mode)
         raise _Mapped
-    for module in ("hogrod.meta.common", "hogrod.meta.evaluation"):
-        monkeypatch.setattr(sys.modules[module], "map_tasks", spy)
+    monkeypatch.setattr(sys.modules["hogrod.taskmap"], "map_tasks", spy)
     with pytest.raises(_Mapped):
         call()
     return seen[-1]
@@ -485,3 +484,36 @@ def test_data_functions_name_their_parts_and_the_meta_batch_size():
     assert data.train.element_spec[0].shape == (3, 4, 1)  # known without pulling a batch
     assert data.eval_tasks[0].shape == (2, 4, 1) and not data.classification
     assert data.loss is exp.mse
+
+
+def test_adapt_on_an_objective_is_adapt_on_the_loss_it_computes():
+    """`adapt(objective=...)` with the objective a Keras loss of the model's outputs takes
+    the loss's steps exactly (the second derivatives through them too); an objective that
+    ignores a param it steps is an error naming that param."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((2,), dtype="float64"),
+                              keras.layers.Dense(1, dtype="float64")])
+    rng = np.random.default_rng(0)
+    x, y = tf.constant(rng.normal(size=(5, 2))), tf.constant(rng.normal(size=(5, 1)))
+    theta = meta.initial_params(model)
+
+    def objective(params, support):
+        return mse(support[1], hogrod.functional_call(model, params, support[0]))
+
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(theta)
+        by_loss = meta.adapt(model, mse, (x, y), 0.1, 2, params=theta)
+        by_objective = meta.adapt(model, None, (x, y), 0.1, 2, params=theta,
+                                  objective=objective)
+        outer = [tf.reduce_sum(f ** 3) for f in (by_loss[0], by_objective[0])]
+    for a, b in zip(by_loss, by_objective):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(*[tape.gradient(o, theta) for o in outer]):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(hogrod.checks.ArgumentError,
+                       match=r"do not depend on parameter '\S*bias' \(params\[1\]\)"):
+        meta.adapt(model, None, (x, y), 0.1, params=theta,
+                   objective=lambda p, s: tf.reduce_sum(p[0]) * 1.0)
+    with pytest.raises(hogrod.checks.ArgumentError, match="seeds are for the model's"):
+        meta.adapt(model, None, (x, y), 0.1, params=theta, objective=objective,
+                   seeds=tf.zeros([1, 1, 2], tf.int64))

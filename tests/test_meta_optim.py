@@ -74,7 +74,7 @@ def test_inner_adam_meta_gradient_matches_central_differences_and_adapt_uses_it(
     for a, b in zip(got, want):
         np.testing.assert_allclose(a.numpy(), b, rtol=1e-6, atol=1e-9)
     support = (tasks[0][0], tasks[1][0])
-    direct = meta.adapt(model, mse, support, None, steps=3, optimizer=opt)
+    direct = meta.adapt(model, mse, support, None, inner_steps=3, optimizer=opt)
     for a, b in zip(algo.adapt(support, 3), direct):
         assert_close(a, b)
 

@@ -238,7 +238,7 @@ def _mse(y, p):
 
 def _meta_loss_and_grad(model, support, query, **adapt_kwargs):
     with tf.GradientTape() as tape:
-        fast = meta.adapt(model, _mse, support, steps=3, **adapt_kwargs)
+        fast = meta.adapt(model, _mse, support, inner_steps=3, **adapt_kwargs)
         loss = _mse(query[1], model_call(model, fast, query[0]))
     return loss, tape.gradient(loss, model.trainable_variables)
 
@@ -265,7 +265,7 @@ def test_adapt_with_inner_adam_meta_gradient_matches_central_differences():
     theta = [v.numpy() for v in model.trainable_variables]
 
     def loss_at(params):
-        fast = meta.adapt(model, _mse, support, None, steps=3, optimizer=opt,
+        fast = meta.adapt(model, _mse, support, None, inner_steps=3, optimizer=opt,
                           params=[tf.constant(p) for p in params])
         return _mse(query[1], model_call(model, fast, query[0])).numpy()
 
@@ -293,7 +293,7 @@ def test_adapt_with_inner_adam_equals_keras_adam_steps():
     """The fast weights after 3 inner Adam steps equal Keras's Adam on a copy of the
     variables, trained on the same support loss (the state is threaded through the steps)."""
     model, support, _ = _linear_task()
-    fast = meta.adapt(model, _mse, support, None, steps=3,
+    fast = meta.adapt(model, _mse, support, None, inner_steps=3,
                       optimizer=optim.adam(LR, B1, B2, EPS))
     kvars = [keras.Variable(v.numpy(), dtype="float64") for v in model.trainable_variables]
     kopt = keras.optimizers.Adam(LR, beta_1=B1, beta_2=B2, epsilon=EPS)

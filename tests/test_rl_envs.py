@@ -197,3 +197,15 @@ def test_latin_hypercube_goals_fill_every_interval_and_each_stays_uniform():
     for make in (rl.Navigation2D, rl.HalfCheetahTasks):
         with pytest.raises(checks.ArgumentError, match="task_sampling"):
             make(task_sampling="stratified")
+
+
+def test_an_out_of_range_tabular_action_in_a_graph_fails_with_its_own_message():
+    """In a `tf.function` the range check is an assertion the gathers wait for: the error
+    names the action's range, not GatherNd's index."""
+    mdp = rl.TabularMDP([[[1.0], [1.0]]], [[0.0, 1.0]], horizon=2, dtype="float64")
+    task = {k: v[0] for k, v in mdp.sample_tasks(0, 1).items()}
+    state, _ = mdp.reset(task, 0, 3)
+    step = tf.function(lambda a: mdp.step(task, state, a)[2], autograph=False)
+    np.testing.assert_array_equal(step(tf.constant([0, 1, 1])), [0.0, 1.0, 1.0])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"action must lie in 0\.\.1"):
+        step(tf.constant([0, 2, 1]))

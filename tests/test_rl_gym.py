@@ -124,11 +124,12 @@ class _Navigation(gymnasium.Env):
 
 
 class _HostNavigation:
-    """Navigation2D's tasks stepped on the host (`make_envs`): `MamlRL` samples with
-    `gym_rollout`."""
+    """Navigation2D's tasks stepped on the host (`on_host`, `make_envs`): `MamlRL` samples
+    with `gym_rollout`."""
 
     observation_dim = action_dim = 2
     horizon = 3
+    on_host = True
 
     def __init__(self):
         self.graph = rl.Navigation2D(self.horizon, dtype="float64")
@@ -147,7 +148,7 @@ def test_maml_rl_samples_on_the_host_as_in_graph():
     parameters, the compiled adaptation between) equals the compiled one's."""
     host_env = _HostNavigation()
     learners = [rl.MamlRL(env, _gaussian(2, 2, std=0.5, seed=1), meta_batch=2, batch=2,
-                          step_size=0.3) for env in (host_env.graph, host_env)]
+                          inner_lr=0.3) for env in (host_env.graph, host_env)]
     tasks = host_env.sample_tasks(1, 2)
     args = (tasks, tf.range(2, dtype=tf.int64), tf.constant([3, 4], tf.int64),
             [tf.convert_to_tensor(v) for v in learners[0].variables])
@@ -234,3 +235,17 @@ def test_bad_input(pendulum):
         rl.gym_rollout(envs, policy, {"goal": tf.zeros([2])}, 0, 2, 2)
     with pytest.raises(checks.ArgumentError, match="kind"):
         rl.HalfCheetahTasks("backflip")
+
+
+def test_a_policy_of_more_actions_than_the_space_is_refused_before_any_step():
+    """A 3-action policy on CartPole's 2 actions: an error before the first step, whatever
+    the policy would draw (here it never draws action 2, so the space itself would never
+    complain)."""
+    network = keras.Sequential([keras.layers.Dense(3, dtype="float64",
+                                                   kernel_initializer="zeros")])
+    policy = rl.CategoricalPolicy(network, 3, dtype="float64")
+    policy.build((None, 4))
+    network.weights[1].assign([0.0, 0.0, -1e9])  # action 2 never drawn
+    envs = gymnasium.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+    with pytest.raises(checks.ArgumentError, match=r"actions in 0\.\.2 .* Discrete\(2\)"):
+        rl.gym_rollout(envs, policy, 1, 0, 2, 3)

@@ -6,6 +6,7 @@ magic box means); a meta-step under MirroredStrategy on two logical CPUs against
 the binary, resumed, against an uninterrupted run."""
 
 import json
+import logging
 import shutil
 
 import numpy as np
@@ -66,6 +67,7 @@ def test_line_search_rejects_steps_over_the_kl_bound_or_without_improvement():
     x0, step = [tf.zeros([2], F64)], [tf.constant([1.0, 0.0], F64)]
     s0 = tf.constant(0.0, F64)
     cases = [  # (surrogate, kl, expected fraction or None)
+        (lambda x: x[0], lambda x: 0.01 * x[0] ** 2, 1.0),  # the full step first, accepted
         (lambda x: x[0], lambda x: x[0] ** 2, 0.25),  # KL <= 0.1 first at 0.5**2
         (lambda x: x[0] - 10 * x[0] ** 2, lambda x: 0.0 * x[0], 0.0625),  # improves below 0.1
         (lambda x: 0.0 * x[0], lambda x: 0.0 * x[0], None),  # never improves (equal)
@@ -74,12 +76,13 @@ def test_line_search_rejects_steps_over_the_kl_bound_or_without_improvement():
     ]
     for surrogate, kl, fraction in cases:
         new, info = rl.line_search(lambda c: (surrogate(c[0]), kl(c[0])), x0, step, s0, 0.1,
-                                   steps=6, ratio=0.5)
+                                   maxiter=6, ratio=0.5)
         if fraction is None:
             assert not bool(info.accepted) and int(info.tries) == 6
             np.testing.assert_array_equal(new[0], x0[0])
         else:
             assert bool(info.accepted) and float(info.fraction) == fraction
+            assert int(info.tries) == {1.0: 1, 0.25: 3, 0.0625: 5}[fraction]
             np.testing.assert_array_equal(new[0], [fraction, 0.0])
             assert float(info.kl) <= 0.1 and float(info.surrogate) > 0
 
@@ -109,14 +112,14 @@ def test_inner_step_names_a_parameter_the_log_probs_do_not_depend_on():
 def learner():
     env = rl.Navigation2D(horizon=3, dtype="float64")
     policy = tiny_policy(1)
-    return rl.MamlRL(env, policy, meta_batch=2, batch=3, step_size=0.3, discount=0.9,
+    return rl.MamlRL(env, policy, meta_batch=2, batch=3, inner_lr=0.3, discount=0.9,
                      gae_lambda=0.95, damping=0.1, hvp_mode="reverse_over_reverse")
 
 
 @pytest.mark.parametrize("task_map", ["vectorized", "sequential"])
 def test_the_meta_gradient_has_every_second_order_term(learner, task_map):
     if task_map != learner.task_map:
-        learner = rl.MamlRL(learner.env, learner.policy, meta_batch=2, batch=3, step_size=0.3,
+        learner = rl.MamlRL(learner.env, learner.policy, meta_batch=2, batch=3, inner_lr=0.3,
                             discount=0.9, gae_lambda=0.95, damping=0.1,
                             hvp_mode="reverse_over_reverse", task_map=task_map)
     policy, env = learner.policy, learner.env
@@ -173,7 +176,7 @@ def test_without_adaptation_the_surrogate_is_the_policy_gradient_of_the_sampled_
     sum(grad log pi * A * mask) / sum(mask)."""
     env = rl.Navigation2D(horizon=3, dtype="float64")
     policy = tiny_policy(4)
-    learner = rl.MamlRL(env, policy, meta_batch=2, batch=3, step_size=0.3, discount=0.9,
+    learner = rl.MamlRL(env, policy, meta_batch=2, batch=3, inner_lr=0.3, discount=0.9,
                         hvp_mode="reverse_over_reverse", adapt=False)
     theta = hogrod.trainable_values(policy)
     compiled = lambda fn: tf.function(fn, autograph=False)  # noqa: E731
@@ -209,7 +212,7 @@ def test_a_trpo_step_with_the_tasks_mapped_sequentially_or_under_xla_equals_the_
         policy = tiny_policy(6)
         # "auto" is reverse over reverse with "sequential": the same products here
         mode = "reverse_over_reverse" if (task_map, jit) == ("vectorized", False) else "auto"
-        learner = rl.MamlRL(env, policy, meta_batch=2, batch=3, step_size=0.3, discount=0.9,
+        learner = rl.MamlRL(env, policy, meta_batch=2, batch=3, inner_lr=0.3, discount=0.9,
                             damping=0.1, task_map=task_map, hvp_mode=mode, jit_compile=jit)
         logs = {k: float(v) for k, v in learner.step(5).items()}
         steps[task_map, jit] = logs, flat(hogrod.trainable_values(policy))
@@ -242,7 +245,7 @@ def test_a_meta_step_over_two_replicas_equals_one_device(learner):
         policy = tiny_policy(2)
     for v, t in zip(policy.trainable_variables, start):
         v.assign(t)
-    settings = dict(meta_batch=2, batch=3, step_size=0.3, discount=0.9, gae_lambda=0.95,
+    settings = dict(meta_batch=2, batch=3, inner_lr=0.3, discount=0.9, gae_lambda=0.95,
                     outer="clip", outer_steps=1, hvp_mode="reverse_over_reverse")
     single = rl.MamlRL(learner.env, learner.policy, **settings)
     mirrored = rl.MamlRL(learner.env, policy, strategy=strategy, **settings)
@@ -268,7 +271,7 @@ def test_the_binary_resumes_exactly(tmp_path):
     from experiments import maml_rl
 
     config = ["configs/rl/navigation2d_smoke.gin"]
-    params = ["maml_rl_experiment.eval_steps = 0", "maml_rl_experiment.outer = 'trpo'"]
+    params = ["maml_rl_experiment.eval_steps = (0,)", "maml_rl_experiment.outer = 'trpo'"]
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     _, metrics = harness.run(maml_rl.maml_rl_experiment, config, params, str(full))
     assert (full / "adaptation.png").exists() and metrics["meta_iterations"] == 2
@@ -300,7 +303,7 @@ def test_with_nothing_to_train_the_binary_evaluates_once(tmp_path):
     from experiments import maml_rl
     _, m = harness.run(maml_rl.maml_rl_experiment, ["configs/rl/navigation2d_smoke.gin"],
                        ["maml_rl_experiment.meta_iterations = 0",
-                        "maml_rl_experiment.env = 'navigation2d_oracle'"], str(tmp_path))
+                        "navigation2d.observe_goal = True"], str(tmp_path))
     assert m["meta_iterations"] == 0 and m["train_seconds"] == 0.0
     assert [h["step"] for h in json.loads((tmp_path / "eval_history.json").read_text())] == [0]
     assert m["return_after_1"] != m["return_after_0"]
@@ -316,3 +319,160 @@ def test_a_resumed_run_needs_the_training_logs_up_to_its_checkpoint(tmp_path):
         read_train_history(str(path), 3)
     with pytest.raises(ValueError, match="new --output_dir"):
         read_train_history(str(tmp_path / "missing.json"), 1)
+
+
+def test_inner_step_names_episodes_of_every_task_and_adapt_its_two_callables():
+    env = rl.Navigation2D(horizon=2, dtype="float64")
+    policy = tiny_policy()
+    episodes = rl.rollout(env, policy, env.sample_tasks(0, 1), 0, 2)  # [tasks, batch, T]
+    theta = hogrod.trainable_values(policy)
+    with pytest.raises(hogrod.checks.ArgumentError,
+                       match=r"inner_step: episodes must be one task's .* \[1, 2, 2\]"):
+        rl.inner_step(policy, theta, episodes, 0.1, 0.9)
+    one = rl.Trajectories(*[t[0] for t in episodes])
+    for kwargs in ({}, {"objective": lambda p, s: 0.0}):
+        loss = None if not kwargs else keras.losses.MeanSquaredError()
+        with pytest.raises(hogrod.checks.ArgumentError, match="exactly one of loss"):
+            hogrod.meta.adapt(policy, loss, (one, None, None), 0.1, params=theta, **kwargs)
+
+
+def numpy_gae(r, v, discount, lam, m):
+    """GAE by its definition: delta_t = r_t + discount V_{t+1} - V_t (V 0 after the end)."""
+    r, v = r * m, v * m
+    delta = r + discount * np.concatenate([v[:, 1:], np.zeros_like(v[:, :1])], 1) - v
+    adv, acc = np.zeros_like(delta), 0.0
+    for t in reversed(range(delta.shape[1])):
+        acc = delta[:, t] + discount * lam * acc
+        adv[:, t] = acc
+    return adv * m
+
+
+def sampled(learner, seed=3):
+    theta = hogrod.trainable_values(learner.policy)
+    data = tf.function(learner.sample, autograph=False)(
+        learner.env.sample_tasks(seed, 2), tf.range(2, dtype=tf.int64),
+        tf.constant([4, 0], tf.int64), theta)
+    return data, theta
+
+
+def _learner_without_inner_step(kind):
+    if kind == "gaussian":
+        env = rl.Navigation2D(horizon=4, dtype="float64")
+        policy = tiny_policy(7)
+    else:
+        keras.utils.set_random_seed(7)
+        env = rl.TabularMDP(np.random.default_rng(0).dirichlet(np.ones(3), (3, 3)),
+                            np.arange(9.0).reshape(3, 3), horizon=4, dtype="float64")
+        policy = rl.CategoricalPolicy(models.dense_net((3, 4, 3), dtype="float64"), 3,
+                                      dtype="float64")
+        policy.build((None, 3))
+    return rl.MamlRL(env, policy, meta_batch=2, batch=8, discount=0.9, gae_lambda=0.95,
+                     adapt=False, hvp_mode="reverse_over_reverse")
+
+
+def _numpy_kl(kind, old, new):
+    """KL(p || q) of each step, closed form."""
+    if kind == "gaussian":
+        (mp, sp), (mq, sq) = old, new
+        return np.sum(sq - sp + (np.exp(2 * sp) + (mp - mq) ** 2) / (2 * np.exp(2 * sq))
+                      - 0.5, -1)
+    lp, lq = [x - np.log(np.exp(x).sum(-1, keepdims=True)) for x in (old[0], new[0])]
+    return np.sum(np.exp(lp) * (lp - lq), -1)
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "categorical"])
+def test_the_scale_kl_and_clipped_surrogate_are_their_definitions(kind):
+    """From the episodes in numpy: each task's inner scale is pytorch-maml-rl's, 1 /
+    (sum(mask) / batch * (std of the GAE advantages over the unmasked steps + 1e-8)); at
+    parameters moved from the sampling ones, the logged mean KL is the closed form of
+    KL(old || new) (not KL(new || old), which differs here), each task's masked mean, then
+    the tasks' mean; the clipped surrogate is ``min(r A, clip(r, 0.8, 1.2) A)``, with ratios
+    outside the band on both sides and advantages of both signs. Sampling a categorical
+    policy's meta-batch logs no pfor notice of per-task random ops."""
+    learner = _learner_without_inner_step(kind)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    tf.get_logger().addHandler(handler)
+    try:
+        data, theta = sampled(learner, seed=1)
+    finally:
+        tf.get_logger().removeHandler(handler)
+    assert not [r for r in records if "while_loop for converting" in r.getMessage()]
+    rng = np.random.default_rng(2)
+    moved = [t + 0.4 * rng.normal(size=t.shape) for t in theta]
+    surrogate, kl = tf.function(lambda d, p: learner.surrogate_and_kl(d, p, True),
+                                autograph=False)(data, moved)
+    want_kl, want_surrogate, reverse, signs = [], [], [], set()
+    for i in range(2):
+        m = data.inner.mask[i].numpy()
+        adv = numpy_gae(data.inner.rewards[i].numpy(), data.inner_values[i].numpy(), 0.9,
+                        0.95, m)
+        scale = 1.0 / (m.sum() / m.shape[0] * (adv[m > 0].std() + 1e-8))
+        np.testing.assert_allclose(float(data.inner_scale[i]), scale, rtol=1e-12)
+        o = rl.Trajectories(*[f[i] for f in data.outer])
+        m = o.mask.numpy()
+        new = rl.policy_distribution(learner.policy, o.observations, moved)
+        old = [f[i].numpy() for f in data.old]
+        forward = _numpy_kl(kind, old, [f.numpy() for f in new])
+        backward = _numpy_kl(kind, [f.numpy() for f in new], old)
+        want_kl.append((forward * m).sum() / m.sum())
+        reverse.append((backward * m).sum() / m.sum())
+        r = np.exp(new.log_prob(o.actions).numpy() - o.log_probs.numpy())
+        a = data.advantages[i].numpy()
+        gain = np.minimum(r * a, np.clip(r, 0.8, 1.2) * a)
+        want_surrogate.append((gain * m).sum() / m.sum())
+        outside = (np.abs(r - 1) > 0.2) & (m > 0)
+        signs |= set(zip(np.sign(r - 1)[outside], np.sign(a)[outside]))
+    assert signs == {(1, 1), (1, -1), (-1, 1), (-1, -1)}  # every side of the clip's band
+    np.testing.assert_allclose(float(kl), np.mean(want_kl), rtol=1e-12)
+    assert abs(np.mean(reverse) - np.mean(want_kl)) > 1e-3 * np.mean(want_kl)
+    np.testing.assert_allclose(float(surrogate), np.mean(want_surrogate), rtol=1e-12)
+
+
+def test_evaluate_reports_one_row_per_inner_step_count_and_refuses_recomputed():
+    env = rl.Navigation2D(horizon=2, dtype="float64")
+    learner = rl.MamlRL(env, tiny_policy(3), meta_batch=2, batch=2, inner_lr=0.3)
+    tasks = env.sample_tasks(5, 2)
+    some = learner.evaluate(tasks, 1, (1, 0)).numpy()
+    unadapted = learner.evaluate(tasks, 1, (0,)).numpy()
+    assert some.shape == (2, 2) and unadapted.shape == (1, 2)
+    np.testing.assert_array_equal(some[1], unadapted[0])
+    assert np.all(some[0] != some[1])
+    for steps in (3, (), (1.5,)):
+        with pytest.raises(hogrod.checks.ArgumentError, match="MamlRL.evaluate: steps"):
+            learner.evaluate(tasks, 1, steps)
+    with pytest.raises(hogrod.checks.ArgumentError, match="recomputed.*second"):
+        rl.MamlRL(env, learner.policy, meta_batch=2, batch=2, task_map="recomputed")
+
+
+def test_the_binary_refuses_one_held_out_goal_and_an_environment_by_name(tmp_path):
+    """One goal would give a 95% interval of 0.0; a string is not an environment."""
+    from experiments import maml_rl
+    config = ["configs/rl/navigation2d_smoke.gin"]
+    for binding, pattern in (("maml_rl_experiment.eval_tasks = 1", "eval_tasks must be an "
+                                                                    "int >= 2"),
+                             ("maml_rl_experiment.env = 'navigation2d'",
+                              "env must be a gin reference")):
+        with pytest.raises(ValueError, match=f"maml_rl_experiment.{pattern}"):
+            harness.run(maml_rl.maml_rl_experiment, config, [binding], str(tmp_path / "out"))
+        assert not (tmp_path / "out").exists()
+
+
+def test_eager_rollouts_and_inner_steps_log_no_retracing():
+    """Called eagerly again and again (a user's loop), `rollout` runs one compiled loop and
+    `inner_step` traces nothing: TensorFlow logs no retracing warning."""
+    env = rl.Navigation2D(horizon=2, dtype="float64")
+    policy = tiny_policy(8)
+    tasks, theta = env.sample_tasks(0, 2), hogrod.trainable_values(policy)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    tf.get_logger().addHandler(handler)
+    try:
+        for seed in range(7):
+            episodes = rl.rollout(env, policy, tasks, seed, 2)
+            rl.inner_step(policy, theta, rl.Trajectories(*[f[0] for f in episodes]), 0.1, 0.9)
+    finally:
+        tf.get_logger().removeHandler(handler)
+    assert not [r.getMessage() for r in records if "retracing" in r.getMessage()]

@@ -213,8 +213,8 @@ def own_policy_on_navigation(horizon, batch):
     for name in names:
         assert np.allclose(grads[name], want[name], rtol=1e-10, atol=1e-12), name
 
-    # MAML-RL's inner step: params + step_size * that gradient (no baseline here)
-    adapted = rl.inner_step(policy, params, episodes, step_size=0.1, discount=0.99)
+    # MAML-RL's inner step: params + inner_lr * that gradient (no baseline here)
+    adapted = rl.inner_step(policy, params, episodes, inner_lr=0.1, discount=0.99)
     for name, new, old in zip(names, adapted, params):
         assert np.allclose(new, old + 0.1 * want[name], rtol=1e-10, atol=1e-12), name
     return {"return": float(np.mean(np.sum((episodes.rewards * episodes.mask).numpy(), 1)))}

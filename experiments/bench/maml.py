@@ -49,7 +49,7 @@ from experiments.bench.timing import interleaved_rates
 from hogrod.models import conv4, cross_entropy, mlp, mse
 import hogrod
 from hogrod import checks, harness, meta, train
-from hogrod.meta.common import check_task_map
+from hogrod.taskmap import check_task_map
 
 PROBLEMS = ("sinusoid", "omniglot")
 # The largest relative difference of the meta-gradients accepted: in float32 by problem,

@@ -71,7 +71,7 @@ def fixed_batch(algo, tasks):
         length = tf.reduce_sum(e.mask) / algo.batch
         values.append(v)
         scales.append(1.0 / (length * (std + tf.constant(1e-8, std.dtype))))
-        fast.append(rl.inner_step(policy, params, e, algo.step_size, d, v, lam, scales[-1]))
+        fast.append(rl.inner_step(policy, params, e, algo.inner_lr, d, v, lam, scales[-1]))
     fast = [tf.stack(p) for p in zip(*fast)]
     outer = rl.rollout(algo.env, policy, tasks, 2, algo.batch, algo.horizon, fast, True)
     advantages, old = [], []
@@ -84,7 +84,7 @@ def fixed_batch(algo, tasks):
                         tf.stack(advantages), tuple(tf.stack(f) for f in zip(*old)))
 
 
-def setup(dtype, meta_batch, batch, horizon, step_size, task_map="vectorized",
+def setup(dtype, meta_batch, batch, horizon, inner_lr, task_map="vectorized",
           jit_compile=False):
     """The policy, `MamlRL`, its fixed `MetaBatch` and the compiled meta-gradient.
 
@@ -93,7 +93,7 @@ def setup(dtype, meta_batch, batch, horizon, step_size, task_map="vectorized",
       meta_batch: tasks.
       batch: episodes per task.
       horizon: steps per episode.
-      step_size: the inner step.
+      inner_lr: the inner step.
       task_map: `MamlRL`'s `task_map`, "vectorized" or "sequential".
       jit_compile: compile the meta-gradient with XLA, as `MamlRL(jit_compile=True)` does.
 
@@ -107,7 +107,7 @@ def setup(dtype, meta_batch, batch, horizon, step_size, task_map="vectorized",
                                init_std=1.0, dtype=dtype)
     policy.build((None, 2))
     algo = rl.MamlRL(env, policy, meta_batch=meta_batch, batch=batch, horizon=horizon,
-                     step_size=step_size, task_map=task_map)
+                     inner_lr=inner_lr, task_map=task_map)
     params = [tf.convert_to_tensor(v) for v in policy.trainable_variables]
     data = fixed_batch(algo, env.sample_tasks(0, meta_batch))
 
@@ -182,7 +182,7 @@ def torch_meta_grad(policy, algo, data, threads=None):
 
     def task(p, obs, act, r, m, v, scale, o_obs, o_act, o_lp, adv, o_m):
         g = grad(dice)(p, obs, act, r, m, v, scale)
-        fast = {n: p[n] + algo.step_size * g[n] for n in p}
+        fast = {n: p[n] + algo.inner_lr * g[n] for n in p}
         ratio = torch.exp(log_prob(fast, o_obs, o_act) - o_lp)
         return (ratio * adv * o_m).sum() / torch.clamp(o_m.sum(), min=1.0)
 
@@ -225,7 +225,7 @@ def gym_navigation(n):
 
 
 @gin.configurable
-def bench_maml_rl(output_dir, meta_batch=20, batch=20, horizon=100, step_size=0.1,
+def bench_maml_rl(output_dir, meta_batch=20, batch=20, horizon=100, inner_lr=0.1,
                   rounds=10, steps_per_round=5, warmup=3, env_rounds=3,
                   vector_envs=("sync",), check_float64=True, torch_threads=None,
                   task_map="vectorized", jit_compile=False):
@@ -236,7 +236,7 @@ def bench_maml_rl(output_dir, meta_batch=20, batch=20, horizon=100, step_size=0.
       meta_batch: tasks (20 in MAML).
       batch: episodes per task (20).
       horizon: steps per episode (100).
-      step_size: the inner step (0.1).
+      inner_lr: the inner step (0.1).
       rounds: interleaved rounds of the meta-gradient timing.
       steps_per_round: meta-gradients per candidate per round.
       warmup: untimed calls of each meta-gradient first (of each rollout: at most 1).
@@ -256,7 +256,7 @@ def bench_maml_rl(output_dir, meta_batch=20, batch=20, horizon=100, step_size=0.
     metrics = {"grad_rel_err_float64": None, "grad_rel_err_float32": None,
                "steps_per_s_torch_func": None, "ratio_hogrod_over_torch_func": None,
                "torch": None, "torch_threads": None}
-    sizes = (meta_batch, batch, horizon, step_size, task_map, jit_compile)
+    sizes = (meta_batch, batch, horizon, inner_lr, task_map, jit_compile)
     for dtype in ("float64", "float32") if check_float64 else ("float32",):
         policy, algo, data, params, meta_grad = setup(dtype, *sizes)
         peer = torch_meta_grad(policy, algo, data, torch_threads)

@@ -1,12 +1,13 @@
 """MAML-RL on 2D navigation against the MAML paper's baselines (its Figure 4): the mean
-held-out return after 0..`steps` policy-gradient steps of a MAML policy, a policy pretrained
-by TRPO on all goals with the same budget (500 meta-iterations or 30 minutes of them; its
-iterations sample one batch of episodes per task where MAML's sample two, so it takes more
-of them), a random initialization, and an oracle policy that observes the goal, over seeds. The
-policies in `flat` (the oracle) are evaluated without adaptation (`eval_steps = 0`): one
-that observes its goal has nothing to adapt, and a policy-gradient step on its near-constant
-advantages, normalized by their standard deviation, is a step of arbitrary size; their
-return is drawn flat across the steps, as the MAML paper's figure draws the oracle.
+held-out return after each count in `steps` of policy-gradient steps of a MAML policy, a
+policy pretrained by TRPO on all goals with the same budget (500 meta-iterations or 30
+minutes of them; its iterations sample one batch of episodes per task where MAML's sample
+two, so it takes more of them), a random initialization, and an oracle policy that
+observes the goal, over seeds. The policies in `flat` (the oracle) are evaluated without
+adaptation (`eval_steps = (0,)`): one that observes its goal has nothing to adapt, and a
+policy-gradient step on its near-constant advantages, normalized by their standard
+deviation, is a step of arbitrary size; their return is drawn flat across the steps, as the
+MAML paper's figure draws the oracle.
 
 Each (policy, seed) is one `python -m experiments.maml_rl` run of the policy's config, in
 `<output_dir>/<policy>/seed<k>/`, with `maml_rl_experiment.seed = k` (every policy of a seed
@@ -18,8 +19,8 @@ the driver can be stopped and started again. It writes metrics.json
 with, per policy, `{policy}_return_after_{s}` (the mean over seeds of each seed's mean over
 the held-out goals), `{policy}_return_after_{s}_ci95` (Student's t 95% interval over the
 seeds' means), `{policy}_meta_iterations` and `{policy}_train_seconds` (per seed);
-`figure4_ordering` (MAML's mean after one step above pretrained's and random's after
-`steps`) and navigation2d_baselines.png:
+`figure4_ordering` (MAML's mean after one step above pretrained's and random's after the
+largest count of `steps`) and navigation2d_baselines.png:
 
     python -m experiments.bench.navigation2d_baselines \
         --gin_file=experiments/bench/configs/navigation2d_baselines.gin
@@ -58,8 +59,12 @@ def _check(policies, seeds, steps, extra_params):
             or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
                        for s in seeds)):
         raise ValueError(f"{where}.seeds must be distinct integer seeds >= 0, got {seeds!r}")
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise ValueError(f"{where}.steps must be an int >= 1, got {steps!r}")
+    if (not isinstance(steps, (tuple, list)) or 1 not in steps or list(steps) != sorted(
+            set(steps)) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
+                                   for s in steps)):
+        raise ValueError(f"{where}.steps must be increasing inner-step counts (ints >= 0) "
+                         f"with 1 among them (the figure's ordering), e.g. (0, 1, 2, 3); "
+                         f"got {steps!r}")
     if not isinstance(extra_params, (tuple, list)) or not all(
             isinstance(p, str) for p in extra_params):
         raise ValueError(f"{where}.extra_params must be a tuple of gin bindings, got "
@@ -80,19 +85,20 @@ def summarize(per_policy, steps, flat=()):
     after 0 steps only)."""
     out = {}
     for name, per_seed in per_policy.items():
-        for s in range(1 if name in flat else steps + 1):
+        for s in (0,) if name in flat else steps:
             key = f"return_after_{s}"
             missing = [i for i, m in enumerate(per_seed) if key not in m]
             if missing:
                 raise ValueError(f"the {name} runs of seeds at positions {missing} report no "
-                                 f"{key}: their eval_steps must be at least {steps}")
+                                 f"{key}: their eval_steps must include {tuple(steps)}")
             out[f"{name}_{key}"], out[f"{name}_{key}_ci95"] = seed_interval(
                 [m[key] for m in per_seed])
         out[f"{name}_meta_iterations"] = [m["meta_iterations"] for m in per_seed]
         out[f"{name}_train_seconds"] = [m.get("train_seconds") for m in per_seed]
+    last = max(steps)
     out["figure4_ordering"] = bool(
-        out["maml_return_after_1"] > out[f"pretrained_return_after_{steps}"]
-        and out["maml_return_after_1"] > out[f"random_return_after_{steps}"])
+        out["maml_return_after_1"] > out[f"pretrained_return_after_{last}"]
+        and out["maml_return_after_1"] > out[f"random_return_after_{last}"])
     return out
 
 
@@ -100,7 +106,7 @@ def plot(path, metrics, policies, steps, flat=()):
     """Mean held-out return against inner steps per policy, 95% intervals over seeds (a
     `flat` policy's return after 0 steps drawn at every step)."""
     fig, ax = plt.subplots(figsize=(5, 4))
-    x = np.arange(steps + 1)
+    x = np.asarray(steps)
     for name in policies:
         at = [0 if name in flat else s for s in x]
         mean = np.array([metrics[f"{name}_return_after_{s}"] for s in at])
@@ -141,8 +147,8 @@ def run_one(output_dir, config, gin_params):
 
 
 @gin.configurable
-def bench_navigation2d_baselines(output_dir, policies=gin.REQUIRED, seeds=(0, 1, 2), steps=3,
-                                 extra_params=(), flat=("oracle",)):
+def bench_navigation2d_baselines(output_dir, policies=gin.REQUIRED, seeds=(0, 1, 2),
+                                 steps=(0, 1, 2, 3), extra_params=(), flat=("oracle",)):
     """Run (or resume, or keep) every (policy, seed) and compare them.
 
     Args:
@@ -150,7 +156,8 @@ def bench_navigation2d_baselines(output_dir, policies=gin.REQUIRED, seeds=(0, 1,
       policies: {name: gin file of experiments/maml_rl.py, from the repository's root};
         "maml", "pretrained" and "random" are needed (and usually "oracle").
       seeds: the seeds, each a `maml_rl_experiment.seed`.
-      steps: the inner steps compared (each config's `eval_steps` at least this).
+      steps: the inner-step counts compared, increasing, 1 among them (each config's
+        `eval_steps` includes them).
       extra_params: gin bindings added to every run (e.g. a shorter budget for a smoke run).
       flat: policies evaluated without adaptation (see the module docstring).
 
@@ -169,11 +176,13 @@ def bench_navigation2d_baselines(output_dir, policies=gin.REQUIRED, seeds=(0, 1,
         for seed in seeds:
             out = os.path.join(output_dir, name, f"seed{seed}")
             m = run_one(out, config, [f"maml_rl_experiment.seed = {seed}"] + list(extra_params))
-            if name not in flat and f"return_after_{steps}" not in m:
-                raise ValueError(f"{out} reports no return_after_{steps}: the config "
+            lacking = [s for s in ((0,) if name in flat else steps)
+                       if f"return_after_{s}" not in m]
+            if lacking:
+                raise ValueError(f"{out} reports no return_after_{lacking[0]}: the config "
                                  f"{config} (policies[{name!r}]) must bind "
-                                 f"maml_rl_experiment.eval_steps >= {steps}, or lower "
-                                 "bench_navigation2d_baselines.steps")
+                                 f"maml_rl_experiment.eval_steps to include {tuple(steps)}, "
+                                 "or change bench_navigation2d_baselines.steps")
             per_policy[name].append(m)
     metrics = summarize(per_policy, steps, flat)
     plot(os.path.join(output_dir, "navigation2d_baselines.png"), metrics, policies, steps,

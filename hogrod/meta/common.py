@@ -1,32 +1,26 @@
-"""What every meta-learning algorithm shares: the `Algorithm` it returns, the task
-mappings (`MODES`: vectorized, sequential or recomputed; each algorithm's `task_map`
-argument), the per-pass seeds of random layers, the eager-call compilation and
-`meta_gradient`.
+"""What every meta-learning algorithm shares: the `Algorithm` it returns, the per-pass
+seeds of random layers, the eager-call compilation and `meta_gradient`.
 
 An algorithm's per-task computation is `fn(task, seeds, params)`: `task` one
 (x_support, y_support, x_query, y_query), `seeds` that task's seeds for its forward
 passes (`pass_seed` picks one; None without random layers), `params` the model's weights
-as read once per meta-batch (what the meta-gradient reaches). `mean_over_tasks` maps it
-over the meta-batch as its mode says and averages every output over the tasks.
+as read once per meta-batch (what the meta-gradient reaches). `hogrod.taskmap`'s
+`mean_over_tasks` maps it over the meta-batch as the algorithm's `task_map` says (one of
+`hogrod.taskmap.MODES`) and averages every output over the tasks.
 """
 
-import contextlib
 import functools
-import logging
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import keras
 import tensorflow as tf
-from absl import logging as absl_logging
-from tensorflow.python.ops.parallel_for import control_flow_ops as pfor_ops
 
 from hogrod import checks, optim
 from hogrod.meta.inner import Rates, adapt, draw_seeds, run
-from hogrod.types import Loss, Params, Tree
+from hogrod.types import Loss
 
-__all__ = ["Algorithm", "MODES", "Tasks", "TaskFn", "check_task_map", "check_loss",
-           "map_tasks", "mean_over_tasks", "task_seeds", "pass_seed", "compiled_when_eager",
-           "query_loss", "adapt_with", "meta_gradient"]
+__all__ = ["Algorithm", "Tasks", "check_loss", "task_seeds", "pass_seed",
+           "compiled_when_eager", "query_loss", "adapt_with", "meta_gradient"]
 
 
 class Algorithm(NamedTuple):
@@ -64,34 +58,8 @@ class Algorithm(NamedTuple):
     state: Sequence[tf.Variable] = ()
 
 
-MODES = ("vectorized", "sequential", "recomputed")
 #: A meta-batch (x_support, y_support, x_query, y_query), each with a leading task axis.
 Tasks = Sequence[tf.Tensor]
-#: The per-task computation `fn(task, seeds, params) -> any nest of tensors`.
-TaskFn = Callable[[Tasks, Optional[tf.Tensor], List[tf.Tensor]], Tree]
-
-
-def check_task_map(task_map: str, where: str) -> str:
-    """The task mapping an algorithm (or the evaluation) was given, checked.
-
-    - 'vectorized': `tf.vectorized_map`, the inner tapes included (fastest for dense
-      nets; memory grows with the meta-batch);
-    - 'sequential': `tf.map_fn`, one task at a time (less memory; faster for conv nets,
-      whose filter gradient pfor runs as a while loop);
-    - 'recomputed': a loop over the tasks, each task's forward pass recomputed in the
-      backward pass (`tf.recompute_grad`): the least memory, one more forward pass.
-
-    Args:
-      task_map: the mode given, one of `MODES`.
-      where: the public function (or gin binding) that takes it, named in the message.
-
-    Returns:
-      `task_map`, unchanged.
-
-    Raises:
-      hogrod.checks.ArgumentError: `task_map` is not one of `MODES`.
-    """
-    return checks.choice(task_map, MODES, "task_map", where)
 
 
 def check_loss(loss: Loss, where: str) -> Loss:
@@ -108,129 +76,6 @@ def check_loss(loss: Loss, where: str) -> Loss:
       hogrod.checks.ArgumentError: `loss` is not callable.
     """
     return checks.function(loss, "loss", where, "loss(y_true, y_pred) -> scalar (a Keras loss)")
-
-
-class _RandomOpLoops(logging.Filter):
-    """Drops pfor's notice that a stateless random op runs as a loop over the tasks: that
-    is how per-task dropout masks are drawn (TF cannot vectorize a per-task seed), not a
-    problem to report on every trace. Every other notice (e.g. a conv gradient run as a
-    loop) passes."""
-
-    def filter(self, record):
-        return "Using a while_loop for converting StatelessRandom" not in record.getMessage()
-
-
-@contextlib.contextmanager
-def _quiet_random_op_loops():
-    logger, quiet = tf.get_logger(), _RandomOpLoops()
-    logger.addFilter(quiet)
-    try:
-        yield
-    finally:
-        logger.removeFilter(quiet)
-
-
-def _signature(fn, elems):
-    probe = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape[1:], t.dtype), elems)
-    out = tf.function(fn).get_concrete_function(probe).structured_outputs
-    return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), out)
-
-
-def _vectorized_map(fn, elems):
-    """tf.vectorized_map, except in a graph XLA compiles (make_train_step.jit_compile):
-    there tf.vectorized_map wraps its loop in a nested tf.function, and XLA then takes
-    every input of the compiled step (the data, the weights) as a compile-time constant,
-    compiling it anew on every step. The same pfor loop, not wrapped, compiles once."""
-    under_xla = getattr(pfor_ops, "_is_under_xla_context", None)
-    if tf.executing_eagerly() or under_xla is None or not under_xla():
-        return tf.vectorized_map(fn, elems)
-    loop = getattr(pfor_ops, "_pfor_impl", None)
-    if loop is None:  # a TensorFlow without it: sequential, still compiled once
-        absl_logging.warning("this TensorFlow has no unwrapped pfor; under XLA the tasks "
-                             "are mapped sequentially (tf.map_fn)")
-        return tf.map_fn(fn, elems, fn_output_signature=_signature(fn, elems))
-    flat = tf.nest.flatten(elems)
-    n = flat[0].shape[0] if flat[0].shape[0] is not None else tf.shape(flat[0])[0]
-    return loop(lambda i: fn(tf.nest.map_structure(lambda t: tf.gather(t, i), elems)), n,
-                fallback_to_while_loop=True)
-
-
-def _recomputed(fn, tasks, seeds, params):
-    """A Python loop over the tasks (recompute_grad inside a while loop cannot capture
-    BatchNorm's state variables), each task's forward pass recomputed in the backward."""
-    n = tasks[0].shape[0]
-    if n is None:
-        raise ValueError("task_map='recomputed' needs a meta-batch of static size "
-                         f"(the tasks' leading axis), got shape {tasks[0].shape}; use "
-                         "'sequential' for a dynamic one")
-    params, k = list(params), len(params)
-    per_task = []
-    for i in range(n):
-        seed = None if seeds is None else seeds[i]
-        task = tf.nest.map_structure(lambda t: t[i], tasks)
-
-        def forward(*args, seed=seed, task=task):
-            return tf.nest.flatten(fn(tf.nest.pack_sequence_as(task, list(args[k:])), seed,
-                                      list(args[:k])))
-
-        # recompute_grad runs its forward pass with every tape stopped, the inner loop's
-        # included: its value is the loss without adaptation. Its gradient (a
-        # recomputation under a live tape) is right; the value comes from a forward pass
-        # on constants, which keeps nothing for the backward pass.
-        grad_only = tf.recompute_grad(forward)(*params, *tf.nest.flatten(task))
-        value = fn(task, seed, [tf.stop_gradient(p) for p in params])
-        per_task.append(tf.nest.pack_sequence_as(value, [
-            tf.stop_gradient(v) + (g - tf.stop_gradient(g))
-            for v, g in zip(tf.nest.flatten(value), grad_only)]))
-    return tf.nest.map_structure(lambda *v: tf.stack(v), *per_task)
-
-
-def map_tasks(fn: TaskFn, tasks: Tasks, seeds: Optional[tf.Tensor] = None, params: Params = (),
-              mode: str = "vectorized") -> Tree:
-    """`fn(task, seeds, params)` for every task of the meta-batch, stacked on a task axis.
-
-    Args:
-      fn: `fn(task, seeds, params)`, the per-task computation (any nest of tensors out);
-        it gets one task, that task's row of `seeds` (or None) and `params`.
-      tasks: (x_support, y_support, x_query, y_query), each with a leading task axis.
-      seeds: None, or one row per task (`task_seeds`), [tasks, passes, generators, 2].
-      params: the weights fn differentiates through, given as is to every task (and the
-        arguments `tf.recompute_grad` recomputes for in mode 'recomputed').
-      mode: one of `MODES`.
-
-    Returns:
-      fn's outputs, stacked on a leading task axis.
-    """
-    check_task_map(mode, "map_tasks")
-    if mode == "recomputed":
-        return _recomputed(fn, tasks, seeds, params)
-    params = list(params)
-    if seeds is None:
-        elems, call = tasks, lambda t: fn(t, None, params)  # noqa: E731
-    else:
-        elems, call = (tasks, seeds), lambda e: fn(e[0], e[1], params)  # noqa: E731
-    if mode == "vectorized":
-        with _quiet_random_op_loops():
-            return _vectorized_map(call, elems)
-    return tf.map_fn(call, elems, fn_output_signature=_signature(call, elems))
-
-
-def mean_over_tasks(fn: TaskFn, tasks: Tasks, seeds: Optional[tf.Tensor] = None,
-                    params: Params = (), mode: str = "vectorized") -> Tree:
-    """`map_tasks`, every output averaged over the task axis.
-
-    Args:
-      fn: `fn(task, seeds, params)`, as for `map_tasks`.
-      tasks: the meta-batch, as for `map_tasks`.
-      seeds: None, or [tasks, passes, generators, 2], as for `map_tasks`.
-      params: the weights fn differentiates through, as for `map_tasks`.
-      mode: one of `MODES`.
-
-    Returns:
-      fn's outputs, each the mean over the tasks.
-    """
-    return tf.nest.map_structure(lambda t: tf.reduce_mean(t, axis=0),
-                                 map_tasks(fn, tasks, seeds, params, mode))
 
 
 def task_seeds(model: keras.Model, tasks: Tasks, passes: int) -> Optional[tf.Tensor]:

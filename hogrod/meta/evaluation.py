@@ -19,25 +19,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hogrod import checks
-from hogrod.meta.common import (Algorithm, Tasks, check_loss, check_task_map, map_tasks,
-                                pass_seed)
+from hogrod import checks, taskmap
+from hogrod.meta.common import Algorithm, Tasks, check_loss, pass_seed
 from hogrod.meta.inner import evaluation_seeds, run
 from hogrod.types import Loss
 
 __all__ = ["evaluate", "evaluator"]
-
-
-def _steps(steps):
-    if isinstance(steps, (str, bytes)) or not hasattr(steps, "__iter__"):
-        raise checks.ArgumentError(f"hogrod.meta.evaluate: steps must be a sequence of "
-                                   f"integers >= 0, got {steps!r}")
-    steps = tuple(steps)
-    if not steps:
-        raise checks.ArgumentError("hogrod.meta.evaluate: steps is empty; give the numbers "
-                                   "of adaptation steps to evaluate after, e.g. (0, 1, 10)")
-    return tuple(checks.integer(s, f"steps[{i}]", "hogrod.meta.evaluate")
-                 for i, s in enumerate(steps))
 
 
 @gin.configurable
@@ -73,12 +60,13 @@ def evaluator(algorithm: Algorithm, model: keras.Model, loss: Loss,
         raise checks.ArgumentError(f"{where}: algorithm must be a hogrod.meta Algorithm (e.g. "
                                    f"meta.maml(model, loss)), got {type(algorithm).__name__}")
     check_loss(loss, where)
-    steps = _steps(steps)
+    steps = checks.counts(steps, "steps", where)
     if not isinstance(accuracy, bool):
         raise checks.ArgumentError(f"{where}: accuracy must be True or False, got "
                                    f"{accuracy!r}")
     # 'recomputed' only saves memory in a backward pass; an evaluation has none
-    mode = "sequential" if check_task_map(task_map, where) == "recomputed" else task_map
+    recomputed = taskmap.check_task_map(task_map, where) == "recomputed"
+    mode = "sequential" if recomputed else task_map
     seed = checks.seed(seed, "seed", where)
 
     def per_task(task, seeds, s):
@@ -100,7 +88,8 @@ def evaluator(algorithm: Algorithm, model: keras.Model, loss: Loss,
     def evaluate_after(tasks, s):
         # the adaptation steps, then the query: s + 1 passes per task (2 at 0 steps)
         seeds = evaluation_seeds(model, tf.shape(tasks[0])[0], s + 1 if s else 2, seed)
-        return map_tasks(lambda task, sd, _: per_task(task, sd, s), tasks, seeds, mode=mode)
+        return taskmap.map_tasks(lambda task, sd, _: per_task(task, sd, s), tasks, seeds,
+                                 mode=mode)
 
     compiled = {s: tf.function(lambda t, s=s: evaluate_after(tuple(t), s)) for s in steps}
 

@@ -25,10 +25,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hogrod import checks
+from hogrod import checks, taskmap
 from hogrod.meta import heads
-from hogrod.meta.common import (Algorithm, check_loss, check_task_map, compiled_when_eager,
-                                map_tasks, pass_seed, task_seeds)
+from hogrod.meta.common import (Algorithm, check_loss, compiled_when_eager, pass_seed,
+                                task_seeds)
 from hogrod.meta.inner import initial_params, run
 from hogrod.types import Loss
 
@@ -70,7 +70,7 @@ def _headed(model, loss, fit, logits_of, variables, task_map, where):
     `logits_of(solution, query) -> logits`, each on `[..., n, d]` embeddings with any
     leading axes (the meta-batch's tasks in `meta_loss`, none in `adapt`)."""
     check_loss(loss, where)
-    mode = check_task_map(task_map, where)
+    mode = taskmap.check_task_map(task_map, where)
     if not model.trainable_variables:
         raise checks.ArgumentError(f"{where}: the model has no trainable variables (not "
                                    "built?); give a built embedding network")
@@ -80,8 +80,9 @@ def _headed(model, loss, fit, logits_of, variables, task_map, where):
         params = initial_params(model)  # read once, under the train step's tape
         seeds = task_seeds(model, tasks, 2)  # the support pass, then the query pass
         # only the inputs are mapped (the labels go to the head, outside the mapping)
-        support, query = map_tasks(lambda inputs, s, p: _embeddings(model, p, inputs, s),
-                                   (tasks[0], tasks[2]), seeds, params, mode)
+        support, query = taskmap.map_tasks(
+            lambda inputs, s, p: _embeddings(model, p, inputs, s), (tasks[0], tasks[2]), seeds,
+            params, mode)
         # the classes of the support AND query labels: a class only a query holds is then
         # the head's error (no support examples), never a silently smaller n_way
         n_way = _classes(tf.concat([tf.reshape(tasks[1], [-1]),

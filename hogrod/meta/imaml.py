@@ -7,9 +7,9 @@ import gin
 import keras
 import tensorflow as tf
 
-from hogrod import autodiff, checks, implicit, linalg, tree
-from hogrod.meta.common import (Algorithm, check_loss, check_task_map, compiled_when_eager,
-                                mean_over_tasks, pass_seed, query_loss, task_seeds)
+from hogrod import autodiff, checks, implicit, linalg, taskmap, tree
+from hogrod.meta.common import (Algorithm, check_loss, compiled_when_eager, pass_seed,
+                                query_loss, task_seeds)
 from hogrod.meta.inner import as_dtype, initial_params, run
 from hogrod.types import Loss, Scalar
 
@@ -70,7 +70,7 @@ def imaml(model: keras.Model, loss: Loss, inner_lr: Scalar = 0.01, inner_steps: 
     """
     where = "hogrod.meta.imaml"
     check_loss(loss, where)
-    mode = check_task_map(task_map, where)
+    mode = taskmap.check_task_map(task_map, where)
     inner_steps = checks.integer(inner_steps, "inner_steps", where)
     maxiter = checks.integer(maxiter, "maxiter", where, least=1)
     curvature_probes = checks.integer(curvature_probes, "curvature_probes", where)
@@ -122,7 +122,7 @@ def imaml(model: keras.Model, loss: Loss, inner_lr: Scalar = 0.01, inner_steps: 
 
     def meta_loss(tasks, step=None):  # step: unused
         seeds = task_seeds(model, tasks, inner_steps + 3)
-        return mean_over_tasks(task_loss, tasks, seeds, initial_params(model), mode)
+        return taskmap.mean_over_tasks(task_loss, tasks, seeds, initial_params(model), mode)
 
     def adapt_eval(support, steps, seeds=None):  # the inner problem iMAML was meta-trained for
         return prox.solve(support, initial_params(model), steps, seeds)

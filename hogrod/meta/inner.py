@@ -21,9 +21,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-import hogrod
-from hogrod import checks, optim
-from hogrod.types import Batch, DType, Loss, Params, Scalar, Seed, TensorLike
+from hogrod import autodiff, checks, functional, optim
+from hogrod.types import Batch, DType, Loss, Objective, Params, Scalar, TensorLike
 
 __all__ = ["Rates", "adapt", "initial_params", "as_dtype", "seed_slots", "draw_seeds",
            "evaluation_seeds", "seeded_state", "run"]
@@ -159,14 +158,14 @@ def seeded_state(model: keras.Model, seed: Optional[tf.Tensor],
     Args:
       model: a built Keras 3 model.
       seed: None, or one pass's seeds [generators, 2] (a slice of `draw_seeds`).
-      state: the state to start from (None: `hogrod.model_state(model)`).
+      state: the state to start from (None: `functional.model_state(model)`).
 
     Returns:
       the state as a list, or `state` unchanged when `seed` is None.
     """
     if seed is None:
         return state
-    state = hogrod.model_state(model) if state is None else list(state)
+    state = functional.model_state(model) if state is None else list(state)
     for g, i in enumerate(seed_slots(model)):
         state[i] = seed[g]
     return state
@@ -190,8 +189,8 @@ def run(model: keras.Model, params: Sequence[TensorLike], x: Batch, training: bo
     """
     state = seeded_state(model, seed, state)
     if state is None:
-        return hogrod.functional_call(model, params, x, training=training)
-    return hogrod.functional_call(model, params, x, training=training, state=state)[0]
+        return functional.functional_call(model, params, x, training=training)
+    return functional.functional_call(model, params, x, training=training, state=state)[0]
 
 
 def _rates(inner_lr, step, params):
@@ -204,64 +203,79 @@ def _rates(inner_lr, step, params):
     return [lr] * len(params)
 
 
-def adapt(model: keras.Model, loss: Loss, support: Sequence[TensorLike], inner_lr: Rates,
-          steps: int = 1, first_order: bool = False, params: Optional[Params] = None,
+def adapt(model: keras.Model, loss: Optional[Loss], support: Any, inner_lr: Rates,
+          inner_steps: int = 1, first_order: bool = False, params: Optional[Params] = None,
           training: bool = True, seeds: Optional[tf.Tensor] = None,
-          optimizer: Optional[optim.Optimizer] = None) -> List[tf.Tensor]:
-    """Fast weights after `steps` gradient steps on `support`.
+          optimizer: Optional[optim.Optimizer] = None,
+          objective: Optional[Objective] = None) -> List[tf.Tensor]:
+    """Fast weights after `inner_steps` gradient steps on `support`.
+
+    Each step descends either a Keras `loss` of the model's outputs on the support set,
+    ``loss(y, model(x))`` at the current fast weights, or any per-task `objective(params,
+    support) -> scalar` (minimized; e.g. MAML-RL's negated, scaled DiCE surrogate of one
+    task's episodes, `hogrod.rl.inner_step`): exactly one of the two.
 
     Args:
-      model: a built Keras 3 model.
-      loss: a Keras loss `loss(y_true, y_pred) -> scalar`.
-      support: `(x, y)`, the support inputs and targets.
+      model: a built Keras 3 model (with `objective`: the model whose
+        `trainable_variables` `params` stands for; its variables start the steps when
+        `params` is None and name a parameter the objective ignores).
+      loss: a Keras loss `loss(y_true, y_pred) -> scalar`, or None with `objective`.
+      support: with `loss`, `(x, y)`, the support inputs and targets; with `objective`,
+        anything `objective` takes (a nest of tensors).
       inner_lr: a scalar; or a list with one rate per param (a scalar or a tensor
         broadcastable to the param, as Meta-SGD learns; None freezes that param, as ANIL
         does for the body); or a callable `inner_lr(step)` returning either (MAML++'s
         per-step rates).
-      steps: number of inner gradient steps.
+      inner_steps: number of inner gradient steps, an int >= 0.
       first_order: stop gradients through the inner gradients (FOMAML).
       params: starting weights; None means the model's trainable variables, read under
         the caller's tape so the meta-gradient reaches them.
-      training: passed to the model (True: BatchNorm uses the support batch's statistics,
-        the transductive setting of MAML).
-      seeds: None (random layers use the model's seed states, the same masks every step),
-        or one seed per step for the random layers, [steps, generators, 2] (`draw_seeds`).
+      training: passed to the model with `loss` (True: BatchNorm uses the support batch's
+        statistics, the transductive setting of MAML).
+      seeds: with `loss`, None (random layers use the model's seed states, the same masks
+        every step), or one seed per step for the random layers, [inner_steps, generators,
+        2] (`draw_seeds`); None with `objective` (which draws what it needs itself).
       optimizer: None (plain gradient steps at `inner_lr`), or a `hogrod.optim` optimizer
         (`hogrod.optim.adam(0.01)`, ...) that takes the inner steps instead; then
         `inner_lr` must be None (the optimizer's learning rate is the step size) and every
         param is updated. Its state starts at `optimizer.init(params)` and is threaded
         through the steps; the outer tape differentiates through it (and through the
         optimizer's hyperparameters, when they are watched tensors or variables).
+      objective: None (with `loss`), or `objective(params, support) -> scalar`, minimized,
+        `params` a list like the fast weights; it must compute from every param given a
+        nonzero rate (a param it ignores is an error: its step would be a silent zero).
 
     Returns:
       the fast weights, a list of tensors in `model.trainable_variables` order.
 
     Raises:
-      hogrod.checks.ArgumentError: `loss` is not callable or `steps` is not an integer
-        >= 0.
+      hogrod.checks.ArgumentError: both or neither of `loss` and `objective`, either not
+        callable, `seeds` with `objective`, `inner_steps` not an integer >= 0, or an
+        objective that does not depend on a param it steps (named).
       ValueError: a list `inner_lr` whose length is not the number of params, or an
         `inner_lr` given with an optimizer.
       TypeError: `optimizer` is not a `hogrod.optim` optimizer.
     """
-    checks.function(loss, "loss", "hogrod.meta.adapt", "loss(y_true, y_pred) -> scalar")
-    steps = checks.integer(steps, "steps", "hogrod.meta.adapt")
-    x, y = support
+    where = "hogrod.meta.adapt"
+    inner_steps = checks.integer(inner_steps, "inner_steps", where)
     fast = initial_params(model) if params is None else list(params)
+    step_objective = _step_objective(model, loss, objective, support, training, seeds, where)
     if optimizer is not None:
-        return _adapt_with(optimizer, model, loss, x, y, inner_lr, steps, first_order,
-                           fast, training, seeds)
-    for step in range(steps):
+        return _adapt_with(optimizer, step_objective, inner_lr, inner_steps, first_order,
+                           fast)
+    for step in range(inner_steps):
         rates = _rates(inner_lr, step, fast)
         active = [i for i, r in enumerate(rates) if r is not None]
 
-        def support_loss(sub, fast=fast, seed=None if seeds is None else seeds[step]):
+        def value(sub, fast=fast, step=step):
             full = list(fast)
             for i, p in zip(active, sub):
                 full[i] = p
-            return loss(y, run(model, full, x, training, seed))
+            return step_objective(full, step)
 
         sub = [fast[i] for i in active]
-        grads = hogrod.grad(lambda: support_loss(sub), sub)
+        grads = _grads(lambda: value(sub), sub, objective is not None, model,
+                       active, where)
         if first_order:
             grads = [tf.stop_gradient(g) for g in grads]
         fast = list(fast)
@@ -270,20 +284,56 @@ def adapt(model: keras.Model, loss: Loss, support: Sequence[TensorLike], inner_l
     return fast
 
 
-def _adapt_with(optimizer, model, loss, x, y, inner_lr, steps, first_order, fast, training,
-                seeds):
+def _step_objective(model, loss, objective, support, training, seeds, where):
+    """`(fast, step) -> scalar`, the value an inner step descends, after the checks of
+    `adapt`'s exactly-one-of `loss` and `objective`."""
+    if (loss is None) == (objective is None):
+        raise checks.ArgumentError(
+            f"{where}: give exactly one of loss (a Keras loss of the model's outputs on "
+            "support = (x, y)) and objective (objective(params, support) -> scalar), got "
+            + ("both" if loss is not None else "neither"))
+    if objective is not None:
+        checks.function(objective, "objective", where, "objective(params, support) -> scalar")
+        if seeds is not None:
+            raise checks.ArgumentError(f"{where}: seeds are for the model's random layers "
+                                       "under `loss`; an objective draws its own (pass "
+                                       "seeds=None)")
+        return lambda fast, step: objective(fast, support)
+    checks.function(loss, "loss", where, "loss(y_true, y_pred) -> scalar")
+    x, y = support
+    return lambda fast, step: loss(y, run(model, fast, x, training,
+                                          None if seeds is None else seeds[step]))
+
+
+def _grads(fn, params, named, model, indices, where):
+    """`autodiff.grad(fn, params)`; with `named` (an objective), a param `fn` ignores is an
+    ArgumentError naming it (the model's variable at that position)."""
+    if not named:
+        return autodiff.grad(fn, params)
+    grads = autodiff.grad(fn, params, unconnected="none")
+    variables = model.trainable_variables
+    for g, i in zip(grads, indices):
+        if g is None:
+            name = variables[i].path if i < len(variables) else f"params[{i}]"
+            raise checks.ArgumentError(
+                f"{where}: the objective's values do not depend on parameter {name!r} "
+                f"(params[{i}]), so its inner step would be a silent zero: "
+                "objective(params, support) must compute from params (e.g. through "
+                "hogrod.functional_call or a policy's distribution(observations, params))")
+    return grads
+
+
+def _adapt_with(optimizer, step_objective, inner_lr, inner_steps, first_order, fast):
     """`adapt`'s inner loop with a `hogrod.optim` optimizer's steps, its state threaded."""
-    if not isinstance(optimizer, hogrod.optim.Optimizer):
+    if not isinstance(optimizer, optim.Optimizer):
         raise TypeError("adapt: optimizer must be a hogrod.optim optimizer "
                         f"(hogrod.optim.sgd/adam/adamw/rmsprop(...)), got {optimizer!r}")
     if inner_lr is not None:
         raise ValueError("adapt: pass inner_lr=None with an optimizer (its learning_rate is "
                          f"the step size); got inner_lr={inner_lr!r}")
     state = optimizer.init(fast)
-    for step in range(steps):
-        seed = None if seeds is None else seeds[step]
-        grads = hogrod.grad(lambda fast=fast, seed=seed: loss(
-            y, run(model, fast, x, training, seed)), fast)
+    for step in range(inner_steps):
+        grads = autodiff.grad(lambda fast=fast, step=step: step_objective(fast, step), fast)
         if first_order:
             grads = [tf.stop_gradient(g) for g in grads]
         fast, state = optimizer.update(list(grads), state, fast)

@@ -8,10 +8,9 @@ import gin
 import keras
 import tensorflow as tf
 
-from hogrod import checks, optim
-from hogrod.meta.common import (Algorithm, adapt_with, check_loss, check_task_map,
-                                compiled_when_eager, mean_over_tasks, pass_seed, query_loss,
-                                task_seeds)
+from hogrod import checks, optim, taskmap
+from hogrod.meta.common import (Algorithm, adapt_with, check_loss, compiled_when_eager,
+                                pass_seed, query_loss, task_seeds)
 from hogrod.meta.inner import Rates, adapt, initial_params
 from hogrod.types import Loss, Scalar
 
@@ -44,7 +43,7 @@ def unrolled(model: keras.Model, loss: Loss, rates: Rates, inner_steps: int, fir
       hogrod.checks.ArgumentError: a bad `loss`, `task_map` or `inner_steps`, named.
     """
     check_loss(loss, f"hogrod.meta.{where}")
-    check_task_map(task_map, f"hogrod.meta.{where}")
+    taskmap.check_task_map(task_map, f"hogrod.meta.{where}")
     inner_steps = checks.integer(inner_steps, "inner_steps", f"hogrod.meta.{where}", least=1)
 
     def meta_loss(tasks, step=None):  # step: unused (no schedule)
@@ -57,7 +56,7 @@ def unrolled(model: keras.Model, loss: Loss, rates: Rates, inner_steps: int, fir
                          seeds=pass_seed(seeds, 0, inner_steps), optimizer=optimizer)
             return query_loss(model, loss, fast, xq, yq, pass_seed(seeds, inner_steps))
 
-        return {"loss": mean_over_tasks(task_loss, tasks, seeds, params, task_map)}
+        return {"loss": taskmap.mean_over_tasks(task_loss, tasks, seeds, params, task_map)}
 
     return Algorithm(compiled_when_eager(meta_loss),
                      adapt_with(model, loss, rates, optimizer=optimizer), list(variables))

@@ -7,10 +7,9 @@ import gin
 import keras
 import tensorflow as tf
 
-from hogrod import checks, functional
-from hogrod.meta.common import (Algorithm, adapt_with, check_loss, check_task_map,
-                                compiled_when_eager, mean_over_tasks, pass_seed, query_loss,
-                                task_seeds)
+from hogrod import checks, functional, taskmap
+from hogrod.meta.common import (Algorithm, adapt_with, check_loss, compiled_when_eager,
+                                pass_seed, query_loss, task_seeds)
 from hogrod.meta.inner import adapt, as_dtype, initial_params, seeded_state
 from hogrod.types import Loss, Scalar
 
@@ -84,7 +83,7 @@ def maml_plus_plus(model: keras.Model, loss: Loss, inner_lr: Scalar = 0.01,
     """
     where = "hogrod.meta.maml_plus_plus"
     check_loss(loss, where)
-    mode = check_task_map(task_map, where)
+    mode = taskmap.check_task_map(task_map, where)
     inner_steps = checks.integer(inner_steps, "inner_steps", where, least=1)
     multi_step_iterations = checks.integer(multi_step_iterations, "multi_step_iterations",
                                            where)
@@ -154,13 +153,13 @@ def maml_plus_plus(model: keras.Model, loss: Loss, inner_lr: Scalar = 0.01,
 
         first_order = counter < first_order_iterations
         if mode == "recomputed":  # a tf.recompute_grad in a cond's branch has no gradient
-            per_step, stats = mean_over_tasks(lambda t, sd, p: tf.cond(
+            per_step, stats = taskmap.mean_over_tasks(lambda t, sd, p: tf.cond(
                 first_order, lambda: task_losses(t, sd, p, True),
                 lambda: task_losses(t, sd, p, False)), tasks, seeds, params, mode)
         else:  # one cond around the map: no per-task cond for pfor to convert
             per_step, stats = tf.cond(first_order, *[
-                lambda fo=fo: mean_over_tasks(lambda t, sd, p: task_losses(t, sd, p, fo),
-                                              tasks, seeds, params, mode)
+                lambda fo=fo: taskmap.mean_over_tasks(
+                    lambda t, sd, p: task_losses(t, sd, p, fo), tasks, seeds, params, mode)
                 for fo in (True, False)])
         for step_vars, values in zip(step_stats, stats):
             for var, value in zip(step_vars, values):

@@ -4,10 +4,9 @@ import gin
 import keras
 import tensorflow as tf
 
-from hogrod import checks
-from hogrod.meta.common import (Algorithm, adapt_with, check_loss, check_task_map,
-                                compiled_when_eager, mean_over_tasks, pass_seed, query_loss,
-                                task_seeds)
+from hogrod import checks, taskmap
+from hogrod.meta.common import (Algorithm, adapt_with, check_loss, compiled_when_eager,
+                                pass_seed, query_loss, task_seeds)
 from hogrod.meta.inner import adapt, initial_params
 from hogrod.types import Loss, Scalar
 
@@ -38,7 +37,7 @@ def reptile(model: keras.Model, loss: Loss, inner_lr: Scalar = 0.01, inner_steps
       hogrod.checks.ArgumentError: a bad `loss`, `task_map` or `inner_steps`, named.
     """
     check_loss(loss, "hogrod.meta.reptile")
-    check_task_map(task_map, "hogrod.meta.reptile")
+    taskmap.check_task_map(task_map, "hogrod.meta.reptile")
     inner_steps = checks.integer(inner_steps, "inner_steps", "hogrod.meta.reptile", least=1)
 
     def task_loss(task, seeds, params):
@@ -53,6 +52,6 @@ def reptile(model: keras.Model, loss: Loss, inner_lr: Scalar = 0.01, inner_steps
 
     def meta_loss(tasks, step=None):  # step: unused
         seeds = task_seeds(model, tasks, inner_steps + 1)
-        return mean_over_tasks(task_loss, tasks, seeds, initial_params(model), task_map)
+        return taskmap.mean_over_tasks(task_loss, tasks, seeds, initial_params(model), task_map)
 
     return Algorithm(compiled_when_eager(meta_loss), adapt_with(model, loss, inner_lr), [])

@@ -19,9 +19,10 @@
   vector environment stepped on the host (seeded as `rollout`), and MAML's HalfCheetah
   velocity and direction tasks (the optional extra `rl`: gymnasium, mujoco).
 - `natural_step`, `line_search` (`trpo.py`): TRPO's step on Fisher-vector products and its
-  backtracking line search; `MamlRL`, `inner_step` (`maml_rl.py`): MAML-RL with DiCE inner
-  steps and a TRPO or clipped-surrogate outer step, vectorized over tasks, under
-  `tf.distribute`.
+  backtracking line search; `MamlRL` (`maml_rl.py`): MAML-RL, rollouts, the inner step
+  (`inner_step`, `maml_inner.py`: `hogrod.meta.adapt` on a DiCE objective) and a TRPO or
+  clipped-surrogate outer step (`maml_outer.py`), the tasks mapped by `hogrod.taskmap`,
+  under `tf.distribute`.
 - `expected_return` (`exact.py`): the exact expected return of a tabular softmax policy on a
   small MDP, differentiable to every order: the oracle of the estimators.
 - `make_lola_update`, `lola_dice_gradients`, `joint_dice_surrogates`, `sample_ipd`,
@@ -40,7 +41,8 @@ from hogrod.rl.exact import expected_return
 from hogrod.rl.gym import HALFCHEETAH_TASKS, HalfCheetahTasks, gym_rollout
 from hogrod.rl.lola import (IPDTrajectories, ipd_log_probs, joint_dice_surrogates,
                             lola_dice_gradients, make_lola_update, sample_ipd)
-from hogrod.rl.maml_rl import MamlRL, MetaBatch, inner_step
+from hogrod.rl.maml_inner import inner_step
+from hogrod.rl.maml_rl import MamlRL, MetaBatch
 from hogrod.rl.policies import (Categorical, CategoricalPolicy, DiagonalGaussian,
                                 GaussianPolicy)
 from hogrod.rl.returns import LinearFeatureBaseline, discounted_returns, gae_advantages

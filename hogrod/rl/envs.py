@@ -7,7 +7,11 @@ Every environment has
 - `reset(task, seed, batch) -> (state, observation)`: `batch` episodes of one task;
 - `step(task, state, action) -> (state, observation, reward, done)`, pure: the state
   carries everything the next step needs (a stateless seed where the dynamics are random);
-- `horizon`: the number of steps of an episode; `observation_dim`.
+- `horizon`: the number of steps of an episode; `observation_dim`;
+- `on_host`: False, these are stepped in the graph by `rollout`. An environment stepped on
+  the host instead (`HalfCheetahTasks`, a `gymnasium` simulator) says `on_host = True` and
+  has `make_envs(num_envs)`, its vector environment for `gym_rollout`; `MamlRL` reads
+  `on_host` (absent: False) to choose.
 
 The functions take one task; map them over a task axis with `tf.vectorized_map`. An
 environment keeps stepping an episode after its `done`: the rollout masks what follows.
@@ -101,6 +105,7 @@ class TabularMDP:
                 tf.abs(tf.reduce_sum(t, axis=-1) - 1) < 1e-6),
                 f"{where}: {name} must be probabilities summing to 1", t)
         self.transitions, self.rewards, self.initial = p, r, mu
+        self.on_host = False
         self.horizon = checks.integer(horizon, "horizon", where, 1)
         self.observation_dim = self.num_states
 
@@ -167,8 +172,12 @@ class TabularMDP:
             raise checks.ArgumentError(f"{where}: action must be integer [batch], got "
                                        f"{checks.describe(a)}")
         a = tf.cast(a, tf.int32)
-        checks.require(lambda a: tf.reduce_all((a >= 0) & (a < self.num_actions)),
-                         f"{where}: action must lie in 0..{self.num_actions - 1}", a)
+        # the gathers wait for the check: an out-of-range action fails with this message,
+        # not as the gather's index error
+        with tf.control_dependencies(checks.require(
+                lambda a: tf.reduce_all((a >= 0) & (a < self.num_actions)),
+                f"{where}: action must lie in 0..{self.num_actions - 1}", a)):
+            a = tf.identity(a)
         s = state["s"]
         index = tf.stack([s, a], axis=1)
         reward = tf.gather_nd(task["rewards"], index)
@@ -212,6 +221,7 @@ class Navigation2D:
     """
 
     action_dim = 2
+    on_host = False
 
     def __init__(self, horizon: int = 100, dtype: Optional[DType] = None,
                  observe_goal: bool = False, task_sampling: str = "independent") -> None:

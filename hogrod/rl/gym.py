@@ -10,9 +10,11 @@ statelessly with ``fold_in(step key, t)``, and the sub-environments are reset wi
 seeds drawn from the reset keys, so a seed gives the same episodes bit for bit (a resumed
 run repeats its episodes).
 
-Continuous actions are passed unclipped (at the action space's dtype): the environment clips them (gymnasium's classic
-control does; `HalfCheetahTasks`' wrapper does), and a log-probability is the unclipped
-action's. `HalfCheetahTasks` is MAML's task distributions on MuJoCo's HalfCheetah
+Continuous actions are passed unclipped (at the action space's dtype): the environment
+clips them (gymnasium's classic control does; `HalfCheetahTasks`' wrapper does), and a
+log-probability is the unclipped action's. The policy's actions are checked against the
+action space before the first step (a `Categorical` over `n` actions for `Discrete(n)`, a
+`DiagonalGaussian` of the `Box`'s shape). `HalfCheetahTasks` is MAML's task distributions on MuJoCo's HalfCheetah
 (``HalfCheetah-v5``): a goal velocity or a direction, the reward from the environment's
 ``info["x_velocity"]``.
 
@@ -29,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from hogrod import checks
-from hogrod.rl import envs
+from hogrod.rl import envs, policies
 from hogrod.rl.rollout import Trajectories, policy_distribution, task_seeds
 from hogrod.types import DType, Params, Seed, Tree
 
@@ -135,9 +137,9 @@ def gym_rollout(envs: Any, policy: keras.Model, tasks: Union[Tree, int],
     alive = np.ones(n * batch, bool)
     for t in range(horizon):
         o = tf.reshape(tf.cast(obs, dtype), [n, batch, -1])
+        if t == 0:  # before any step: an action out of the space would fail only when drawn
+            _check_action_space(policy, o, params, per_task_params, space, gymnasium, where)
         action, log_prob = act(o, step_keys, tf.constant(t, tf.int64), params)
-        if t == 0:
-            _check_actions(action, o, space, gymnasium, where)
         a = np.reshape(action.numpy(), (n * batch,) + space.shape).astype(space.dtype)
         obs, reward, terminated, truncated, _ = envs.step(a)
         mask = alive.astype(dtype.as_numpy_dtype)
@@ -176,19 +178,27 @@ def _act_fn(policy, per_task):
     return fns[per_task]
 
 
-def _check_actions(action, observations, space, gymnasium, where):
-    """Raises ArgumentError unless the policy's `[n, batch, ...]` actions fit `space`."""
-    if isinstance(space, gymnasium.spaces.Discrete):
-        fits = action.dtype.is_integer and action.shape.rank == 2
-    elif isinstance(space, gymnasium.spaces.Box):
-        fits = action.dtype.is_floating and tuple(action.shape[2:]) == space.shape
+def _check_action_space(policy, observations, params, per_task, space, gymnasium, where):
+    """Raises ArgumentError unless the policy's distribution on the first task's
+    observations draws actions of `space`: a `Categorical` over `space.n` actions for a
+    `Discrete` space, a `DiagonalGaussian` of `space.shape` for a `Box`."""
+    first = None if params is None else [p[0] for p in params] if per_task else params
+    dist = policy.distribution(observations[0], first)
+    if isinstance(dist, policies.Categorical):
+        drawn = f"actions in 0..{dist.logits.shape[-1] - 1}"
+        fits = (isinstance(space, gymnasium.spaces.Discrete)
+                and dist.logits.shape[-1] == int(space.n))
+    elif isinstance(dist, policies.DiagonalGaussian):
+        drawn = f"continuous actions of shape {dist.mean.shape[-1:].as_list()}"
+        fits = (isinstance(space, gymnasium.spaces.Box)
+                and tuple(dist.mean.shape[-1:]) == tuple(space.shape))
     else:
-        fits = False
+        drawn, fits = f"actions of a {type(dist).__name__}", False
     if not fits:
         raise checks.ArgumentError(
-            f"{where}: the policy's actions ({action.dtype.name} "
-            f"{action.shape[2:].as_list()} per observation {observations.shape[2:].as_list()})"
-            f" do not fit the environment's action space {space}")
+            f"{where}: the policy draws {drawn} (its distribution on observations "
+            f"{observations.shape[2:].as_list()}), which do not fit the environment's action "
+            f"space {space}: give a policy with the space's actions")
 
 
 class HalfCheetahTasks:
@@ -201,7 +211,8 @@ class HalfCheetahTasks:
     ``ctrl_cost_weight * sum(a**2)`` of the action clipped to the action space's bounds
     [-1, 1] (the clipped action is what the simulator gets).
 
-    `MamlRL` steps it on the host (it has `make_envs`); `observation_dim` is 17 (the
+    `MamlRL` steps it on the host (`on_host` is True; `make_envs` makes its vector
+    environment); `observation_dim` is 17 (the
     positions without the forward one, and the velocities), `action_dim` 6.
 
     Args:
@@ -222,6 +233,7 @@ class HalfCheetahTasks:
 
     observation_dim = 17
     action_dim = 6
+    on_host = True
 
     def __init__(self, kind: str = "velocity", ctrl_cost_weight: float = 0.05,
                  horizon: int = 200, dtype: Optional[DType] = None,

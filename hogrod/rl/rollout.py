@@ -4,10 +4,11 @@
 of `tasks` (a task tree with a leading task axis, from `env.sample_tasks`) for `horizon`
 steps in one `tf.while_loop` over time: the policy is evaluated on every task's
 observations at once (a shared set of parameters, or one per task through
-`tf.vectorized_map`), the environment stepped per task by `tf.vectorized_map`. Every
+`hogrod.taskmap.vectorized_map`), the environment stepped per task by the same map. Every
 task's draws come from its own seed (`fold_in(seed, task index)`, or a seed given per
 task), so a task's trajectories do not depend on which other tasks share its meta-batch or
-on how a meta-batch is split over replicas.
+on how a meta-batch is split over replicas. Called eagerly, the loop is compiled once per
+policy, environment and sizes (and traced again only for new shapes).
 
 The trajectories are constants: a rollout differentiates nothing (parameters enter under
 `tf.stop_gradient`); log-probabilities to differentiate are recomputed from the
@@ -16,12 +17,13 @@ observations and actions under a tape (`policy.distribution(obs, params).log_pro
 importance ratio.
 """
 
+import weakref
 from typing import NamedTuple, Optional, Union
 
 import keras
 import tensorflow as tf
 
-from hogrod import checks
+from hogrod import checks, taskmap
 from hogrod.types import Params, Seed, Tree
 
 __all__ = ["Trajectories", "rollout", "policy_distribution", "task_seeds"]
@@ -152,20 +154,47 @@ def rollout(env: object, policy: keras.Model, tasks: Tree, seed: Union[Seed, tf.
         raise checks.ArgumentError(f"{where}: per_task_params=True needs params")
     if params is not None:
         params = [tf.stop_gradient(tf.convert_to_tensor(p)) for p in params]
+    if tf.executing_eagerly():  # one compiled loop, traced once per shape
+        return _compiled(env, policy, batch, horizon, per_task_params)(tasks, seeds, params)
+    return _rollout(env, policy, tasks, seeds, batch, horizon, params, per_task_params)
+
+
+# each (policy, environment, sizes)'s compiled rollout, made once: an eager rollout per
+# iteration must not trace anew (tf.vectorized_map would, every call, and TF warn of it)
+_COMPILED = weakref.WeakKeyDictionary()
+
+
+def _compiled(env, policy, batch, horizon, per_task_params):
+    fns = _COMPILED.setdefault(policy, {})
+    key = (env, batch, horizon, per_task_params)
+    if key not in fns:
+        fns[key] = tf.function(lambda tasks, seeds, params: _rollout(
+            env, policy, tasks, seeds, batch, horizon, params, per_task_params),
+            autograph=False)
+    return fns[key]
+
+
+def _rollout(env, policy, tasks, seeds, batch, horizon, params, per_task_params):
+    """`rollout`'s loop, its arguments checked: `seeds` `[n, 2]`, `params` tensors or None."""
+    n = tf.nest.flatten(tasks)[0].shape[0]
     reset_keys, step_keys = tf.unstack(tf.map_fn(
         lambda s: tf.random.experimental.stateless_split(s, 2), seeds), axis=1)
 
     def distribution(obs):
         if params is None or not per_task_params:
             return policy_distribution(policy, obs, params)
-        return type(policy.distribution(obs[0], [p[0] for p in params]))(*tf.vectorized_map(
-            lambda a: tuple(policy.distribution(a[0], a[1])), (obs, params)))
+        return type(policy.distribution(obs[0], [p[0] for p in params]))(
+            *taskmap.vectorized_map(lambda a: tuple(policy.distribution(a[0], a[1])),
+                                    (obs, params)))
 
-    state, obs = tf.vectorized_map(lambda a: env.reset(a[0], a[1], batch), (tasks, reset_keys))
+    # per-task draws (stateless ops with one seed per task) run as pfor while loops;
+    # taskmap.vectorized_map does not report it on every trace
+    state, obs = taskmap.vectorized_map(lambda a: env.reset(a[0], a[1], batch),
+                                        (tasks, reset_keys))
     probe = distribution(obs)
     if tf.nest.flatten(tuple(probe))[0].dtype != obs.dtype:
         raise checks.ArgumentError(
-            f"{where}: the policy's distribution has dtype "
+            "rollout: the policy's distribution has dtype "
             f"{tf.nest.flatten(tuple(probe))[0].dtype.name}, the environment's observations "
             f"{obs.dtype.name}; build both at one dtype")
     dtype = obs.dtype
@@ -179,7 +208,7 @@ def rollout(env: object, policy: keras.Model, tasks: Tree, seed: Union[Seed, tf.
             t, tf.int64)), step_keys)
         action = _per_task(draw, n, keys, *tuple(dist))
         log_prob = dist.log_prob(action)
-        state, following, reward, done = tf.vectorized_map(
+        state, following, reward, done = taskmap.vectorized_map(
             lambda a: env.step(a[0], a[1], a[2]), (tasks, state, action))
         # a two-agent environment's reward per agent: the mask is per episode
         step_mask = tf.cast(alive, dtype)

@@ -94,11 +94,12 @@ def natural_step(gradient: Tree, fvp: MatVec, max_kl: float, maxiter: int = 10,
 
 
 def line_search(evaluate: Callable[[Params], Tuple[tf.Tensor, tf.Tensor]], params: Params,
-                step: Params, surrogate: tf.Tensor, max_kl: float, steps: int = 15,
+                step: Params, surrogate: tf.Tensor, max_kl: float, maxiter: int = 15,
                 ratio: float = 0.8) -> Tuple[Params, LineSearch]:
     """The backtracking line search of TRPO along `step`.
 
-    Tries ``params + ratio**k step`` for k = 0 .. steps-1 and returns the first whose
+    Tries ``params + ratio**k step`` for k = 0 .. maxiter-1 (the full step first) and
+    returns the first whose
     surrogate is above `surrogate` (strictly) and whose mean KL is at most `max_kl`, both
     finite; the parameters unchanged where no try is.
 
@@ -109,18 +110,19 @@ def line_search(evaluate: Callable[[Params], Tuple[tf.Tensor, tf.Tensor]], param
       step: the full step, structured like `params`.
       surrogate: the surrogate at `params`, a scalar.
       max_kl: the KL bound, a Python number > 0.
-      steps: the most tries, an int >= 1 (15 in pytorch-maml-rl).
+      maxiter: the most tries, an int >= 1 (15 in pytorch-maml-rl); the search stops at the
+        first accepted.
       ratio: the backtracking factor, in (0, 1) (0.8 in pytorch-maml-rl).
 
     Returns:
       `(new_params, info)`: the accepted parameters (or `params`) and a `LineSearch`.
 
     Raises:
-      ArgumentError: `max_kl`, `steps` or `ratio` out of range.
+      ArgumentError: `max_kl`, `maxiter` or `ratio` out of range.
     """
     where = "line_search"
     max_kl = checks.positive(max_kl, "max_kl", where)
-    steps = checks.integer(steps, "steps", where, 1)
+    maxiter = checks.integer(maxiter, "maxiter", where, 1)
     ratio = checks.number(ratio, "ratio", where, 0.0, 1.0, low_open=True, high_open=True)
     params = [tf.convert_to_tensor(p) for p in params]
     step = [tf.convert_to_tensor(s) for s in step]
@@ -137,7 +139,7 @@ def line_search(evaluate: Callable[[Params], Tuple[tf.Tensor, tf.Tensor]], param
 
     zero = tf.zeros([], dtype)
     k, found, fraction, value, kl = tf.while_loop(
-        lambda k, found, *_: (k < steps) & tf.logical_not(found), body,
+        lambda k, found, *_: (k < maxiter) & tf.logical_not(found), body,
         (tf.constant(0), tf.constant(False), zero, surrogate, zero))
     fraction = tf.where(found, fraction, zero)
     new = [p + fraction * s for p, s in zip(params, step)]
