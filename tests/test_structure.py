@@ -14,6 +14,7 @@ from hogrod import harness
 
 _LIBRARY = os.path.join(harness.REPO_ROOT, "hogrod")
 
+
 def _modules():
     """Every module of the library but its top-level `__init__`, as repository paths."""
     paths = glob.glob(os.path.join(_LIBRARY, "**", "*.py"), recursive=True)
