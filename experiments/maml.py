@@ -208,15 +208,15 @@ def check_config():
 
 @gin.configurable
 def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, model=mlp,
-                    meta_iterations: harness.Count = 70000, meta_lr: harness.Positive = 1e-3,
+                    meta_iterations: harness.Count = 70000, outer_lr: harness.Positive = 1e-3,
                     eval_steps: tuple[harness.Count, ...] = (0, 1, 10),
                     eval_every: harness.PositiveInt = 5000,
                     checkpoint_every: harness.PositiveInt = 5000,
                     clip_norm: harness.Positive | None = None, seed: harness.Count = 0,
                     time_limit_s: harness.Positive | None = None,
                     task_map: str = "vectorized",
-                    meta_lr_decay_every: harness.PositiveInt | None = None,
-                    meta_lr_decay: harness.Fraction = 0.5):
+                    outer_lr_decay_every: harness.PositiveInt | None = None,
+                    outer_lr_decay: harness.Fraction = 0.5):
     """Meta-train `algorithm` on `data` with `model`, evaluating on held-out tasks.
 
     Args:
@@ -235,12 +235,12 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
         memory; the evaluation maps sequentially). It is passed to the algorithm as its
         `task_map` argument, so it takes precedence over a binding such as
         `maml.task_map`.
-      meta_lr: Adam's meta learning rate, or a Keras schedule of the meta-iteration
+      outer_lr: Adam's meta learning rate, or a Keras schedule of the meta-iteration
         (e.g. `@PiecewiseConstantDecay()`, registered by `hogrod.harness`).
-      meta_lr_decay_every: multiply the meta learning rate by `meta_lr_decay` every this
+      outer_lr_decay_every: multiply the meta learning rate by `outer_lr_decay` every this
         many meta-iterations (a staircase; Snell et al. halve it every 2,000 episodes);
         None: constant.
-      meta_lr_decay: the factor, in (0, 1].
+      outer_lr_decay: the factor, in (0, 1].
 
     Returns:
       the final evaluation's metrics, the steps run, training speed and the last
@@ -258,16 +258,16 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
     if declared is not None and declared != data.meta_batch_size:
         raise ValueError(f"the data function's stream has meta-batches of {declared} tasks but "
                          f"its MetaData.meta_batch_size is {data.meta_batch_size}")
-    if meta_lr_decay_every is not None and \
-            isinstance(meta_lr, keras.optimizers.schedules.LearningRateSchedule):
+    if outer_lr_decay_every is not None and \
+            isinstance(outer_lr, keras.optimizers.schedules.LearningRateSchedule):
         raise ValueError(
-            "maml_experiment.meta_lr is a schedule and maml_experiment.meta_lr_decay_every = "
-            f"{meta_lr_decay_every} decays it again: remove one of the two bindings")
+            "maml_experiment.outer_lr is a schedule and maml_experiment.outer_lr_decay_every = "
+            f"{outer_lr_decay_every} decays it again: remove one of the two bindings")
     with strategy.scope():
         net = model()
-        rate = meta_lr if meta_lr_decay_every is None else \
-            keras.optimizers.schedules.ExponentialDecay(meta_lr, meta_lr_decay_every,
-                                                        meta_lr_decay, staircase=True)
+        rate = outer_lr if outer_lr_decay_every is None else \
+            keras.optimizers.schedules.ExponentialDecay(outer_lr, outer_lr_decay_every,
+                                                        outer_lr_decay, staircase=True)
         optimizer = keras.optimizers.Adam(rate)
         algo = algorithm(net, loss, task_map=task_map)
     check_model(net, algorithm, data)

@@ -48,7 +48,7 @@ __all__ = ["main", "run", "run_cli", "started", "parse_config", "resolve_gin_fil
 
 FLAGS = flags.FLAGS
 # Keras's learning-rate schedules, for any binary's rate binding (e.g.
-# `pinn_experiment.adam_lr = @ExponentialDecay()`, `maml_experiment.meta_lr =
+# `pinn_experiment.adam_lr = @ExponentialDecay()`, `maml_experiment.outer_lr =
 # @PiecewiseConstantDecay()`); registered here, once per process, for every binary.
 for _schedule in (keras.optimizers.schedules.ExponentialDecay,
                   keras.optimizers.schedules.PolynomialDecay,  # power 1: linear decay

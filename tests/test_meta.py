@@ -291,9 +291,9 @@ def test_evaluation_counts_diverged_tasks_and_reports_the_median():
 def test_short_sinusoid_run_adapts_well_below_the_unadapted_loss(tmp_path):
     from experiments import maml as exp
     from hogrod import harness
-    # 800 steps at meta_lr 3e-3 leave loss_after_10 at about 0.11 of loss_after_0
+    # 800 steps at outer_lr 3e-3 leave loss_after_10 at about 0.11 of loss_after_0
     overrides = ["maml_experiment.meta_iterations = 800", "maml_experiment.eval_every = 800",
-                 "maml_experiment.meta_lr = 3e-3", "sinusoid_data.eval_tasks = 100"]
+                 "maml_experiment.outer_lr = 3e-3", "sinusoid_data.eval_tasks = 100"]
     args = (exp.maml_experiment, ["configs/maml/sinusoid_maml.gin"], overrides)
     _, metrics = harness.run(*args, str(tmp_path))
     assert metrics["loss_after_10"] < 0.2 * metrics["loss_after_0"]
@@ -326,15 +326,15 @@ def test_a_schedule_bound_to_the_meta_learning_rate_sets_each_steps_rate(tmp_pat
     from hogrod import harness
     short = ["maml_experiment.meta_iterations = 2", "maml_experiment.eval_every = 2",
              "sinusoid_data.eval_tasks = 2", "maml_experiment.eval_steps = (0, 1)",
-             "maml_experiment.meta_lr = @PiecewiseConstantDecay()",
+             "maml_experiment.outer_lr = @PiecewiseConstantDecay()",
              "PiecewiseConstantDecay.boundaries = [0]",
              "PiecewiseConstantDecay.values = [1e-3, 2.5e-4]"]
     args = (exp.maml_experiment, ["configs/maml/sinusoid_maml.gin"], short)
     _, metrics = harness.run(*args, str(tmp_path / "schedule"))
     # Adam's rate at the second step (iterations 1, past the boundary)
     assert metrics["final_train_lr"] == pytest.approx(2.5e-4, rel=1e-6)
-    with pytest.raises(ValueError, match="meta_lr is a schedule.*meta_lr_decay_every = 5"):
-        harness.run(args[0], args[1], short + ["maml_experiment.meta_lr_decay_every = 5"],
+    with pytest.raises(ValueError, match="outer_lr is a schedule.*outer_lr_decay_every = 5"):
+        harness.run(args[0], args[1], short + ["maml_experiment.outer_lr_decay_every = 5"],
                     str(tmp_path / "both"))
 
 

@@ -71,7 +71,7 @@ TINY = ["episode_data.source = 'mnist'", "episode_data.train_n_way = 3",
         "episode_data.train_k_query = 2", "episode_data.n_way = 2", "episode_data.k_query = 1",
         "episode_data.also_test_n_way = (3,)", "episode_data.eval_tasks = 2",
         "episode_data.meta_batch_size = 2", "conv4_embedding.filters = 4",
-        "maml_experiment.meta_iterations = 2", "maml_experiment.meta_lr_decay_every = 1"]
+        "maml_experiment.meta_iterations = 2", "maml_experiment.outer_lr_decay_every = 1"]
 
 
 def test_the_omniglot_configs_of_the_heads_train_and_test_on_both_shapes(tmp_path,
@@ -86,7 +86,7 @@ def test_the_omniglot_configs_of_the_heads_train_and_test_on_both_shapes(tmp_pat
         assert gin.query_parameter("episode_data.train_k_query") == 5
         assert gin.query_parameter("episode_data.n_way") == 5
         assert gin.query_parameter("episode_data.also_test_n_way") == (20,)
-        assert gin.query_parameter("maml_experiment.meta_lr_decay_every") == 2000
+        assert gin.query_parameter("maml_experiment.outer_lr_decay_every") == 2000
         assert gin.query_parameter("maml_experiment.eval_steps") == (0,)
         assert gin.query_parameter("maml_experiment.time_limit_s") == (
             3600 if name == "protonet" else 1800)
