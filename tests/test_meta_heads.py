@@ -10,7 +10,7 @@ import scipy.optimize
 import tensorflow as tf
 
 from hogrod import checks, distribute, meta, train
-from hogrod.meta import heads
+from hogrod.meta import heads, svm
 
 
 def episode_arrays(seed=0, n_way=4, k=2, d=10, q=5):
@@ -61,21 +61,38 @@ def test_ridge_logits_match_the_primal_and_the_woodbury_closed_forms(d):
     np.testing.assert_allclose(scaled, 2.5 * (xq @ primal) - 0.25, rtol=1e-10, atol=1e-12)
 
 
-def svm_primal(xs, ys, n_way, c, active=None):
+def svm_primal(xs, ys, n_way, c, active=None, scaled=False):
     """The Crammer-Singer primal, solved by scipy (SLSQP) and polished on its active set
     (an equality-constrained QP solved exactly), or solved on the given active set alone
-    (checked to be the right one: feasible, multipliers >= 0): (W [n_way, d], active)."""
+    (checked to be the right one: feasible, multipliers >= 0): (W [n_way, d], active).
+
+    `scaled`: solved in the variables W / c and (xi - 1) / c (an exact affine change of
+    variables), in which the problem's scale is 1 for any c: at a small c the slacks are
+    all near 1 and W near 0, below the thresholds that find the active set in the
+    original variables."""
+    if scaled:  # (W, xi) = (c V, 1 + c z): constraints a (V, z) >= -delta / c, objective
+        # c^2 (1/2 ||V||^2 + sum z) + constant; the constraints xi >= 0 (z >= -1 / c) left
+        # out and checked to hold (then the relaxation's solution is the problem's)
+        w, active, z = _svm_primal(xs, ys, n_way, 1.0, active, scaled=True)
+        assert np.all(1 + c * z > 0)
+        return c * w, active
+    return _svm_primal(xs, ys, n_way, c, active)[:2]
+
+
+def _svm_primal(xs, ys, n_way, c, active=None, scaled=False):
     n, d = xs.shape
     size = n_way * d + n
     rows, rhs = [], []
     for i in range(n):
         for k in range(n_way):
+            if scaled and k == ys[i]:
+                continue
             row = np.zeros(size)
             row[ys[i] * d:(ys[i] + 1) * d] += xs[i]
             row[k * d:(k + 1) * d] -= xs[i]
             row[n_way * d + i] = 1.0
             rows.append(row)
-            rhs.append(1.0 - (k == ys[i]))
+            rhs.append(0.0 if scaled else 1.0 - (k == ys[i]))
     a, b = np.array(rows), np.array(rhs)
     hess = np.diag(np.r_[np.ones(n_way * d), np.zeros(n)])
     lin = np.r_[np.zeros(n_way * d), c * np.ones(n)]
@@ -84,18 +101,23 @@ def svm_primal(xs, ys, n_way, c, active=None):
             lambda z: 0.5 * z @ hess @ z + lin @ z, np.zeros(size),
             jac=lambda z: hess @ z + lin, method="SLSQP", options={"ftol": 1e-15, "maxiter": 2000},
             constraints=[{"type": "ineq", "fun": lambda z: a @ z - b, "jac": lambda z: a}])
-        assert res.success, res.message
+        # scaled, SLSQP often ends on a failed line search near the solution; the active
+        # set it finds is then certified below (the KKT system solved, feasible, multipliers
+        # >= 0)
+        assert res.success or scaled, res.message
         active = a @ res.x - b < 1e-6
     aa = a[active]
     kkt = np.block([[hess, -aa.T], [aa, np.zeros((len(aa), len(aa)))]])
-    sol = np.linalg.lstsq(kkt, np.r_[-lin, b[active]], rcond=None)[0]
+    rhs = np.r_[-lin, b[active]]
+    sol = np.linalg.lstsq(kkt, rhs, rcond=None)[0]
+    np.testing.assert_allclose(kkt @ sol, rhs, atol=1e-9)
     z, mult = sol[:size], sol[size:]
     assert np.all(a @ z - b > -1e-9) and np.all(mult > -1e-9)  # the active set was right
-    return z[:n_way * d].reshape(n_way, d), active
+    return z[:n_way * d].reshape(n_way, d), active, z[n_way * d:]
 
 
 def svm_dual_solution(xs, ys, n_way, c, ridge):
-    return heads.svm_dual(tf.constant(xs), tf.constant(ys, tf.int32), n_way, c, 1000, None,
+    return svm.svm_dual(tf.constant(xs), tf.constant(ys, tf.int32), n_way, c, 1000, None,
                           batched=False, kernel_ridge=ridge).numpy()
 
 
@@ -158,14 +180,14 @@ def test_svm_with_dependent_support_embeddings_solves_with_the_default_kernel_ri
         value = tf.reduce_sum(tf.sin(heads.svm_logits(xs, ys, xq, 60)))
     grad = tape.gradient(value, xs).numpy()
     assert np.all(np.isfinite(grad)) and np.abs(grad).max() > 0
-    alpha = svm_dual_solution(xs.numpy(), ys, 60, 0.1, heads.KERNEL_RIDGE)
-    assert_dual_kkt(alpha, xs.numpy(), ys, 60, 0.1, heads.KERNEL_RIDGE, atol=1e-6)
+    alpha = svm_dual_solution(xs.numpy(), ys, 60, 0.1, svm.KERNEL_RIDGE)
+    assert_dual_kkt(alpha, xs.numpy(), ys, 60, 0.1, svm.KERNEL_RIDGE, atol=1e-6)
 
 
 def test_svm_gradient_matches_central_differences_of_the_independent_solve():
     # the default kernel ridge (1): the plain SVM's primal on augmented embeddings
     xs, ys, xq = episode_arrays(seed=4, n_way=3, k=2, d=7, q=4)
-    c, r = 0.1, heads.KERNEL_RIDGE
+    c, r = 0.1, svm.KERNEL_RIDGE
     weights = np.random.default_rng(5).normal(size=(4, 3))
 
     def query_loss(logits):
@@ -249,10 +271,18 @@ def test_nonpositive_penalties_are_named():
         heads.ridge_logits(xs, ys, xq, 4, l2=tf.constant(-1.0, tf.float64))
 
 
-def test_svm_stopped_short_of_its_tolerance_is_an_error():
+def test_svm_stopped_short_of_its_tolerance_is_an_error_naming_its_own_arguments():
     xs, ys, xq = episode_arrays(seed=9)
-    with pytest.raises(ValueError, match="did not return a root"):
+    with pytest.raises(ValueError, match="svm_logits: .*maxiter=2.*raise maxiter.*tol") as e:
         heads.svm_logits(xs, ys, xq, 4, maxiter=2)
+    assert "root_tol" not in str(e.value) and "check_root" not in str(e.value)
+    # in a compiled meta-step, the algorithm's gin bindings
+    model = embedding_net()
+    algo = meta.metaoptnet(model, cross_entropy, maxiter=2)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"metaoptnet: .*maxiter=2.*gin: metaoptnet\.maxiter") as e:
+        algo.meta_loss(tiny_episodes())
+    assert "root_tol" not in str(e.value)
 
 
 def svm_values(xs, ys, xq, n_way, **kwargs):
