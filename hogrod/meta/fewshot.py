@@ -11,9 +11,10 @@ tasks: no inner gradient steps, the meta-gradient flows through the head's solut
 The number of classes is read from the labels: one more than the largest support label of
 the meta-batch (of the task, in `adapt`), so a model trained on 60-way episodes is
 evaluated on 5- or 20-way ones with the same `Algorithm`; a task missing a class is an
-error naming it, and so is a query label outside those classes. `adapt(support, steps=0, seeds=None)` returns the head's solution (its
-support pass seeded by `seeds[0]`, which `hogrod.meta.evaluate` draws from its seed and the
-task's index; None: the model's seed states) and `predict` the query logits from it; these
+error naming it, and so is a query label outside those classes. `adapt(support, steps=0,
+seeds=None)` returns the head's solution (its support pass seeded by `seeds[0]`, which
+`hogrod.meta.evaluate` draws from its seed and the task's index; None: the model's seed
+states) and `predict` the query logits from it; these
 algorithms have no adaptation steps, so `evaluate` them with `steps=(0,)`
 (`accuracy_after_0`).
 """

@@ -54,7 +54,7 @@ import tensorflow as tf
 from hogrod import checks, implicit, linalg, tree
 from hogrod.types import Scalar
 
-__all__ = ["svm_dual", "SVM_MAXITER", "KERNEL_RIDGE", "SOLVE_DTYPE"]
+__all__ = ["svm_dual", "SVM_MAXITER", "KERNEL_RIDGE", "SOLVE_DTYPE", "DEFAULT_TOL"]
 
 #: `svm_logits`'s default iteration limit of the dual solver.
 SVM_MAXITER = 1000
