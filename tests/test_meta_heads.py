@@ -1,28 +1,18 @@
-"""Few-shot heads against oracles: prototypes and ridge in numpy (primal and Woodbury), the
-SVM against an independent scipy solve of its primal (weights, KKT conditions, float64
-central differences of the query loss through the solve), graph equal to eager, ProtoNet
-as a nearest-class-mean classifier; the few-shot algorithms on tiny episodes; bad input."""
+"""Few-shot heads against oracles: prototypes and ridge in numpy (primal and Woodbury; float32
+against float64 in values and gradients), the SVM against an independent scipy solve of its
+primal (weights, KKT conditions, float64 central differences of the query loss through the
+solve; a small c; float32 embeddings), graph equal to eager, ProtoNet as a
+nearest-class-mean classifier; bad input and non-convergence named. The algorithms built on
+the heads: test_meta_fewshot.py."""
 
-import keras
 import numpy as np
 import pytest
-import scipy.optimize
 import tensorflow as tf
+from heads_fixtures import (augmented, cross_entropy, embedding_net, episode_arrays, one_hot,
+                            relative, svm_primal, tiny_episodes)
 
-from hogrod import checks, distribute, meta, train
-from hogrod.meta import heads
-
-
-def episode_arrays(seed=0, n_way=4, k=2, d=10, q=5):
-    rng = np.random.default_rng(seed)
-    xs = rng.normal(size=(n_way * k, d))
-    ys = rng.permutation(np.repeat(np.arange(n_way), k))
-    xq = rng.normal(size=(q, d))
-    return xs, ys, xq
-
-
-def one_hot(ys, n_way):
-    return np.eye(n_way)[ys]
+from hogrod import checks, meta
+from hogrod.meta import heads, svm
 
 
 def test_prototype_logits_are_minus_squared_distances_to_class_means():
@@ -61,48 +51,70 @@ def test_ridge_logits_match_the_primal_and_the_woodbury_closed_forms(d):
     np.testing.assert_allclose(scaled, 2.5 * (xq @ primal) - 0.25, rtol=1e-10, atol=1e-12)
 
 
-def svm_primal(xs, ys, n_way, c, active=None):
-    """The Crammer-Singer primal, solved by scipy (SLSQP) and polished on its active set
-    (an equality-constrained QP solved exactly), or solved on the given active set alone
-    (checked to be the right one: feasible, multipliers >= 0): (W [n_way, d], active)."""
-    n, d = xs.shape
-    size = n_way * d + n
-    rows, rhs = [], []
-    for i in range(n):
-        for k in range(n_way):
-            row = np.zeros(size)
-            row[ys[i] * d:(ys[i] + 1) * d] += xs[i]
-            row[k * d:(k + 1) * d] -= xs[i]
-            row[n_way * d + i] = 1.0
-            rows.append(row)
-            rhs.append(1.0 - (k == ys[i]))
-    a, b = np.array(rows), np.array(rhs)
-    hess = np.diag(np.r_[np.ones(n_way * d), np.zeros(n)])
-    lin = np.r_[np.zeros(n_way * d), c * np.ones(n)]
-    if active is None:
-        res = scipy.optimize.minimize(
-            lambda z: 0.5 * z @ hess @ z + lin @ z, np.zeros(size),
-            jac=lambda z: hess @ z + lin, method="SLSQP", options={"ftol": 1e-15, "maxiter": 2000},
-            constraints=[{"type": "ineq", "fun": lambda z: a @ z - b, "jac": lambda z: a}])
-        assert res.success, res.message
-        active = a @ res.x - b < 1e-6
-    aa = a[active]
-    kkt = np.block([[hess, -aa.T], [aa, np.zeros((len(aa), len(aa)))]])
-    sol = np.linalg.lstsq(kkt, np.r_[-lin, b[active]], rcond=None)[0]
-    z, mult = sol[:size], sol[size:]
-    assert np.all(a @ z - b > -1e-9) and np.all(mult > -1e-9)  # the active set was right
-    return z[:n_way * d].reshape(n_way, d), active
+def ridge_values(xs, ys, xq, n_way, l2, cotangent):
+    """The ridge logits and the gradients of ``sum(cotangent * logits)`` with respect to
+    the support and query embeddings and l2 (a tensor)."""
+    support, query = tf.constant(xs), tf.constant(xq)
+    penalty = tf.constant(l2, support.dtype)
+    with tf.GradientTape() as tape:
+        tape.watch([support, query, penalty])
+        logits = heads.ridge_logits(support, ys, query, n_way, l2=penalty)
+        value = tf.reduce_sum(tf.constant(cotangent, support.dtype) * logits)
+    return [logits.numpy()] + [g.numpy() for g in tape.gradient(value, [support, query,
+                                                                          penalty])]
+
+
+def numpy_ridge(xs, ys, xq, n_way, l2, derivative=False):
+    """The ridge logits (or their derivative in l2) in numpy by the SVD X = U S V^T, well
+    conditioned for n > d and n < d alike: ``W = V S / (S^2 + l2) U^T Y``."""
+    u, s, vt = np.linalg.svd(xs, full_matrices=False)
+    factor = -s / (s ** 2 + l2) ** 2 if derivative else s / (s ** 2 + l2)
+    return xq @ vt.T @ (factor[:, None] * (u.T @ one_hot(ys, n_way)))
+
+
+@pytest.mark.parametrize("k,d", [(5, 4), (2, 12)])  # n = 25 > d; n = 10 < d
+def test_float32_ridge_matches_numpy_float64_in_values_and_gradients(k, d):
+    # with more support examples than dimensions, X X^T is singular: the Woodbury system
+    # X X^T + l2 I alone gave NaN logits at l2 = 1e-6 in float32 and 7% errors at 1e-5
+    xs, ys, xq = episode_arrays(seed=11, n_way=5, k=k, d=d, q=6)
+    xs, xq = xs.astype(np.float32), xq.astype(np.float32)
+    x64, q64 = xs.astype(np.float64), xq.astype(np.float64)
+    cotangent = np.random.default_rng(12).normal(size=(6, 5))
+
+    def objective(x, q, l2):
+        return np.sum(cotangent * numpy_ridge(x, ys, q, 5, l2))
+
+    h = 1e-6
+    for l2 in (1e-6, 1e-5, 1.0):
+        logits, g_support, g_query, g_l2 = ridge_values(xs, ys, xq, 5, l2, cotangent)
+        want = numpy_ridge(x64, ys, q64, 5, l2)
+        assert logits.dtype == np.float32 and relative(logits, want) < 1e-5
+        # float64 central differences of the numpy closed form; in l2, its derivative
+        fd = {}
+        for name, arg in (("support", x64), ("query", q64)):
+            fd[name] = np.zeros_like(arg)
+            for idx in np.ndindex(*arg.shape):
+                up, down = arg.copy(), arg.copy()
+                up[idx] += h
+                down[idx] -= h
+                args = [(up, q64), (down, q64)] if name == "support" else [(x64, up),
+                                                                           (x64, down)]
+                fd[name][idx] = (objective(*args[0], l2) - objective(*args[1], l2)) / (2 * h)
+        assert relative(g_support, fd["support"]) < 1e-5, l2
+        assert relative(g_query, fd["query"]) < 1e-5, l2
+        np.testing.assert_allclose(
+            g_l2, np.sum(cotangent * numpy_ridge(x64, ys, q64, 5, l2, derivative=True)),
+            rtol=1e-5)
+    # shapes known only when run: the system chosen in the graph
+    spec = tf.TensorSpec([None, None], tf.float32)
+    fn = tf.function(lambda a, b, c: heads.ridge_logits(a, b, c, 5, l2=1e-6), input_signature=[
+        spec, tf.TensorSpec([None], tf.int64), spec])
+    assert relative(fn(xs, ys, xq).numpy(), numpy_ridge(x64, ys, q64, 5, 1e-6)) < 1e-5
 
 
 def svm_dual_solution(xs, ys, n_way, c, ridge):
-    return heads.svm_dual(tf.constant(xs), tf.constant(ys, tf.int32), n_way, c, 1000, None,
+    return svm.svm_dual(tf.constant(xs), tf.constant(ys, tf.int32), n_way, c, 1000, None,
                           batched=False, kernel_ridge=ridge).numpy()
-
-
-def augmented(xs, ridge):
-    """The support embeddings each extended by sqrt(ridge) times a unit vector of its own:
-    the plain SVM on them is the SVM of the kernel X X^T + ridge I."""
-    return np.hstack([xs, np.sqrt(ridge) * np.eye(len(xs))])
 
 
 def assert_dual_kkt(alpha, xs, ys, n_way, c, ridge, atol=1e-7):
@@ -158,14 +170,14 @@ def test_svm_with_dependent_support_embeddings_solves_with_the_default_kernel_ri
         value = tf.reduce_sum(tf.sin(heads.svm_logits(xs, ys, xq, 60)))
     grad = tape.gradient(value, xs).numpy()
     assert np.all(np.isfinite(grad)) and np.abs(grad).max() > 0
-    alpha = svm_dual_solution(xs.numpy(), ys, 60, 0.1, heads.KERNEL_RIDGE)
-    assert_dual_kkt(alpha, xs.numpy(), ys, 60, 0.1, heads.KERNEL_RIDGE, atol=1e-6)
+    alpha = svm_dual_solution(xs.numpy(), ys, 60, 0.1, svm.KERNEL_RIDGE)
+    assert_dual_kkt(alpha, xs.numpy(), ys, 60, 0.1, svm.KERNEL_RIDGE, atol=1e-6)
 
 
 def test_svm_gradient_matches_central_differences_of_the_independent_solve():
     # the default kernel ridge (1): the plain SVM's primal on augmented embeddings
     xs, ys, xq = episode_arrays(seed=4, n_way=3, k=2, d=7, q=4)
-    c, r = 0.1, heads.KERNEL_RIDGE
+    c, r = 0.1, svm.KERNEL_RIDGE
     weights = np.random.default_rng(5).normal(size=(4, 3))
 
     def query_loss(logits):
@@ -231,11 +243,33 @@ def test_bad_input_is_named(head, change, message):
         fn(args["xs"], args["ys"], args["xq"], args["n_way"])
 
 
+@pytest.mark.parametrize("head", ["prototype", "ridge", "svm"])
+def test_embeddings_of_different_dtypes_are_an_error_arrays_or_tensors(head):
+    xs, ys, xq = episode_arrays(seed=7)
+    fn = {"prototype": heads.prototype_logits, "ridge": heads.ridge_logits,
+          "svm": heads.svm_logits}[head]
+    for support, query in ((xs.astype(np.float32), xq), (xs, xq.astype(np.float32)),
+                           (xs.astype(np.float32), xq.tolist()),
+                           (tf.constant(xs, tf.float32), tf.constant(xq))):
+        with pytest.raises(checks.ArgumentError, match="query_embeddings must have the "
+                                                       "support embeddings' dtype"):
+            fn(support, ys, query, 4)
+    # Python numbers are read in float64 (never through float32)
+    np.testing.assert_array_equal(fn(xs, ys, xq.tolist(), 4).numpy(), fn(xs, ys, xq, 4).numpy())
+
+
 def test_bad_labels_fail_inside_a_graph_too():
     xs, _, xq = episode_arrays(seed=7)
     fn = tf.function(lambda a, b, c: heads.prototype_logits(a, b, c, 4))
     with pytest.raises(tf.errors.InvalidArgumentError, match="0..n_way-1"):
         fn(xs, tf.constant([0, 1, 2, 5, 0, 1, 2, 3]), xq)
+    # n_way a tensor: its value printed, not its repr
+    fn = tf.function(lambda a, b, c, n: heads.prototype_logits(a, b, c, n))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"support_labels must be in 0..n_way-1 \(n_way below\)\] "
+                             r"\[n_way =\] \[4\]") as e:
+        fn(xs, tf.constant([0, 1, 2, 5, 0, 1, 2, 3]), xq, tf.constant(4))
+    assert "Tensor(" not in str(e.value)
 
 
 def test_nonpositive_penalties_are_named():
@@ -249,41 +283,85 @@ def test_nonpositive_penalties_are_named():
         heads.ridge_logits(xs, ys, xq, 4, l2=tf.constant(-1.0, tf.float64))
 
 
-def test_svm_stopped_short_of_its_tolerance_is_an_error():
+def test_svm_stopped_short_of_its_tolerance_is_an_error_naming_its_own_arguments():
     xs, ys, xq = episode_arrays(seed=9)
-    with pytest.raises(ValueError, match="did not return a root"):
+    with pytest.raises(ValueError, match="svm_logits: .*maxiter=2.*raise maxiter.*tol") as e:
         heads.svm_logits(xs, ys, xq, 4, maxiter=2)
+    assert "root_tol" not in str(e.value) and "check_root" not in str(e.value)
+    # in a compiled meta-step, the algorithm's gin bindings
+    model = embedding_net()
+    algo = meta.metaoptnet(model, cross_entropy, maxiter=2)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"metaoptnet: .*maxiter=2.*gin: metaoptnet\.maxiter") as e:
+        algo.meta_loss(tiny_episodes())
+    assert "root_tol" not in str(e.value)
 
 
-def svm_values(xs, ys, xq, n_way, **kwargs):
+def test_svm_at_a_small_c_matches_the_primal_to_its_stated_tolerance():
+    # 5-way 5-shot in 16 dimensions. The residual of the dual scales with c ||K||: a goal
+    # that does not stopped the solver at once (here at c = 1e-8 the logits were 14% off, a
+    # tenth of the queries misclassified). The stated accuracy: alpha's error relative to c
+    # at most about tol sqrt(n_way - 1) cond(K), and the logits' with it.
+    xs, ys, xq = episode_arrays(seed=0, n_way=5, k=5, d=16, q=40)
+    kernel = xs @ xs.T + np.eye(25)
+    eigenvalues = np.linalg.eigvalsh(kernel)
+    stated = svm.DEFAULT_TOL * 2 * eigenvalues[-1] / eigenvalues[0]
+    w, active = svm_primal(augmented(xs, 1.0), ys, 5, 1e-8, scaled=True)
+    want = xq @ w[:, :16].T
+    got = heads.svm_logits(xs, ys, xq, 5, c=1e-8).numpy()
+    assert relative(got, want) < stated
+    np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
+    # float32 embeddings at c = 1e-5 (they were 110% off): against the primal of the
+    # rounded embeddings, on its active set at c = 1e-8 (certified by svm_primal)
+    xs32, xq32 = xs.astype(np.float32), xq.astype(np.float32)
+    w, _ = svm_primal(augmented(xs32.astype(np.float64), 1.0), ys, 5, 1e-5, active,
+                      scaled=True)
+    want = xq32.astype(np.float64) @ w[:, :16].T
+    got = heads.svm_logits(xs32, ys, xq32, 5, c=1e-5).numpy()
+    assert got.dtype == np.float32 and relative(got, want) < stated + 1e-6
+
+
+def svm_values(xs, ys, xq, n_way, labels=None, **kwargs):
+    """The SVM's logits and the gradient of a function of them (the queries' cross-entropy
+    at `labels`, else the sum of their sines) with respect to the support embeddings."""
     support = tf.constant(xs)
     with tf.GradientTape() as tape:
         tape.watch(support)
         logits = heads.svm_logits(support, ys, tf.constant(xq), n_way, **kwargs)
-        value = tf.reduce_sum(tf.sin(logits))
+        value = (tf.reduce_sum(tf.sin(logits)) if labels is None else tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)))
     return logits.numpy(), tape.gradient(value, support).numpy()
 
 
-def test_svm_of_float32_embeddings_solved_in_float64():
-    # 20-way 1-shot in 64 dimensions: at norm ~800 the kernel's condition number (~6e5
-    # against the ridge of 1) is beyond float32's solver at its own tolerance, an error;
-    # solved in float64 it agrees with the float64 solve (and here needs the float64
-    # solver's own tolerance: at float32's the gradient's CG solve fails)
-    rng = np.random.default_rng(0)
+def test_svm_of_float32_embeddings_is_solved_in_float64():
+    # 5-way 5-shot in 16 dimensions, embeddings of norm 80: solved in float32 to float32's
+    # tolerance, the logits came out 5e-4 off and the gradient 8e-4, with no error. Solved
+    # in float64, against a tight float64 solve of the rounded embeddings:
+    rng = np.random.default_rng(1)
+    xs, ys, xq = episode_arrays(seed=1, n_way=5, k=5, d=16, q=40)
+    xs = (80 * xs / np.linalg.norm(xs, axis=1, keepdims=True)).astype(np.float32)
+    xq = (80 * xq / np.linalg.norm(xq, axis=1, keepdims=True)).astype(np.float32)
+    labels = rng.integers(0, 5, size=40)
+    logits, grad = svm_values(xs, ys, xq, 5, labels)
+    assert logits.dtype == grad.dtype == np.float32
+    want, want_grad = svm_values(xs.astype(np.float64), ys, xq.astype(np.float64), 5, labels,
+                                 tol=1e-13, maxiter=20000)
+    assert relative(logits, want) < 1e-6
+    assert np.linalg.norm(grad - want_grad) / np.linalg.norm(want_grad) < 1e-4
+
+    # 20-way 1-shot in 64 dimensions at norm ~800, the kernel's condition number ~6e5
+    # (beyond a float32 solve: an error), agrees with the float64 solve
     ys = np.arange(20, dtype=np.int32)
     xq = rng.normal(size=(10, 64)).astype(np.float32)
     large = (100 * rng.normal(size=(20, 64))).astype(np.float32)
-    with pytest.raises(ValueError, match="did not return a root"):
-        heads.svm_logits(large, ys, xq, 20)
-    logits, grad = svm_values(large, ys, xq, 20, solve_dtype="float64")
-    assert logits.dtype == grad.dtype == np.float32 and np.all(np.isfinite(grad))
+    logits = heads.svm_logits(large, ys, xq, 20).numpy()
     exact = heads.svm_logits(large.astype(np.float64), ys, xq.astype(np.float64), 20).numpy()
     np.testing.assert_allclose(logits, exact, rtol=0, atol=1e-6 * np.abs(exact).max())
 
     # the gradient through the casts against float64 central differences along a random
     # direction, where the dual moves with X (C = 10: most coordinates free)
     support = rng.normal(size=(20, 64)).astype(np.float32)
-    _, grad = svm_values(support, ys, xq, 20, c=10.0, solve_dtype="float64")
+    _, grad = svm_values(support, ys, xq, 20, c=10.0)
     direction = rng.normal(size=support.shape)
 
     def value(x):
@@ -295,206 +373,15 @@ def test_svm_of_float32_embeddings_solved_in_float64():
     x = support.astype(np.float64)
     fd = (value(x + h * direction) - value(x - h * direction)) / (2 * h)
     np.testing.assert_allclose(np.sum(grad * direction), fd, rtol=1e-3)
-    for bad in ("float16", "int64", "wide"):
-        with pytest.raises(checks.ArgumentError, match="solve_dtype"):
-            heads.svm_logits(support, ys, xq, 20, solve_dtype=bad)
 
 
-def embedding_net():
-    keras.utils.set_random_seed(0)
-    return keras.Sequential([keras.Input((6,), dtype="float64"),
-                             keras.layers.Dense(8, activation="tanh", dtype="float64"),
-                             keras.layers.Dense(5, dtype="float64")])
-
-
-def tiny_episodes(tasks=2, n_way=3, k=2, q=2, seed=10):
-    rng = np.random.default_rng(seed)
-    ys = np.stack([rng.permutation(np.repeat(np.arange(n_way), k)) for _ in range(tasks)])
-    yq = np.stack([rng.permutation(np.repeat(np.arange(n_way), q)) for _ in range(tasks)])
-    return (tf.constant(rng.normal(size=(tasks, n_way * k, 6))), tf.constant(ys, tf.int32),
-            tf.constant(rng.normal(size=(tasks, n_way * q, 6))), tf.constant(yq, tf.int32))
-
-
-def cross_entropy(y, logits):
-    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-        labels=tf.cast(y, tf.int32), logits=logits))
-
-
-def direct_logits(name, model, xs, ys, xq, n_way):
-    es, eq = model(xs), model(xq)
-    if name == "protonet":
-        return heads.prototype_logits(es, ys, eq, n_way)
-    if name == "r2d2":  # the starting values bound below
-        return heads.ridge_logits(es, ys, eq, n_way, l2=0.5, scale=3.0, bias=0.25)
-    return 2.0 * heads.svm_logits(es, ys, eq, n_way, c=0.2)
-
-
-def numpy_embed(values, x):
-    return np.tanh(x @ values[0] + values[1]) @ values[2] + values[3]
-
-
-def numpy_meta_loss(name, values, tasks, active=None):
-    """The few-shot objective in numpy (float64): the embedding net's forward pass, the head
-    in closed form (the SVM by its primal on the augmented embeddings, on each task's
-    active set `active[t]`), the queries' mean cross-entropy averaged over the tasks."""
-    losses = []
-    for t, (xs, ys, xq, yq) in enumerate(zip(*tasks)):
-        es, eq, y = numpy_embed(values, xs), numpy_embed(values, xq), one_hot(ys, 3)
-        if name == "protonet":
-            means = y.T @ es / y.sum(0)[:, None]
-            logits = -((eq[:, None] - means[None]) ** 2).sum(-1)
-        elif name == "r2d2":
-            log_l2, scale, bias = values[4:]
-            w = es.T @ np.linalg.solve(es @ es.T + np.exp(log_l2) * np.eye(len(es)), y)
-            logits = scale * eq @ w + bias
-        else:
-            w = svm_primal(augmented(es, 1.0), ys, 3, 0.2, active[t])[0][:, :es.shape[1]]
-            logits = values[4] * eq @ w.T
-        top = logits.max(-1)
-        lse = top + np.log(np.exp(logits - top[:, None]).sum(-1))
-        losses.append(np.mean(lse - logits[np.arange(len(yq)), yq]))
-    return np.mean(losses)
-
-
-SETTINGS = {"protonet": {}, "r2d2": dict(l2=0.5, scale=3.0, bias=0.25),
-            "metaoptnet": dict(c=0.2, scale=2.0)}
-
-
-NAMES = ["protonet", "r2d2", "metaoptnet"]
-# one algorithm vectorized (the default), the others sequentially: traces are the cost
-MODES = {"protonet": "sequential", "r2d2": "vectorized", "metaoptnet": "sequential"}
-
-
-@pytest.fixture(scope="module")
-def meta_gradients():
-    """Each head's (model, algorithm, meta-loss, meta-gradient) on `tiny_episodes()`."""
-    out = {}
-    for name in NAMES:
-        model = embedding_net()
-        algo = meta.FEW_SHOT[name](model, cross_entropy, task_map=MODES[name],
-                                   **SETTINGS[name])
-        out[name] = (model, algo) + tuple(meta.meta_gradient(algo, model, tiny_episodes()))
-    return out
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_few_shot_meta_loss_and_evaluation_equal_the_heads_on_the_embeddings(
-        name, meta_gradients):
-    tasks = tiny_episodes()
-    mode = MODES[name]
-    model, algo, loss, grads = meta_gradients[name]
-    per_task = [direct_logits(name, model, *(t[i] for t in tasks[:3]), 3) for i in range(2)]
-    want = np.mean([cross_entropy(tasks[3][i], per_task[i]).numpy() for i in range(2)])
-    np.testing.assert_allclose(loss.numpy(), want, rtol=1e-7)
-    learned = {"protonet": 0, "r2d2": 3, "metaoptnet": 1}[name]
-    assert len(algo.variables) == learned
-    # the meta-gradient (backbone and the head's learned scalars) against float64 central
-    # differences of the objective written out in numpy
-    values = [v.numpy() for v in model.trainable_variables + algo.variables]
-    arrays = [t.numpy() for t in tasks]
-    active = ([svm_primal(augmented(numpy_embed(values, x), 1.0), y, 3, 0.2)[1]
-               for x, y in zip(arrays[0], arrays[1])] if name == "metaoptnet" else None)
-    np.testing.assert_allclose(numpy_meta_loss(name, values, arrays, active), want,
-                               rtol=1e-7)
-    flat = np.concatenate([np.ravel(v) for v in values])
-
-    def objective(z):
-        parts = np.split(z, np.cumsum([v.size for v in values])[:-1])
-        return numpy_meta_loss(name, [p.reshape(v.shape) for p, v in zip(parts, values)],
-                               arrays, active)
-
-    h = 1e-6
-    fd = np.array([(objective(flat + h * e) - objective(flat - h * e)) / (2 * h)
-                   for e in np.eye(flat.size)])
-    got = np.concatenate([np.ravel(g.numpy()) for g in grads])
-    np.testing.assert_allclose(got, fd, rtol=1e-5, atol=1e-7)
-    # not trivially zero: the backbone's part, and each learned scalar's but R2D2's bias
-    # (the softmax is invariant to a shift of every logit)
-    assert np.abs(fd[:flat.size - learned]).max() > 1e-3
-    assert np.all(np.abs(fd[flat.size - learned:][:2]) > 1e-6)
-    result = meta.evaluate(algo, model, cross_entropy, tasks, steps=(0,), accuracy=True,
-                           task_map=mode)
-    accuracy = np.mean([np.mean(np.argmax(per_task[i], -1) == tasks[3][i].numpy())
-                        for i in range(2)])
-    np.testing.assert_allclose(result["loss_after_0"], want, rtol=1e-7)
-    np.testing.assert_allclose(result["accuracy_after_0"], accuracy, rtol=1e-7)
-    with pytest.raises(checks.ArgumentError, match=r"steps=\(0,\)"):
-        algo.adapt((tasks[0][0], tasks[1][0]), 1)
-
-
-def test_mirrored_step_is_the_sgd_step_on_the_meta_gradient(meta_gradients):
-    # one compiled step for the three heads, each on its own backbone (the sum of their
-    # objectives), one task per replica: learned scalars all-reduced (R2D2, MetaOptNet),
-    # the SVM's implicit solve in each replica; the meta-gradients checked above
-    strategy = distribute.make_strategy("mirrored")
-    with strategy.scope():
-        opt = keras.optimizers.SGD(0.5)  # exact in float32, Keras's rate dtype
-        models = [embedding_net() for _ in NAMES]
-        algos = [meta.FEW_SHOT[name](model, cross_entropy, task_map=MODES[name],
-                                     **SETTINGS[name]) for name, model in zip(NAMES, models)]
-    groups = [m.trainable_variables + a.variables for m, a in zip(models, algos)]
-    step = train.make_train_step(
-        lambda t: {"loss": tf.add_n([a.meta_loss(t)["loss"] for a in algos])}, opt,
-        [v for g in groups for v in g], strategy=strategy)
-    data = tf.data.Dataset.from_tensors(tiny_episodes()).unbatch().batch(2)
-    step(next(iter(distribute.distribute_dataset(strategy, data))))
-    for name, group in zip(NAMES, groups):
-        model, algo, _, grads = meta_gradients[name]
-        want = [v.numpy() - 0.5 * g.numpy()
-                for v, g in zip(model.trainable_variables + algo.variables, grads)]
-        for v, w in zip(group, want):
-            np.testing.assert_allclose(v.numpy(), w, rtol=1e-9, atol=1e-10, err_msg=name)
-
-
-def test_r2d2_learns_its_penalty_on_the_log_scale_and_checks_its_starting_values():
-    model = embedding_net()
-    algo = meta.r2d2(model, cross_entropy, l2=0.5)
-    np.testing.assert_allclose(algo.variables[0].numpy(), np.log(0.5), rtol=1e-15)
-    assert algo.variables[0].dtype == tf.float64
-    with pytest.raises(checks.ArgumentError, match="l2"):
-        meta.r2d2(model, cross_entropy, l2=0.0)
-    with pytest.raises(checks.ArgumentError, match="c must"):
-        meta.metaoptnet(model, cross_entropy, c=-1.0)
-    with pytest.raises(checks.ArgumentError, match="task_map"):
-        meta.protonet(model, cross_entropy, task_map="parallel")
-
-
-def test_a_task_missing_a_class_is_named_by_the_algorithm():
-    model = embedding_net()
-    xs, ys, xq, yq = tiny_episodes()
-    ys = tf.constant([[0, 1, 2, 0, 1, 2], [0, 1, 1, 0, 1, 0]], tf.int32)  # task 1: no class 2
-    with pytest.raises(tf.errors.InvalidArgumentError, match="no support example"):
-        meta.protonet(model, cross_entropy).meta_loss((xs, ys, xq, yq))
-    # no task's support holds class 2, a query does: an error, not a 2-way head
-    ys = tf.constant([[0, 1, 1, 0, 1, 0]] * 2, tf.int32)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="no support example"):
-        meta.protonet(model, cross_entropy).meta_loss((xs, ys, xq, yq))
-
-
-def dropout_net():
-    keras.utils.set_random_seed(1)
-    return keras.Sequential([keras.Input((6,), dtype="float64"),
-                             keras.layers.Dense(8, activation="tanh", dtype="float64"),
-                             keras.layers.Dropout(0.5, dtype="float64"),
-                             keras.layers.Dense(5, dtype="float64")])
-
-
-def test_the_heads_evaluation_takes_the_support_pass_seed_from_the_evaluation_seed():
-    from hogrod.meta.inner import evaluation_seeds, run
-    model = dropout_net()
-    tasks = tiny_episodes()
-    algo = meta.protonet(model, cross_entropy, task_map="sequential")
-    evaluate = meta.evaluator(algo, model, cross_entropy, steps=(0,), task_map="sequential",
-                              seed=3)
-    first = evaluate(tasks)["loss_after_0"]
-    algo.meta_loss(tasks)  # moves the model's seed states, which evaluation never reads
-    assert evaluate(tasks)["loss_after_0"] == first
-    # the masks by hand: the query pass takes the task's pass 0, the support pass its pass 1
-    seeds = evaluation_seeds(model, 2, 2, 3)
-    params = model.trainable_variables
-    want = np.mean([cross_entropy(tasks[3][t], heads.prototype_logits(
-        run(model, params, tasks[0][t], True, seeds[t, 1]), tasks[1][t],
-        run(model, params, tasks[2][t], True, seeds[t, 0]), 3)).numpy() for t in range(2)])
-    np.testing.assert_allclose(first, want, rtol=1e-12)
-    with pytest.raises(checks.ArgumentError, match="support pass"):
-        algo.adapt((tasks[0][0], tasks[1][0]), 0, seeds[0, :0])
+def test_svm_of_non_finite_support_embeddings_is_named():
+    xs, ys, xq = episode_arrays(seed=3)
+    xs[2, 1] = np.nan
+    with pytest.raises(checks.ArgumentError, match="svm_logits: the support embeddings have "
+                                                   "NaN or infinite entries"):
+        heads.svm_logits(xs, ys, xq, 4)
+    xs[2, 1] = np.inf
+    fn = tf.function(lambda a: heads.svm_logits(a, ys, xq, 4))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="NaN or infinite"):
+        fn(tf.constant(xs))

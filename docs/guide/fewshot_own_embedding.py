@@ -95,8 +95,8 @@ def heads_on_one_episode(n_way=5, k_shot=2, k_query=5):
     want = -((q[:, None, :] - means[None]) ** 2).sum(-1)
     assert np.allclose(proto, want, rtol=1e-12, atol=1e-12)
 
-    # R2D2: ridge regression onto one-hot targets (the library solves its Woodbury form,
-    # n x n; numpy here the primal, d x d)
+    # R2D2: ridge regression onto one-hot targets (the library solves the smaller system,
+    # here the Woodbury form, n x n with n = 10 < d = 16; numpy here the primal, d x d)
     l2, scale, bias = 0.5, 2.0, 0.1
     ridge = meta.ridge_logits(es, ys, eq, n_way, l2=l2, scale=scale, bias=bias)
     weights = np.linalg.solve(s.T @ s + l2 * np.eye(WIDTH), s.T @ one_hot)

@@ -20,6 +20,9 @@ A task is `(x_support, y_support, x_query, y_query)`; `loss` is always a Keras l
   down.
 - tasks: `sinusoid_meta_batches`, `sample_sinusoids` (`tasks.py`); N-way K-shot
   `episodes` from `load_omniglot` (the original zips) or `load_tfds_classes` (`episodes.py`).
+- few-shot heads `prototype_logits`, `ridge_logits`, `svm_logits` (`heads.py`; the SVM's
+  dual solver, always in float64, in `svm.py`) and their algorithms `protonet`, `r2d2`,
+  `metaoptnet` (`fewshot.py`, gathered in `FEW_SHOT`).
 - `evaluate`, `evaluator` (traced once, for periodic use): query loss/accuracy after 0, 1,
   ... adaptation steps, Dropout masks fresh per task and pass from an evaluation seed
   (`evaluation.py`).

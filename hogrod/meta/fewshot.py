@@ -11,9 +11,10 @@ tasks: no inner gradient steps, the meta-gradient flows through the head's solut
 The number of classes is read from the labels: one more than the largest support label of
 the meta-batch (of the task, in `adapt`), so a model trained on 60-way episodes is
 evaluated on 5- or 20-way ones with the same `Algorithm`; a task missing a class is an
-error naming it. `adapt(support, steps=0, seeds=None)` returns the head's solution (its
-support pass seeded by `seeds[0]`, which `hogrod.meta.evaluate` draws from its seed and the
-task's index; None: the model's seed states) and `predict` the query logits from it; these
+error naming it, and so is a query label outside those classes. `adapt(support, steps=0,
+seeds=None)` returns the head's solution (its support pass seeded by `seeds[0]`, which
+`hogrod.meta.evaluate` draws from its seed and the task's index; None: the model's seed
+states) and `predict` the query logits from it; these
 algorithms have no adaptation steps, so `evaluate` them with `steps=(0,)`
 (`accuracy_after_0`).
 """
@@ -26,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from hogrod import checks, taskmap
-from hogrod.meta import heads
+from hogrod.meta import heads, svm
 from hogrod.meta.common import (Algorithm, check_loss, compiled_when_eager, pass_seed,
                                 task_seeds)
 from hogrod.meta.inner import initial_params, run
@@ -65,6 +66,23 @@ def _support_seed(seeds, where):
     return seeds[0]
 
 
+def _query_labels_checked(labels, n_way, where):
+    """The assertion that the query labels are in `0..n_way-1` (`n_way` a tensor, printed
+    with the labels' range when it fails)."""
+    labels = tf.convert_to_tensor(labels)
+    if not labels.dtype.is_integer:
+        raise checks.ArgumentError(f"{where}: the query labels (tasks[3]) must be integers, "
+                                   f"got {checks.describe(labels)}")
+    labels = tf.cast(labels, tf.int32)
+    low, high = tf.reduce_min(labels), tf.reduce_max(labels)
+    return checks.require(
+        tf.logical_and(low >= 0, high < n_way),
+        f"{where}: the query labels (tasks[3]) must be in 0..n_way-1, n_way being one more "
+        "than the largest support label (printed below with the query labels' range): a "
+        "query class must have support examples",
+        data=["n_way =", n_way, "query labels from", low, "to", high])
+
+
 def _headed(model, loss, fit, logits_of, variables, task_map, where):
     """The `Algorithm` of a head: `fit(support, labels, n_way) -> solution` and
     `logits_of(solution, query) -> logits`, each on `[..., n, d]` embeddings with any
@@ -83,11 +101,10 @@ def _headed(model, loss, fit, logits_of, variables, task_map, where):
         support, query = taskmap.map_tasks(
             lambda inputs, s, p: _embeddings(model, p, inputs, s), (tasks[0], tasks[2]), seeds,
             params, mode)
-        # the classes of the support AND query labels: a class only a query holds is then
-        # the head's error (no support examples), never a silently smaller n_way
-        n_way = _classes(tf.concat([tf.reshape(tasks[1], [-1]),
-                                    tf.cast(tf.reshape(tasks[3], [-1]), tasks[1].dtype)], 0))
-        logits = logits_of(fit(support, tasks[1], n_way), query)
+        # the classes of the support labels; a query label outside them is an error
+        n_way = _classes(tasks[1])
+        with tf.control_dependencies(_query_labels_checked(tasks[3], n_way, where)):
+            logits = logits_of(fit(support, tasks[1], n_way), query)
         per_task = tf.map_fn(lambda e: tf.cast(loss(e[0], e[1]), logits.dtype),
                              (tasks[3], logits), fn_output_signature=logits.dtype)
         return {"loss": tf.reduce_mean(per_task)}
@@ -158,7 +175,8 @@ def _dtype(model, where):
 def r2d2(model: keras.Model, loss: Loss, l2: float = 1.0, scale: float = 1.0,
          bias: float = 0.0, task_map: str = "vectorized") -> Algorithm:
     """R2D2 (Bertinetto et al. 2019): ridge regression onto one-hot targets in closed form
-    (`hogrod.meta.ridge_logits`, Woodbury form), its penalty, scale and bias learned.
+    (`hogrod.meta.ridge_logits`, the smaller of its primal and Woodbury systems), its
+    penalty, scale and bias learned.
 
     `Algorithm.variables` are three scalars at the model's dtype, meta-trained with the
     weights: log(l2) (so the penalty stays positive), the logits' scale and bias.
@@ -184,9 +202,7 @@ def r2d2(model: keras.Model, loss: Loss, l2: float = 1.0, scale: float = 1.0,
     def fit(support, labels, n_way):
         xs, _, _, one_hot, _, asserts = heads.episode(support, labels, support, n_way, where)
         with tf.control_dependencies(asserts):
-            penalty = tf.exp(tf.cast(log_l2, xs.dtype))
-            return tf.linalg.matmul(xs, heads.ridge_dual(xs, one_hot, penalty),
-                                    transpose_a=True)
+            return heads.ridge_weights(xs, one_hot, tf.exp(tf.cast(log_l2, xs.dtype)))
 
     def logits_of(weights, query):
         return heads.affine(tf.linalg.matmul(query, weights), scale_v, bias_v)
@@ -196,9 +212,8 @@ def r2d2(model: keras.Model, loss: Loss, l2: float = 1.0, scale: float = 1.0,
 
 @gin.configurable
 def metaoptnet(model: keras.Model, loss: Loss, c: float = 0.1, scale: float = 1.0,
-               learn_scale: bool = True, maxiter: int = heads.SVM_MAXITER,
-               tol: Optional[float] = None, kernel_ridge: float = heads.KERNEL_RIDGE,
-               solve_dtype: Optional[str] = None,
+               learn_scale: bool = True, maxiter: int = svm.SVM_MAXITER,
+               tol: Optional[float] = None, kernel_ridge: float = svm.KERNEL_RIDGE,
                task_map: str = "vectorized") -> Algorithm:
     """MetaOptNet-SVM (Lee et al. 2019): the Crammer-Singer multi-class SVM on the support
     embeddings (`hogrod.meta.svm_logits`), solved in its dual per task and differentiated
@@ -206,7 +221,8 @@ def metaoptnet(model: keras.Model, loss: Loss, c: float = 0.1, scale: float = 1.
 
     In `meta_loss` the tasks' duals are solved one after the other (`tf.map_fn`, which
     keeps the implicit gradient), outside the mapping of the forward passes, so every
-    task_map maps the embeddings as it says.
+    task_map maps the embeddings as it says. They are solved in float64 whatever the
+    model's dtype (see `hogrod.meta.svm`).
 
     Args:
       model: a built Keras 3 embedding network, outputs `[batch, d]`.
@@ -214,15 +230,13 @@ def metaoptnet(model: keras.Model, loss: Loss, c: float = 0.1, scale: float = 1.
       c: the SVM's slack penalty C, > 0 (MetaOptNet's 0.1).
       scale: the logits' scale, starting value.
       learn_scale: meta-train the scale (`Algorithm.variables`); False keeps it fixed.
-      maxiter: the dual solver's iteration limit (see `hogrod.meta.svm_logits`).
-      tol: the dual solver's tolerance (None: see `hogrod.meta.svm_logits`).
+      maxiter: the dual solver's iteration limit (see `hogrod.meta.svm_logits`); the
+        embeddings' norms grow in meta-training, and with them the iterations needed.
+      tol: the dual solver's relative tolerance (None: 7.5e-9; see
+        `hogrod.meta.svm_logits`).
       kernel_ridge: r >= 0 added to the diagonal of the dual's kernel (MetaOptNet's 1.0:
         the dual strongly convex, its solution and gradient unique even for linearly
         dependent support embeddings; 0: the plain SVM; see `hogrod.meta.svm_logits`).
-      solve_dtype: the dtype the duals are solved and differentiated at, e.g. 'float64'
-        for a float32 model, whose embeddings' norms grow in meta-training until float32
-        arithmetic cannot reach the tolerances (see `hogrod.meta.svm_logits`); None: the
-        model's dtype.
       task_map: 'vectorized', 'sequential' or 'recomputed' (see `hogrod.meta.maml`).
 
     Returns:
@@ -239,7 +253,6 @@ def metaoptnet(model: keras.Model, loss: Loss, c: float = 0.1, scale: float = 1.
         raise checks.ArgumentError(f"{where}: learn_scale must be True or False, got "
                                    f"{learn_scale!r}")
     dtype = _dtype(model, where)
-    heads.solve_dtype_of(solve_dtype, dtype, where)
     scale_v = _scalar_variable(scale, dtype, "metaoptnet_scale", "scale", where)
     variables = [scale_v] if learn_scale else []
     scale_value = scale_v if learn_scale else checks.number(scale, "scale", where)
@@ -248,9 +261,8 @@ def metaoptnet(model: keras.Model, loss: Loss, c: float = 0.1, scale: float = 1.
         xs, ys, _, _, _, asserts = heads.episode(support, labels, support, n_way, where)
 
         def one_task(x, y):
-            return heads.svm_dual(x, y, n_way, c, maxiter, tol, batched=False,
-                                  asserts=asserts, where=where, kernel_ridge=kernel_ridge,
-                                  solve_dtype=solve_dtype)
+            return svm.svm_dual(x, y, n_way, c, maxiter, tol, batched=False,
+                                asserts=asserts, where=where, kernel_ridge=kernel_ridge)
 
         if xs.shape.rank == 2:
             alpha = one_task(xs, ys)

@@ -1,7 +1,8 @@
 """Few-shot classification heads: the query logits of a classifier fitted to the support
 embeddings of one episode.
 
-Embeddings are `[n, d]` (support) and `[q, d]` (query) of one floating dtype, labels an
+Embeddings are `[n, d]` (support) and `[q, d]` (query) of one floating dtype (tensors or
+arrays alike: a float64 query with float32 support is an error, never a cast), labels an
 integer `[n]` in `0..n_way-1` with every class present; each head returns the query logits
 `[q, n_way]` at the embeddings' dtype and is differentiable with respect to both sets of
 embeddings (and `l2`, `scale`, `bias` when they are tensors):
@@ -9,32 +10,30 @@ embeddings (and `l2`, `scale`, `bias` when they are tensors):
 - `prototype_logits`: Prototypical Networks (Snell et al. 2017), minus the squared
   Euclidean distance to each class mean;
 - `ridge_logits`: R2D2 (Bertinetto et al. 2019), ridge regression onto one-hot targets in
-  closed form, in its Woodbury form (the cost is in the number of support examples);
+  closed form, by the smaller of its two linear systems (`d x d` primal, `n x n` Woodbury);
 - `svm_logits`: MetaOptNet-SVM (Lee et al. 2019), the Crammer-Singer multi-class SVM
   without bias (its dual's kernel plus MetaOptNet's identity by default), solved in its
-  dual by accelerated projected gradient in graph and differentiated implicitly
-  (`hogrod.implicit.custom_root`) at its solution, never through the solver's iterations.
+  dual in float64 by accelerated projected gradient in graph and differentiated implicitly
+  (`hogrod.implicit.custom_root`) at its solution, never through the solver's iterations
+  (`hogrod.meta.svm`).
 
 Checks: static ones (ranks, dtypes, widths, `n_way`, a Python `c` or `l2`) raise
 `hogrod.checks.ArgumentError` when called or traced; those on values (labels in range,
-every class present, a tensor `c` or `l2` positive) raise it eagerly and are
-`tf.debugging.Assert`s in a graph (`tf.errors.InvalidArgumentError` when run).
+every class present, a tensor `c` or `l2` positive, finite support embeddings for the SVM)
+raise it eagerly and are `tf.debugging.Assert`s in a graph (`tf.errors.InvalidArgumentError`
+when run).
 """
 
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 
-from hogrod import checks, implicit, implicit_solves, linalg, tree
+from hogrod import checks
+from hogrod.meta import svm
 from hogrod.types import Scalar, TensorLike
 
-__all__ = ["prototype_logits", "ridge_logits", "svm_logits", "SVM_MAXITER", "KERNEL_RIDGE"]
-
-#: `svm_logits`'s default iteration limit of the dual solver.
-SVM_MAXITER = 1000
-#: `svm_logits`'s default ridge on the dual's kernel: MetaOptNet's code adds the identity.
-KERNEL_RIDGE = 1.0
+__all__ = ["prototype_logits", "ridge_logits", "svm_logits"]
 
 
 def _n_way(n_way, where):
@@ -64,12 +63,11 @@ def episode(support_embeddings: TensorLike, support_labels: TensorLike,
       `[..., n_way]` at the embeddings' dtype, and the value checks (`[]` eagerly).
     """
     n_way = _n_way(n_way, where)
-    xs = tf.convert_to_tensor(support_embeddings)
-    xq = tf.convert_to_tensor(query_embeddings, dtype_hint=xs.dtype)
+    # each converted at its own dtype (Python numbers in float64), so a query of another
+    # dtype than the support's is an error, not a cast (an array's as a tensor's)
+    xs = checks.floating(support_embeddings, "support_embeddings", where)
+    xq = checks.floating(query_embeddings, "query_embeddings", where)
     ys = tf.convert_to_tensor(support_labels)
-    if not xs.dtype.is_floating:
-        raise checks.ArgumentError(f"{where}: support_embeddings must be floating, got "
-                                   f"{checks.describe(xs)}")
     if xq.dtype != xs.dtype:
         raise checks.ArgumentError(f"{where}: query_embeddings must have the support "
                                    f"embeddings' dtype {xs.dtype.name}, got "
@@ -96,14 +94,20 @@ def episode(support_embeddings: TensorLike, support_labels: TensorLike,
                                    f"{checks.describe(xs)}")
     ys = tf.cast(ys, tf.int32)
     n_way_t = tf.cast(n_way, tf.int32)
-    asserts = checks.require(n_way_t >= 1, f"{where}: n_way must be >= 1")
+    # a tensor n_way's value is printed after a graph assertion's message, not its repr
+    known = tf.get_static_value(n_way_t)
+    stated = f"n_way={int(known)}" if known is not None else "n_way below"
+    data = ["n_way =", n_way_t]
+    asserts = checks.require(n_way_t >= 1, f"{where}: n_way must be >= 1 ({stated})",
+                             data=data)
     asserts += checks.require(tf.logical_and(ys >= 0, ys < n_way_t),
-                              f"{where}: support_labels must be in 0..n_way-1 (n_way={n_way})")
+                              f"{where}: support_labels must be in 0..n_way-1 ({stated})",
+                              data=data)
     with tf.control_dependencies(asserts):  # one_hot maps a label out of range to zeros
         one_hot = tf.one_hot(ys, n_way_t, dtype=xs.dtype)
     counts = tf.reduce_sum(one_hot, axis=-2)
-    asserts += checks.require(counts > 0, f"{where}: a class in 0..n_way-1 (n_way={n_way}) "
-                              "has no support example; every class needs at least one")
+    asserts += checks.require(counts > 0, f"{where}: a class in 0..n_way-1 ({stated}) has no "
+                              "support example; every class needs at least one", data=data)
     return xs, ys, xq, one_hot, counts, asserts
 
 
@@ -183,9 +187,10 @@ def ridge_logits(support_embeddings: TensorLike, support_labels: TensorLike,
     """R2D2's logits: ridge regression onto one-hot targets, solved in closed form.
 
     With X the support `[n, d]` and Y its one-hot targets `[n, n_way]`, the ridge solution
-    ``W = argmin ||X W - Y||**2 + l2 ||W||**2 = X^T (X X^T + l2 I)^{-1} Y`` (the Woodbury
-    form: one `[n, n]` Cholesky solve, the cost in the number of support examples, not in
-    d); the logits are ``scale * (query W) + bias`` (Bertinetto et al. 2019).
+    ``W = argmin ||X W - Y||**2 + l2 ||W||**2``, ``(X^T X + l2 I)^{-1} X^T Y`` (primal, a
+    `[d, d]` system) ``= X^T (X X^T + l2 I)^{-1} Y`` (Woodbury, `[n, n]`), by Cholesky on the
+    smaller of the two (`ridge_weights`); the logits are ``scale * (query W) + bias``
+    (Bertinetto et al. 2019).
 
     Args:
       support_embeddings: `[n, d]` floating.
@@ -208,26 +213,45 @@ def ridge_logits(support_embeddings: TensorLike, support_labels: TensorLike,
     xs, _, xq, one_hot, _, asserts = episode(support_embeddings, support_labels,
                                              query_embeddings, n_way, where)
     l2, more = _positive(l2, "l2", xs.dtype, where)
-    cross = tf.linalg.matmul(xq, xs, transpose_b=True)  # [q, n]: the cost is in n, not d
-    logits = _with(asserts + more, tf.linalg.matmul(cross, ridge_dual(xs, one_hot, l2)))
-    return affine(logits, scale, bias)
+    weights = _with(asserts + more, ridge_weights(xs, one_hot, l2))
+    return affine(tf.linalg.matmul(xq, weights), scale, bias)
 
 
-def ridge_dual(support: tf.Tensor, one_hot: tf.Tensor, l2: tf.Tensor) -> tf.Tensor:
-    """``(X X^T + l2 I)^{-1} Y`` `[..., n, n_way]` by Cholesky (the Woodbury form's solve).
+def ridge_weights(support: tf.Tensor, one_hot: tf.Tensor, l2: tf.Tensor) -> tf.Tensor:
+    """The ridge solution W `[..., d, n_way]` by Cholesky on the smaller system: the primal
+    ``(X^T X + l2 I_d) W = X^T Y`` where n > d, the Woodbury form ``W = X^T (X X^T + l2
+    I_n)^{-1} Y`` otherwise.
+
+    The two are equal in exact arithmetic, not in floating point: with n > d, ``X X^T`` has
+    rank at most d, so ``X X^T + l2 I_n`` has condition number about ``||X||**2 / l2``,
+    beyond float32 at a small l2 (NaN logits at l2 = 1e-6, 7% off at 1e-5 with 25 support
+    examples in 4 dimensions), where the primal's is that of ``X^T X`` alone.
 
     Args:
-      support: X, `[..., n, d]`.
-      one_hot: Y, `[..., n, n_way]`.
+      support: X, `[..., n, d]` floating.
+      one_hot: Y, `[..., n, n_way]` at X's dtype.
       l2: the ridge penalty, a scalar tensor at X's dtype.
 
     Returns:
-      The dual coefficients A: the ridge weights are ``X^T A``.
+      W, at X's dtype.
     """
-    gram = tf.linalg.matmul(support, support, transpose_b=True)
-    n = tf.shape(gram)[-1]
-    chol = tf.linalg.cholesky(gram + l2 * tf.eye(n, dtype=gram.dtype))
-    return tf.linalg.cholesky_solve(chol, one_hot)
+    def primal():
+        gram = tf.linalg.matmul(support, support, transpose_a=True)  # [..., d, d]
+        eye = tf.eye(tf.shape(gram)[-1], dtype=gram.dtype)
+        return tf.linalg.cholesky_solve(tf.linalg.cholesky(gram + l2 * eye),
+                                        tf.linalg.matmul(support, one_hot, transpose_a=True))
+
+    def woodbury():
+        gram = tf.linalg.matmul(support, support, transpose_b=True)  # [..., n, n]
+        eye = tf.eye(tf.shape(gram)[-1], dtype=gram.dtype)
+        dual = tf.linalg.cholesky_solve(tf.linalg.cholesky(gram + l2 * eye), one_hot)
+        return tf.linalg.matmul(support, dual, transpose_a=True)
+
+    n, d = support.shape[-2], support.shape[-1]
+    if n is not None and d is not None:
+        return primal() if n > d else woodbury()
+    shape = tf.shape(support)
+    return tf.cond(shape[-2] > shape[-1], primal, woodbury)
 
 
 def affine(logits: tf.Tensor, scale: Optional[Scalar], bias: Optional[Scalar]) -> tf.Tensor:
@@ -255,9 +279,8 @@ def affine(logits: tf.Tensor, scale: Optional[Scalar], bias: Optional[Scalar]) -
 
 def svm_logits(support_embeddings: TensorLike, support_labels: TensorLike,
                query_embeddings: TensorLike, n_way: Scalar, c: float = 0.1,
-               maxiter: int = SVM_MAXITER, tol: Optional[float] = None,
-               kernel_ridge: float = KERNEL_RIDGE,
-               solve_dtype: Optional[str] = None) -> tf.Tensor:
+               maxiter: int = svm.SVM_MAXITER, tol: Optional[float] = None,
+               kernel_ridge: float = svm.KERNEL_RIDGE) -> tf.Tensor:
     """MetaOptNet-SVM's logits: a Crammer-Singer multi-class SVM fitted to the support.
 
     The primal (Crammer and Singer 2001, no bias; Lee et al. 2019): with x_i the support
@@ -279,254 +302,48 @@ def svm_logits(support_embeddings: TensorLike, support_labels: TensorLike,
     than the embedding width), where with r = 0 the gradient's linear solve may fail. r = 0
     is the plain Crammer-Singer SVM.
 
-    The dual is solved by projected gradient with Nesterov acceleration and adaptive
-    restart (O'Donoghue and Candes 2015), step 1 / the largest eigenvalue of the kernel,
-    each example's row projected onto its constraint set (a projection onto a simplex of
-    radius c), from alpha = 0, in a `tf.while_loop` (one traced loop) until the
-    optimality residual below is at most ``tol * max(1, ||F(0)||)`` or `maxiter`
-    iterations have run. Its gradient is implicit (`hogrod.implicit.custom_root`) on the
-    KKT conditions reduced to the free coordinates of the solution (alpha_ik < c
-    delta(k, y_i)): with P the projection onto the directions that keep every active bound
-    and every row's sum, ``F(alpha) = P (K (P alpha + r) - Y) + (I - P) alpha - r`` (K the
-    kernel applied per class, Y one-hot, r the part of alpha the constraints fix), whose
-    Jacobian ``P K P + I - P`` is symmetric, so the linear solve is conjugate gradient; a
-    term ``min(lambda, 0)`` on the active coordinates (lambda their bounds' multipliers,
-    positive at the optimum, where the term and its derivative vanish) makes F zero only at
-    the optimum. The root check is on, at ``2 tol``: a solver stopped by `maxiter` short
-    of `tol` is an error, never a wrong gradient.
+    The dual is solved in float64 whatever the embeddings' dtype (the solution and its
+    gradient cast back), by accelerated projected gradient until its optimality residual
+    F is at most ``tol * min(1, c ||K||_2) * max(1, ||F(0)||)`` (K the dual's kernel: the
+    residual's scale, so a small `c` is solved to the same relative accuracy as a large
+    one) or `maxiter` iterations have run; a solve stopped short of twice that is an
+    error naming `maxiter` and `tol`, never a wrong gradient. Its gradient is implicit
+    (`hogrod.implicit.custom_root`) on the KKT conditions reduced to the free coordinates
+    of the solution. `hogrod.meta.svm` derives the rule and describes the solver.
 
     With r = 0 the dual solution (and its gradient) is unique when ``X X^T`` is
     nonsingular, the support embeddings linearly independent (so n <= d). Otherwise the
     SVM's weights are still unique but the dual is not, and the implicit solve may fail (an
-    error naming it).
-
-    `solve_dtype` computes the dual and its implicit gradient at a wider dtype than the
-    embeddings' (float64 for float32 embeddings), the solution cast back: the solver aims
-    at the wider dtype's default tolerance within `maxiter`; the root check and the
-    gradient's linear solve are at the embeddings'. On embeddings of large norm the
-    kernel's condition number grows as their squared norm over `kernel_ridge`, and in
-    float32 the solver or the gradient's linear solve stops short of its tolerance (an
-    error). Meta-training makes the norms grow, so a long float32 run needs it. Even where
-    float32 converges, its tolerance can leave the active set wrong and the gradient far
-    from the exact one; the wider solve, aiming tighter, comes much closer.
+    error naming it). On embeddings of large norm the kernel's condition number grows as
+    their squared norm over r, and the solver needs more iterations (`maxiter`).
 
     Args:
-      support_embeddings: `[n, d]` floating.
+      support_embeddings: `[n, d]` floating, finite.
       support_labels: integer `[n]` in `0..n_way-1`, every class at least once.
       query_embeddings: `[q, d]`, the support's dtype and width.
       n_way: the number of classes, a Python int >= 1 (or an integer scalar tensor).
-      c: the slack penalty C, a Python number > 0 (MetaOptNet's default 0.1), applied at
-        the embeddings' dtype.
-      maxiter: the solver's iteration limit (>= 1; default `SVM_MAXITER`, 1000).
-      tol: the solver's tolerance on the optimality residual, > 0; None: half the square
-        root of the embeddings' machine epsilon (so the root check runs at the library's
-        default, the square root).
-      kernel_ridge: r >= 0, added to the dual's kernel's diagonal (see above), applied at
-        the embeddings' dtype; default `KERNEL_RIDGE` (1.0, MetaOptNet's).
-      solve_dtype: the dtype the dual is solved and differentiated at ('float64' or a
-        `tf.DType`), at least as wide as the embeddings'; None: the embeddings' dtype.
+      c: the slack penalty C, a Python number > 0 (MetaOptNet's default 0.1).
+      maxiter: the solver's iteration limit (>= 1; default `hogrod.meta.svm.SVM_MAXITER`,
+        1000).
+      tol: the solver's relative tolerance on the optimality residual (above), > 0; None:
+        half the square root of float64's machine epsilon, 7.5e-9.
+      kernel_ridge: r >= 0, added to the dual's kernel's diagonal (see above); default
+        `hogrod.meta.svm.KERNEL_RIDGE` (1.0, MetaOptNet's).
 
     Returns:
       The logits, `[q, n_way]` at the embeddings' dtype.
 
     Raises:
       ArgumentError: mismatched ranks, dtypes or widths, a label outside `0..n_way-1`, a
-        class without support examples, `c` or `tol` not positive, `maxiter` < 1,
-        `kernel_ridge` negative, `solve_dtype` not a floating dtype at least as wide as
-        the embeddings'.
+        class without support examples, support embeddings not finite, `c` or `tol` not
+        positive, `maxiter` < 1, `kernel_ridge` negative.
+      ValueError: the solver stopped by `maxiter` short of `tol`, or the implicit
+        gradient's linear solve failed (in a graph, these and the value checks are
+        Asserts).
     """
     where = "hogrod.meta.svm_logits"
     xs, ys, xq, _, _, asserts = episode(support_embeddings, support_labels, query_embeddings,
                                         n_way, where)
-    alpha = svm_dual(xs, ys, n_way, c, maxiter, tol, batched=False, asserts=asserts,
-                     where=where, kernel_ridge=kernel_ridge, solve_dtype=solve_dtype)
+    alpha = svm.svm_dual(xs, ys, n_way, c, maxiter, tol, batched=False, asserts=asserts,
+                         where=where, kernel_ridge=kernel_ridge)
     return tf.linalg.matmul(xq, tf.linalg.matmul(xs, alpha, transpose_a=True))  # query W^T
-
-
-# No Python control flow on tensors here: AutoGraph's conversion of it and of the implicit
-# differentiation it calls would only multiply a caller's trace time (by about 4).
-@tf.autograph.experimental.do_not_convert
-def svm_dual(support: tf.Tensor, labels: tf.Tensor, n_way: Scalar, c: float, maxiter: int,
-             tol: Optional[float], batched: bool, asserts: Sequence = (),
-             where: str = "hogrod.meta.svm_logits",
-             kernel_ridge: float = KERNEL_RIDGE,
-             solve_dtype: Optional[str] = None) -> tf.Tensor:
-    """The Crammer-Singer dual solution alpha `[..., n, n_way]` (see `svm_logits`), with its
-    implicit gradient with respect to `support`.
-
-    Args:
-      support: X, `[n, d]` (or `[tasks, n, d]` when batched), checked.
-      labels: int32 `[n]` (or `[tasks, n]`), checked.
-      n_way: the number of classes (a Python int or an integer scalar tensor).
-      c: the slack penalty, a Python number > 0.
-      maxiter: the solver's iteration limit.
-      tol: the solver's tolerance, or None.
-      batched: a leading task axis on support and labels, each task checked and
-        differentiated on its own (`hogrod.implicit.custom_root`'s batched).
-      asserts: value checks to run first.
-      where: the public function, in messages.
-      kernel_ridge: r >= 0, the dual's kernel ``X X^T + r I``.
-      solve_dtype: the dtype to solve and differentiate at, or None (support's).
-
-    Returns:
-      alpha, at support's dtype.
-    """
-    dtype = solve_dtype_of(solve_dtype, support.dtype, where)
-    c = checks.positive(c, "c", where)
-    ridge = checks.nonnegative(kernel_ridge, "kernel_ridge", where)
-    maxiter = checks.integer(maxiter, "maxiter", where, least=1)
-    # the checks are at the embeddings' precision; a wider dtype's solver aims at its own
-    # default as well, within maxiter: at float32's tolerance the active set and the
-    # multipliers may still be wrong, and the gradient's linear solve then fail
-    eps = float(np.finfo(support.dtype.as_numpy_dtype).eps)
-    tol = 0.5 * eps ** 0.5 if tol is None else checks.positive(tol, "tol", where)
-    solve_tol = tol if dtype == support.dtype else min(
-        tol, 0.5 * float(np.finfo(dtype.as_numpy_dtype).eps) ** 0.5)
-
-    def optimality(alpha, x, y):
-        return _kkt(alpha, x, _one_hot(y), c, ridge)
-
-    def _one_hot(y):
-        return tf.one_hot(y, tf.cast(n_way, tf.int32), dtype=dtype)
-
-    # CG's limit: 10 x the system's size, bounded by n^2 where n_way is not static
-    n = support.shape[-2] if support.shape[-2] is not None else 1000
-    cg_maxiter = 10 * n * (n_way if isinstance(n_way, int) else n)
-
-    @implicit.custom_root(optimality, solve=_cg(cg_maxiter, eps ** 0.75, where),
-                          root_tol=2 * tol, batched=batched)
-    def solve(init, x, y):
-        args = (init, x, _one_hot(y), tf.constant(c, dtype), tf.constant(maxiter),
-                tf.constant(solve_tol, dtype), tf.constant(ridge, dtype))
-        # eagerly, the loop as one traced function (an eager while loop runs op by op)
-        return _solve_traced(*args) if tf.executing_eagerly() else _solve_dual(*args)
-
-    given = support.dtype
-    support = tf.cast(_with(list(asserts), support), dtype)  # the gradient flows back
-    return tf.cast(solve(tf.zeros_like(_one_hot(labels)), support, labels), given)
-
-
-def solve_dtype_of(solve_dtype, dtype: tf.DType, where: str) -> tf.DType:
-    """`solve_dtype` as a `tf.DType` (None: `dtype`), checked to be floating and at least
-    as wide as `dtype`."""
-    if solve_dtype is None:
-        return dtype
-    try:
-        wide = tf.as_dtype(solve_dtype)
-    except TypeError:
-        wide = None
-    if wide is None or not wide.is_floating or wide.size < dtype.size:
-        raise checks.ArgumentError(f"{where}: solve_dtype must be None or a floating dtype at "
-                                   f"least as wide as the embeddings' {dtype.name} (e.g. "
-                                   f"'float64'), got {solve_dtype!r}")
-    return wide
-
-
-def _cg(maxiter, tol, where):
-    """The implicit gradient's linear solve: conjugate gradient on the symmetric Jacobian
-    ``P K P + I - P``, checked (a callable solve: the system's size may be dynamic, the
-    number of classes read from the labels)."""
-    def solve(matvec, b):
-        w, info = linalg.cg(matvec, b, maxiter=maxiter, tol=tol, on_negative_curvature="stop")
-        ok = tf.logical_and(tf.logical_not(info.negative_curvature),
-                            tf.logical_and(tf.math.is_finite(info.residual_norm),
-                                           info.residual_norm <= tol * tree.norm(b)))
-        asserts = checks.require(
-            ok, f"{where}: the implicit gradient's CG solve did not reach tol={tol:.1e} in "
-                f"{maxiter} steps or met non-positive curvature: either the dual solution is "
-                "not unique (support embeddings linearly dependent, e.g. more support "
-                "examples than the embedding width, with kernel_ridge 0) or the system is too "
-                f"ill-conditioned for {tf.nest.flatten(b)[0].dtype.name} (embeddings of "
-                "large norm against kernel_ridge; a larger kernel_ridge or solve_dtype='float64' "
-                "help)")
-        with tf.control_dependencies(asserts):
-            return tf.nest.map_structure(tf.identity, w)
-    return solve
-
-
-def _project(v, bound, c):
-    """Each row of v projected onto {a : a <= bound, sum(a) = 0} (bound = c one_hot): with
-    b = bound - a, the Euclidean projection of bound - v onto the simplex {b >= 0, sum b =
-    c} (sort-based, Held et al. 1974)."""
-    z = bound - v
-    s = tf.sort(z, axis=-1, direction="DESCENDING")
-    k = tf.cast(tf.range(1, tf.shape(z)[-1] + 1), z.dtype)
-    cumulative = tf.cumsum(s, axis=-1) - c
-    rho = tf.reduce_sum(tf.cast(s - cumulative / k > 0, tf.int32), axis=-1, keepdims=True)
-    theta = tf.gather(cumulative, rho - 1, batch_dims=len(z.shape) - 1) / tf.cast(rho, z.dtype)
-    return bound - tf.maximum(z - theta, 0)
-
-
-def _kkt(alpha, support, one_hot, c, ridge):
-    """The reduced KKT residual F(alpha) of `svm_logits` (zero exactly at the dual solution).
-
-    Per example i, the free set S_i = {k : alpha_ik < c delta(k, y_i)} (at least one k,
-    since the slacks b = c one_hot - alpha sum to c); P_i centers a row on S_i and zeroes
-    it elsewhere; r_i is c delta(k, y_i) on the active coordinates and, on S_i, the value
-    that makes the row sum zero spread evenly. The sets are constants of the tape. On the
-    active coordinates a term ``min(lambda_ik, 0)`` (lambda the bound's multiplier) makes
-    the residual zero only at the optimum, not at every point that the reduced equations
-    hold at (alpha = 0 among them). The kernel is ``X X^T + ridge I``.
-    """
-    c = c if isinstance(c, tf.Tensor) else tf.constant(c, alpha.dtype)  # exact at float64
-    ridge = ridge if isinstance(ridge, tf.Tensor) else tf.constant(ridge, alpha.dtype)
-    bound = c * one_hot
-    free = tf.stop_gradient(tf.cast(bound - alpha > 0, alpha.dtype))
-    count = tf.reduce_sum(free, -1, keepdims=True)
-
-    def project(a):
-        return free * (a - tf.reduce_sum(free * a, -1, keepdims=True) / count)
-
-    fixed = (1 - free) * bound
-    r = fixed - free * tf.reduce_sum(fixed, -1, keepdims=True) / count
-    gram = _kernel(support, ridge)
-    # the multipliers of the active bounds, mean_S(g) - g_k, must be >= 0; where they are
-    # (strictly, at a solution) this term and its derivative are zero
-    g = tf.linalg.matmul(gram, alpha) - one_hot
-    multipliers = tf.reduce_sum(free * g, -1, keepdims=True) / count - g
-    signs = (1 - free) * tf.minimum(multipliers, tf.zeros_like(multipliers))
-    return (project(tf.linalg.matmul(gram, project(alpha) + r) - one_hot) + alpha - project(alpha)
-            - r + signs)
-
-
-def _kernel(support, ridge):
-    """``X X^T + ridge I`` `[..., n, n]` of support X `[..., n, d]`."""
-    gram = tf.linalg.matmul(support, support, transpose_b=True)
-    return gram + ridge * tf.eye(tf.shape(gram)[-1], dtype=gram.dtype)
-
-
-def _solve_dual(init, support, one_hot, c, maxiter, tol, ridge):
-    """Accelerated projected gradient on the dual (see `svm_logits`), until ||F|| <= tol *
-    max(1, ||F(init)||) per task or `maxiter` iterations; never differentiated. c,
-    maxiter, tol and ridge are tensors (one trace serves every value)."""
-    dtype = support.dtype
-    bound = c * one_hot
-    gram = _kernel(support, ridge)
-    top = tf.linalg.eigvalsh(gram)[..., -1:]
-    step = 1 / tf.maximum(top, tf.constant(np.finfo(dtype.as_numpy_dtype).tiny, dtype))
-    step = step[..., None]  # [..., 1, 1]
-
-    def residual(a):
-        return tf.norm(_kkt(a, support, one_hot, c, ridge), axis=[-2, -1])
-
-    goal = tol * tf.maximum(tf.ones_like(residual(init)), residual(init))
-
-    def cond(i, x, y, t):
-        return tf.logical_and(i < maxiter, tf.reduce_any(residual(x) > goal))
-
-    def body(i, x, y, t):
-        new = _project(y - step * (tf.linalg.matmul(gram, y) - one_hot), bound, c)
-        t_new = (1 + tf.sqrt(1 + 4 * t * t)) / 2
-        # adaptive restart: momentum off where the step went against the last move
-        restart = tf.reduce_sum((y - new) * (new - x), axis=[-2, -1], keepdims=True) > 0
-        momentum = tf.where(restart, tf.zeros_like(t), (t - 1) / t_new)
-        t_new = tf.where(restart, tf.ones_like(t_new), t_new)
-        return i + 1, new, new + momentum * (new - x), t_new
-
-    t0 = tf.ones_like(goal)[..., None, None]
-    _, alpha, _, _ = tf.while_loop(cond, body, (tf.constant(0), init, init, t0))
-    return alpha
-
-
-# Traced once per input signature (shapes generalized: reduce_retracing), for eager calls.
-_solve_traced = tf.function(_solve_dual, reduce_retracing=True, autograph=False)

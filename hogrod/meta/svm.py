@@ -1,0 +1,275 @@
+"""The Crammer-Singer multi-class SVM's dual, solved in graph and differentiated implicitly:
+the solver of `hogrod.meta.svm_logits` and `hogrod.meta.metaoptnet`.
+
+The primal (Crammer and Singer 2001, no bias; Lee et al. 2019): with x_i the support
+embeddings and y_i their labels,
+``min_W 1/2 sum_k ||w_k||**2 + c sum_i xi_i`` subject to
+``w_{y_i} . x_i - w_k . x_i >= 1 - delta(k, y_i) - xi_i`` for every i and k. Its dual, over
+alpha `[n, n_way]`, as MetaOptNet writes it:
+``min 1/2 sum_k ||sum_i alpha_ik x_i||**2 + r/2 ||alpha||**2 - sum_i alpha_{i,y_i}``
+subject to ``alpha_ik <= c delta(k, y_i)`` and ``sum_k alpha_ik = 0`` for every i; then
+``w_k = sum_i alpha_ik x_i``. Its kernel is ``K = X X^T + r I`` (r: `kernel_ridge`).
+
+The solver: projected gradient with Nesterov acceleration and adaptive restart
+(O'Donoghue and Candes 2015), step 1 / ||K||_2 (K's largest eigenvalue), each example's
+row projected onto its constraint set (a simplex of radius c), from alpha = 0, in one
+traced `tf.while_loop`, always in float64 (the solution and its gradient cast back to the
+embeddings' dtype): at float32's precision the residual cannot be driven far enough for the
+active set (which bounds hold) to be right, and a wrong active set gives a gradient off by
+percents with no error.
+
+The optimality residual F (the KKT conditions reduced to the free coordinates of alpha,
+alpha_ik < c delta(k, y_i)): with P the projection onto the directions that keep every
+active bound and every row's sum, ``F(alpha) = P (K (P alpha + r) - Y) + (I - P) alpha - r``
+(Y one-hot, r the part of alpha the constraints fix) plus a term ``min(lambda, 0)`` on the
+active coordinates (lambda their bounds' multipliers, positive at the optimum, where the
+term and its derivative vanish), zero only at the optimum. Its Jacobian ``P K P + I - P``
+is symmetric, so the implicit gradient's linear solve is conjugate gradient.
+
+The stopping rule and the root check. The dual with penalty c and kernel K is c times the
+dual with penalty 1 and kernel c K (alpha = c beta), and F is the same function of beta
+there (its first term is the gradient ``K alpha - Y = (c K) beta - Y``; the others vanish
+at the solver's feasible iterates). Near the solution ``F = (P K P + I - P)(alpha -
+alpha*)``, whose part on the free coordinates has K's scale, while alpha* has c's: so
+``||alpha - alpha*|| / c`` is about ``||F|| / (c lambda_min(K))``. A goal on ||F|| that does
+not scale with c ||K|| bounds nothing when c ||K|| is small (at c = 1e-8 the solver
+stopped after a few iterations, logits 14% off). The goal is therefore
+
+    ``||F(alpha)|| <= tol * min(1, c ||K||_2) * max(1, ||F(0)||)``
+
+(||F(0)|| = sqrt(n (n_way - 1)), whatever c): where c ||K||_2 >= 1 (MetaOptNet's C = 0.1
+on embeddings of norm above about 3) the relative goal it always was; below, scaled with
+the residual's own scale. In both regimes the error of alpha relative to c is then at most
+about ``tol sqrt(n_way - 1)`` times K's condition number. The solver stops at that goal or
+after `maxiter` iterations, and its output is checked against twice the goal (an error
+naming `maxiter` and `tol` if it stopped short), so a gradient is never taken at a point
+that is not the solution to the stated tolerance.
+"""
+
+from typing import Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from hogrod import checks, implicit, linalg, tree
+from hogrod.types import Scalar
+
+__all__ = ["svm_dual", "SVM_MAXITER", "KERNEL_RIDGE", "SOLVE_DTYPE", "DEFAULT_TOL"]
+
+#: `svm_logits`'s default iteration limit of the dual solver.
+SVM_MAXITER = 1000
+#: `svm_logits`'s default ridge on the dual's kernel: MetaOptNet's code adds the identity.
+KERNEL_RIDGE = 1.0
+#: The dtype the dual is solved and differentiated at, whatever the embeddings'.
+SOLVE_DTYPE = tf.float64
+#: The solver's default tolerance: half the square root of float64's machine epsilon (the
+#: root check, at twice it, is then at the library's default, the square root).
+DEFAULT_TOL = 0.5 * float(np.finfo(np.float64).eps) ** 0.5
+
+
+# No Python control flow on tensors here: AutoGraph's conversion of it and of the implicit
+# differentiation it calls would only multiply a caller's trace time (by about 4).
+@tf.autograph.experimental.do_not_convert
+def svm_dual(support: tf.Tensor, labels: tf.Tensor, n_way: Scalar, c: float, maxiter: int,
+             tol: Optional[float], batched: bool, asserts: Sequence = (),
+             where: str = "hogrod.meta.svm_logits",
+             kernel_ridge: float = KERNEL_RIDGE) -> tf.Tensor:
+    """The Crammer-Singer dual solution alpha `[..., n, n_way]` (see the module docstring),
+    with its implicit gradient with respect to `support`.
+
+    Args:
+      support: X, `[n, d]` (or `[tasks, n, d]` when batched), floating, checked by the
+        caller (`heads.episode`); its values are checked finite here.
+      labels: int32 `[n]` (or `[tasks, n]`), checked.
+      n_way: the number of classes (a Python int or an integer scalar tensor).
+      c: the slack penalty, a Python number > 0.
+      maxiter: the solver's iteration limit, an int >= 1.
+      tol: the solver's tolerance (see the module docstring), > 0; None: `DEFAULT_TOL`.
+      batched: a leading task axis on support and labels, each task checked and
+        differentiated on its own (`hogrod.implicit.custom_root`'s batched).
+      asserts: value checks to run first.
+      where: the public function, first in messages (`hogrod.meta.metaoptnet`'s messages
+        also name its gin bindings).
+      kernel_ridge: r >= 0, the dual's kernel ``X X^T + r I``.
+
+    Returns:
+      alpha, at support's dtype.
+
+    Raises:
+      ArgumentError: `c` or `tol` not positive, `maxiter` < 1, `kernel_ridge` negative,
+        or (eagerly; an Assert in a graph) support embeddings not finite.
+      ValueError: (eagerly; an Assert in a graph) the solver stopped by `maxiter` short of
+        its goal, or the implicit gradient's linear solve failed.
+    """
+    c = checks.positive(c, "c", where)
+    ridge = checks.nonnegative(kernel_ridge, "kernel_ridge", where)
+    maxiter = checks.integer(maxiter, "maxiter", where, least=1)
+    tol = DEFAULT_TOL if tol is None else checks.positive(tol, "tol", where)
+    given = support.dtype
+    finite = checks.require(
+        tf.reduce_all(tf.math.is_finite(support)),
+        f"{where}: the support embeddings have NaN or infinite entries"
+        + ("" if where.endswith("svm_logits") else " (the model's outputs on the support "
+           "set)") + "; the SVM needs finite ones")
+    # the gradient's linear solve aims at the embeddings' precision (the output gradient
+    # arrives at it)
+    cg_tol = float(np.finfo(given.as_numpy_dtype).eps) ** 0.75
+
+    def one_hot(y):
+        return tf.one_hot(y, tf.cast(n_way, tf.int32), dtype=SOLVE_DTYPE)
+
+    def optimality(alpha, x, y):
+        return _kkt(alpha, x, one_hot(y), c, ridge)
+
+    # CG's limit: 10 x the system's size, bounded by n^2 where n_way is not static
+    n = support.shape[-2] if support.shape[-2] is not None else 1000
+    cg_maxiter = 10 * n * (n_way if isinstance(n_way, int) else n)
+
+    # the root check is the solver's own (`_converged`), scaled as its stopping rule
+    @implicit.custom_root(optimality, solve=_cg(cg_maxiter, cg_tol, where), check_root=False,
+                          batched=batched)
+    def solve(init, x, y):
+        args = (init, x, one_hot(y), tf.constant(c, SOLVE_DTYPE), tf.constant(maxiter),
+                tf.constant(tol, SOLVE_DTYPE), tf.constant(ridge, SOLVE_DTYPE))
+        # eagerly, the loop as one traced function (an eager while loop runs op by op)
+        alpha, residual, goal = (_solve_traced(*args) if tf.executing_eagerly()
+                                 else _solve_dual(*args))
+        return _converged(alpha, residual, goal, maxiter, tol, where)
+
+    support = tf.cast(_with(list(asserts) + finite, support), SOLVE_DTYPE)  # gradient flows
+    return tf.cast(solve(tf.zeros_like(one_hot(labels)), support, labels), given)
+
+
+def _with(asserts, t):
+    with tf.control_dependencies(asserts):
+        return tf.identity(t)
+
+
+def _converged(alpha, residual, goal, maxiter, tol, where):
+    """alpha, checked to be the dual's solution to twice the solver's goal (per task)."""
+    ok = tf.logical_and(tf.math.is_finite(residual), residual <= 2 * goal)
+    found = ""
+    if tf.executing_eagerly() and not bool(tf.reduce_all(ok)):
+        worst = int(tf.argmax(tf.reshape(residual / goal, [-1])))
+        found = (f" (||F|| = {float(tf.reshape(residual, [-1])[worst]):.3e} against "
+                 f"{float(tf.reshape(2 * goal, [-1])[worst]):.3e})")
+    gin = (" (gin: metaoptnet.maxiter, metaoptnet.tol, metaoptnet.kernel_ridge)"
+           if where.endswith("metaoptnet") else "")
+    asserts = checks.require(
+        ok, f"{where}: the SVM's dual solver stopped at maxiter={maxiter} iterations short "
+            f"of its tolerance tol={tol:.3g}{found}, so its solution and gradient would be "
+            "wrong: raise maxiter, or raise tol for a looser solve (kernel_ridge > 0 also "
+            f"conditions the dual better on embeddings of large norm){gin}",
+        error=ValueError, data=["||F|| =", residual, "2 * goal =", 2 * goal])
+    return _with(asserts, alpha)
+
+
+def _cg(maxiter, tol, where):
+    """The implicit gradient's linear solve: conjugate gradient on the symmetric Jacobian
+    ``P K P + I - P``, checked (a callable solve: the system's size may be dynamic, the
+    number of classes read from the labels)."""
+    def solve(matvec, b):
+        w, info = linalg.cg(matvec, b, maxiter=maxiter, tol=tol, on_negative_curvature="stop")
+        ok = tf.logical_and(tf.logical_not(info.negative_curvature),
+                            tf.logical_and(tf.math.is_finite(info.residual_norm),
+                                           info.residual_norm <= tol * tree.norm(b)))
+        asserts = checks.require(
+            ok, f"{where}: the implicit gradient's CG solve did not reach tol={tol:.1e} in "
+                f"{maxiter} steps or met non-positive curvature: either the dual solution is "
+                "not unique (support embeddings linearly dependent, e.g. more support "
+                "examples than the embedding width, with kernel_ridge 0) or the system is too "
+                "ill-conditioned (embeddings of large norm against kernel_ridge: a larger "
+                "kernel_ridge helps)", error=ValueError)
+        return tf.nest.map_structure(lambda t: _with(asserts, t), w)
+    return solve
+
+
+def _project(v, bound, c):
+    """Each row of v projected onto {a : a <= bound, sum(a) = 0} (bound = c one_hot): with
+    b = bound - a, the Euclidean projection of bound - v onto the simplex {b >= 0, sum b =
+    c} (sort-based, Held et al. 1974)."""
+    z = bound - v
+    s = tf.sort(z, axis=-1, direction="DESCENDING")
+    k = tf.cast(tf.range(1, tf.shape(z)[-1] + 1), z.dtype)
+    cumulative = tf.cumsum(s, axis=-1) - c
+    rho = tf.reduce_sum(tf.cast(s - cumulative / k > 0, tf.int32), axis=-1, keepdims=True)
+    theta = tf.gather(cumulative, rho - 1, batch_dims=len(z.shape) - 1) / tf.cast(rho, z.dtype)
+    return bound - tf.maximum(z - theta, 0)
+
+
+def _kkt(alpha, support, one_hot, c, ridge):
+    """The reduced KKT residual F(alpha) (zero exactly at the dual solution).
+
+    Per example i, the free set S_i = {k : alpha_ik < c delta(k, y_i)} (at least one k,
+    since the slacks b = c one_hot - alpha sum to c); P_i centers a row on S_i and zeroes
+    it elsewhere; r_i is c delta(k, y_i) on the active coordinates and, on S_i, the value
+    that makes the row sum zero spread evenly. The sets are constants of the tape. On the
+    active coordinates a term ``min(lambda_ik, 0)`` (lambda the bound's multiplier) makes
+    the residual zero only at the optimum, not at every point that the reduced equations
+    hold at (alpha = 0 among them). The kernel is ``X X^T + ridge I``.
+    """
+    c = c if isinstance(c, tf.Tensor) else tf.constant(c, alpha.dtype)  # exact at float64
+    ridge = ridge if isinstance(ridge, tf.Tensor) else tf.constant(ridge, alpha.dtype)
+    bound = c * one_hot
+    free = tf.stop_gradient(tf.cast(bound - alpha > 0, alpha.dtype))
+    count = tf.reduce_sum(free, -1, keepdims=True)
+
+    def project(a):
+        return free * (a - tf.reduce_sum(free * a, -1, keepdims=True) / count)
+
+    fixed = (1 - free) * bound
+    r = fixed - free * tf.reduce_sum(fixed, -1, keepdims=True) / count
+    gram = _kernel(support, ridge)
+    # the multipliers of the active bounds, mean_S(g) - g_k, must be >= 0; where they are
+    # (strictly, at a solution) this term and its derivative are zero
+    g = tf.linalg.matmul(gram, alpha) - one_hot
+    multipliers = tf.reduce_sum(free * g, -1, keepdims=True) / count - g
+    signs = (1 - free) * tf.minimum(multipliers, tf.zeros_like(multipliers))
+    return (project(tf.linalg.matmul(gram, project(alpha) + r) - one_hot) + alpha - project(alpha)
+            - r + signs)
+
+
+def _kernel(support, ridge):
+    """``X X^T + ridge I`` `[..., n, n]` of support X `[..., n, d]`."""
+    gram = tf.linalg.matmul(support, support, transpose_b=True)
+    return gram + ridge * tf.eye(tf.shape(gram)[-1], dtype=gram.dtype)
+
+
+def _solve_dual(init, support, one_hot, c, maxiter, tol, ridge):
+    """Accelerated projected gradient on the dual until ``||F|| <= goal = tol * min(1, c
+    ||K||_2) * max(1, ||F(init)||)`` per task (see the module docstring) or `maxiter`
+    iterations; never differentiated. c, maxiter, tol and ridge are tensors (one trace
+    serves every value). Returns alpha, ||F(alpha)|| and the goal, per task."""
+    dtype = support.dtype
+    bound = c * one_hot
+    gram = _kernel(support, ridge)
+    top = tf.linalg.eigvalsh(gram)[..., -1]  # ||K||_2: K is positive semi-definite
+    step = 1 / tf.maximum(top, tf.constant(np.finfo(dtype.as_numpy_dtype).tiny, dtype))
+    step = step[..., None, None]
+
+    def residual(a):
+        return tf.norm(_kkt(a, support, one_hot, c, ridge), axis=[-2, -1])
+
+    start = residual(init)
+    goal = (tol * tf.minimum(tf.ones_like(top), c * top)
+            * tf.maximum(tf.ones_like(start), start))
+
+    def cond(i, x, y, t):
+        return tf.logical_and(i < maxiter, tf.reduce_any(residual(x) > goal))
+
+    def body(i, x, y, t):
+        new = _project(y - step * (tf.linalg.matmul(gram, y) - one_hot), bound, c)
+        t_new = (1 + tf.sqrt(1 + 4 * t * t)) / 2
+        # adaptive restart: momentum off where the step went against the last move
+        restart = tf.reduce_sum((y - new) * (new - x), axis=[-2, -1], keepdims=True) > 0
+        momentum = tf.where(restart, tf.zeros_like(t), (t - 1) / t_new)
+        t_new = tf.where(restart, tf.ones_like(t_new), t_new)
+        return i + 1, new, new + momentum * (new - x), t_new
+
+    t0 = tf.ones_like(goal)[..., None, None]
+    _, alpha, _, _ = tf.while_loop(cond, body, (tf.constant(0), init, init, t0))
+    return alpha, residual(alpha), goal
+
+
+# Traced once per input signature (shapes generalized: reduce_retracing), for eager calls.
+_solve_traced = tf.function(_solve_dual, reduce_retracing=True, autograph=False)
