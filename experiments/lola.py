@@ -9,8 +9,9 @@
 Two agents with tabular memory-one policies (a cooperation logit per own-perspective
 state) learn for `updates` updates from games of `horizon` rounds, `batch` games per
 batch; `inner_steps` = 0 is two naive learners. `baseline` "value" is the DiCE authors'
-value baseline (each agent's value head fitted at `value_lr`), "batch_mean" their default. Each seed of `seeds` is an independent run
-(its initial parameters and every batch drawn from it); a seed cooperates when both
+value baseline (each agent's value head fitted at `value_lr`), "batch_mean" the one their
+IPD script runs. Each seed of `seeds` is an independent run (its initial parameters and
+every batch drawn from it); a seed cooperates when both
 agents' mean return over its last `last` updates is at least `cooperation_threshold`
 (mutual cooperation pays -1 a round, mutual defection -2).
 

@@ -56,7 +56,8 @@ __all__ = ["magic_box", "dice_surrogate", "discounted_returns", "gae_advantages"
            "GaussianPolicy", "TabularMDP", "Navigation2D",
            "IteratedPrisonersDilemma", "expected_return", "make_lola_update",
            "LolaParams", "lola_dice_gradients", "joint_dice_surrogates", "sample_ipd",
-           "ipd_log_probs", "ipd_values", "fit_ipd_values", "IPDTrajectories", "rollout", "Trajectories", "policy_distribution",
+           "ipd_log_probs", "ipd_values", "fit_ipd_values", "IPDTrajectories", "rollout",
+           "Trajectories", "policy_distribution",
            "natural_step", "line_search", "NaturalStep", "LineSearch", "MamlRL", "MetaBatch",
            "inner_step", "gym_rollout", "HalfCheetahTasks", "HALFCHEETAH_TASKS",
            "TASK_SAMPLING"]

@@ -243,8 +243,8 @@ def fit_ipd_values(value: TensorLike, states: TensorLike, rewards: TensorLike, d
     seed = checks.stateless_seed(seed, "seed", where)
     steps = r.shape[1]
     if steps is None:
-        raise checks.ArgumentError(f"{where}: the number of steps T must be known when traced, "
-                                   f"got rewards {checks.describe(r)}")
+        raise checks.ArgumentError(f"{where}: the number of steps T must be known when "
+                                   f"traced, got rewards {checks.describe(r)}")
     targets = tf.stack([discounted_returns(tf.stop_gradient(r[..., i]), discount)
                         for i in range(2)], -1)
     order = tf.argsort(tf.random.stateless_uniform([steps], seed))
@@ -252,7 +252,8 @@ def fit_ipd_values(value: TensorLike, states: TensorLike, rewards: TensorLike, d
     for part in parts + [tf.range(steps)]:
         with tf.GradientTape() as tape:
             tape.watch(v)
-            error = ipd_values(v, tf.gather(s, part, axis=1)) - tf.gather(targets, part, axis=1)
+            error = (ipd_values(v, tf.gather(s, part, axis=1))
+                     - tf.gather(targets, part, axis=1))
             loss = tf.reduce_sum(tf.reduce_mean(tf.square(error), [0, 1]))  # each its own
         v = v - rate * tape.gradient(loss, v)
     return v

@@ -12,10 +12,10 @@ parameters after `inner_steps` steps of gradient ascent on j's own objective,
 steps (nested tapes), so i shapes how j learns. Both agents update from the same
 parameters at once; `inner_steps` = 0 is the naive learner.
 
-All derivatives are DiCE's: an agent's surrogate (maximized) on a batch is `dice_surrogate`
-of the joint log-probabilities (``log_probs[b, t]`` the sum of both agents' log-probabilities at
-step t, every choice the rewards depend on) and its own rewards, so the second derivatives
-the look-ahead needs are unbiased too.
+All derivatives are DiCE's: an agent's surrogate (maximized) on a batch is
+`dice_surrogate` of the joint log-probabilities (``log_probs[b, t]`` the sum of both
+agents' log-probabilities at step t, every choice the rewards depend on) and its own
+rewards, so the second derivatives the look-ahead needs are unbiased too.
 
 
 The agents are the reference's tabular ones (`hogrod.rl.ipd`): a cooperation logit per
@@ -76,7 +76,7 @@ def joint_dice_surrogates(log_probs: TensorLike, rewards: TensorLike, discount: 
       and its derivatives of every order vanish in expectation, since the boxed ratio of
       step t's choices has expectation 1 given the state ``V_i`` is evaluated in; at first
       order it subtracts ``discount**t V_i`` from the return that multiplies step t's score.
-    - "batch_mean" (the reference's default): the batch mean of agent i's reward at each
+    - "batch_mean" (the reference's IPD script): the batch mean of agent i's reward at each
       step is subtracted from its rewards inside the estimator and its discounted sum added
       back as a constant (a baseline whose terms vanish in expectation at every order, up to
       the O(1/batch) dependence of a mean on its own sample).
