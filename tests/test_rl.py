@@ -243,7 +243,8 @@ def test_an_empty_batch_is_an_error_naming_the_shape_not_a_nan():
             with pytest.raises(checks.ArgumentError, match=pattern):
                 call()
     spec = tf.TensorSpec([None, None], F64)
-    unknown = tf.function(lambda lp, r: rl.dice_surrogate(lp, r, 0.9), input_signature=[spec] * 2)
+    unknown = tf.function(lambda lp, r: rl.dice_surrogate(lp, r, 0.9),
+                          input_signature=[spec] * 2)
     assert float(unknown(tf.zeros([2, 3], F64), tf.ones([2, 3], F64))) == pytest.approx(
         1 + 0.9 + 0.81)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"at least one trajectory"):

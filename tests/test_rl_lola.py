@@ -307,8 +307,8 @@ def test_the_binary_writes_its_outputs_resumes_exactly_and_continues_a_shorter_r
     for key in ("returns_by_seed", "cooperation_probabilities", "final_returns"):
         np.testing.assert_array_equal(again[key], metrics[key])
     with pytest.raises(harness.ConfigError, match="outer_lr"):
-        harness.run(lola.lola_experiment, config, bindings + ["lola_experiment.outer_lr = 0.1"],
-                    resumed)
+        harness.run(lola.lola_experiment, config,
+                    bindings + ["lola_experiment.outer_lr = 0.1"], resumed)
 
     shorter = str(tmp_path / "c")
     harness.run(lola.lola_experiment, config, bindings + ["lola_experiment.updates = 2"],

@@ -35,6 +35,7 @@ import tensorflow as tf
 
 from hogrod import checks
 from hogrod.rl.estimators import dice_surrogate, magic_box
+from hogrod.rl.envs import IteratedPrisonersDilemma
 from hogrod.rl.ipd import (STATES, _agent_params, _ipd, fit_ipd_values, ipd_log_probs,
                            ipd_values, sample_ipd)
 from hogrod.types import Seed, TensorLike
@@ -230,8 +231,9 @@ def lola_dice_gradients(surrogates: Callable[[Sequence[tf.Tensor], tf.Tensor], t
     return gradients, tf.stop_gradient(values)
 
 
-def make_lola_update(env, batch: int, discount: float, inner_steps: int, inner_lr: float,
-                     outer_lr: float, baseline: str = "batch_mean", value_lr: float = 0.1,
+def make_lola_update(env: IteratedPrisonersDilemma, batch: int, discount: float,
+                     inner_steps: int, inner_lr: float, outer_lr: float,
+                     baseline: str = "batch_mean", value_lr: float = 0.1,
                      value_epochs: int = 5, value_minibatch: int = 16) -> Callable:
     """A compiled LOLA-DiCE update of two tabular agents on the iterated prisoner's dilemma.
 
