@@ -2,21 +2,27 @@
 "DiCE", the LOLA experiment; `hogrod.rl.make_lola_update`).
 
     python -m experiments.lola --gin_file=configs/rl/lola_dice.gin
+    python -m experiments.lola --gin_file=configs/rl/lola_dice_batch_mean.gin
     python -m experiments.lola --gin_file=configs/rl/lola_naive.gin \
         --gin_param="lola_experiment.seeds = (0, 1, 2)"
 
 Two agents with tabular memory-one policies (a cooperation logit per own-perspective
 state) learn for `updates` updates from games of `horizon` rounds, `batch` games per
-batch; `lookahead` = 0 is two naive learners. Each seed of `seeds` is an independent run
-(its initial parameters and every batch drawn from it); a seed cooperates when both
+batch; `inner_steps` = 0 is two naive learners. `baseline` "value" is the DiCE authors'
+value baseline (each agent's value head fitted at `value_lr`), "batch_mean" the one their
+IPD script runs. Each seed of `seeds` is an independent run (its initial parameters and
+every batch drawn from it); a seed cooperates when both
 agents' mean return over its last `last` updates is at least `cooperation_threshold`
 (mutual cooperation pays -1 a round, mutual defection -2).
 
 Outputs: metrics.json (`returns`: updates x agents, each agent's discount-weighted mean
 per-step return at the parameters before each update, averaged over seeds;
 `returns_by_seed`, `final_returns`, `cooperating_seeds`, the final cooperation
-probabilities), returns.png (the curves per agent and seed), operative_config.gin and
-checkpoints: a re-run with the same --output_dir resumes exactly where it stopped.
+probabilities; strict JSON), returns.png (the curves per agent and seed),
+eval_history.json (each update's returns per seed), operative_config.gin and checkpoints:
+a re-run with the same --output_dir resumes exactly where it stopped, and with
+--allow_config_change and a larger `updates` continues into the longer run (the
+checkpoint holds the parameters only; the returns so far are in eval_history.json).
 """
 
 import itertools
@@ -30,12 +36,10 @@ import tensorflow as tf
 from absl import logging
 
 from hogrod import harness, rl, train
+from hogrod.rl import lola as lola_rl
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-
-BASELINES = ("batch_mean", "none")
-
 
 def plot(path, returns, seeds, title):
     """Each agent's return curve per seed (thin) and their mean over seeds (thick)."""
@@ -68,7 +72,7 @@ def check_config():
             ("seeds", lambda v: isinstance(v, (tuple, list)) and len(v) > 0 and len(set(v))
              == len(v) and all(isinstance(s, int) and s >= 0 for s in v),
              "a non-empty tuple of distinct ints >= 0"),
-            ("baseline", lambda v: v in BASELINES, f"one of {BASELINES}")):
+            ("baseline", lambda v: v in lola_rl.BASELINES, f"one of {lola_rl.BASELINES}")):
         try:
             value = gin.query_parameter(f"lola_experiment.{name}")
         except ValueError:  # not bound: the default
@@ -78,43 +82,52 @@ def check_config():
 
 
 @gin.configurable
-def lola_experiment(output_dir, updates: harness.Count = 200,
+def lola_experiment(output_dir, updates: harness.PositiveInt = 200,
                     batch: harness.PositiveInt = 64, horizon: harness.PositiveInt = 150,
-                    discount: harness.Fraction = 0.96, lookahead: harness.Count = 2,
-                    inner_rate: harness.Positive = 0.1, outer_rate: harness.Positive = 0.2,
-                    baseline: str = "batch_mean", seeds: tuple[harness.Count, ...] = (0,),
+                    discount: harness.Fraction = 0.96, inner_steps: harness.Count = 2,
+                    inner_lr: harness.Positive = 0.1, outer_lr: harness.Positive = 0.2,
+                    baseline: str = "value", value_lr: harness.Positive = 0.1,
+                    value_epochs: harness.PositiveInt = 5,
+                    value_minibatch: harness.PositiveInt = 16,
+                    seeds: tuple[harness.Count, ...] = (0,),
                     init_std: harness.NonNegative = 1 / math.sqrt(5),
                     dtype: str = "float64", checkpoint_every: harness.PositiveInt = 10,
                     cooperation_threshold: float = -1.3, last: harness.PositiveInt = 50):
     """Train the two agents for every seed; return the curves and how many seeds cooperate.
 
-    init_std: the initial logits' truncated-normal standard deviation (the reference's
-    one-layer policy initialization, 1/sqrt(5)). The rates are the LOLA-DiCE reference's
-    (inner 0.1, outer 0.2, plain gradient ascent;
-    scripts/run_lola_dice.py).
+    init_std: the initial policy logits' and value weights' truncated-normal standard
+    deviation (the reference's one-layer initialization, 1/sqrt(5); value biases start at
+    0). The rates are the LOLA-DiCE reference's (inner 0.1, outer 0.2, plain gradient
+    ascent, scripts/run_lola_dice.py; values 0.1, lola_dice/rpg.py).
     """
     check_config()
     dtype = tf.as_dtype(dtype)
     env = rl.IteratedPrisonersDilemma(horizon, dtype=dtype)
-    update = rl.make_lola_update(env, batch, discount, lookahead, inner_rate, outer_rate,
-                                 baseline)
+    update = rl.make_lola_update(env, batch, discount, inner_steps, inner_lr, outer_lr,
+                                 baseline, value_lr, value_epochs, value_minibatch)
     seeds = tuple(seeds)
-    initial = [tf.random.stateless_truncated_normal([2, 5], [s, 0], stddev=tf.constant(
-        init_std, dtype), dtype=dtype) for s in seeds]
-    params = tf.Variable(tf.stack(initial), name="params")
-    history = tf.Variable(tf.zeros([len(seeds), updates, 2], dtype), name="returns")
-    ckpt = train.Checkpointer(output_dir, params=params, returns=history)
+    std = tf.constant(init_std, dtype)
+    policy = tf.Variable(tf.stack([tf.random.stateless_truncated_normal(
+        [2, 5], [s, 0], stddev=std, dtype=dtype) for s in seeds]), name="params")
+    value = tf.Variable(tf.stack([tf.concat([tf.random.stateless_truncated_normal(
+        [2, 5], [s, 1], stddev=std, dtype=dtype), tf.zeros([2, 1], dtype)], 1)
+        for s in seeds]), name="value")
+    # nothing sized by `updates` is checkpointed: a longer run resumes from a shorter one
+    ckpt = train.Checkpointer(output_dir, params=policy, value=value)
+    history = train.read_history(output_dir, ckpt.latest_step())
 
     def step(_):
         u = int(ckpt.step)  # the updates done so far
         new, returns = [], []
         for k, s in enumerate(seeds):  # the seed's batches: [s, u + 1] for update u
-            p, r = update(params[k], tf.constant([s, u + 1], tf.int64))
+            p, r = update(rl.LolaParams(policy[k], value[k]),
+                          tf.constant([s, u + 1], tf.int64))
             new.append(p)
-            returns.append(r)
-        params.assign(tf.stack(new))
-        history[:, u].assign(tf.stack(returns))
-        mean = tf.reduce_mean(tf.stack(returns), 0).numpy()
+            returns.append(r.numpy().tolist())
+        policy.assign(tf.stack([p.policy for p in new]))
+        value.assign(tf.stack([p.value for p in new]))
+        train.record_eval(output_dir, history, {"step": u + 1, "returns": returns})
+        mean = np.mean(returns, 0)
         return {"return_0": mean[0], "return_1": mean[1]}
 
     def progress(u, logs):
@@ -128,17 +141,20 @@ def lola_experiment(output_dir, updates: harness.Count = 200,
                      checkpoint_every=checkpoint_every, log_every=None, callback=progress,
                      stats=stats)
     done = int(ckpt.step)
-    returns = history.numpy()[:, :done]
-    final = returns[:, max(0, done - last):].mean(1) if done else np.full((len(seeds), 2),
-                                                                          np.nan)
+    if [h["step"] for h in history] != list(range(1, done + 1)):
+        raise ValueError(f"{output_dir}/eval_history.json lists the updates "
+                         f"{[h['step'] for h in history]}, the checkpoint {done}: another "
+                         "run wrote it; use a new --output_dir")
+    returns = np.transpose([h["returns"] for h in history], (1, 0, 2))  # seeds, done, 2
+    final = returns[:, -last:].mean(1)
     cooperating = int(np.sum(np.all(final >= cooperation_threshold, axis=1)))
-    name = f"LOLA-DiCE, {lookahead} look-ahead steps" if lookahead else "naive learners"
+    name = f"LOLA-DiCE, {inner_steps} look-ahead steps" if inner_steps else "naive learners"
     plot(os.path.join(output_dir, "returns.png"), returns, seeds,
          f"{name}: {cooperating}/{len(seeds)} seeds cooperate")
     return dict(returns=returns.mean(0).tolist(), returns_by_seed=returns.tolist(),
                 final_returns=final.tolist(), cooperating_seeds=cooperating,
                 seeds=list(seeds), updates_done=done,
-                cooperation_probabilities=tf.sigmoid(params).numpy().tolist(), **stats)
+                cooperation_probabilities=tf.sigmoid(policy).numpy().tolist(), **stats)
 
 
 # the harness runs an experiment's `check_config` once the config is parsed, before it

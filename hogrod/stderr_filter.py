@@ -2,12 +2,13 @@
 
 A binary (a `hogrod-NAME` console command, or `python -m experiments.NAME` from the
 repository) drops a few lines TensorFlow's C++ code writes to stderr on every start: the
-"Could not find cuda drivers" and oneDNN / CPU-instruction notices, absl's "log messages
-before absl::InitializeLog()" banner, and, on a machine without an NVIDIA driver, "failed
-call to cuInit". Every other line, warnings and errors included, passes unchanged.
-HOGROD_NATIVE_NOISE=1 keeps them all. The filter must be in place before TensorFlow is
-imported, so `hogrod/__init__.py` imports this module first; in any other program (tests,
-notebooks, a user's script) importing hogrod changes nothing.
+"Could not find cuda drivers" and oneDNN / CPU-instruction notices (oneDNN's int32
+fallback to Eigen included), absl's "log messages before absl::InitializeLog()" banner,
+and, on a machine without an NVIDIA driver, "failed call to cuInit". Every other line,
+warnings and errors included, passes unchanged. HOGROD_NATIVE_NOISE=1 keeps them all. The
+filter must be in place before TensorFlow is imported, so `hogrod/__init__.py` imports this
+module first; in any other program (tests, notebooks, a user's script) importing hogrod
+changes nothing.
 """
 
 import atexit
@@ -35,6 +36,9 @@ _NOISE = [
     rb"^I\d{4} [\d:.]+ +\d+ dump_mlir_util\.cc:\d+\] disabling MLIR crash reproducer",
     rb"^I\d{4} [\d:.]+ +\d+ device_compiler\.h:\d+\] Compiled cluster using XLA!",
     rb"^[IW]\d{4} [\d:.]+ +\d+ util\.cc:\d+\] Not handling type DT_\w+$",
+    # oneDNN without AVX-512 kernels for int32 ops (an error-level notice, harmless)
+    rb"^E\d{4} [\d:.]+ +\d+ util\.cc:\d+\] oneDNN supports DT_\w+ only on platforms with "
+    rb"AVX-512\. Falling back to the default Eigen-based implementation if present\.$",
     rb"^W\d{4} [\d:.]+ +\d+ op_level_cost_estimator\.cc:\d+\] Error in PredictCost\(\) "
     rb"for the op: ",
 ]

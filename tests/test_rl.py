@@ -230,6 +230,27 @@ def test_bad_inputs_are_named():
         compiled(tf.constant([[0, 1, 1, 1]] * 3, F64))
 
 
+def test_an_empty_batch_is_an_error_naming_the_shape_not_a_nan():
+    """No trajectory or no step: the batch mean of nothing would be NaN (or a sum of nothing
+    0); eagerly, traced at a known shape, and in a graph at an unknown one."""
+    for shape in ([0, 4], [3, 0]):
+        lp, r = tf.zeros(shape, F64), tf.ones(shape, F64)
+        pattern = rf"dice_surrogate: log_probs has shape \[{shape[0]}, {shape[1]}\]"
+        for call in (lambda: rl.dice_surrogate(lp, r, 0.9),
+                     lambda: rl.dice_surrogate(lp, r, 0.9, values=r),
+                     lambda: tf.function(rl.dice_surrogate, autograph=False)(lp, r, 0.9),
+                     lambda: rl.joint_dice_surrogates(lp[..., None], r[..., None], 0.9)):
+            with pytest.raises(checks.ArgumentError, match=pattern):
+                call()
+    spec = tf.TensorSpec([None, None], F64)
+    unknown = tf.function(lambda lp, r: rl.dice_surrogate(lp, r, 0.9),
+                          input_signature=[spec] * 2)
+    assert float(unknown(tf.zeros([2, 3], F64), tf.ones([2, 3], F64))) == pytest.approx(
+        1 + 0.9 + 0.81)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"at least one trajectory"):
+        unknown(tf.zeros([0, 3], F64), tf.ones([0, 3], F64))
+
+
 def test_a_meta_batch_of_tasks_maps_returns_baseline_and_objective_without_fallback():
     rng = np.random.default_rng(7)
     lp, r = rng.normal(size=(3, 4, 5)), rng.normal(size=(3, 4, 5))

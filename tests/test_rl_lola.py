@@ -2,11 +2,13 @@
 gradient of a short game, from its closed-form expected return (the memory-one Markov
 chain over the 5 joint states, propagated exactly) differentiated by nested tapes,
 against the library's machinery on every joint trajectory weighted by its probability
-(the exact expectation of the DiCE objectives, whose derivatives of every order are
+(the exact expectation of the DiCE surrogates, whose derivatives of every order are
 exact); sampled batches within a few standard errors; numpy games; every error naming
-the agent whose parameters an objective ignores."""
+the agent whose parameters a surrogate ignores; the value baseline's term and fit against
+numpy."""
 
 import itertools
+import json
 import os
 
 import numpy as np
@@ -40,7 +42,7 @@ def exact_values(theta0, theta1):
     return values
 
 
-def exact_lola(theta, lookahead, inner_rate, sign=1.0, stop=False):
+def exact_lola(theta, inner_steps, inner_lr, sign=1.0, stop=False):
     """The LOLA gradients of the exact values by nested tapes, written independently."""
     theta = [tf.constant(theta[0]), tf.constant(theta[1])]
     grads = []
@@ -49,13 +51,13 @@ def exact_lola(theta, lookahead, inner_rate, sign=1.0, stop=False):
         with tf.GradientTape() as outer:
             outer.watch(theta[i])
             phi = theta[j]
-            for _ in range(lookahead):
+            for _ in range(inner_steps):
                 with tf.GradientTape() as inner:
                     inner.watch(phi)
                     pair = [theta[i], phi] if i == 0 else [phi, theta[i]]
                     value = exact_values(*pair)[j]
                 step = inner.gradient(value, phi)
-                phi = phi + sign * inner_rate * (tf.stop_gradient(step) if stop else step)
+                phi = phi + sign * inner_lr * (tf.stop_gradient(step) if stop else step)
             pair = [theta[i], phi] if i == 0 else [phi, theta[i]]
             value = exact_values(*pair)[i]
         grads.append(outer.gradient(value, theta[i]).numpy())
@@ -78,26 +80,36 @@ def every_game():
 STATES, ACTIONS, REWARDS = every_game()
 
 
-def enumerated_objectives(params, seed):
-    """The exact expected DiCE objectives: every game weighted by N times its probability
-    (held constant), so the batch mean is the expectation; `seed` is unused."""
-    del seed
-    log_probs = rl.ipd_log_probs(params, STATES, ACTIONS)
-    weight = tf.stop_gradient(len(STATES) * tf.exp(tf.reduce_sum(log_probs, [1, 2])))
-    return rl.joint_dice_surrogates(log_probs, weight[:, None, None] * REWARDS, GAMMA,
-                                    baseline="none")
+VALUE_HEADS = np.random.default_rng(1).normal(size=(2, 6)) - 2.0
 
 
-@pytest.mark.parametrize("lookahead", [0, 2])
-def test_lola_gradients_on_every_game_equal_the_exact_lola_gradients(lookahead):
-    grads, values = rl.lola_dice_gradients(enumerated_objectives, list(THETA), 0, lookahead,
-                                           INNER)
+def enumerated_surrogates(baseline):
+    """The exact expected DiCE surrogates: every game weighted by N times its probability
+    (held constant), so the batch mean is the expectation; `seed` is unused. With the value
+    baseline, arbitrary value heads (any baseline leaves every expectation unchanged)."""
+    def surrogates(params, seed):
+        del seed
+        log_probs = rl.ipd_log_probs(params, STATES, ACTIONS)
+        weight = tf.stop_gradient(len(STATES) * tf.exp(tf.reduce_sum(log_probs, [1, 2])))
+        weight = weight[:, None, None]
+        values = (weight * rl.ipd_values(VALUE_HEADS, STATES)) if baseline == "value" else None
+        return rl.joint_dice_surrogates(log_probs, weight * REWARDS, GAMMA, baseline, values)
+    return surrogates
+
+
+@pytest.mark.parametrize("baseline", ["none", "value"])
+@pytest.mark.parametrize("inner_steps", [0, 2])
+def test_lola_gradients_on_every_game_equal_the_exact_lola_gradients(inner_steps, baseline):
+    """Also with the DiCE authors' value baseline: its term is 0 in value and in the
+    expectation of every derivative (the LOLA gradient takes second and third ones)."""
+    grads, values = rl.lola_dice_gradients(enumerated_surrogates(baseline), list(THETA), 0,
+                                           inner_steps, INNER)
     np.testing.assert_allclose(values, exact_values(*THETA), rtol=1e-12)
-    want = exact_lola(THETA, lookahead, INNER)
+    want = exact_lola(THETA, inner_steps, INNER)
     np.testing.assert_allclose(np.stack(grads), want, rtol=1e-10, atol=1e-12)
-    if lookahead:  # the look-ahead changes the gradient; a wrong step is caught
-        for wrong in (exact_lola(THETA, lookahead, INNER, sign=-1.0),
-                      exact_lola(THETA, lookahead, INNER, stop=True),
+    if inner_steps:  # the look-ahead changes the gradient; a wrong step is caught
+        for wrong in (exact_lola(THETA, inner_steps, INNER, sign=-1.0),
+                      exact_lola(THETA, inner_steps, INNER, stop=True),
                       exact_lola(THETA, 0, INNER)):
             assert np.abs(want - wrong).max() > 1e-3
 
@@ -106,10 +118,13 @@ BATCH = 1024
 ENV = rl.IteratedPrisonersDilemma(T, dtype="float64")
 
 
-def sampled_objectives(params, seed):
+def sampled_surrogates(params, seed):
     games = rl.sample_ipd(ENV, params, seed, BATCH)
     return rl.joint_dice_surrogates(rl.ipd_log_probs(params, games.states, games.actions),
                                     games.rewards, GAMMA)
+
+
+PARAMS = rl.LolaParams(tf.constant(THETA), tf.constant(VALUE_HEADS))
 
 
 @pytest.fixture(scope="module")
@@ -121,8 +136,8 @@ def update():
 def test_sampled_lola_gradients_agree_with_the_exact_ones_within_their_standard_error(update):
     """The compiled update's gradient from sampled games, averaged over seeds, within 4
     standard errors of the exact LOLA gradient; its returns near the exact values."""
-    runs = [update(tf.constant(THETA), tf.constant([k, 7], tf.int64)) for k in range(12)]
-    grads = np.stack([p.numpy() - THETA for p, _ in runs])
+    runs = [update(PARAMS, tf.constant([k, 7], tf.int64)) for k in range(12)]
+    grads = np.stack([p.policy.numpy() - THETA for p, _ in runs])
     scale = sum(GAMMA ** t for t in range(T))
     values = np.stack([r.numpy() * scale for _, r in runs])
     error = grads.std(0) / np.sqrt(len(runs))
@@ -154,46 +169,60 @@ def test_games_follow_the_table_and_the_policies():
                                rtol=1e-13)
 
 
-def test_objectives_that_ignore_an_agents_parameters_are_errors_naming_it():
-    def objectives_with(log_probs_of):
-        def objectives(params, seed):
+def test_surrogates_that_ignore_an_agents_parameters_are_errors_naming_it():
+    def surrogates_with(log_probs_of):
+        def surrogates(params, seed):
             del seed
             return rl.joint_dice_surrogates(log_probs_of(params), REWARDS, GAMMA)
-        return objectives
+        return surrogates
 
-    frozen1 = objectives_with(lambda p: rl.ipd_log_probs([p[0], tf.stop_gradient(p[1])],
+    frozen1 = surrogates_with(lambda p: rl.ipd_log_probs([p[0], tf.stop_gradient(p[1])],
                                                          STATES, ACTIONS))
-    frozen0 = objectives_with(lambda p: rl.ipd_log_probs([tf.stop_gradient(p[0]), p[1]],
+    frozen0 = surrogates_with(lambda p: rl.ipd_log_probs([tf.stop_gradient(p[0]), p[1]],
                                                          STATES, ACTIONS))
 
     def separate(params, seed):
-        """Each agent's objective blind to the other's parameters (stopped gradients)."""
+        """Each agent's surrogate blind to the other's parameters (stopped gradients)."""
         return tf.stack([frozen1(params, seed)[0], frozen0(params, seed)[1]])
 
     theta = list(THETA)
-    cases = [(frozen1, 1, "agent 1's objective does not depend on agent 1's parameters"),
-             (frozen0, 0, "agent 0's objective does not depend on agent 0's parameters"),
-             (frozen1, 0, "agent 1's objective does not depend on agent 1's parameters"),
+    cases = [(frozen1, 1, "agent 1's surrogate does not depend on agent 1's parameters"),
+             (frozen0, 0, "agent 0's surrogate does not depend on agent 0's parameters"),
+             (frozen1, 0, "agent 1's surrogate does not depend on agent 1's parameters"),
              (separate, 1, "agent 1's look-ahead does not depend on agent 0's parameters")]
-    for objectives, lookahead, message in cases:
+    for surrogates, inner_steps, message in cases:
         with pytest.raises(ValueError, match=message):
-            rl.lola_dice_gradients(objectives, theta, 0, lookahead, INNER)
+            rl.lola_dice_gradients(surrogates, theta, 0, inner_steps, INNER)
     with pytest.raises(ValueError, match="agent 1's look-ahead does not depend on agent 0"):
         tf.function(lambda: rl.lola_dice_gradients(separate, theta, 0, 1, INNER),
                     autograph=False)()
     env = rl.IteratedPrisonersDilemma(2, dtype="float64")
     bad = [
         (lambda: rl.lola_dice_gradients(separate, theta[:1], 0, 1, INNER), "two agents"),
-        (lambda: rl.lola_dice_gradients(separate, theta, 0, -1, INNER), "lookahead"),
-        (lambda: rl.lola_dice_gradients(separate, theta, 0, 1, 0.0), "inner_rate"),
-        (lambda: rl.lola_dice_gradients(None, theta, 0, 1, INNER), "objectives"),
+        (lambda: rl.lola_dice_gradients(separate, theta, 0, -1, INNER), "inner_steps"),
+        (lambda: rl.lola_dice_gradients(separate, theta, 0, 1, 0.0), "inner_lr"),
+        (lambda: rl.lola_dice_gradients(None, theta, 0, 1, INNER), "surrogates"),
         (lambda: rl.lola_dice_gradients(lambda p, s: separate(p, s)[0], theta, 0, 1, INNER),
-         r"objectives must return a floating \[2\] tensor"),
+         r"surrogates must return a floating \[2\] tensor"),
         (lambda: rl.sample_ipd(env, [tf.zeros([4], F64)] * 2, 0, 2), r"shape \[5\]"),
         (lambda: rl.sample_ipd(env, [tf.zeros([5])] * 2, 0, 2), "params have dtype"),
         (lambda: rl.ipd_log_probs(theta, STATES, ACTIONS[:, :2]), "states have shape"),
         (lambda: rl.ipd_log_probs(theta, STATES[..., 0], ACTIONS), "states must be"),
         (lambda: rl.joint_dice_surrogates(REWARDS, REWARDS, GAMMA, "mean"), "baseline"),
+        (lambda: rl.joint_dice_surrogates(REWARDS, REWARDS, GAMMA, "value"),
+         "values must be given with baseline 'value'"),
+        (lambda: rl.joint_dice_surrogates(REWARDS, REWARDS, GAMMA, values=REWARDS),
+         "values must be given with baseline 'value' and only then"),
+        (lambda: rl.joint_dice_surrogates(REWARDS, REWARDS, GAMMA, "value", REWARDS[:2]),
+         "values has shape"),
+        (lambda: rl.ipd_values(VALUE_HEADS[:, :5], STATES), r"value must be \[2, 6\]"),
+        (lambda: rl.fit_ipd_values(VALUE_HEADS, STATES, REWARDS[:, :0], GAMMA, 0.1, 4, 0),
+         "non-empty shape"),
+        (lambda: rl.fit_ipd_values(VALUE_HEADS, STATES, REWARDS, GAMMA, 0.0, 4, 0), "lr"),
+        (lambda: rl.fit_ipd_values(VALUE_HEADS, STATES, REWARDS, GAMMA, 0.1, 0, 0),
+         "minibatch"),
+        (lambda: rl.make_lola_update(env, 4, 0.9, 1, 0.3, 0.2, "value", value_epochs=0),
+         "value_epochs"),
         (lambda: rl.make_lola_update(env, 4, 0.0, 1, 0.3, 0.2), "discount"),
         (lambda: rl.make_lola_update(rl.Navigation2D(), 4, 0.9, 1, 0.3, 0.2), "env must be"),
     ]
@@ -203,14 +232,15 @@ def test_objectives_that_ignore_an_agents_parameters_are_errors_naming_it():
 
 
 def test_the_update_ascends_the_gradients_traced_once(update):
-    params, seed = tf.constant(THETA), tf.constant([5, 1], tf.int64)
-    new, returns = update(params, seed)
-    again, _ = update(params, seed)
-    np.testing.assert_array_equal(new, again)
-    update(params + 0.1, tf.constant([6, 1], tf.int64))
+    seed = tf.constant([5, 1], tf.int64)
+    new, returns = update(PARAMS, seed)
+    again, _ = update(PARAMS, seed)
+    np.testing.assert_array_equal(new.policy, again.policy)
+    np.testing.assert_array_equal(new.value, PARAMS.value)  # the batch mean fits no values
+    update(rl.LolaParams(PARAMS.policy + 0.1, PARAMS.value), tf.constant([6, 1], tf.int64))
     assert update.experimental_get_tracing_count() == 1
-    grads, values = rl.lola_dice_gradients(sampled_objectives, list(THETA), seed, 1, INNER)
-    np.testing.assert_allclose(new, THETA + np.stack(grads), rtol=1e-12, atol=1e-14)
+    grads, values = rl.lola_dice_gradients(sampled_surrogates, list(THETA), seed, 1, INNER)
+    np.testing.assert_allclose(new.policy, THETA + np.stack(grads), rtol=1e-12, atol=1e-14)
     scale = sum(GAMMA ** t for t in range(T))
     np.testing.assert_allclose(returns, values / scale, rtol=1e-13)
     assert np.all((returns.numpy() >= -3) & (returns.numpy() <= 0))
@@ -220,20 +250,34 @@ class _Killed(Exception):
     pass
 
 
-def test_the_binary_writes_its_outputs_and_resumes_exactly(tmp_path, monkeypatch):
+def strict_json(path):
+    """The file parsed as strict JSON (NaN and Infinity are errors)."""
+    def refuse(name):
+        raise ValueError(f"{path} holds {name}, not strict JSON")
+    with open(path) as f:
+        return json.load(f, parse_constant=refuse)
+
+
+def test_the_binary_writes_its_outputs_resumes_exactly_and_continues_a_shorter_run(
+        tmp_path, monkeypatch):
     """A run killed during its third update resumes from the checkpoint of the second and
-    ends as the uninterrupted run; another config is refused."""
+    ends as the uninterrupted run (the value heads' fit included); a run of 2 updates
+    continued to 4 with allow_config_change ends as the run of 4; another config is
+    refused, and no update at all is refused before a directory is made; metrics.json is
+    strict JSON."""
     from experiments import lola
     from hogrod import harness
 
     bindings = ["lola_experiment.updates = 4", "lola_experiment.horizon = 3",
-                "lola_experiment.batch = 4", "lola_experiment.lookahead = 0",
+                "lola_experiment.batch = 4", "lola_experiment.inner_steps = 0",
                 "lola_experiment.seeds = (0, 1)", "lola_experiment.checkpoint_every = 2",
-                "lola_experiment.last = 2"]
+                "lola_experiment.last = 2", "lola_experiment.value_epochs = 2"]
     config = ["configs/rl/lola_dice.gin"]
     whole, metrics = harness.run(lola.lola_experiment, config, bindings, str(tmp_path / "a"))
     for name in ("metrics.json", "returns.png", "operative_config.gin", "ckpt"):
         assert os.path.exists(os.path.join(whole, name)), name
+    assert strict_json(os.path.join(whole, "metrics.json"))["updates_done"] == 4
+    json.dumps(metrics, allow_nan=False)
     returns = np.array(metrics["returns_by_seed"])
     assert returns.shape == (2, 4, 2) and np.all((returns >= -3) & (returns <= 0))
     np.testing.assert_allclose(metrics["returns"], returns.mean(0))
@@ -262,6 +306,102 @@ def test_the_binary_writes_its_outputs_and_resumes_exactly(tmp_path, monkeypatch
     assert again["train_steps"] == 2  # resumed at update 2
     for key in ("returns_by_seed", "cooperation_probabilities", "final_returns"):
         np.testing.assert_array_equal(again[key], metrics[key])
-    with pytest.raises(harness.ConfigError, match="outer_rate"):
-        harness.run(lola.lola_experiment, config, bindings + ["lola_experiment.outer_rate = 0.1"],
-                    resumed)
+    with pytest.raises(harness.ConfigError, match="outer_lr"):
+        harness.run(lola.lola_experiment, config,
+                    bindings + ["lola_experiment.outer_lr = 0.1"], resumed)
+
+    shorter = str(tmp_path / "c")
+    harness.run(lola.lola_experiment, config, bindings + ["lola_experiment.updates = 2"],
+                shorter)
+    _, longer = harness.run(lola.lola_experiment, config, bindings, shorter,
+                            allow_config_change=True)
+    assert longer["train_steps"] == 2 and longer["updates_done"] == 4
+    for key in ("returns_by_seed", "cooperation_probabilities", "final_returns"):
+        np.testing.assert_array_equal(longer[key], metrics[key])
+    strict_json(os.path.join(shorter, "metrics.json"))
+
+    with pytest.raises(harness.ConfigError, match="lola_experiment.updates"):
+        harness.run(lola.lola_experiment, config, bindings + ["lola_experiment.updates = 0"],
+                    str(tmp_path / "d"))
+    assert not os.path.exists(tmp_path / "d")
+
+
+def test_the_binarys_onednn_int32_notice_is_dropped_from_stderr():
+    """hogrod-lola's int32 ops print it on CPUs without AVX-512 kernels for them."""
+    from hogrod import stderr_filter
+    line = (b"E0000 00:00:1795926229.090281    6544 util.cc:131] oneDNN supports DT_INT32 "
+            b"only on platforms with AVX-512. Falling back to the default Eigen-based "
+            b"implementation if present.")
+    assert stderr_filter.NOISE.match(line)
+    assert not stderr_filter.NOISE.match(line.replace(b"util.cc", b"lola.py"))
+    assert not stderr_filter.NOISE.match(line.replace(b"oneDNN supports", b"oneDNN refuses"))
+
+
+def test_the_value_baselines_term_is_zero_with_the_score_gradient_numpy_gives():
+    """On sampled games: the value baseline changes no surrogate's value, and its gradient
+    is ``-mean_b sum_t discount**t V_i[b, t] d l_t`` (l_t: step t's joint log-probability),
+    the score of a sigmoid policy written in numpy."""
+    games = rl.sample_ipd(ENV, list(THETA), 3, 16)
+    s, a = games.states.numpy(), games.actions.numpy()
+    values = rl.ipd_values(VALUE_HEADS, s)
+    np.testing.assert_allclose(values, VALUE_HEADS[np.arange(2), s] + VALUE_HEADS[:, 5],
+                               rtol=1e-15)
+    theta = tf.constant(THETA)
+    with tf.GradientTape() as tape:
+        tape.watch(theta)
+        lp = rl.ipd_log_probs(tf.unstack(theta), s, a)
+        both = [rl.joint_dice_surrogates(lp, games.rewards, GAMMA, b, v)
+                for b, v in (("value", values), ("none", None))]
+        term = both[0] - both[1]
+    np.testing.assert_allclose(term, 0.0, atol=1e-13)
+    p = 1 / (1 + np.exp(-THETA))  # cooperation probabilities [agent, state]
+    score = np.zeros(s.shape + (5,))  # d log p_j(a_t | s_t) / d theta_j[state]
+    for j in range(2):
+        cooperated = a[..., j] == 0
+        slope = np.where(cooperated, 1 - p[j][s[..., j]], -p[j][s[..., j]])
+        score[..., j, :] = slope[..., None] * (s[..., j, None] == np.arange(5))
+    weights = GAMMA ** np.arange(T)
+    want = -np.einsum("t,bti,btjs->ijs", weights, values.numpy(), score) / s.shape[0]
+    np.testing.assert_allclose(tape.jacobian(term, theta), want, rtol=1e-10, atol=1e-13)
+
+
+def numpy_fit(value, s, r, parts, lr):
+    """Gradient descent on each agent's mean squared error to its return-to-go, one step per
+    part (a list of time steps), written in numpy."""
+    returns = np.zeros_like(r)
+    running = np.zeros(r.shape[::2])
+    for t in reversed(range(r.shape[1])):
+        running = r[:, t] + GAMMA * running
+        returns[:, t] = running
+    v = value.copy()
+    for part in parts:
+        for i in range(2):
+            states = s[:, part, i]
+            error = v[i, states] + v[i, 5] - returns[:, part, i]
+            grad = np.zeros(6)
+            np.add.at(grad, states.ravel(), 2 * error.ravel() / error.size)
+            grad[5] = 2 * error.mean()
+            v[i] -= lr * grad
+    return v
+
+
+def test_the_value_fit_is_the_references_gradient_descent_in_numpy():
+    """One epoch of `fit_ipd_values`: with minibatches of every step, two steps on the whole
+    batch; with minibatches of one step, the steps in one of the T! orders, then the whole
+    batch."""
+    games = rl.sample_ipd(ENV, list(THETA), 4, 8)
+    s, r = games.states.numpy(), games.rewards.numpy()
+    whole = list(range(T))
+    got = rl.fit_ipd_values(VALUE_HEADS, s, r, GAMMA, 0.1, T, 0)
+    np.testing.assert_allclose(got, numpy_fit(VALUE_HEADS, s, r, [whole, whole], 0.1),
+                               rtol=1e-13)
+    orders = set()
+    for seed in range(6):
+        got = rl.fit_ipd_values(VALUE_HEADS, s, r, GAMMA, 0.3, 1, seed).numpy()
+        matches = [order for order in itertools.permutations(range(T))
+                   if np.allclose(got, numpy_fit(VALUE_HEADS, s, r,
+                                                 [[t] for t in order] + [whole], 0.3),
+                                  rtol=1e-13, atol=0)]
+        assert len(matches) == 1, matches
+        orders.add(matches[0])
+    assert len(orders) > 1  # the seed draws the order

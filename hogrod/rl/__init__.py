@@ -25,10 +25,12 @@
   under `tf.distribute`.
 - `expected_return` (`exact.py`): the exact expected return of a tabular softmax policy on a
   small MDP, differentiable to every order: the oracle of the estimators.
-- `make_lola_update`, `lola_dice_gradients`, `joint_dice_surrogates`, `sample_ipd`,
-  `ipd_log_probs`, `IPDTrajectories` (`lola.py`): LOLA-DiCE, two agents each ascending its
-  DiCE objective through the other's predicted learning steps, on the iterated prisoner's
-  dilemma (`lookahead` = 0: naive learners).
+- `make_lola_update`, `LolaParams`, `lola_dice_gradients`, `joint_dice_surrogates`
+  (`lola.py`): LOLA-DiCE, two agents each ascending its DiCE surrogate through the other's
+  predicted learning steps, on the iterated prisoner's dilemma (`inner_steps` = 0: naive
+  learners), with the DiCE authors' value baseline or the batch mean; `sample_ipd`,
+  `ipd_log_probs`, `ipd_values`, `fit_ipd_values`, `IPDTrajectories` (`ipd.py`): the
+  game's tabular agents and value heads.
 
 Conventions: a batch of trajectories is `[batch, T]` tensors (`log_probs`, `rewards`,
 `values`, `mask`); `mask` is 1 before an episode ends and 0 after. Discounts and lambdas are
@@ -39,8 +41,10 @@ from hogrod.rl.envs import TASK_SAMPLING, IteratedPrisonersDilemma, Navigation2D
 from hogrod.rl.estimators import dice_surrogate, magic_box
 from hogrod.rl.exact import expected_return
 from hogrod.rl.gym import HALFCHEETAH_TASKS, HalfCheetahTasks, gym_rollout
-from hogrod.rl.lola import (IPDTrajectories, ipd_log_probs, joint_dice_surrogates,
-                            lola_dice_gradients, make_lola_update, sample_ipd)
+from hogrod.rl.ipd import (IPDTrajectories, fit_ipd_values, ipd_log_probs, ipd_values,
+                           sample_ipd)
+from hogrod.rl.lola import (LolaParams, joint_dice_surrogates, lola_dice_gradients,
+                            make_lola_update)
 from hogrod.rl.maml_inner import inner_step
 from hogrod.rl.maml_rl import MamlRL, MetaBatch
 from hogrod.rl.policies import (Categorical, CategoricalPolicy, DiagonalGaussian,
@@ -53,8 +57,9 @@ __all__ = ["magic_box", "dice_surrogate", "discounted_returns", "gae_advantages"
            "LinearFeatureBaseline", "Categorical", "DiagonalGaussian", "CategoricalPolicy",
            "GaussianPolicy", "TabularMDP", "Navigation2D",
            "IteratedPrisonersDilemma", "expected_return", "make_lola_update",
-           "lola_dice_gradients", "joint_dice_surrogates", "sample_ipd", "ipd_log_probs",
-           "IPDTrajectories", "rollout", "Trajectories", "policy_distribution",
+           "LolaParams", "lola_dice_gradients", "joint_dice_surrogates", "sample_ipd",
+           "ipd_log_probs", "ipd_values", "fit_ipd_values", "IPDTrajectories", "rollout",
+           "Trajectories", "policy_distribution",
            "natural_step", "line_search", "NaturalStep", "LineSearch", "MamlRL", "MetaBatch",
            "inner_step", "gym_rollout", "HalfCheetahTasks", "HALFCHEETAH_TASKS",
            "TASK_SAMPLING"]

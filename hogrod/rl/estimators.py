@@ -88,7 +88,8 @@ def dice_surrogate(log_probs: TensorLike, rewards: TensorLike, discount: float =
 
     Raises:
       ArgumentError: `log_probs`, `rewards`, `values` or `mask` not floating `[batch, T]`
-        tensors of one shape and dtype, `discount` not in (0, 1], `gae_lambda` not in
+        tensors of one shape and dtype, an empty batch (batch or T 0; in a graph with an
+        unknown shape, an assertion), `discount` not in (0, 1], `gae_lambda` not in
         [0, 1], or a mask with other values than 0 and 1 or increasing in time (eagerly,
         or when traced for a constant mask; for a mask computed in a graph an assertion
         fails when the graph runs, and XLA, `jit_compile=True`, drops it).
@@ -102,6 +103,13 @@ def dice_surrogate(log_probs: TensorLike, rewards: TensorLike, discount: float =
     discount = checks.number(discount, "discount", where, 0.0, 1.0, low_open=True)
     gae_lambda = checks.probability(gae_lambda, "gae_lambda", where)
     mask = checks.mask_of(mask, where, lp, "log_probs")
+    # an empty batch's mean is NaN: no trajectory (batch 0) or no step (T 0) is an error
+    shape = tf.shape(lp)
+    nonempty = checks.require(lambda n: tf.reduce_all(n > 0), f"{where}: log_probs has shape "
+                              f"{lp.shape.as_list()}; it needs at least one trajectory "
+                              "(batch >= 1) and one step (T >= 1)", shape, data=[shape])
+    with tf.control_dependencies(nonempty):
+        lp = tf.identity(lp)
     lp, r = _masked(lp, mask), tf.stop_gradient(_masked(r, mask))
     weights = _powers(discount, tf.shape(lp)[1], lp.dtype)[None, :]
     dependencies = tf.cumsum(lp, axis=1)
