@@ -36,7 +36,7 @@ def binaries():
         # MamlRL refuses the discount, the binary dtype float16 (no float16 eigh in TF)
         "maml_rl": (maml_rl.maml_rl_experiment, ["configs/rl/navigation2d_smoke.gin"],
                     ["maml_rl_experiment.meta_iterations = 0",
-                     "maml_rl_experiment.eval_steps = 0"],
+                     "maml_rl_experiment.eval_steps = (0,)"],
                     [("maml_rl_experiment.discount = 0.0", "MamlRL: discount must be"),
                      ("maml_rl_experiment.dtype = 'float16'", "maml_rl_experiment: dtype")],
                     "maml_rl_experiment.discount = 0.99"),
