@@ -510,10 +510,11 @@ def test_adapt_on_an_objective_is_adapt_on_the_loss_it_computes():
         np.testing.assert_array_equal(a, b)
     for a, b in zip(*[tape.gradient(o, theta) for o in outer]):
         np.testing.assert_array_equal(a, b)
-    with pytest.raises(hogrod.checks.ArgumentError,
-                       match=r"do not depend on parameter '\S*bias' \(params\[1\]\)"):
-        meta.adapt(model, None, (x, y), 0.1, params=theta,
-                   objective=lambda p, s: tf.reduce_sum(p[0]) * 1.0)
+    for rate, optimizer in ((0.1, None), (None, hogrod.optim.sgd(0.1))):  # both inner loops
+        with pytest.raises(hogrod.checks.ArgumentError,
+                           match=r"do not depend on parameter '\S*bias' \(params\[1\]\)"):
+            meta.adapt(model, None, (x, y), rate, params=theta, optimizer=optimizer,
+                       objective=lambda p, s: tf.reduce_sum(p[0]) * 1.0)
     with pytest.raises(hogrod.checks.ArgumentError, match="seeds are for the model's"):
         meta.adapt(model, None, (x, y), 0.1, params=theta, objective=objective,
                    seeds=tf.zeros([1, 1, 2], tf.int64))

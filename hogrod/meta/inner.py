@@ -262,7 +262,7 @@ def adapt(model: keras.Model, loss: Optional[Loss], support: Any, inner_lr: Rate
     step_objective = _step_objective(model, loss, objective, support, training, seeds, where)
     if optimizer is not None:
         return _adapt_with(optimizer, step_objective, inner_lr, inner_steps, first_order,
-                           fast)
+                           fast, objective is not None, model, where)
     for step in range(inner_steps):
         rates = _rates(inner_lr, step, fast)
         active = [i for i, r in enumerate(rates) if r is not None]
@@ -323,8 +323,10 @@ def _grads(fn, params, named, model, indices, where):
     return grads
 
 
-def _adapt_with(optimizer, step_objective, inner_lr, inner_steps, first_order, fast):
-    """`adapt`'s inner loop with a `hogrod.optim` optimizer's steps, its state threaded."""
+def _adapt_with(optimizer, step_objective, inner_lr, inner_steps, first_order, fast, named,
+                model, where):
+    """`adapt`'s inner loop with a `hogrod.optim` optimizer's steps, its state threaded
+    (`named`: an objective, whose ignored params are errors, as in plain steps)."""
     if not isinstance(optimizer, optim.Optimizer):
         raise TypeError("adapt: optimizer must be a hogrod.optim optimizer "
                         f"(hogrod.optim.sgd/adam/adamw/rmsprop(...)), got {optimizer!r}")
@@ -333,7 +335,8 @@ def _adapt_with(optimizer, step_objective, inner_lr, inner_steps, first_order, f
                          f"the step size); got inner_lr={inner_lr!r}")
     state = optimizer.init(fast)
     for step in range(inner_steps):
-        grads = autodiff.grad(lambda fast=fast, step=step: step_objective(fast, step), fast)
+        grads = _grads(lambda fast=fast, step=step: step_objective(fast, step), fast, named,
+                       model, range(len(fast)), where)
         if first_order:
             grads = [tf.stop_gradient(g) for g in grads]
         fast, state = optimizer.update(list(grads), state, fast)
