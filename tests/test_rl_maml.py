@@ -330,6 +330,13 @@ def test_inner_step_names_episodes_of_every_task_and_adapt_its_two_callables():
                        match=r"inner_step: episodes must be one task's .* \[1, 2, 2\]"):
         rl.inner_step(policy, theta, episodes, 0.1, 0.9)
     one = rl.Trajectories(*[t[0] for t in episodes])
+    with pytest.raises(hogrod.checks.ArgumentError, match="inner_step: scale must be"):
+        rl.inner_step(policy, theta, one, 0.1, 0.9, scale=-1.0)
+    # a Python scale at the params' dtype (float64), never through float32
+    exact = tf.constant(0.1, tf.float64)
+    for a, b in zip(rl.inner_step(policy, theta, one, 0.1, 0.9, scale=0.1),
+                    rl.inner_step(policy, theta, one, 0.1, 0.9, scale=exact)):
+        np.testing.assert_array_equal(a, b)
     for kwargs in ({}, {"objective": lambda p, s: 0.0}):
         loss = None if not kwargs else keras.losses.MeanSquaredError()
         with pytest.raises(hogrod.checks.ArgumentError, match="exactly one of loss"):

@@ -65,7 +65,8 @@ def _dice_objective(policy, discount, gae_lambda):
         surrogate = dice_surrogate(dist.log_prob(episodes.actions), episodes.rewards,
                                    discount, values, gae_lambda, episodes.mask)
         if scale is not None:
-            surrogate = surrogate * tf.stop_gradient(tf.cast(scale, surrogate.dtype))
+            # a Python number at the surrogate's dtype, never through float32
+            surrogate = surrogate * tf.stop_gradient(inner.as_dtype(scale, surrogate.dtype))
         return -surrogate
     return objective
 
@@ -89,7 +90,8 @@ def inner_step(policy: keras.Model, params: Params, episodes: Trajectories, inne
       discount: the discount in (0, 1].
       values: optional `[batch, T]` baseline values (Loaded DiCE); None: DiCE.
       gae_lambda: GAE's lambda of Loaded DiCE's advantages, in [0, 1].
-      scale: None (1) or a positive scalar multiplying the objective, held constant (no
+      scale: None (1) or a positive scalar multiplying the objective (a Python number,
+        checked, applied at the parameters' dtype; or a tensor), held constant (no
         gradient flows through it): `MamlRL` takes `inner_scales`, so an inner rate means
         what it means with pytorch-maml-rl's normalized, time-averaged inner loss.
 
@@ -97,13 +99,15 @@ def inner_step(policy: keras.Model, params: Params, episodes: Trajectories, inne
       The adapted parameters, a list like `params`.
 
     Raises:
-      ArgumentError: `inner_lr` not > 0, episodes that are not one task's (rollout's
+      ArgumentError: `inner_lr` or a number `scale` not > 0, episodes that are not one task's (rollout's
         `[tasks, batch, T]` output included), bad episodes (see `dice_surrogate`), or
         log-probabilities that do not depend on a parameter (its step would be a silent
         zero; the message names it: the policy's `distribution` must use `params`).
     """
     where = "inner_step"
     inner_lr = checks.positive(inner_lr, "inner_lr", where)
+    if scale is not None and not isinstance(scale, (tf.Tensor, tf.Variable)):
+        scale = checks.positive(scale, "scale", where)
     _check_episodes(episodes, where)
     params = [tf.convert_to_tensor(p) for p in params]
     return inner.adapt(policy, None, (episodes, values, scale), inner_lr, 1, params=params,
