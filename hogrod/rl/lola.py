@@ -9,14 +9,15 @@ parameters after `inner_steps` steps of gradient ascent on j's own objective,
 ``phi_j <- phi_j + inner_lr d J_j(theta_i, phi_j) / d phi_j`` from ``phi_j = theta_j``
 (each step on a fresh batch drawn at ``(theta_i, phi_j)``), and ascends
 ``d J_i(theta_i, phi_j(theta_i)) / d theta_i``: the derivative goes through the predicted
-steps (nested tapes), so i shapes how j learns. Both agents update from the same
-parameters at once; `inner_steps` = 0 is the naive learner.
+steps (nested tapes), so i shapes how j learns. `inner_steps` = 0 is the naive learner.
+`make_lola_update` steps both agents from the same parameters ("simultaneous") or in the
+reference's order ("sequential": agent 0 first, then agent 1's gradient at agent 0's new
+parameters on the batches drawn before).
 
 All derivatives are DiCE's: an agent's surrogate (maximized) on a batch is
 `dice_surrogate` of the joint log-probabilities (``log_probs[b, t]`` the sum of both
 agents' log-probabilities at step t, every choice the rewards depend on) and its own
 rewards, so the second derivatives the look-ahead needs are unbiased too.
-
 
 The agents are the reference's tabular ones (`hogrod.rl.ipd`): a cooperation logit per
 own-perspective state, and with its value baseline (`baseline="value"`, the reference's
@@ -279,6 +280,10 @@ def make_lola_update(env: IteratedPrisonersDilemma, batch: int, discount: float,
       its predicted steps of agent 0, which start from agent 0's parameters, read agent
       0's updated parameters: its gradient is its look-ahead gradient at (agent 0's new,
       agent 1's old) parameters, on batches drawn before agent 0's step and not reweighted.
+      It estimates no derivative at those parameters: a baseline's terms no longer vanish
+      in expectation, and with the value baseline (uncentred returns) agent 1's first step
+      can saturate its policy (a logit moved by 138 to 7,810 in `configs/rl/lola_dice.gin`'s
+      seeds 0-4; the reference's published runs use the batch mean).
 
     It is traced once (an input signature) and the same arguments give the same result.
     `returns` is `[2]`, each agent's discounted return at `params` normalized to a
@@ -363,7 +368,7 @@ def make_lola_update(env: IteratedPrisonersDilemma, batch: int, discount: float,
         gradient0, values = _agent_gradient(drawing(0), theta, 0, inner_steps, rate)
         gradient1, _ = _agent_gradient(drawing(1), theta, 1, inner_steps, rate)
         new0 = theta[0] + step * gradient0
-        if order == "sequential":  # the gradient above only draws the batches (pruned)
+        if order == "sequential":  # the pass above drew agent 1's batches; its gradient unused
             gradient1, _ = _agent_gradient(lambda policy, m: on(policy, drawn[1][m]),
                                            [new0, theta[1]], 1, inner_steps, rate)
         new = tf.stack([new0, theta[1] + step * gradient1])
