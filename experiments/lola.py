@@ -11,8 +11,8 @@ state) learn for `updates` updates from games of `horizon` rounds, `batch` games
 batch; `inner_steps` = 0 is two naive learners. `baseline` "value" is the DiCE authors'
 value baseline (each agent's value head fitted at `value_lr`), "batch_mean" the one their
 IPD script runs; `order` "sequential" is the authors' update order (agent 0 steps first,
-agent 1's gradient reads its new parameters), "simultaneous" both from the same
-parameters. Each seed of `seeds` is an independent run (its initial parameters and
+and agent 1's gradient, on the batches drawn before, reads agent 0's new parameters),
+"simultaneous" both agents' from the same parameters. Each seed of `seeds` is an independent run (its initial parameters and
 every batch drawn from it); a seed cooperates when both
 agents' mean return over its last `last` updates is at least `cooperation_threshold`
 (mutual cooperation pays -1 a round, mutual defection -2).
