@@ -10,7 +10,9 @@ Two agents with tabular memory-one policies (a cooperation logit per own-perspec
 state) learn for `updates` updates from games of `horizon` rounds, `batch` games per
 batch; `inner_steps` = 0 is two naive learners. `baseline` "value" is the DiCE authors'
 value baseline (each agent's value head fitted at `value_lr`), "batch_mean" the one their
-IPD script runs. Each seed of `seeds` is an independent run (its initial parameters and
+IPD script runs; `order` "sequential" is the authors' update order (agent 0 steps first,
+and agent 1's gradient, on the batches drawn before, reads agent 0's new parameters),
+"simultaneous" both agents' from the same parameters. Each seed of `seeds` is an independent run (its initial parameters and
 every batch drawn from it); a seed cooperates when both
 agents' mean return over its last `last` updates is at least `cooperation_threshold`
 (mutual cooperation pays -1 a round, mutual defection -2).
@@ -63,7 +65,7 @@ def plot(path, returns, seeds, title):
 
 
 def check_config():
-    """The bindings of `seeds` and `baseline` checked before a run starts.
+    """The bindings of `seeds`, `baseline` and `order` checked before a run starts.
 
     Raises:
       ValueError: naming the binding to change.
@@ -72,7 +74,8 @@ def check_config():
             ("seeds", lambda v: isinstance(v, (tuple, list)) and len(v) > 0 and len(set(v))
              == len(v) and all(isinstance(s, int) and s >= 0 for s in v),
              "a non-empty tuple of distinct ints >= 0"),
-            ("baseline", lambda v: v in lola_rl.BASELINES, f"one of {lola_rl.BASELINES}")):
+            ("baseline", lambda v: v in lola_rl.BASELINES, f"one of {lola_rl.BASELINES}"),
+            ("order", lambda v: v in lola_rl.ORDERS, f"one of {lola_rl.ORDERS}")):
         try:
             value = gin.query_parameter(f"lola_experiment.{name}")
         except ValueError:  # not bound: the default
@@ -88,7 +91,7 @@ def lola_experiment(output_dir, updates: harness.PositiveInt = 200,
                     inner_lr: harness.Positive = 0.1, outer_lr: harness.Positive = 0.2,
                     baseline: str = "value", value_lr: harness.Positive = 0.1,
                     value_epochs: harness.PositiveInt = 5,
-                    value_minibatch: harness.PositiveInt = 16,
+                    value_minibatch: harness.PositiveInt = 16, order: str = "sequential",
                     seeds: tuple[harness.Count, ...] = (0,),
                     init_std: harness.NonNegative = 1 / math.sqrt(5),
                     dtype: str = "float64", checkpoint_every: harness.PositiveInt = 10,
@@ -104,7 +107,7 @@ def lola_experiment(output_dir, updates: harness.PositiveInt = 200,
     dtype = tf.as_dtype(dtype)
     env = rl.IteratedPrisonersDilemma(horizon, dtype=dtype)
     update = rl.make_lola_update(env, batch, discount, inner_steps, inner_lr, outer_lr,
-                                 baseline, value_lr, value_epochs, value_minibatch)
+                                 baseline, value_lr, value_epochs, value_minibatch, order)
     seeds = tuple(seeds)
     std = tf.constant(init_std, dtype)
     policy = tf.Variable(tf.stack([tf.random.stateless_truncated_normal(

@@ -224,6 +224,8 @@ def test_surrogates_that_ignore_an_agents_parameters_are_errors_naming_it():
         (lambda: rl.make_lola_update(env, 4, 0.9, 1, 0.3, 0.2, "value", value_epochs=0),
          "value_epochs"),
         (lambda: rl.make_lola_update(env, 4, 0.0, 1, 0.3, 0.2), "discount"),
+        (lambda: rl.make_lola_update(env, 4, 0.9, 1, 0.3, 0.2, order="alternating"),
+         "order must be one of"),
         (lambda: rl.make_lola_update(rl.Navigation2D(), 4, 0.9, 1, 0.3, 0.2), "env must be"),
     ]
     for call, pattern in bad:
@@ -244,6 +246,64 @@ def test_the_update_ascends_the_gradients_traced_once(update):
     scale = sum(GAMMA ** t for t in range(T))
     np.testing.assert_allclose(returns, values / scale, rtol=1e-13)
     assert np.all((returns.numpy() >= -3) & (returns.numpy() <= 0))
+
+
+def sequential_gradient_of_agent_1(theta, new0, seed, inner_steps, baseline, heads):
+    """Agent 1's gradient in the reference's order, written independently: its batches drawn
+    as at the old parameters (batch m at agent 0's parameters after m predicted steps from
+    its old ones, with seed row ``inner_steps + 1 + m`` of the split), then its look-ahead
+    gradient at agent 0's new parameters `new0` on those batches."""
+    rows = tf.random.experimental.stateless_split(seed, 2 * (inner_steps + 1))
+    rows = rows[inner_steps + 1:]
+    theta0, theta1 = tf.constant(theta[0]), tf.constant(theta[1])
+
+    def surrogates(pair, games):
+        log_probs = rl.ipd_log_probs(pair, games.states, games.actions)
+        values = rl.ipd_values(heads, games.states) if baseline == "value" else None
+        return rl.joint_dice_surrogates(log_probs, games.rewards, GAMMA, baseline, values)
+
+    def step(phi, games):  # agent 0's predicted step, differentiable in agent 1's theta1
+        with tf.GradientTape() as tape:
+            tape.watch(phi)
+            own = surrogates([phi, theta1], games)[0]
+        return phi + INNER * tf.convert_to_tensor(tape.gradient(own, phi))
+
+    phi, batches = theta0, []
+    for m in range(inner_steps + 1):
+        batches.append(rl.sample_ipd(ENV, [phi, theta1], rows[m], 64))
+        phi = step(phi, batches[-1]) if m < inner_steps else phi
+    with tf.GradientTape() as tape:
+        tape.watch(theta1)
+        phi = tf.constant(new0)
+        for games in batches[:-1]:
+            phi = step(phi, games)
+        target = surrogates([phi, theta1], batches[-1])[1]
+    return tf.convert_to_tensor(tape.gradient(target, theta1)).numpy()
+
+
+@pytest.mark.parametrize("baseline", ["batch_mean", "value"])
+def test_the_sequential_order_steps_agent_0_then_agent_1_at_its_new_parameters(baseline):
+    """The reference's order: agent 0 as when simultaneous; agent 1's gradient at agent 0's
+    updated parameters on the batches drawn before (an independent computation); different
+    from the simultaneous step; naive learners (no look-ahead) the same in either order."""
+    seed = tf.constant([3, 1], tf.int64)
+    steps = {order: rl.make_lola_update(ENV, 64, GAMMA, 1, INNER, 1.0, baseline,
+                                        value_epochs=1, value_minibatch=2, order=order)
+             for order in ("simultaneous", "sequential")}
+    (new, returns), (simultaneous, same) = (steps[o](PARAMS, seed)
+                                            for o in ("sequential", "simultaneous"))
+    np.testing.assert_array_equal(new.policy[0], simultaneous.policy[0])
+    np.testing.assert_array_equal(new.value, simultaneous.value)
+    np.testing.assert_array_equal(returns, same)
+    want = THETA[1] + sequential_gradient_of_agent_1(THETA, new.policy[0], seed, 1,
+                                                     baseline, new.value)
+    np.testing.assert_allclose(new.policy[1], want, rtol=1e-11, atol=1e-13)
+    # far above the agreement's tolerance: agent 1 reading agent 0's old parameters fails
+    assert np.abs(new.policy[1] - simultaneous.policy[1]).max() > 1e-5
+    if baseline == "batch_mean":
+        naive = [rl.make_lola_update(ENV, 64, GAMMA, 0, INNER, 1.0, order=order)(PARAMS, seed)
+                 for order in ("simultaneous", "sequential")]
+        np.testing.assert_array_equal(naive[0][0].policy, naive[1][0].policy)
 
 
 class _Killed(Exception):
@@ -320,10 +380,14 @@ def test_the_binary_writes_its_outputs_resumes_exactly_and_continues_a_shorter_r
         np.testing.assert_array_equal(longer[key], metrics[key])
     strict_json(os.path.join(shorter, "metrics.json"))
 
-    with pytest.raises(harness.ConfigError, match="lola_experiment.updates"):
-        harness.run(lola.lola_experiment, config, bindings + ["lola_experiment.updates = 0"],
-                    str(tmp_path / "d"))
-    assert not os.path.exists(tmp_path / "d")
+    for binding, error, refused in (
+            ("lola_experiment.updates = 0", harness.ConfigError, "lola_experiment.updates"),
+            ("lola_experiment.order = 'alternating'", ValueError,
+             "lola_experiment.order must be one of")):
+        with pytest.raises(error, match=refused):
+            harness.run(lola.lola_experiment, config, bindings + [binding],
+                        str(tmp_path / "d"))
+        assert not os.path.exists(tmp_path / "d")
 
 
 def test_the_binarys_onednn_int32_notice_is_dropped_from_stderr():

@@ -23,10 +23,6 @@ __all__ = ["IPDTrajectories", "sample_ipd", "ipd_log_probs", "ipd_values", "fit_
 STATES = envs.IteratedPrisonersDilemma.observation_dim
 
 
-BASELINES = ("value", "batch_mean", "none")
-STATES = envs.IteratedPrisonersDilemma.observation_dim
-
-
 class IPDTrajectories(NamedTuple):
     """A batch of iterated prisoner's dilemma games.
 

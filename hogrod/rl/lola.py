@@ -9,14 +9,15 @@ parameters after `inner_steps` steps of gradient ascent on j's own objective,
 ``phi_j <- phi_j + inner_lr d J_j(theta_i, phi_j) / d phi_j`` from ``phi_j = theta_j``
 (each step on a fresh batch drawn at ``(theta_i, phi_j)``), and ascends
 ``d J_i(theta_i, phi_j(theta_i)) / d theta_i``: the derivative goes through the predicted
-steps (nested tapes), so i shapes how j learns. Both agents update from the same
-parameters at once; `inner_steps` = 0 is the naive learner.
+steps (nested tapes), so i shapes how j learns. `inner_steps` = 0 is the naive learner.
+`make_lola_update` steps both agents from the same parameters ("simultaneous") or in the
+reference's order ("sequential": agent 0 first, then agent 1's gradient at agent 0's new
+parameters on the batches drawn before).
 
 All derivatives are DiCE's: an agent's surrogate (maximized) on a batch is
 `dice_surrogate` of the joint log-probabilities (``log_probs[b, t]`` the sum of both
 agents' log-probabilities at step t, every choice the rewards depend on) and its own
 rewards, so the second derivatives the look-ahead needs are unbiased too.
-
 
 The agents are the reference's tabular ones (`hogrod.rl.ipd`): a cooperation logit per
 own-perspective state, and with its value baseline (`baseline="value"`, the reference's
@@ -40,10 +41,11 @@ from hogrod.rl.ipd import (STATES, _agent_params, _ipd, fit_ipd_values, ipd_log_
                            ipd_values, sample_ipd)
 from hogrod.types import Seed, TensorLike
 
-__all__ = ["LolaParams", "BASELINES", "joint_dice_surrogates", "lola_dice_gradients",
+__all__ = ["LolaParams", "BASELINES", "ORDERS", "joint_dice_surrogates", "lola_dice_gradients",
            "make_lola_update"]
 
 BASELINES = ("value", "batch_mean", "none")
+ORDERS = ("simultaneous", "sequential")
 
 
 class LolaParams(NamedTuple):
@@ -152,6 +154,49 @@ def _pair(both):
     return t
 
 
+def _batch_seeds(seed, inner_steps):
+    """The batches' seeds: agent i's batch m (m = inner_steps the last, its update's) is
+    drawn with row ``i (inner_steps + 1) + m``."""
+    return tf.random.experimental.stateless_split(seed, 2 * (inner_steps + 1))
+
+
+def _agent_gradient(surrogate, theta, i, inner_steps, rate):
+    """Agent i's LOLA-DiCE gradient at `theta` and the `[2]` surrogates on its first batch;
+    ``surrogate(pair, m)``: both agents' surrogates on agent i's batch m at `pair`."""
+    j = 1 - i
+    own = tf.identity(theta[i])  # a tensor of its own: the tapes differentiate in it
+
+    def pair(phi):
+        return [own, phi] if i == 0 else [phi, own]
+
+    values = None
+    with tf.GradientTape(persistent=inner_steps > 0) as outer:
+        outer.watch(own)
+        phi = tf.identity(theta[j])
+        for m in range(inner_steps):
+            with tf.GradientTape() as inner:
+                inner.watch(phi)
+                both = surrogate(pair(phi), m)
+                target = both[j]  # indexed on the tape
+            values = both if values is None else values
+            step = inner.gradient(target, phi)
+            if step is None:
+                raise _unconnected(j, j, "in a look-ahead step")
+            phi = phi + rate * tf.convert_to_tensor(step)  # gathers give IndexedSlices
+        both = surrogate(pair(phi), inner_steps)
+        target = both[i]
+        values = both if values is None else values
+    gradient = outer.gradient(target, own)
+    if gradient is None:
+        raise _unconnected(i, i, "in its update")
+    if inner_steps and outer.gradient(phi, own) is None:  # pruned when traced
+        raise checks.ArgumentError(
+            f"lola_dice_gradients: agent {j}'s look-ahead does not depend on agent {i}'s "
+            f"parameters; the log-probabilities of agent {j}'s surrogate must include agent "
+            f"{i}'s (log_probs[b, t] the sum of both agents')")
+    return tf.convert_to_tensor(gradient), values
+
+
 def lola_dice_gradients(surrogates: Callable[[Sequence[tf.Tensor], tf.Tensor], tf.Tensor],
                         params: Sequence[TensorLike], seed: Seed, inner_steps: int,
                         inner_lr: float) -> tuple:
@@ -162,8 +207,10 @@ def lola_dice_gradients(surrogates: Callable[[Sequence[tf.Tensor], tf.Tensor], t
     + inner_lr d J_j(theta_i, phi) / d phi`` on a fresh batch; then the total derivative
     of ``J_i(theta_i, phi(theta_i))`` in ``theta_i`` (through the predicted steps, nested
     tapes), on another batch. `inner_steps` = 0: the naive gradient ``d J_i / d theta_i``.
-    Agent i's batches are drawn with seeds split from `seed` (``2 (inner_steps + 1)`` in
-    all).
+    Both gradients are taken at `params` (simultaneous learners). The batches' seeds are
+    the ``2 (inner_steps + 1)`` rows of ``tf.random.experimental.stateless_split(seed)``:
+    agent i's m-th batch (m = 0 to `inner_steps`, the last its own surrogate's) has row
+    ``i (inner_steps + 1) + m``.
 
     Args:
       surrogates: ``surrogates(params, seed) -> [2]`` both agents' DiCE surrogates (each
@@ -195,69 +242,60 @@ def lola_dice_gradients(surrogates: Callable[[Sequence[tf.Tensor], tf.Tensor], t
     theta = _agent_params(params, where)
     inner_steps = checks.integer(inner_steps, "inner_steps", where, 0)
     rate = tf.constant(checks.positive(inner_lr, "inner_lr", where), theta[0].dtype)
-    seeds = tf.random.experimental.stateless_split(
-        checks.stateless_seed(seed, "seed", where), 2 * (inner_steps + 1))
+    seeds = _batch_seeds(checks.stateless_seed(seed, "seed", where), inner_steps)
     gradients, values = [], None
     for i in range(2):
-        j = 1 - i
-        own = tf.identity(theta[i])  # a tensor of its own: the tapes differentiate in it
-        with tf.GradientTape(persistent=inner_steps > 0) as outer:
-            outer.watch(own)
-            phi = tf.identity(theta[j])
-            for m in range(inner_steps):
-                with tf.GradientTape() as inner:
-                    inner.watch(phi)
-                    both = _pair(surrogates([own, phi] if i == 0 else [phi, own],
-                                            seeds[i * (inner_steps + 1) + m]))
-                    target = both[j]  # indexed on the tape
-                values = both if values is None else values
-                step = inner.gradient(target, phi)
-                if step is None:
-                    raise _unconnected(j, j, "in a look-ahead step")
-                phi = phi + rate * tf.convert_to_tensor(step)  # gathers give IndexedSlices
-            both = _pair(surrogates([own, phi] if i == 0 else [phi, own],
-                                    seeds[i * (inner_steps + 1) + inner_steps]))
-            target = both[i]
-            values = both if values is None else values
-        gradient = outer.gradient(target, own)
-        if gradient is None:
-            raise _unconnected(i, i, "in its update")
-        if inner_steps and outer.gradient(phi, own) is None:  # pruned when traced
-            raise checks.ArgumentError(
-                f"{where}: agent {j}'s look-ahead does not depend on agent {i}'s parameters; "
-                f"the log-probabilities of agent {j}'s surrogate must include agent {i}'s "
-                "(log_probs[b, t] the sum of both agents')")
-        gradients.append(tf.convert_to_tensor(gradient))
+        def surrogate(pair, m, row=i * (inner_steps + 1)):
+            return _pair(surrogates(pair, seeds[row + m]))
+        gradient, first = _agent_gradient(surrogate, theta, i, inner_steps, rate)
+        gradients.append(gradient)
+        values = first if values is None else values
     return gradients, tf.stop_gradient(values)
 
 
 def make_lola_update(env: IteratedPrisonersDilemma, batch: int, discount: float,
                      inner_steps: int, inner_lr: float, outer_lr: float,
                      baseline: str = "batch_mean", value_lr: float = 0.1,
-                     value_epochs: int = 5, value_minibatch: int = 16) -> Callable:
+                     value_epochs: int = 5, value_minibatch: int = 16,
+                     order: str = "simultaneous") -> Callable:
     """A compiled LOLA-DiCE update of two tabular agents on the iterated prisoner's dilemma.
 
     ``update(params, seed) -> (params, returns)``, `params` a `LolaParams` of the
     environment's dtype, `seed` a `[2]` int64 tensor. With `baseline` "value" the value
     heads are first fitted as the reference does (`value_epochs` times: a fresh batch at
     the agents' policies, then one epoch of `fit_ipd_values` at `value_lr`, minibatches of
-    `value_minibatch` steps; seeds folded from `seed` apart from the gradients'). Then both
-    agents ascend their `lola_dice_gradients` (batches of `batch` games from `sample_ipd`,
-    surrogates `joint_dice_surrogates` with `ipd_values` of the fitted heads) by
-    `outer_lr` times the gradient, from the same parameters. It is traced once (an input
-    signature) and the same arguments give the same result. `returns` is `[2]`, each
-    agent's discounted return at `params` normalized to a per-step mean, ``sum_t
-    discount**t r_t / sum_t discount**t`` (batch mean of agent 0's first batch; the
-    reference reports ``(1 - discount) sum_t discount**t r_t``, 0.2% smaller at T = 150,
-    discount 0.96). `inner_steps` = 0: naive learners.
+    `value_minibatch` steps; seeds folded from `seed` apart from the gradients'). Then the
+    agents ascend their LOLA-DiCE gradients (batches of `batch` games from `sample_ipd`,
+    surrogates `joint_dice_surrogates` with `ipd_values` of the fitted heads, the batches'
+    seeds as `lola_dice_gradients` splits them) by `outer_lr` times the gradient, in
+    `order`:
 
-    Where it differs from the reference (alshedivat/lola, `lola_dice/rpg.py`, `train`):
-    both agents' gradients are taken at the same parameters (the reference updates agent 0
-    first and agent 1's gradient, on batches drawn before, reads agent 0's updated
-    variables); float64 by default (the reference float32); every draw and the value
-    minibatches' order come from `seed` (the reference's from unseeded generators); the
-    reference's `train` fits its value heads for `value_epochs` = 5 epochs and its IPD
-    script, which runs the batch mean (`use_baseline=False`), sets minibatches of 16 steps.
+    - "simultaneous": both gradients at `params`, `lola_dice_gradients`' (the LOLA
+      papers' definition).
+    - "sequential": the reference's (alshedivat/lola, `lola_dice/rpg.py`, `train`, which
+      runs agent 0's update op, then agent 1's in the same graph). Agent 0 steps first,
+      exactly as in "simultaneous". Agent 1's batches are the ones "simultaneous" draws
+      (every draw at the old parameters: its look-ahead's at agent 0's parameters
+      predicted from agent 0's old ones), but its surrogates' log-probabilities, and so
+      its predicted steps of agent 0, which start from agent 0's parameters, read agent
+      0's updated parameters: its gradient is its look-ahead gradient at (agent 0's new,
+      agent 1's old) parameters, on batches drawn before agent 0's step and not reweighted.
+      It estimates no derivative at those parameters: a baseline's terms no longer vanish
+      in expectation, and with the value baseline (uncentred returns) agent 1's first step
+      can saturate its policy (a logit moved by 138 to 7,810 in `configs/rl/lola_dice.gin`'s
+      seeds 0-4; the reference's published runs use the batch mean).
+
+    It is traced once (an input signature) and the same arguments give the same result.
+    `returns` is `[2]`, each agent's discounted return at `params` normalized to a
+    per-step mean, ``sum_t discount**t r_t / sum_t discount**t`` (batch mean of agent 0's
+    first batch; the reference reports ``(1 - discount) sum_t discount**t r_t``, 0.2%
+    smaller at T = 150, discount 0.96). `inner_steps` = 0: naive learners.
+
+    Where it differs from the reference: float64 by default (the reference float32); every
+    draw and the value minibatches' order come from `seed` (the reference's from unseeded
+    generators); the reference's `train` fits its value heads for `value_epochs` = 5
+    epochs and its IPD script, which runs the batch mean (`use_baseline=False`), sets
+    minibatches of 16 steps.
 
     Args:
       env: the game, an `IteratedPrisonersDilemma` (its horizon is T, its dtype the
@@ -271,6 +309,7 @@ def make_lola_update(env: IteratedPrisonersDilemma, batch: int, discount: float,
       value_lr: the value heads' learning rate, a positive Python number (0.1).
       value_epochs: value-fitting epochs per update, an int >= 1 (5).
       value_minibatch: steps per value minibatch, an int >= 1 (16).
+      order: "simultaneous" or "sequential" (the reference's), see above.
 
     Returns:
       The `tf.function` `update`.
@@ -283,12 +322,13 @@ def make_lola_update(env: IteratedPrisonersDilemma, batch: int, discount: float,
     batch = checks.integer(batch, "batch", where, 1)
     discount = checks.number(discount, "discount", where, 0.0, 1.0, low_open=True)
     inner_steps = checks.integer(inner_steps, "inner_steps", where, 0)
-    checks.positive(inner_lr, "inner_lr", where)
-    rate = checks.positive(outer_lr, "outer_lr", where)
+    inner_lr = checks.positive(inner_lr, "inner_lr", where)
+    outer_lr = checks.positive(outer_lr, "outer_lr", where)
     baseline = checks.choice(baseline, BASELINES, "baseline", where)
     checks.positive(value_lr, "value_lr", where)
     value_epochs = checks.integer(value_epochs, "value_epochs", where, 1)
     value_minibatch = checks.integer(value_minibatch, "value_minibatch", where, 1)
+    order = checks.choice(order, ORDERS, "order", where)
     scale = sum(discount ** t for t in range(env.horizon))
 
     def fit(policy, value, seed):
@@ -309,16 +349,29 @@ def make_lola_update(env: IteratedPrisonersDilemma, batch: int, discount: float,
         if baseline == "value":
             value = fit(params.policy, value, seed)
 
-        def surrogates(policy, seed):
-            games = sample_ipd(env, policy, seed, batch)
+        def on(policy, games):
             values = ipd_values(value, games.states) if baseline == "value" else None
             return joint_dice_surrogates(ipd_log_probs(policy, games.states, games.actions),
                                          games.rewards, discount, baseline, values)
 
-        gradients, values = lola_dice_gradients(surrogates, tf.unstack(params.policy), seed,
-                                                inner_steps, inner_lr)
-        step = tf.constant(rate, env.dtype) * tf.stack(gradients)
-        return (LolaParams(params.policy + step, value),
-                values / tf.constant(scale, env.dtype))
+        seeds = _batch_seeds(seed, inner_steps)
+        drawn = [{}, {}]  # agent i's batch m, as drawn
+
+        def drawing(i):
+            def surrogate(policy, m):
+                drawn[i][m] = sample_ipd(env, policy, seeds[i * (inner_steps + 1) + m], batch)
+                return on(policy, drawn[i][m])
+            return surrogate
+
+        theta = tf.unstack(params.policy)
+        rate, step = (tf.constant(x, env.dtype) for x in (inner_lr, outer_lr))
+        gradient0, values = _agent_gradient(drawing(0), theta, 0, inner_steps, rate)
+        gradient1, _ = _agent_gradient(drawing(1), theta, 1, inner_steps, rate)
+        new0 = theta[0] + step * gradient0
+        if order == "sequential":  # the pass above drew agent 1's batches; its gradient unused
+            gradient1, _ = _agent_gradient(lambda policy, m: on(policy, drawn[1][m]),
+                                           [new0, theta[1]], 1, inner_steps, rate)
+        new = tf.stack([new0, theta[1] + step * gradient1])
+        return LolaParams(new, value), tf.stop_gradient(values) / tf.constant(scale, env.dtype)
 
     return update
