@@ -5,9 +5,12 @@ inner step written with explicit importance weights ``exp(w(theta) - w(theta0))`
 magic box means); a meta-step under MirroredStrategy on two logical CPUs against one device;
 the binary, resumed, against an uninterrupted run."""
 
+import gc
 import json
 import logging
 import shutil
+import sys
+import weakref
 
 import numpy as np
 import keras
@@ -483,3 +486,10 @@ def test_eager_rollouts_and_inner_steps_log_no_retracing():
     finally:
         tf.get_logger().removeHandler(handler)
     assert not [r.getMessage() for r in records if "retracing" in r.getMessage()]
+    # the compiled loop is cached per policy, and freed with it
+    compiled = sys.modules["hogrod.rl.rollout"]._COMPILED
+    assert policy in compiled
+    key = weakref.ref(policy)
+    del policy
+    gc.collect()
+    assert key() is None  # nothing else held it: the cache did not

@@ -168,8 +168,11 @@ def _compiled(env, policy, batch, horizon, per_task_params):
     fns = _COMPILED.setdefault(policy, {})
     key = (env, batch, horizon, per_task_params)
     if key not in fns:
+        # the function holds the policy weakly: a strong reference from the value would keep
+        # the key, and the entry, alive for good
+        ref = weakref.ref(policy)
         fns[key] = tf.function(lambda tasks, seeds, params: _rollout(
-            env, policy, tasks, seeds, batch, horizon, params, per_task_params),
+            env, ref(), tasks, seeds, batch, horizon, params, per_task_params),
             autograph=False)
     return fns[key]
 
