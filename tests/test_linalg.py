@@ -112,9 +112,9 @@ def test_cg_bad_input_is_an_error_naming_the_argument():
     b = [tf.ones([3], tf.float64)]
     with pytest.raises(ValueError, match="on_negative_curvature must be one of"):
         linalg.cg(mv, b, on_negative_curvature="ignore")
-    with pytest.raises(ValueError, match="maxiter must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="cg: maxiter must be an integer >= 1, got 0"):
         linalg.cg(mv, b, maxiter=0)
-    with pytest.raises(ValueError, match="tol must be a finite number >= 0"):
+    with pytest.raises(ValueError, match="cg: tol must be a finite number >= 0"):
         linalg.cg(mv, b, tol=-1.0)
     with pytest.raises(ValueError, match="the vector and cg's matvec\\(v\\) have different"):
         linalg.cg(lambda v: v + v, b)

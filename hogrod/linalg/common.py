@@ -1,9 +1,6 @@
 """What the solvers share: checks of their arguments and the operator's product, checked
 against the vector it is applied to."""
 
-import numbers
-from typing import Callable
-
 import numpy as np
 import tensorflow as tf
 
@@ -12,24 +9,6 @@ from hogrod.types import MatVec, Tree
 
 # Python control flow here is on Python values only; the loops are explicit tf.while_loops.
 _no_autograph = tf.autograph.experimental.do_not_convert
-
-
-def _check_matvec(matvec: Callable) -> None:
-    if not callable(matvec):
-        raise TypeError(f"matvec must be a callable v -> A v, got {type(matvec).__name__}")
-
-
-def _check_int(value: int, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, np.integer)) \
-            or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def _check_tol(tol: float, name: str = "tol") -> float:
-    if not isinstance(tol, (numbers.Real, np.floating)) or not 0 <= tol < np.inf:
-        raise ValueError(f"{name} must be a finite number >= 0, got {tol!r}")
-    return float(tol)
 
 
 def _dtype(b: Tree, fn: str, name: str) -> tf.DType:

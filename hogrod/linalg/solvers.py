@@ -9,9 +9,8 @@ from typing import Callable, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from hogrod import tree
-from hogrod.linalg.common import (_check_int, _check_matvec, _check_tol, _dtype, _eps,
-                                  _no_autograph, _product)
+from hogrod import checks, tree
+from hogrod.linalg.common import _dtype, _eps, _no_autograph, _product
 from hogrod.types import MatVec, Scalar, Tree
 
 CGInfo = collections.namedtuple("CGInfo", ["iterations", "residual_norm", "curvature",
@@ -91,14 +90,15 @@ def cg(matvec: MatVec, b: Tree, x0: Optional[Tree] = None, maxiter: Optional[int
             of non-positive curvature is met.
         FloatingPointError: eagerly, with "raise", a non-finite curvature is met.
     """
-    _check_matvec(matvec)
+    checks.function(matvec, "matvec", "cg", "matvec(v) -> A v")
     if on_negative_curvature not in _NEGATIVE_CURVATURE:
         raise ValueError(f"on_negative_curvature must be one of {_NEGATIVE_CURVATURE}, got "
                          f"{on_negative_curvature!r}")
     dtype = _dtype(b, "cg", "b")
     b = tf.nest.map_structure(tf.convert_to_tensor, b)
-    maxiter = 10 * tree.size(b) if maxiter is None else _check_int(maxiter, "maxiter", 1)
-    tol = _check_tol(tol)
+    maxiter = 10 * tree.size(b) if maxiter is None else checks.integer(maxiter, "maxiter",
+                                                                       "cg", 1)
+    tol = checks.nonnegative(tol, "tol", "cg")
     raise_ = on_negative_curvature == "raise"
     threshold = 100 * _eps(dtype)
 
@@ -210,11 +210,11 @@ def neumann(matvec: Callable[..., Tree], b: Tree, maxiter: int, tol: float = 0.0
         ValueError: `maxiter`, `tol`, `step` or `damping` is out of range, `b` is empty,
             or a product does not match `b`.
     """
-    _check_matvec(matvec)
+    checks.function(matvec, "matvec", "neumann", "matvec(v) -> A v")
     dtype = _dtype(b, "neumann", "b")
     b = tf.nest.map_structure(tf.convert_to_tensor, b)
-    maxiter = _check_int(maxiter, "maxiter", 0)
-    tol = _check_tol(tol)
+    maxiter = checks.integer(maxiter, "maxiter", "neumann", 0)
+    tol = checks.nonnegative(tol, "tol", "neumann")
     for name, value in (("step", step), ("damping", damping)):
         if isinstance(value, (numbers.Number, np.number)) and (
                 isinstance(value, bool) or not np.isfinite(value) or value < 0

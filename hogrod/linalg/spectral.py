@@ -7,8 +7,7 @@ from typing import Callable, Optional, Tuple
 import tensorflow as tf
 
 from hogrod import checks, tree
-from hogrod.linalg.common import (_check_int, _check_matvec, _check_tol, _dtype, _eps,
-                                  _no_autograph, _product)
+from hogrod.linalg.common import _dtype, _eps, _no_autograph, _product
 from hogrod.types import MatVec, Seed, Tree
 
 LanczosResult = collections.namedtuple("LanczosResult", ["alphas", "betas", "basis",
@@ -65,7 +64,7 @@ def power_iteration(matvec: MatVec, v0: Optional[Tree] = None, maxiter: int = 10
             `tol` is invalid, a product does not match the start, or (eagerly) the start
             is zero.
     """
-    _check_matvec(matvec)
+    checks.function(matvec, "matvec", "power_iteration", "matvec(v) -> A v")
     if (v0 is None) == (like is None and seed is None):
         raise ValueError("power_iteration: pass either v0 (the start vector) or like and seed "
                          "(a random start shaped like `like`), not both")
@@ -74,8 +73,8 @@ def power_iteration(matvec: MatVec, v0: Optional[Tree] = None, maxiter: int = 10
             raise ValueError("power_iteration: a random start needs both like and seed")
         v0 = tree.normal_like(like, seed)
     dtype = _dtype(v0, "power_iteration", "v0")
-    maxiter = _check_int(maxiter, "maxiter", 1)
-    tol = _check_tol(tol)
+    maxiter = checks.integer(maxiter, "maxiter", "power_iteration", 1)
+    tol = checks.nonnegative(tol, "tol", "power_iteration")
     v0 = tf.nest.map_structure(tf.convert_to_tensor, v0)
     v0_norm = tree.norm(v0)
     checks.require(v0_norm > 0, "power_iteration: v0 is zero", error=ValueError)
@@ -147,14 +146,14 @@ def lanczos(matvec: MatVec, v0: Tree, k: int, reorthogonalize: bool = True,
         ValueError: `k` or `breakdown_rtol` is invalid, a product does not match `v0`, or
             (eagerly) `v0` is zero.
     """
-    _check_matvec(matvec)
-    k = _check_int(k, "k", 1)
+    checks.function(matvec, "matvec", "lanczos", "matvec(v) -> A v")
+    k = checks.integer(k, "k", "lanczos", 1)
     dtype = _dtype(v0, "lanczos", "v0")
     if stop is not None and not callable(stop):
         raise TypeError(f"lanczos: stop must be a callable (alphas, betas, beta) -> bool, got "
                         f"{type(stop).__name__}")
-    rtol = 1000 * _eps(dtype) if breakdown_rtol is None else _check_tol(breakdown_rtol,
-                                                                          "breakdown_rtol")
+    rtol = 1000 * _eps(dtype) if breakdown_rtol is None else checks.nonnegative(
+        breakdown_rtol, "breakdown_rtol", "lanczos")
     v0 = tf.nest.map_structure(tf.convert_to_tensor, v0)
     v0_norm = tree.norm(v0)
     checks.require(v0_norm > 0, "lanczos: v0 is zero", error=ValueError)
