@@ -29,6 +29,7 @@ trained).
 import json
 import os
 import time
+from typing import Annotated
 
 import gin
 import keras
@@ -114,30 +115,25 @@ def halfcheetah_direction(horizon, dtype, task_sampling):
 
 
 def check_config():
-    """The bindings of `eval_tasks`, `eval_steps` and `env` checked before a run starts:
-    a 95% interval over held-out goals needs two of them at least (one goal would report
-    an interval of 0), the inner-step counts are a non-empty tuple of ints >= 0, and an
-    environment is a gin reference to a factory (`@navigation2d`), not a string.
+    """The bindings of `eval_steps` and `env` checked before a run starts: the inner-step
+    counts are a non-empty tuple of ints >= 0, and an environment is a gin reference to a
+    factory (`@navigation2d`), not a string.
 
     Raises:
       ValueError: naming the binding to change.
     """
-    for name, check, wanted in (
-            ("eval_tasks", lambda v: isinstance(v, int) and not isinstance(v, bool)
-             and v >= 2, "an int >= 2 (the 95% interval over held-out goals needs two)"),
-            ("eval_steps", lambda v: isinstance(v, (tuple, list)) and len(v) > 0 and all(
-                isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in v),
-             "a non-empty tuple of inner-step counts (ints >= 0), e.g. (0, 1, 2, 3)"),
-            ("env", callable, "a gin reference to an environment factory: @navigation2d, "
-             "@halfcheetah_velocity or @halfcheetah_direction")):
+    where = "maml_rl_experiment"
+    for name, check in (
+            ("eval_steps", lambda v: checks.counts(v, f"{where}.eval_steps", where)),
+            ("env", lambda v: checks.function(
+                v, f"{where}.env", where, "(a gin reference to an environment factory: "
+                "@navigation2d, @halfcheetah_velocity or @halfcheetah_direction)"))):
         try:
-            value = gin.query_parameter(f"maml_rl_experiment.{name}")
+            value = gin.query_parameter(f"{where}.{name}")
         except ValueError:  # not bound: the default
             continue
-        if isinstance(value, gin.config.ConfigurableReference):
-            continue  # a reference is called (and checked) by the run
-        if not check(value):
-            raise ValueError(f"maml_rl_experiment.{name} must be {wanted}, got {value!r}")
+        if not isinstance(value, gin.config.ConfigurableReference):
+            check(value)  # a reference is called (and checked) by the run
 
 
 def read_train_history(path, upto_step):
@@ -169,7 +165,8 @@ def maml_rl_experiment(output_dir, meta_iterations: harness.Count = 500,
                        backtrack_ratio: harness.Fraction = 0.8, clip: harness.Fraction = 0.2,
                        outer_lr: harness.Positive = 1e-3,
                        outer_steps: harness.PositiveInt = 5, hvp_mode: str = "auto",
-                       eval_tasks: harness.PositiveInt = 40,
+                       # two goals at least: one gives a 95% interval of 0
+                       eval_tasks: Annotated[int, harness.Range(2)] = 40,
                        eval_steps: tuple[harness.Count, ...] = (0, 1, 2, 3),
                        eval_every: harness.PositiveInt = 50,
                        checkpoint_every: harness.PositiveInt = 50, seed: harness.Count = 0,

@@ -460,11 +460,13 @@ def test_the_binary_refuses_one_held_out_goal_and_an_environment_by_name(tmp_pat
     """One goal would give a 95% interval of 0.0; a string is not an environment."""
     from experiments import maml_rl
     config = ["configs/rl/navigation2d_smoke.gin"]
-    for binding, pattern in (("maml_rl_experiment.eval_tasks = 1", "eval_tasks must be an "
-                                                                    "int >= 2"),
+    for binding, pattern in (("maml_rl_experiment.eval_tasks = 1", r"eval_tasks = 1: must be "
+                                                                    "an integer >= 2"),
                              ("maml_rl_experiment.env = 'navigation2d'",
-                              "env must be a gin reference")):
-        with pytest.raises(ValueError, match=f"maml_rl_experiment.{pattern}"):
+                              "env must be a callable .a gin reference"),
+                             ("maml_rl_experiment.eval_steps = ()", "eval_steps is empty")):
+        with pytest.raises((ValueError, harness.ConfigError),
+                           match=f"maml_rl_experiment.{pattern}"):
             harness.run(maml_rl.maml_rl_experiment, config, [binding], str(tmp_path / "out"))
         assert not (tmp_path / "out").exists()
 

@@ -36,7 +36,7 @@ from absl import logging
 from scipy import stats
 
 from experiments.bench import runs
-from hogrod import harness, train
+from hogrod import checks, harness, train
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -55,13 +55,10 @@ def _check(policies, seeds, steps, extra_params):
     if missing:
         raise ValueError(f"{where}.policies needs the policies {sorted(missing)} for the "
                          "figure's ordering")
-    if (not isinstance(seeds, (tuple, list)) or not seeds or len(set(seeds)) != len(seeds)
-            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
-                       for s in seeds)):
+    if len(set(checks.counts(seeds, f"{where}.seeds", where))) != len(seeds):
         raise ValueError(f"{where}.seeds must be distinct integer seeds >= 0, got {seeds!r}")
-    if (not isinstance(steps, (tuple, list)) or 1 not in steps or list(steps) != sorted(
-            set(steps)) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
-                                   for s in steps)):
+    if 1 not in checks.counts(steps, f"{where}.steps", where) or list(steps) != sorted(
+            set(steps)):
         raise ValueError(f"{where}.steps must be increasing inner-step counts (ints >= 0) "
                          f"with 1 among them (the figure's ordering), e.g. (0, 1, 2, 3); "
                          f"got {steps!r}")
