@@ -299,8 +299,8 @@ def test_svm_stopped_short_of_its_tolerance_is_an_error_naming_its_own_arguments
 
 def test_svm_at_a_small_c_matches_the_primal_to_its_stated_tolerance():
     # 5-way 5-shot in 16 dimensions. The residual of the dual scales with c ||K||: a goal
-    # that does not stopped the solver at once (here at c = 1e-8 the logits were 14% off, a
-    # tenth of the queries misclassified). The stated accuracy: alpha's error relative to c
+    # that does not is met at once (here at c = 1e-8 with logits 14% off, a tenth of the
+    # queries misclassified). The stated accuracy: alpha's error relative to c
     # at most about tol sqrt(n_way - 1) cond(K), and the logits' with it.
     xs, ys, xq = episode_arrays(seed=0, n_way=5, k=5, d=16, q=40)
     kernel = xs @ xs.T + np.eye(25)
@@ -311,7 +311,7 @@ def test_svm_at_a_small_c_matches_the_primal_to_its_stated_tolerance():
     got = heads.svm_logits(xs, ys, xq, 5, c=1e-8).numpy()
     assert relative(got, want) < stated
     np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
-    # float32 embeddings at c = 1e-5 (they were 110% off): against the primal of the
+    # float32 embeddings at c = 1e-5 (110% off with a float32 solve): against the primal of the
     # rounded embeddings, on its active set at c = 1e-8 (certified by svm_primal)
     xs32, xq32 = xs.astype(np.float32), xq.astype(np.float32)
     w, _ = svm_primal(augmented(xs32.astype(np.float64), 1.0), ys, 5, 1e-5, active,

@@ -32,14 +32,14 @@ there (its first term is the gradient ``K alpha - Y = (c K) beta - Y``; the othe
 at the solver's feasible iterates). Near the solution ``F = (P K P + I - P)(alpha -
 alpha*)``, whose part on the free coordinates has K's scale, while alpha* has c's: so
 ``||alpha - alpha*|| / c`` is about ``||F|| / (c lambda_min(K))``. A goal on ||F|| that does
-not scale with c ||K|| bounds nothing when c ||K|| is small (at c = 1e-8 the solver
-stopped after a few iterations, logits 14% off). The goal is therefore
+not scale with c ||K|| bounds nothing when c ||K|| is small (at c = 1e-8 it is met after a
+few iterations, logits 10-20% off). The goal is therefore
 
     ``||F(alpha)|| <= tol * min(1, c ||K||_2) * max(1, ||F(0)||)``
 
 (||F(0)|| = sqrt(n (n_way - 1)), whatever c): where c ||K||_2 >= 1 (MetaOptNet's C = 0.1
-on embeddings of norm above about 3) the relative goal it always was; below, scaled with
-the residual's own scale. In both regimes the error of alpha relative to c is then at most
+on embeddings of norm above about 3) a goal relative to ||F(0)||; below, scaled with the
+residual's own scale. In both regimes the error of alpha relative to c is then at most
 about ``tol sqrt(n_way - 1)`` times K's condition number. The solver stops at that goal or
 after `maxiter` iterations, and its output is checked against twice the goal (an error
 naming `maxiter` and `tol` if it stopped short), so a gradient is never taken at a point
