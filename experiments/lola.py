@@ -37,7 +37,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from hogrod import harness, rl, train
+from hogrod import checks, harness, rl, train
 from hogrod.rl import lola as lola_rl
 
 matplotlib.use("Agg")
@@ -70,18 +70,22 @@ def check_config():
     Raises:
       ValueError: naming the binding to change.
     """
-    for name, check, wanted in (
-            ("seeds", lambda v: isinstance(v, (tuple, list)) and len(v) > 0 and len(set(v))
-             == len(v) and all(isinstance(s, int) and s >= 0 for s in v),
-             "a non-empty tuple of distinct ints >= 0"),
-            ("baseline", lambda v: v in lola_rl.BASELINES, f"one of {lola_rl.BASELINES}"),
-            ("order", lambda v: v in lola_rl.ORDERS, f"one of {lola_rl.ORDERS}")):
+    where = "lola_experiment"
+
+    def distinct(seeds):
+        if len(set(checks.counts(seeds, f"{where}.seeds", where))) != len(seeds):
+            raise ValueError(f"{where}.seeds must be distinct, got {seeds!r}")
+
+    for name, check in (
+            ("seeds", distinct),
+            ("baseline", lambda v: checks.choice(v, lola_rl.BASELINES, f"{where}.baseline",
+                                                 where)),
+            ("order", lambda v: checks.choice(v, lola_rl.ORDERS, f"{where}.order", where))):
         try:
-            value = gin.query_parameter(f"lola_experiment.{name}")
+            value = gin.query_parameter(f"{where}.{name}")
         except ValueError:  # not bound: the default
             continue
-        if not check(value):
-            raise ValueError(f"lola_experiment.{name} must be {wanted}, got {value!r}")
+        check(value)
 
 
 @gin.configurable
@@ -89,9 +93,9 @@ def lola_experiment(output_dir, updates: harness.PositiveInt = 200,
                     batch: harness.PositiveInt = 64, horizon: harness.PositiveInt = 150,
                     discount: harness.Fraction = 0.96, inner_steps: harness.Count = 2,
                     inner_lr: harness.Positive = 0.1, outer_lr: harness.Positive = 0.2,
-                    baseline: str = "value", value_lr: harness.Positive = 0.1,
+                    baseline: str = "batch_mean", value_lr: harness.Positive = 0.1,
                     value_epochs: harness.PositiveInt = 5,
-                    value_minibatch: harness.PositiveInt = 16, order: str = "sequential",
+                    value_minibatch: harness.PositiveInt = 16, order: str = "simultaneous",
                     seeds: tuple[harness.Count, ...] = (0,),
                     init_std: harness.NonNegative = 1 / math.sqrt(5),
                     dtype: str = "float64", checkpoint_every: harness.PositiveInt = 10,
@@ -101,7 +105,9 @@ def lola_experiment(output_dir, updates: harness.PositiveInt = 200,
     init_std: the initial policy logits' and value weights' truncated-normal standard
     deviation (the reference's one-layer initialization, 1/sqrt(5); value biases start at
     0). The rates are the LOLA-DiCE reference's (inner 0.1, outer 0.2, plain gradient
-    ascent, scripts/run_lola_dice.py; values 0.1, lola_dice/rpg.py).
+    ascent, scripts/run_lola_dice.py; values 0.1, lola_dice/rpg.py). `baseline` and `order`
+    default to the library's (`rl.make_lola_update`: the batch mean, both agents stepped
+    from the same parameters); the shipped configs bind the reference's.
     """
     check_config()
     dtype = tf.as_dtype(dtype)
