@@ -2,6 +2,10 @@
 
 - `make_train_step(objective, optimizer, variables, weights=, transform=, accumulation_steps=,
   strategy=)`: one compiled step over named loss terms (`step.py`).
+- the step-optimizer protocol: `StepOptimizer` (an optimizer owning its state and taking
+  each step's objective and batch: `hogrod.second_order`), `as_step_optimizer` (Keras and
+  `hogrod.optim` optimizers adapted), `assign`, `replica_mean`, `state_variable`
+  (`protocol.py`).
 - transforms: `chain`, `clip_by_global_norm`, `clip_by_value`, `zeros_for_unconnected`
   (`transforms.py`); per-variable-group optimizers are lists of (optimizer, variables).
 - `mixed_precision(optimizer, policy)`: loss scaling for float16; `precision_policy(policy)`:
@@ -19,11 +23,14 @@ from hogrod.train.attribution import integrated_gradients, saliency
 from hogrod.train.history import EvalHistory, read_history, record_eval, write_json
 from hogrod.train.loop import CheckpointMismatchError, Checkpointer, NonFiniteError, train_loop
 from hogrod.train.precision import mixed_precision, precision_policy
+from hogrod.train.protocol import (StepOptimizer, as_step_optimizer, assign, replica_mean,
+                                   state_variable)
 from hogrod.train.step import build_optimizers, make_train_step, objective_terms, weighted_total
 from hogrod.train.transforms import (chain, clip_by_global_norm, clip_by_value, global_norm,
                                      zeros_for_unconnected)
 
-__all__ = ["make_train_step", "build_optimizers", "objective_terms", "weighted_total", "chain",
+__all__ = ["make_train_step", "build_optimizers", "StepOptimizer", "as_step_optimizer", "assign",
+           "replica_mean", "state_variable", "objective_terms", "weighted_total", "chain",
            "clip_by_global_norm", "clip_by_value", "global_norm", "zeros_for_unconnected",
            "mixed_precision", "precision_policy", "Checkpointer", "train_loop", "NonFiniteError",
            "CheckpointMismatchError", "EvalHistory", "read_history", "record_eval", "write_json",

@@ -20,8 +20,10 @@ One step is a chain of small functions, one job each:
   `_replica_gradient` the mean over a replica's k micro-batches (gradient accumulation);
   `_cross_replica`    the mean over the replicas;
   `_transformed`      the gradient transform (clipping, ...);
-  `_apply`            the update, each group by its optimizer, only if everything is
-                      finite (the guard is a cond in `step`).
+  `_apply`            the update, each group by its optimizer through the step-optimizer
+                      protocol (`protocol.py`: the gradient, the objective and this
+                      replica's batch), only if everything is finite (the guard is a cond
+                      in `step`).
 
 The scale convention for gradients. Every gradient here is the gradient of a mean: of the
 weighted loss over the examples it was computed from. `_gradient` returns a micro-batch's
@@ -30,7 +32,7 @@ weighted loss over the examples it was computed from. `_gradient` returns a micr
 is split into equal shards), which gives the gradient of the weighted loss over the
 global batch, the same for any replica count and accumulation. That global gradient is
 what "grad_norm", the NaN guard and the transform see. It is rescaled in one place,
-`_for_keras`, into what Keras expects: in a replica context `apply_gradients` sums the
+the Keras adapter of `protocol.py`, into what Keras expects: in a replica context `apply_gradients` sums the
 replicas' gradients, so each replica hands it global / replicas; a LossScaleOptimizer
 divides by its loss scale (and skips the step on overflow), so it gets them times that
 scale.
@@ -46,6 +48,8 @@ import tensorflow as tf
 from absl import logging
 
 from hogrod import checks
+from hogrod.optim import Optimizer as PureOptimizer
+from hogrod.train.protocol import StepOptimizer, as_step_optimizer
 from hogrod.train.transforms import global_norm, zeros_for_unconnected
 from hogrod.types import Batch, Objective, Scalar, Tensor
 
@@ -53,8 +57,9 @@ __all__ = ["make_train_step", "build_optimizers", "objective_terms", "weighted_t
 
 MONITOR = "monitor/"  # terms named "monitor/..." are logged and guarded, not optimized
 
-# [(optimizer, variables)]: each group of variables updated by its own optimizer
-Groups = Sequence[tuple[keras.optimizers.Optimizer, Sequence[tf.Variable]]]
+# [(optimizer, variables)]: each group of variables updated by its own optimizer (a Keras,
+# hogrod.optim or hogrod.train.StepOptimizer optimizer: `protocol.py`)
+Groups = Sequence[tuple[keras.optimizers.Optimizer | StepOptimizer, Sequence[tf.Variable]]]
 
 
 def _name(v):
@@ -63,7 +68,8 @@ def _name(v):
 
 def _groups(optimizer, variables):
     """Normalize to [(optimizer, [vars])] and check that groups are disjoint."""
-    if isinstance(optimizer, (list, tuple)):
+    grouped = isinstance(optimizer, (list, tuple)) and not isinstance(optimizer, PureOptimizer)
+    if grouped:
         groups = [(opt, list(vs)) for opt, vs in optimizer]
         if not groups:
             raise ValueError("make_train_step: optimizer is an empty list of (optimizer, "
@@ -74,7 +80,6 @@ def _groups(optimizer, variables):
         if variables is None:
             raise ValueError("make_train_step needs `variables` with a single optimizer")
         groups = [(optimizer, list(variables))]
-    grouped = isinstance(optimizer, (list, tuple))
     for i, (_, vs) in enumerate(groups):
         where = f"optimizer group {i}'s variables" if grouped else "variables"
         if not vs:
@@ -108,6 +113,20 @@ def build_optimizers(groups: Groups) -> None:
     for opt, vs in groups:
         if not opt.built:
             opt.build(vs)
+
+
+def _step_groups(groups, replicas, scaler, k):
+    """Every group's optimizer behind the step-optimizer protocol (`protocol.py`)."""
+    out = []
+    for i, (opt, vs) in enumerate(groups):
+        step_opt = as_step_optimizer(opt, replicas, scaler if opt is scaler else None)
+        if step_opt.uses_batch and k > 1:
+            raise ValueError(
+                f"make_train_step: accumulation_steps={k} splits the batch, but optimizer "
+                f"{type(opt).__name__} (group {i}) computes on the whole batch (its curvature or "
+                "line search); use accumulation_steps=1 and a batch that fits")
+        out.append((step_opt, vs))
+    return out
 
 
 def _split(batch, k):
@@ -272,30 +291,41 @@ def _transformed(transform, grads, variables):
     return list(out)
 
 
-def _for_keras(grads, replicas, scaler):
-    """The global gradient as one replica hands it to `apply_gradients` (see the module
-    docstring): divided by the replicas (Keras sums them), times a LossScaleOptimizer's
-    scale (it divides by it)."""
-    if replicas > 1:
-        grads = [g / replicas for g in grads]
-    if scaler is not None:
-        grads = [g * tf.cast(scaler.dynamic_scale, g.dtype) for g in grads]
-    return grads
-
-
-def _apply(groups, grads, replicas, scaler):
-    """Each group's slice of the global gradient to its optimizer (replica context)."""
+def _apply(groups, grads, loss, batch):
+    """Each group's slice of the global gradient to its optimizer (replica context), with
+    the objective and this replica's batch (`protocol.py`; a Keras optimizer's adapter
+    rescales for `apply_gradients`: the module docstring)."""
     start = 0
     for opt, vs in groups:
         g = grads[start:start + len(vs)]
         start += len(vs)
-        opt.apply_gradients(zip(_for_keras(g, replicas, scaler if opt is scaler else None), vs))
+        opt.apply(g, vs, loss, batch)
+
+
+def _rate(opt, i):
+    return {"lr" if i == 0 else f"lr_group_{i}": tf.cast(opt.learning_rate, tf.float32)}
 
 
 def _logs(terms, total, norm, groups):
-    rates = {"lr" if i == 0 else f"lr_group_{i}": tf.cast(opt.learning_rate, tf.float32)
-             for i, (opt, _) in enumerate(groups)}
+    """The step's logs before the update: a Keras or pure optimizer's rate is the one this
+    step is about to use."""
+    rates = {}
+    for i, (opt, _) in enumerate(groups):
+        if opt.adapted:
+            rates.update(_rate(opt, i))
     return dict(terms, loss=total, grad_norm=norm, **rates)
+
+
+def _optimizer_logs(groups):
+    """What each step optimizer reports it used (its rate, damping, ...), read after the
+    update."""
+    out = {}
+    for i, (opt, _) in enumerate(groups):
+        if not opt.adapted:
+            out.update(_rate(opt, i))
+        for name, value in opt.logs().items():
+            out[name if i == 0 else f"{name}_group_{i}"] = tf.convert_to_tensor(value)
+    return out
 
 
 def _is_default(strategy):
@@ -304,7 +334,7 @@ def _is_default(strategy):
     return not tf.distribute.has_strategy() and strategy is tf.distribute.get_strategy()
 
 
-def _fused_step(gradient, groups, all_vars, transform, k):
+def _fused_step(gradient, groups, all_vars, transform, k, loss):
     """The whole step as one XLA computation, the update and its guard included: one
     replica, no loss scaling. Outside XLA, Keras's update of a few small variables costs as
     much as a small model's gradient (its many small ops, each dispatched)."""
@@ -315,11 +345,12 @@ def _fused_step(gradient, groups, all_vars, transform, k):
         grads = _transformed(transform, grads, all_vars)
 
         def apply():
-            _apply(groups, grads, 1, None)
+            _apply(groups, grads, loss, batch)
             return tf.constant(1.0)
 
         applied = tf.cond(finite, apply, lambda: tf.constant(0.0))
-        return dict(_logs(terms, total, norm, groups), applied=applied)
+        return dict(_logs(terms, total, norm, groups), **_optimizer_logs(groups),
+                    applied=applied)
 
     logging.info("train step: %d variables in %d group(s), one XLA computation, "
                  "accumulation %d", len(all_vars), len(groups), k)
@@ -344,9 +375,12 @@ def make_train_step(objective: Objective,
       objective: the objective over a batch (not a Keras `loss(y_true, y_pred)`):
         `objective(batch)` -> scalar or {name: scalar}; means over the batch given.
         Terms named "monitor/..." are logged (and NaN-guarded) but not optimized.
-      optimizer: a Keras optimizer (with `variables`), or a list of (optimizer, variables)
-        groups, e.g. [(Adam(1e-5), backbone_vars), (Adam(1e-3), head_vars)]. Wrap a single
-        optimizer in `keras.optimizers.LossScaleOptimizer` for mixed precision.
+      optimizer: a Keras optimizer, a `hogrod.optim` optimizer or a
+        `hogrod.train.StepOptimizer` (`hogrod.second_order`'s, which receive each step's
+        objective and batch: `protocol.py`), with `variables`; or a list of (optimizer,
+        variables) groups, e.g. [(Adam(1e-5), backbone_vars), (Adam(1e-3), head_vars)].
+        Wrap a single Keras optimizer in `keras.optimizers.LossScaleOptimizer` for mixed
+        precision.
       variables: the variables to train with a single optimizer (None with a list of
         groups, which hold their variables).
       weights: {term: weight}; terms not named get weight 1 (None: every weight 1). A weight
@@ -373,8 +407,9 @@ def make_train_step(objective: Objective,
       `step(batch) -> logs`, a `tf.function`; logs hold each term (unweighted; float64
       terms stay float64, the others are float32), "loss" (weighted total, float64 if any
       term is), "grad_norm" (global, before the transform), "lr" (first group;
-      "lr_group_1", ... for the others) and "applied" (1.0 if the update was applied,
-      0.0 if a non-finite value stopped it).
+      "lr_group_1", ... for the others), what a step optimizer reports (its `logs()`:
+      damping, ...; suffixed "_group_i" beyond the first group) and "applied" (1.0 if the
+      update was applied, 0.0 if a non-finite value stopped it).
 
     Raises:
       ValueError: the optimizer groups are empty or overlap, `variables` is given with
@@ -383,6 +418,7 @@ def make_train_step(objective: Objective,
       TypeError: a variable is not a variable, `objective` or `transform` not callable,
         or `weights` not a dict of numbers or scalar tensors.
       ArgumentError: `accumulation_steps` is not a positive integer.
+      ValueError: `accumulation_steps` > 1 with an optimizer that uses the batch.
     """
     strategy = strategy or tf.distribute.get_strategy()
     groups = _groups(optimizer, variables)
@@ -398,14 +434,18 @@ def make_train_step(objective: Objective,
         checks.function(transform, "transform", "make_train_step",
                         "transform(grads, variables) -> grads")
     replicas = strategy.num_replicas_in_sync
+    groups = _step_groups(groups, replicas, scaler, k)
     with strategy.scope():
         build_optimizers(groups)
 
     def gradient(batch):
         return _gradient(objective, weights, all_vars, scaler, batch)
 
+    def loss(batch):  # what a step optimizer evaluates: the weighted total, a mean
+        return weighted_total(objective_terms(objective(batch)), weights)
+
     if jit_compile and replicas == 1 and scaler is None and _is_default(strategy):
-        return _fused_step(gradient, groups, all_vars, transform, k)
+        return _fused_step(gradient, groups, all_vars, transform, k, loss)
     if jit_compile:
         gradient = tf.function(gradient, jit_compile=True)
 
@@ -423,12 +463,12 @@ def make_train_step(objective: Objective,
         # The update runs only on finite values. The cond is in cross-replica context: a
         # replica-context cond around apply_gradients (which synchronizes) is not allowed.
         def apply():
-            strategy.run(lambda g: _apply(groups, g, replicas, scaler), args=(grads,))
+            strategy.run(lambda g, b: _apply(groups, g, loss, b), args=(grads, batch))
             return tf.constant(1.0)
 
         applied = tf.cond(finite, apply, lambda: tf.constant(0.0))
         logs = {name: strategy.experimental_local_results(v)[0] for name, v in logs.items()}
-        return dict(logs, applied=applied)
+        return dict(logs, **_optimizer_logs(groups), applied=applied)
 
     logging.info("train step: %d variables in %d group(s), %d replica(s), accumulation %d",
                  len(all_vars), len(groups), replicas, k)
