@@ -375,6 +375,11 @@ def make_train_step(objective: Objective,
       objective: the objective over a batch (not a Keras `loss(y_true, y_pred)`):
         `objective(batch)` -> scalar or {name: scalar}; means over the batch given.
         Terms named "monitor/..." are logged (and NaN-guarded) but not optimized.
+        Under a multi-replica strategy a Keras loss object (`keras.losses.MeanSquaredError()`)
+        returns its shard's mean divided by the replicas (the convention of Keras's own
+        `fit`, which sums the replicas' losses): call its function form
+        (`keras.losses.mean_squared_error`, then the mean) or
+        `hogrod.curvature.data.batch_loss(loss, y, z)`, which multiplies it back.
       optimizer: a Keras optimizer, a `hogrod.optim` optimizer or a
         `hogrod.train.StepOptimizer` (`hogrod.second_order`'s, which receive each step's
         objective and batch: `protocol.py`), with `variables`; or a list of (optimizer,
