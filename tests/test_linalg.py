@@ -1,5 +1,6 @@
 """hogrod.linalg against dense numpy: CG against np.linalg.solve and the Krylov-subspace
-(Galerkin) solution, power iteration and Lanczos against np.linalg.eigh; eagerly, in
+(Galerkin) solution, preconditioned CG and kept iterates against scipy's CG iterates and CG
+on the transformed system, power iteration and Lanczos against np.linalg.eigh; eagerly, in
 tf.function and per task in tf.vectorized_map; bad input."""
 
 import numpy as np
@@ -107,6 +108,81 @@ def test_cg_on_an_indefinite_system_raises_naming_the_curvature_or_stops_at_the_
             tf.stack([b, b]))
 
 
+def scipy_cg_iterates(a, b, steps, m_inv=None):
+    """scipy.sparse.linalg.cg's iterate after each of `steps` steps (its callback), no
+    stopping test: the oracle of the preconditioned and kept iterates."""
+    import scipy.sparse.linalg as spla
+    seen = []
+    m = None if m_inv is None else spla.LinearOperator(a.shape, matvec=lambda v: m_inv @ v)
+    spla.cg(a, b, rtol=1e-300, atol=0.0, maxiter=max(steps), M=m,
+            callback=lambda xk: seen.append(np.array(xk)))
+    return [seen[k - 1] for k in steps]
+
+
+def test_preconditioned_cg_is_cg_on_the_transformed_system_and_scipy_preconditioned():
+    a = spd(np.geomspace(0.1, 30.0, 8), seed=3)
+    b = np.random.default_rng(4).normal(size=8)
+    d = np.random.default_rng(5).uniform(0.5, 4.0, size=8)  # M = diag(d)
+    precondition = lambda v: [v[0] / tf.constant(d)]  # noqa: E731
+    mv = lambda v: [tf.linalg.matvec(tf.constant(a), v[0])]  # noqa: E731
+    s = np.diag(d ** -0.5)  # M^{-1/2}
+    for k in (1, 2, 4, 8):
+        x, _ = linalg.cg(mv, [tf.constant(b)], maxiter=k, tol=0.0, damping=0.2,
+                         preconditioner=precondition)
+        # CG on M^{-1/2} (A + 0.2 I) M^{-1/2} y = M^{-1/2} b, then x = M^{-1/2} y
+        y, _ = linalg.cg(lambda v: [tf.linalg.matvec(tf.constant(s @ (a + 0.2 * np.eye(8)) @ s),
+                                                     v[0])],
+                         [tf.constant(s @ b)], maxiter=k, tol=0.0)
+        np.testing.assert_allclose(x[0].numpy(), s @ y[0].numpy(), rtol=1e-7, atol=1e-10)
+        want = scipy_cg_iterates(a + 0.2 * np.eye(8), b, [k], np.diag(1 / d))[0]
+        np.testing.assert_allclose(x[0].numpy(), want, rtol=1e-7, atol=1e-10)
+    # the stopping test stays on ||r|| <= tol ||b||, and the solve converges
+    x, info = tf.function(lambda r: linalg.cg(mv, r, tol=1e-10, preconditioner=precondition))(
+        [tf.constant(b)])
+    np.testing.assert_allclose(x[0].numpy(), np.linalg.solve(a, b), rtol=1e-8)
+    assert float(info.residual_norm) <= 1e-10 * np.linalg.norm(b)
+    residual = np.linalg.norm(b - a @ x[0].numpy())
+    np.testing.assert_allclose(float(info.residual_norm), residual, rtol=1e-3, atol=1e-14)
+    # a tolerance computed in the graph: a tensor tol stops where the number does
+    for tol in (1e-3, 0.3):
+        _, by_number = linalg.cg(mv, [tf.constant(b)], tol=tol)
+        _, by_tensor = tf.function(lambda t: linalg.cg(mv, [tf.constant(b)], tol=t))(
+            tf.constant(tol, tf.float64))
+        assert int(by_number.iterations) == int(by_tensor.iterations)
+
+
+def test_kept_iterates_equal_separate_runs_and_the_quadratic_at_each():
+    a = spd(np.geomspace(0.05, 20.0, 9), seed=6)
+    b = np.random.default_rng(7).normal(size=9)
+    x0 = 0.3 * np.random.default_rng(8).normal(size=9)
+    d = np.random.default_rng(9).uniform(0.5, 2.0, size=9)
+    mv = lambda v: [tf.linalg.matvec(tf.constant(a), v[0])]  # noqa: E731
+    keep = (0, 1, 2, 3, 5, 7, 40)
+    for pre in (None, lambda v: [v[0] / tf.constant(d)]):
+        run = tf.function(lambda r, x0: linalg.cg(mv, r, x0, tol=1e-12, damping=0.1,
+                                                  preconditioner=pre, keep=keep))
+        x, info, kept = run([tf.constant(b)], [tf.constant(x0)])
+        assert 7 < int(info.iterations) < 40
+        np.testing.assert_array_equal(kept.steps.numpy(),
+                                      [min(k, int(info.iterations)) for k in keep])
+        full = a + 0.1 * np.eye(9)
+        for j, k in enumerate(keep):
+            got = kept.iterates[0][j].numpy()
+            if k == 0:
+                want = x0
+            else:
+                want = linalg.cg(mv, [tf.constant(b)], [tf.constant(x0)], maxiter=k, tol=1e-12,
+                                 damping=0.1, preconditioner=pre)[0][0].numpy()
+            np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-13)
+            np.testing.assert_allclose(float(kept.quadratic[j]), got @ full @ got / 2 - b @ got,
+                                       rtol=1e-9)
+        np.testing.assert_array_equal(kept.iterates[0][-1].numpy(), x[0].numpy())
+    # from zeros, against scipy's iterates
+    _, _, kept = linalg.cg(mv, [tf.constant(b)], tol=0.0, maxiter=6, keep=(2, 4, 6))
+    for j, want in enumerate(scipy_cg_iterates(a, b, [2, 4, 6])):
+        np.testing.assert_allclose(kept.iterates[0][j].numpy(), want, rtol=1e-9, atol=1e-12)
+
+
 def test_cg_bad_input_is_an_error_naming_the_argument():
     mv = lambda v: v  # noqa: E731
     b = [tf.ones([3], tf.float64)]
@@ -122,6 +198,16 @@ def test_cg_bad_input_is_an_error_naming_the_argument():
         linalg.cg(mv, b, damping=tf.constant(0.1))
     with pytest.raises(FloatingPointError, match="is not finite at iteration 0"):
         linalg.cg(lambda v: [np.nan * v[0]], b)
+    with pytest.raises(ValueError, match="cg: keep must be increasing"):
+        linalg.cg(mv, b, keep=(3, 2))
+    with pytest.raises(ValueError, match="cg: keep\\[1\\] must be an integer >= 0"):
+        linalg.cg(mv, b, keep=(1, -2))
+    with pytest.raises(ValueError, match="cg: keep must be a non-empty sequence"):
+        linalg.cg(mv, b, keep=5)
+    with pytest.raises(TypeError, match="cg: preconditioner must be a callable"):
+        linalg.cg(mv, b, preconditioner=2.0)
+    with pytest.raises(ValueError, match="the vector and cg's matvec\\(v\\) have different"):
+        linalg.cg(mv, b, preconditioner=lambda v: v + v)
     x, info = linalg.cg(mv, [tf.zeros([3], tf.float64)])  # b = 0: x = 0, no step
     assert int(info.iterations) == 0 and np.all(x[0].numpy() == 0)
 

@@ -12,8 +12,8 @@ per task, each stopping at its own iteration). Small dense work on the host (the
 tridiagonal eigenproblem) is left to `scipy.linalg.eigh_tridiagonal`.
 """
 
-from hogrod.linalg.solvers import CGInfo, NeumannInfo, cg, neumann
+from hogrod.linalg.solvers import CGInfo, CGIterates, NeumannInfo, cg, neumann
 from hogrod.linalg.spectral import LanczosResult, lanczos, power_iteration
 
-__all__ = ["cg", "CGInfo", "neumann", "NeumannInfo", "power_iteration", "lanczos",
+__all__ = ["cg", "CGInfo", "CGIterates", "neumann", "NeumannInfo", "power_iteration", "lanczos",
            "LanczosResult"]

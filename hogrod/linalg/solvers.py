@@ -2,9 +2,10 @@
 `hogrod.linalg.neumann`)."""
 
 import collections
+import collections.abc
 import inspect
 import numbers
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -41,10 +42,26 @@ Attributes:
 _NEGATIVE_CURVATURE = ("raise", "stop")
 
 
+CGIterates = collections.namedtuple("CGIterates", ["iterates", "steps", "quadratic"])
+CGIterates.__doc__ = """The iterates a `cg` solve kept (its `keep=` argument).
+
+Attributes:
+    iterates: a tree like b, each leaf with a leading axis of ``len(keep)``: entry j is the
+        iterate after ``keep[j]`` steps, or the last iterate where the solve stopped
+        earlier (then every later entry is that iterate too).
+    steps: the steps each entry took, ``min(keep[j], info.iterations)``, int32
+        ``[len(keep)]``.
+    quadratic: the quadratic CG minimizes at each entry,
+        ``1/2 x^T (A + damping I) x - b^T x``, ``[len(keep)]`` of b's dtype, from CG's
+        recurrences (no further product; exact up to rounding).
+"""
+
+
 @_no_autograph
 def cg(matvec: MatVec, b: Tree, x0: Optional[Tree] = None, maxiter: Optional[int] = None,
-       tol: float = 1e-6, damping: Scalar = 0.0,
-       on_negative_curvature: str = "raise") -> Tuple[Tree, CGInfo]:
+       tol: Scalar = 1e-6, damping: Scalar = 0.0, on_negative_curvature: str = "raise",
+       preconditioner: Optional[MatVec] = None, keep: Optional[Sequence[int]] = None
+       ) -> Union[Tuple[Tree, CGInfo], Tuple[Tree, CGInfo, CGIterates]]:
     """Conjugate gradient for ``(A + damping I) x = b``, A symmetric.
 
     From ``x_0`` (zeros by default), ``r_0 = b - (A + damping I) x_0``, ``p_0 = r_0``, each
@@ -53,8 +70,11 @@ def cg(matvec: MatVec, b: Tree, x0: Optional[Tree] = None, maxiter: Optional[int
         alpha = r^T r / p^T (A + damping I) p,  x += alpha p,  r -= alpha (A + damping I) p,
         p = r + (r_new^T r_new / r^T r) p,
 
-    until ``||r|| <= tol ||b||`` or `maxiter` steps. CG needs ``A + damping I`` positive
-    definite: a direction of curvature
+    until ``||r|| <= tol ||b||`` or `maxiter` steps. With a `preconditioner` (``v -> M^{-1}
+    v``, M symmetric positive definite) it is preconditioned CG: ``z = M^{-1} r``,
+    ``p_0 = z_0`` and ``r^T z`` in place of ``r^T r`` in alpha and beta, the iterates
+    those of CG on ``M^{-1/2} (A + damping I) M^{-1/2}``; the stopping test stays on
+    ``||r||``. CG needs ``A + damping I`` positive definite: a direction of curvature
     ``p^T (A + damping I) p <= 100 eps ||p||^2 max(abs(Rayleigh quotient seen))``
     (non-positive up to rounding: an indefinite or singular system) either
 
@@ -72,22 +92,28 @@ def cg(matvec: MatVec, b: Tree, x0: Optional[Tree] = None, maxiter: Optional[int
         b: the right-hand side, a tree of floating tensors of one dtype.
         x0: the starting iterate, a tree like `b`; None (default) starts from zeros.
         maxiter: the most steps, a Python int >= 1; None (default) means ``10 * size(b)``.
-        tol: the relative residual tolerance, a Python number >= 0; default 1e-6 (0 runs
-            until the residual is exactly 0 or `maxiter`).
+        tol: the relative residual tolerance: a Python number >= 0 or a scalar tensor
+            (cast to b's dtype; a tolerance computed in the graph, such as a forcing
+            sequence); default 1e-6 (0 runs until the residual is exactly 0 or `maxiter`).
         damping: added to A's diagonal: a Python number (applied at b's dtype) or a scalar
             tensor of b's dtype; default 0.
         on_negative_curvature: "raise" (default) or "stop", as above.
+        preconditioner: ``v -> M^{-1} v`` on trees like `b`, M symmetric positive definite;
+            None (default): no preconditioning.
+        keep: step counts whose iterates to keep (Martens' CG backtracking), Python ints
+            >= 0 in increasing order; None (default) keeps none. With it the result has a
+            third entry, a `CGIterates`.
 
     Returns:
         A tuple ``(x, info)``: the solution ``x``, a tree of `b`'s structure, and a
-        `CGInfo`.
+        `CGInfo`; with `keep`, ``(x, info, kept)``, `kept` a `CGIterates`.
 
     Raises:
-        TypeError: `matvec` is not callable, or `b`'s leaves do not share one floating
-            dtype.
-        ValueError: `on_negative_curvature`, `maxiter` or `tol` is invalid, `b` is empty,
-            `x0` or a product does not match `b`, or (eagerly, with "raise") a direction
-            of non-positive curvature is met.
+        TypeError: `matvec` or `preconditioner` is not callable, or `b`'s leaves do not
+            share one floating dtype.
+        ValueError: `on_negative_curvature`, `maxiter`, `tol` or `keep` is invalid, `b` is
+            empty, `x0` or a product does not match `b`, or (eagerly, with "raise") a
+            direction of non-positive curvature is met.
         FloatingPointError: eagerly, with "raise", a non-finite curvature is met.
     """
     checks.function(matvec, "matvec", "cg", "matvec(v) -> A v")
@@ -98,7 +124,10 @@ def cg(matvec: MatVec, b: Tree, x0: Optional[Tree] = None, maxiter: Optional[int
     b = tf.nest.map_structure(tf.convert_to_tensor, b)
     maxiter = 10 * tree.size(b) if maxiter is None else checks.integer(maxiter, "maxiter",
                                                                        "cg", 1)
-    tol = checks.nonnegative(tol, "tol", "cg")
+    tol = tf.cast(tol, dtype) if tf.is_tensor(tol) else checks.nonnegative(tol, "tol", "cg")
+    if preconditioner is not None:
+        checks.function(preconditioner, "preconditioner", "cg", "preconditioner(v) -> M^-1 v")
+    keep = None if keep is None else _check_keep(keep)
     raise_ = on_negative_curvature == "raise"
     threshold = 100 * _eps(dtype)
 
@@ -108,21 +137,30 @@ def cg(matvec: MatVec, b: Tree, x0: Optional[Tree] = None, maxiter: Optional[int
             return av
         return tree.axpy(damping, v, av)
 
+    def precondition(r):
+        return r if preconditioner is None else _product(preconditioner, r, b, "cg")
+
     if x0 is None:
         x, r = tree.zeros_like(b), b
     else:
         tree.check_same(b, x0, "b", "x0")
         x = tf.nest.pack_sequence_as(b, [tf.convert_to_tensor(t) for t in tf.nest.flatten(x0)])
         r = tree.sub(b, damped(x))
+    z = precondition(r)
     rr = tree.dot(r, r)
-    stop_rr = tol ** 2 * tree.dot(b, b)
+    stop_rr = tol ** 2 * tree.dot(b, b) if not tf.is_tensor(tol) else tol * tol * tree.dot(b, b)
     zero = tf.zeros([], dtype)
-    state = (tf.constant(0), x, r, r, rr, zero, zero, rr <= stop_rr, tf.constant(False))
+    # the extra loop state: r^T z (preconditioned), the quadratic and the kept iterates
+    extra = () if preconditioner is None else (tree.dot(r, z),)
+    if keep is not None:
+        extra += _kept_start(x, r, b, keep)
+    state = (tf.constant(0), x, r, z, rr, zero, zero, rr <= stop_rr, tf.constant(False)) + extra
 
-    def cond(i, x, r, p, rr, pap, rq_max, done, negative):
+    def cond(i, x, r, p, rr, pap, rq_max, done, negative, *extra):
         return tf.logical_and(i < maxiter, tf.logical_not(done))
 
-    def body(i, x, r, p, rr, pap, rq_max, done, negative):
+    def body(i, x, r, p, rr, pap, rq_max, done, negative, *extra):
+        rz = rr if preconditioner is None else extra[0]
         ap = damped(p)
         pap, pp = tree.dot(p, ap), tree.dot(p, p)
         rq_max = tf.maximum(rq_max, tf.abs(pap) / pp)
@@ -134,21 +172,67 @@ def cg(matvec: MatVec, b: Tree, x0: Optional[Tree] = None, maxiter: Optional[int
         else:
             step = tf.logical_or(curved, tf.logical_not(finite))
         one = tf.ones_like(pap)
-        alpha = tf.where(step, rr / tf.where(step, pap, one), tf.zeros_like(pap))
+        alpha = tf.where(step, rz / tf.where(step, pap, one), tf.zeros_like(pap))
         x = tree.axpy(alpha, p, x)
         r = tree.axpy(-alpha, ap, r)
         rr_new = tree.dot(r, r)
-        beta = tf.where(step, rr_new / tf.where(rr > 0, rr, one), tf.zeros_like(pap))
-        p = tree.axpy(beta, p, r)
+        z = precondition(r)
+        rz_new = rr_new if preconditioner is None else tree.dot(r, z)
+        beta = tf.where(step, rz_new / tf.where(rz > 0, rz, one), tf.zeros_like(pap))
+        p = tree.axpy(beta, p, z)
         negative = tf.logical_not(step)
         done = tf.logical_or(tf.logical_or(negative, rr_new <= stop_rr), tf.logical_not(finite))
         i = i + tf.cast(step, tf.int32)
         rr = tf.where(step, rr_new, rr)
-        return i, x, r, p, rr, pap, rq_max, done, negative
+        out = (i, x, r, p, rr, pap, rq_max, done, negative)
+        if preconditioner is not None:
+            out += (tf.where(step, rz_new, rz),)
+        if keep is not None:
+            # each step lowers the quadratic by alpha r^T z / 2
+            out += _kept_update(extra[-3:], keep, i, x, extra[-3] - alpha * rz / 2)
+        return out
 
-    i, x, _, _, rr, pap, _, _, negative = tf.while_loop(cond, body, state,
-                                                        maximum_iterations=maxiter)
-    return x, CGInfo(i, tf.sqrt(rr), pap, negative)
+    final = tf.while_loop(cond, body, state, maximum_iterations=maxiter)
+    i, x, _, _, rr, pap, _, _, negative = final[:9]
+    info = CGInfo(i, tf.sqrt(rr), pap, negative)
+    if keep is None:
+        return x, info
+    _, iterates, quadratic = final[-3:]
+    return x, info, CGIterates(iterates, tf.minimum(tf.constant(keep), i), quadratic)
+
+
+def _check_keep(keep: Sequence[int]) -> Tuple[int, ...]:
+    """`keep` as a tuple of increasing Python ints >= 0."""
+    if isinstance(keep, (str, bytes)) or not isinstance(keep, collections.abc.Sequence) \
+            or not keep:
+        raise checks.ArgumentError(f"cg: keep must be a non-empty sequence of step counts, "
+                                   f"got {keep!r}")
+    out = tuple(checks.integer(k, f"keep[{j}]", "cg") for j, k in enumerate(keep))
+    if any(a >= b for a, b in zip(out, out[1:])):
+        raise checks.ArgumentError(f"cg: keep must be increasing, got {keep!r}")
+    return out
+
+
+def _kept_start(x: Tree, r: Tree, b: Tree, keep: Tuple[int, ...]) -> tuple:
+    """The loop state of the kept iterates: the quadratic at x_0, ``-1/2 x_0^T (b + r_0)``,
+    and every entry x_0."""
+    quadratic = -tree.dot(x, tree.add(b, r)) / 2
+    iterates = tf.nest.map_structure(lambda t: tf.stack([t] * len(keep)), x)
+    return quadratic, iterates, tf.fill([len(keep)], quadratic)
+
+
+def _kept_update(kept: tuple, keep: Tuple[int, ...], i: tf.Tensor, x: Tree,
+                 quadratic: tf.Tensor) -> tuple:
+    """After step i, the entries kept at >= i steps hold x (the later ones until reached)."""
+    _, iterates, values = kept
+    open_ = tf.constant(keep) >= i
+
+    def put(stack, t):
+        mask = tf.reshape(open_, [len(keep)] + [1] * t.shape.rank)
+        return tf.where(mask, t[None], stack)
+
+    return (quadratic, tf.nest.map_structure(put, iterates, x),
+            tf.where(open_, quadratic, values))
 
 
 def _takes_index(matvec: Callable) -> bool:
