@@ -86,7 +86,7 @@ class AdaHessian(DiagonalOptimizer):
         t = self.step + 1
         new_w, new_m, new_v = [], [], []
         for w, g, d, m, v in zip(variables, grads, diag, self.m, self.v):
-            dtype = w.dtype
+            dtype = tf.as_dtype(w.dtype)
             b1, b2 = tf.constant(self.b1, dtype), tf.constant(self.b2, dtype)
             one = tf.constant(1.0, dtype)
             m_t = b1 * m + (one - b1) * tf.cast(g, dtype)

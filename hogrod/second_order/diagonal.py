@@ -275,9 +275,10 @@ class DiagonalOptimizer(StepOptimizer):
         """
         variables = list(variables)
         for i, v in enumerate(variables):
-            if not v.dtype.is_floating:
-                raise TypeError(f"{self.where}: variable {i} ('{v.name}') is {v.dtype.name}; "
-                                "it trains floating-point variables only")
+            if not tf.as_dtype(v.dtype).is_floating:
+                raise TypeError(f"{self.where}: variable {i} ('{v.name}') is "
+                                f"{tf.as_dtype(v.dtype).name}; it trains floating-point "
+                                "variables only")
         self.dtype = tf.as_dtype(variables[0].dtype)
         self.size = sum(int(tf.size(v)) for v in variables)
         self.step = state_variable(tf.constant(0, tf.int64), f"{self.where}_step")

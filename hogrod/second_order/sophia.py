@@ -113,7 +113,7 @@ class Sophia(DiagonalOptimizer):
         estimate = self._estimate(loss, batch, variables, refresh)
         new_w, new_m, new_h, clipped = [], [], [], []
         for w, g, e, m, h in zip(variables, grads, estimate, self.m, self.h):
-            dtype = w.dtype
+            dtype = tf.as_dtype(w.dtype)
             b1, b2 = tf.constant(self.b1, dtype), tf.constant(self.b2, dtype)
             one = tf.constant(1.0, dtype)
             m_t = b1 * m + (one - b1) * tf.cast(g, dtype)
@@ -179,10 +179,11 @@ def sophia(learning_rate: float, b1: float = 0.965, b2: float = 0.99, rho: float
     if kind == "hutchinson":
         diagonal = HutchinsonEstimator(1, WHERE)
     else:
-        missing = [name for name, value in (("model", model), ("loss", loss)) if value is None]
+        missing = [f"{name}=" for name, value in (("model", model), ("loss", loss))
+                   if value is None]
         if missing:
             raise ValueError(f"{WHERE}: estimator='gauss_newton_bartlett' samples labels from "
-                             f"the model's likelihood and needs {' and '.join(missing)}= "
+                             f"the model's likelihood and needs {' and '.join(missing)} "
                              "(the Keras model and its loss object)")
         diagonal = GaussNewtonBartlettEstimator(model, loss, WHERE)
     return Sophia(learning_rate, b1, b2, rho, hessian_every, diagonal, weight_decay, eps,
