@@ -175,6 +175,7 @@ class GaussNewtonBartlettEstimator:
         ctx = tf.distribute.get_replica_context()
         replica = 0 if ctx is None else ctx.replica_id_in_sync_group
         key = tf.random.experimental.stateless_fold_in(key, tf.cast(replica, tf.int64))
+        key = tf.cast(key, tf.int32)  # XLA samples categorical labels from int32 seeds only
         with tf.GradientTape() as tape:
             z = self.model(x, training=True)
             self.likelihood.check_output(z, self.where)
