@@ -6,7 +6,7 @@ Used by `kronecker.KroneckerFactors`; see `kfac.py` for the approximation.
 """
 
 import contextlib
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import keras
 import numpy as np
@@ -285,11 +285,17 @@ def backward(tape, z, sources, cot):
     conversion costs more to trace than it saves for a few."""
     columns = cot.shape[0]
     if columns is not None and columns <= _LOOP_COLUMNS:
-        grads = [tape.gradient(z, sources, output_gradients=tf.reshape(cot[c], tf.shape(z)))
+        grads = [tape.gradient(z, sources, output_gradients=_like(cot[c], z))
                  for c in range(columns)]
         return [tf.stack([g[i] for g in grads]) for i in range(len(sources))]
-    return tf.vectorized_map(lambda c: tape.gradient(
-        z, sources, output_gradients=tf.reshape(c, tf.shape(z))), cot)
+    return tf.vectorized_map(lambda c: tape.gradient(z, sources, output_gradients=_like(c, z)),
+                             cot)
+
+
+def _like(cot, z):
+    """A cotangent column shaped and typed as z (cotangents of a half-precision output are
+    computed in float32)."""
+    return tf.cast(tf.reshape(cot, tf.shape(z)), z.dtype)
 
 
 _LOOP_COLUMNS = 4
@@ -299,7 +305,8 @@ _LOOP_COLUMNS = 4
 
 def layer_statistics(call: Callable[[], tf.Tensor], blocks: List[Block],
                      cotangents: Callable[[tf.Tensor], tf.Tensor],
-                     sources: Optional[Dict[str, List[Tensor]]] = None) -> Tuple[dict, tf.Tensor]:
+                     sources: Optional[Dict[str, List[Tensor]]] = None,
+                     watch: Sequence[Tensor] = ()) -> Tuple[dict, tf.Tensor]:
     """One captured forward pass and the backward passes of its output cotangents: what the
     K-FAC factors and the exact diagonals of the other layers are built from.
 
@@ -308,8 +315,10 @@ def layer_statistics(call: Callable[[], tf.Tensor], blocks: List[Block],
       blocks: the `Block`s (`layer_blocks`).
       cotangents: `cotangents(z) -> [C, N, K]`, the output cotangents (`output_cotangents`).
       sources: {block name: tensors} to differentiate a "diag" block's curvature by (the
-        values a functional call substitutes for its variables, watched here); default
-        the layer's trainable variables.
+        values a functional call substitutes for its variables); default the layer's
+        trainable variables.
+      watch: tensors to watch: the weights a functional call substitutes for the
+        variables (a tape records only what depends on something watched).
 
     Returns:
       `(out, z)`: `out[name]` is `layer_rows`'s `(a [N, R, d_in], g [C, N, R, d_out])` for a
@@ -320,8 +329,7 @@ def layer_statistics(call: Callable[[], tf.Tensor], blocks: List[Block],
     diag = [b for b in blocks if b.kind == "diag"]
     sources = sources or {}
     with tf.GradientTape(persistent=True) as tape:
-        for b in diag:
-            tape.watch(sources.get(b.name, []))
+        tape.watch(list(watch))
         with capture([b.layer for b in kfac], {}) as record:
             z = call()
         cot = cotangents(z)

@@ -8,5 +8,6 @@ damping rule, the reduction ratio, Gauss-Newton products on the step's batch).
 
 from hogrod.second_order.common import (gauss_newton_product, levenberg_marquardt,
                                         reduction_ratio)
+from hogrod.second_order.kfac import KFAC, kfac
 
-__all__ = ["levenberg_marquardt", "reduction_ratio", "gauss_newton_product"]
+__all__ = ["levenberg_marquardt", "reduction_ratio", "gauss_newton_product", "kfac", "KFAC"]

@@ -135,6 +135,8 @@ def kfac(model: keras.Model, loss: Loss, learning_rate: float = 0.1, damping: fl
         raise checks.ArgumentError(
             f"{WHERE}: model '{model.name}' has no layer K-FAC factors (keras.layers.Dense or "
             "Conv2D with a kernel and an optional bias); use another optimizer")
+    if next(iter(dtypes)) in (tf.float16, tf.bfloat16):  # the curvature in float32
+        loss = type(loss).from_config(dict(loss.get_config(), dtype="float32"))
     return KFAC(model, loss, likelihood, blocks, hp, name)
 
 
@@ -147,7 +149,7 @@ class KFAC(StepOptimizer):
 
     Args:
       model: the model.
-      loss: its Keras loss.
+      loss: its Keras loss (a float32 copy for a half-precision model: the curvature's).
       likelihood: the loss's `hogrod.curvature.likelihood` (Monte Carlo labels).
       blocks: the layers' blocks (`kfac_capture.layer_blocks`).
       hp: the checked hyperparameters, by `kfac`'s argument names.
@@ -254,7 +256,8 @@ class KFAC(StepOptimizer):
         out, _ = layer_statistics(
             lambda: functional_call(self.model, params, x, training=True), self.blocks,
             lambda z: output_cotangents(self.loss, hp["fisher"], self.likelihood,
-                                        hp["mc_samples"], key, y, z), sources)
+                                        hp["mc_samples"], key, y, tf.cast(z, dt)),
+            sources, params)
         batch = [list(kfac_blocks.batch_factors(b, out[b.name], dt)) if b.kind == "kfac"
                  else [tf.cast(d, dt) for d in out[b.name]] for b in self.blocks]
         batch = replica_mean(batch)

@@ -166,12 +166,12 @@ def quadratic_form(model: keras.Model, loss: Loss, x, y, params: Sequence[Tensor
 
     Args:
       model: the model.
-      loss: its Keras loss.
+      loss: its Keras loss, at `dtype`.
       x: this replica's inputs.
       y: its labels.
       params: the model's trainable values, in `model.trainable_variables` order.
       vectors: directions, each one tensor per parameter.
-      dtype: the result's dtype.
+      dtype: the dtype of the output-space algebra and of the result (float32 at least).
 
     Returns:
       M [k, k] on this replica's batch (the caller averages over replicas).
@@ -180,8 +180,9 @@ def quadratic_form(model: keras.Model, loss: Loss, x, y, params: Sequence[Tensor
     for v in vectors:
         with tf.autodiff.ForwardAccumulator(params, list(v)) as acc:
             z = functional_call(model, params, x, training=True)
-        outputs.append(acc.jvp(z, unconnected_gradients=tf.UnconnectedGradients.ZERO))
-    z = tf.stop_gradient(z)
+        outputs.append(tf.cast(acc.jvp(z, unconnected_gradients=tf.UnconnectedGradients.ZERO),
+                               dtype))
+    z = tf.cast(tf.stop_gradient(z), dtype)
     with tf.GradientTape(persistent=True) as outer:
         outer.watch(z)
         with tf.GradientTape() as inner:
@@ -192,7 +193,7 @@ def quadratic_form(model: keras.Model, loss: Loss, x, y, params: Sequence[Tensor
     hu = [outer.gradient(p, z) for p in projections]  # H J v_j
     del outer
     k = len(vectors)
-    rows = [[tf.cast(tf.reduce_sum(outputs[i] * hu[j]), dtype) for j in range(k)]
+    rows = [[tf.reduce_sum(outputs[i] * hu[j]) for j in range(k)]
             for i in range(k)]
     m = tf.stack([tf.stack(r) for r in rows])
     return 0.5 * (m + tf.transpose(m))
