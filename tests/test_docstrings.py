@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PUBLIC = ["hogrod", "hogrod.tree", "hogrod.linalg", "hogrod.checks", "hogrod.implicit",
           "hogrod.hypergrad", "hogrod.distribute", "hogrod.models", "hogrod.data",
           "hogrod.bindings", "hogrod.harness", "hogrod.train", "hogrod.optim", "hogrod.meta",
-          "hogrod.gan", "hogrod.pinn", "hogrod.curvature", "hogrod.rl"]
+          "hogrod.gan", "hogrod.pinn", "hogrod.curvature", "hogrod.rl",
+          "hogrod.second_order"]
 
 
 def _exported():

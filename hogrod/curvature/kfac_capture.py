@@ -6,7 +6,7 @@ Used by `kronecker.KroneckerFactors`; see `kfac.py` for the approximation.
 """
 
 import contextlib
-from typing import List
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import keras
 import numpy as np
@@ -18,7 +18,7 @@ from hogrod.types import Tensor
 
 __all__ = ["Block", "leaf_layers", "factorable", "layer_blocks", "param_blocks", "capture",
            "trailing",
-           "layer_rows", "without_rows", "output_cotangents", "backward"]
+           "layer_rows", "without_rows", "output_cotangents", "backward", "layer_statistics"]
 
 
 def leaf_layers(layer):
@@ -285,11 +285,65 @@ def backward(tape, z, sources, cot):
     conversion costs more to trace than it saves for a few."""
     columns = cot.shape[0]
     if columns is not None and columns <= _LOOP_COLUMNS:
-        grads = [tape.gradient(z, sources, output_gradients=tf.reshape(cot[c], tf.shape(z)))
+        grads = [tape.gradient(z, sources, output_gradients=_like(cot[c], z))
                  for c in range(columns)]
         return [tf.stack([g[i] for g in grads]) for i in range(len(sources))]
-    return tf.vectorized_map(lambda c: tape.gradient(
-        z, sources, output_gradients=tf.reshape(c, tf.shape(z))), cot)
+    return tf.vectorized_map(lambda c: tape.gradient(z, sources, output_gradients=_like(c, z)),
+                             cot)
+
+
+def _like(cot, z):
+    """A cotangent column shaped and typed as z (cotangents of a half-precision output are
+    computed in float32)."""
+    return tf.cast(tf.reshape(cot, tf.shape(z)), z.dtype)
 
 
 _LOOP_COLUMNS = 4
+
+
+# ---------------------------------------------------------------- one pass, every block
+
+def layer_statistics(call: Callable[[], tf.Tensor], blocks: List[Block],
+                     cotangents: Callable[[tf.Tensor], tf.Tensor],
+                     sources: Optional[Dict[str, List[Tensor]]] = None,
+                     watch: Sequence[Tensor] = ()) -> Tuple[dict, tf.Tensor]:
+    """One captured forward pass and the backward passes of its output cotangents: what the
+    K-FAC factors and the exact diagonals of the other layers are built from.
+
+    Args:
+      call: `call() -> z`, the model's forward pass (its factored layers are captured).
+      blocks: the `Block`s (`layer_blocks`).
+      cotangents: `cotangents(z) -> [C, N, K]`, the output cotangents (`output_cotangents`).
+      sources: {block name: tensors} to differentiate a "diag" block's curvature by (the
+        values a functional call substitutes for its variables); default the layer's
+        trainable variables.
+      watch: tensors to watch: the weights a functional call substitutes for the
+        variables (a tape records only what depends on something watched).
+
+    Returns:
+      `(out, z)`: `out[name]` is `layer_rows`'s `(a [N, R, d_in], g [C, N, R, d_out])` for a
+      factored block, and for a "diag" block the list (one per variable) of the exact
+      diagonal of the curvature sum_c,n (J_n^T cot_cn)^2; `z` the model output.
+    """
+    kfac = [b for b in blocks if b.kind == "kfac"]
+    diag = [b for b in blocks if b.kind == "diag"]
+    sources = sources or {}
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(list(watch))
+        with capture([b.layer for b in kfac], {}) as record:
+            z = call()
+        cot = cotangents(z)
+        if diag:  # per-example, per-column output projections for the exact diagonal
+            targets = tf.einsum("nk,cnk->cn", tf.reshape(z, [tf.shape(z)[0], trailing(z, 1)]),
+                                tf.stop_gradient(cot))
+    s = [record[b.name]["s"] for b in kfac]
+    grads = backward(tape, z, s, cot) if kfac else []
+    out = {}
+    for i, b in enumerate(kfac):
+        out[b.name] = layer_rows(b, record[b.name]["a"], grads[i])
+    for b in diag:
+        variables = sources.get(b.name) or b.layer.trainable_variables
+        jac = tape.jacobian(targets, variables, experimental_use_pfor=True)
+        out[b.name] = [tf.reduce_sum(tf.square(j), axis=[0, 1]) for j in jac]
+    del tape
+    return out, z

@@ -13,9 +13,8 @@ import tensorflow as tf
 from hogrod import checks
 from hogrod.curvature.data import (MEAN_REDUCTIONS, accumulate, check_loss_dtype,
                                    compile_closure, data_batches, fold_replica, replica_sums)
-from hogrod.curvature.kfac_capture import (backward, layer_blocks, capture, layer_rows,
-                                           output_cotangents, param_blocks, trailing,
-                                           without_rows)
+from hogrod.curvature.kfac_capture import (layer_blocks, layer_statistics, output_cotangents,
+                                           param_blocks, without_rows)
 from hogrod.curvature.likelihood import likelihood_of
 
 __all__ = ["FISHERS", "APPROXES", "OTHER_LAYERS", "KroneckerFactors", "kron_plan",
@@ -117,29 +116,11 @@ class KroneckerFactors:
     # one compiled pass per batch; the statistics are sums, divided once at the end
     def _forward(self, batch, index):
         x, y = batch
-        kfac = [b for b in self.blocks if b.kind == "kfac"]
-        diag = [b for b in self.blocks if b.kind == "diag"]
-        with tf.GradientTape(persistent=True) as tape:
-            with capture([b.layer for b in kfac], {}) as record:
-                z = self._model(x, training=False)
-            seed = fold_replica(tf.stack([tf.cast(self._seed, tf.int64),
-                                          tf.cast(index, tf.int64)]))
-            cot = output_cotangents(self._loss, self._fisher, self._likelihood, self._mc_samples,
-                              seed, y, z)
-            if diag:  # per-example, per-column output projections for the exact diagonal
-                cot_ = tf.stop_gradient(cot)
-                targets = tf.einsum("nk,cnk->cn", tf.reshape(z, [tf.shape(z)[0], trailing(z, 1)]),
-                                    cot_)
-        s = [record[b.name]["s"] for b in kfac]
-        grads = backward(tape, z, s, cot) if kfac else []
-        out = {}
-        for i, b in enumerate(kfac):
-            out[b.name] = layer_rows(b, record[b.name]["a"], grads[i])
-        for b in diag:
-            variables = b.layer.trainable_variables
-            jac = tape.jacobian(targets, variables, experimental_use_pfor=True)
-            out[b.name] = [tf.reduce_sum(tf.square(j), axis=[0, 1]) for j in jac]
-        del tape
+        seed = fold_replica(tf.stack([tf.cast(self._seed, tf.int64), tf.cast(index, tf.int64)]))
+        out, z = layer_statistics(
+            lambda: self._model(x, training=False), self.blocks,
+            lambda z: output_cotangents(self._loss, self._fisher, self._likelihood,
+                                        self._mc_samples, seed, y, z))
         return out, tf.cast(tf.shape(z)[0], self.dtype)
 
     def _compute_factors(self):

@@ -11,7 +11,8 @@ from hogrod.second_order.adahessian import adahessian
 from hogrod.second_order.common import (gauss_newton_product, levenberg_marquardt,
                                         reduction_ratio)
 from hogrod.second_order.hessian_free import HessianFree, hessian_free
+from hogrod.second_order.kfac import KFAC, kfac
 from hogrod.second_order.sophia import sophia
 
-__all__ = ["levenberg_marquardt", "reduction_ratio", "gauss_newton_product", "hessian_free",
-           "HessianFree", "adahessian", "sophia"]
+__all__ = ["kfac", "KFAC", "hessian_free", "HessianFree", "adahessian", "sophia",
+           "levenberg_marquardt", "reduction_ratio", "gauss_newton_product"]

@@ -15,7 +15,7 @@ This is the paper's Algorithm 3 (its first step refreshes h: t = 1 mod k), with 
 correction. Conventions of the others:
 
 - The authors' code (Liuhong99/Sophia, `SophiaG`) keeps h_code = EMA(g^ ⊙ g^) and steps
-  sign(m) * min(|m| / (rho_code * bs * h_code + 1e-15), 1), bs the tokens per batch: with a
+  sign(m) * min(abs(m) / (rho_code * bs * h_code + 1e-15), 1), bs the tokens per batch: with a
   fixed batch rho_code * bs * h_code = rho * h here (h^ = B g^ ⊙ g^, the paper's), so
   rho = rho_code; its + 1e-15 instead of max(., eps) differs only where rho * h <= eps
   (a negative Hutchinson h there steps against the momentum). Its training script
@@ -54,7 +54,7 @@ class Sophia(DiagonalOptimizer):
 
     Logs "hessian_refreshed" (1 if this step refreshed h, else 0), "hessian_diagonal_mean"
     (the mean over every coordinate of the latest estimate h^) and "clipped_fraction" (the
-    fraction of coordinates whose |m / max(rho h, eps)| exceeded 1).
+    fraction of coordinates whose abs(m / max(rho h, eps)) exceeded 1).
 
     Args:
       learning_rate: the step size.
@@ -162,7 +162,7 @@ def sophia(learning_rate: float, b1: float = 0.965, b2: float = 0.99, rho: float
         `hogrod.curvature` knows; ignored by "hutchinson").
       weight_decay: decoupled weight decay (>= 0): lr * weight_decay * w subtracted.
       eps: the floor of rho * h (> 0): a coordinate with rho * h <= eps (a negative
-        Hutchinson h too) takes the clipped step lr * sign(m) unless |m| <= eps.
+        Hutchinson h too) takes the clipped step lr * sign(m) unless abs(m) <= eps.
       seed: the integer seed of the probes or sampled labels (with the step counter).
 
     Returns:
