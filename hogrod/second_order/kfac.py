@@ -27,7 +27,7 @@ objective's weight decay is not added here, only its curvature).
 """
 
 import math
-from typing import Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 import gin
 import keras
@@ -35,13 +35,14 @@ import tensorflow as tf
 
 from hogrod import checks
 from hogrod.curvature.data import check_loss_dtype, fold_replica
-from hogrod.curvature.kfac_capture import layer_blocks, layer_statistics, output_cotangents
+from hogrod.curvature.kfac_capture import (Block, layer_blocks, layer_statistics,
+                                           output_cotangents)
 from hogrod.curvature.kronecker import FISHERS, OTHER_LAYERS
-from hogrod.curvature.likelihood import likelihood_of
+from hogrod.curvature.likelihood import Likelihood, likelihood_of
 from hogrod.functional import functional_call
 from hogrod.second_order import common, kfac_blocks
 from hogrod.train.protocol import StepOptimizer, assign, replica_mean, state_variable
-from hogrod.types import Loss
+from hogrod.types import Batch, Loss, Tensor
 
 __all__ = ["kfac", "KFAC"]
 
@@ -143,7 +144,7 @@ def kfac(model: keras.Model, loss: Loss, learning_rate: float = 0.1, damping: fl
 class KFAC(StepOptimizer):
     """The K-FAC step optimizer (made by `kfac`, which documents the hyperparameters).
 
-    Its state (`train.state_variable`s, checkpointed with it): the step counter, the
+    Its state (state variables, `train.state_variable`, checkpointed with it): the step counter, the
     damping, the factors' running averages and running weight, their damped inverses, the
     previous update, and what the last step used (rate, momentum, damping, rho).
 
@@ -156,19 +157,34 @@ class KFAC(StepOptimizer):
       name: the optimizer's name.
     """
 
-    def __init__(self, model: keras.Model, loss: Loss, likelihood, blocks, hp: dict,
-                 name: Optional[str] = None) -> None:
+    def __init__(self, model: keras.Model, loss: Loss, likelihood: Optional[Likelihood],
+                 blocks: List[Block], hp: dict, name: Optional[str] = None) -> None:
         super().__init__(name=name)
         # kept off tf.Module's tracking: the model is checkpointed by its owner, not here
         self._problem = _Problem(model, loss, likelihood, blocks)
         self.hp = hp
 
-    model = property(lambda self: self._problem.model)
-    loss = property(lambda self: self._problem.loss)
-    likelihood = property(lambda self: self._problem.likelihood)
-    blocks = property(lambda self: self._problem.blocks)
+    @property
+    def model(self) -> keras.Model:
+        """The model whose curvature preconditions the steps."""
+        return self._problem.model
 
-    def build(self, variables):
+    @property
+    def loss(self) -> Loss:
+        """The Keras loss of the curvature."""
+        return self._problem.loss
+
+    @property
+    def likelihood(self) -> Optional[Likelihood]:
+        """The loss's likelihood (Monte Carlo labels), or None."""
+        return self._problem.likelihood
+
+    @property
+    def blocks(self) -> List[Block]:
+        """The layers' blocks, in the model's layer order."""
+        return self._problem.blocks
+
+    def build(self, variables: Sequence[tf.Variable]) -> None:
         """Create the state for `variables` (exactly the model's trainable variables).
 
         Args:
@@ -205,7 +221,8 @@ class KFAC(StepOptimizer):
                                   for j, s in enumerate(shapes)])
         self.built = True
 
-    def apply(self, grads, variables, loss, batch):
+    def apply(self, grads: Sequence[Tensor], variables: Sequence[tf.Variable],
+              loss: Callable[[Batch], Tensor], batch: Batch) -> None:
         """One K-FAC step (the module docstring), in the train step's replica context.
 
         Args:
@@ -324,11 +341,11 @@ class KFAC(StepOptimizer):
         return (tf.where(due, adapted, damping), tf.where(due, logged, self.used[3]))
 
     @property
-    def learning_rate(self):
+    def learning_rate(self) -> Tensor:
         """The learning rate the last step used."""
         return self.used[0]
 
-    def logs(self):
+    def logs(self) -> Dict[str, Tensor]:
         """What the last step used: its damping, momentum and reduction ratio (the last one
         computed; -100 where it was not finite, kfac-jax's convention).
 
