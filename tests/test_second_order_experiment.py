@@ -27,7 +27,8 @@ BACKGROUND, EVALUATION, DRAWINGS = 4, 2, 20
 @pytest.fixture(scope="module")
 def omniglot(tmp_path_factory):
     """Omniglot's two zips in its layout: 4 background and 2 evaluation characters of 20
-    drawings, each a white page with a black block whose place is the character's."""
+    drawings, each a white page with a black block of random size whose place is the
+    character's."""
     root = tmp_path_factory.mktemp("omniglot")
     rng = np.random.default_rng(0)
     for name, count in (("images_background", BACKGROUND), ("images_evaluation", EVALUATION)):
@@ -36,7 +37,8 @@ def omniglot(tmp_path_factory):
                 for i in range(DRAWINGS):
                     page = np.full((105, 105), 255, np.uint8)
                     top, left = 10 + 15 * c + rng.integers(0, 8), 20 + rng.integers(0, 30)
-                    page[top:top + 30, left:left + 25] = 0
+                    height, width = rng.integers(5, 40, size=2)
+                    page[top:top + height, left:left + width] = 0
                     buf = io.BytesIO()
                     Image.fromarray(page).save(buf, "PNG")
                     z.writestr(f"{name}/Alphabet{c % 2}/character{c:02d}/{i:02d}.png",
@@ -194,21 +196,21 @@ def test_a_killed_run_resumes_as_the_uninterrupted_one(tmp_path, omniglot, monke
 
     save = train.Checkpointer.save
 
-    def killed_after_step_4(self):
-        path = save(self)
-        if int(self.step) == 4:
+    def killed_saving_step_6(self):  # the curve written, the checkpoint not: step 4's is
+        if int(self.step) == 6:
             raise Killed
-        return path
-    monkeypatch.setattr(train.Checkpointer, "save", killed_after_step_4)
+        return save(self)
+    monkeypatch.setattr(train.Checkpointer, "save", killed_saving_step_6)
     with pytest.raises(Killed):
         harness.run(exp.second_order_experiment, config, params, str(tmp_path / "resumed"))
     monkeypatch.undo()
-    saved = json.loads((tmp_path / "resumed" / exp.CURVE).read_text())
+    saved = json.loads((tmp_path / "resumed" / exp.CURVE).read_text())["train_wall_seconds"]
+    assert len(saved) == 6
     _, again = harness.run(exp.second_order_experiment, config, params, str(tmp_path / "resumed"))
-    assert again["steps"] == full["steps"] == 6
+    assert again["steps"] == full["steps"] == 6 == len(again["train_loss"])
     assert again["train_loss"] == full["train_loss"]  # the optimizer's counter restored too
-    assert again["train_wall_seconds"][:4] == saved["train_wall_seconds"]  # the clock continues
-    assert saved["train_wall_seconds"][-1] <= again["train_wall_seconds"][4]
+    seconds = again["train_wall_seconds"]
+    assert seconds[:4] == saved[:4] and seconds[3] <= seconds[4]  # the clock continues
     assert [h["step"] for h in again["history"]] == [0, 3, 6]
     assert again["test_loss"] == full["test_loss"]
     with pytest.raises(harness.ConfigError, match="second_order_experiment.batch_size"):
