@@ -229,3 +229,43 @@ def test_bad_budgets_and_factories_are_named(tmp_path, omniglot):
         harness.run(exp.second_order_experiment, ["second_order/autoencoder.gin"], params + [
             "second_order_experiment.optimizer = @not_an_optimizer"], str(tmp_path / "b"))
     assert not os.path.exists(tmp_path / "a") and not os.path.exists(tmp_path / "b")
+
+
+def test_the_comparison_overlays_runs_and_the_grid_binds_each_rate(tmp_path):
+    """plot_second_order's table against numpy on written runs; the grid's commands parse
+    against the shipped configs, one rate each."""
+    from experiments import plot_second_order as plot
+    from experiments import second_order, second_order_grid as grid  # noqa: F401 (configurables)
+    rng = np.random.default_rng(0)
+    runs = []
+    for name, steps in (("a", 30), ("b", 45)):
+        run = tmp_path / name
+        run.mkdir()
+        loss = list(rng.uniform(1, 2, steps))
+        (run / "metrics.json").write_text(json.dumps({
+            "task": "autoencoder", "optimizer": name, "train_loss": loss,
+            "train_wall_seconds": list(np.arange(1, steps + 1) / 10)}))
+        (run / "eval_history.json").write_text(json.dumps([
+            {"step": 0, "seconds": 0.0, "test_loss": 3.0}, {"step": steps, "seconds": 1.0,
+                                                           "test_loss": 1.5}]))
+        runs.append((str(run), loss))
+    rows = plot.plot_comparison([r for r, _ in runs], str(tmp_path / "c.png"), window=7)
+    assert (tmp_path / "c.png").stat().st_size > 0
+    for row, (_, loss) in zip(rows, runs):
+        windows = [np.mean(loss[max(0, i - 6):i + 1]) for i in range(len(loss))]
+        assert row[1] == len(loss) and row[2] == len(loss) / 10
+        np.testing.assert_allclose(row[3:], [windows[-1], min(windows)], rtol=1e-12)
+    (tmp_path / "b" / "metrics.json").write_text(json.dumps({
+        "task": "classifier", "train_loss": [1.0], "train_wall_seconds": [0.1]}))
+    with pytest.raises(ValueError, match="mixes tasks"):
+        plot.plot_comparison([r for r, _ in runs], str(tmp_path / "d.png"))
+    for optimizer in grid.GRIDS:
+        command = grid.grid_command("experiments", "autoencoder", optimizer, 3e-4, 60, None,
+                                    str(tmp_path / "g"))
+        files = [a.split("=", 1)[1] for a in command if a.startswith("--gin_file=")]
+        params = [a.split("=", 1)[1] for a in command if a.startswith("--gin_param=")]
+        harness.parse_config(files, params)
+        rate = gin.query_parameter(f"keras.optimizers.{grid.KERAS[optimizer]}.learning_rate")
+        assert rate == 3e-4 and gin.query_parameter("second_order_experiment.wall_seconds") == 60
+        with gin.unlock_config():
+            gin.clear_config()
