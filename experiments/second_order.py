@@ -399,8 +399,8 @@ def second_order_experiment(output_dir, task=gin.REQUIRED, optimizer=gin.REQUIRE
     steps = int(ckpt.step)
     if steps > start:
         _save(ckpt, clock, curve)
-    if history[-1]["step"] != steps:
-        on_eval(steps, clock.seconds(), force=True)
+    if steps == start or history[-1]["step"] != steps:  # a finished run re-evaluates
+        on_eval(steps, curve.seconds[-1] if curve.seconds else 0.0, force=True)
     plot_run(os.path.join(output_dir, "curves.png"), curve, history, job.name)
     done = steps - start
     metrics = {"task": job.name, "optimizer": _name(optimizer), "steps": steps,

@@ -213,6 +213,10 @@ def test_a_killed_run_resumes_as_the_uninterrupted_one(tmp_path, omniglot, monke
     assert seconds[:4] == saved[:4] and seconds[3] <= seconds[4]  # the clock continues
     assert [h["step"] for h in again["history"]] == [0, 3, 6]
     assert again["test_loss"] == full["test_loss"]
+    _, finished = harness.run(exp.second_order_experiment, config, params, str(tmp_path / "full"))
+    assert finished["steps"] == 6 and finished["train_loss"] == full["train_loss"]
+    assert [h["step"] for h in finished["history"]] == [0, 3, 6]  # re-evaluated, listed once
+    assert finished["test_loss"] == full["test_loss"] and "train_steps_per_s" not in finished
     with pytest.raises(harness.ConfigError, match="second_order_experiment.batch_size"):
         harness.run(exp.second_order_experiment, config,
                     params + ["second_order_experiment.batch_size = 8"],
