@@ -55,6 +55,12 @@ for _schedule in (keras.optimizers.schedules.ExponentialDecay,
                   keras.optimizers.schedules.PiecewiseConstantDecay,
                   keras.optimizers.schedules.CosineDecay):
     gin.external_configurable(_schedule, module="keras")
+# Keras's first-order optimizers, for a binary whose optimizer is a factory reference
+# (`second_order_experiment.optimizer = @keras.optimizers.Adam`, its rate bound as
+# `keras.optimizers.Adam.learning_rate = 1e-3`).
+for _optimizer in (keras.optimizers.Adam, keras.optimizers.SGD, keras.optimizers.AdamW,
+                   keras.optimizers.RMSprop):
+    gin.external_configurable(_optimizer, module="keras.optimizers")
 REPO_ROOT = os.path.dirname(PACKAGE_DIR)  # the checkout, for a development install
 #: An experiment: a gin configurable `fn(output_dir) -> metrics or None`.
 Experiment = Callable[[str], Optional[Mapping[str, Any]]]

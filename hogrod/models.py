@@ -8,10 +8,13 @@ The networks are those of the papers hogrod reproduces; the losses are what they
 - `conv4_embedding`: Prototypical Networks' embedding network (4 x conv, BatchNorm, ReLU,
   max-pool; no classification layer), the backbone of the few-shot heads.
 - `classifier`: a convolutional image classifier with a float32 head named "head".
+- `deep_autoencoder`: Hinton and Salakhutdinov's deep autoencoder (784-1000-500-250-30 and
+  its mirror, tanh, a linear code layer, logits out), the K-FAC and Hessian-free papers'
+  benchmark.
 - Losses in Keras's form `loss(y_true, y_pred) -> scalar`: `mse`, `cross_entropy` (integer
   labels, logits), `binary_cross_entropy` (0/1 labels, one logit per example).
 
-`mlp`, `conv4` and `conv4_embedding` are gin configurables (`maml_experiment.model = @mlp`,
+`mlp`, `conv4`, `conv4_embedding` and `deep_autoencoder` are gin configurables (`maml_experiment.model = @mlp`,
 `conv4.filters = 32`); the rest take arguments only.
 """
 
@@ -24,8 +27,8 @@ import tensorflow as tf
 from hogrod import checks
 from hogrod.types import DType, TensorLike
 
-__all__ = ["dense_net", "relu_mlp", "mlp", "conv4", "conv4_embedding", "classifier", "mse",
-           "cross_entropy", "binary_cross_entropy"]
+__all__ = ["dense_net", "relu_mlp", "mlp", "conv4", "conv4_embedding", "deep_autoencoder",
+           "classifier", "mse", "cross_entropy", "binary_cross_entropy"]
 
 
 def _widths(widths, arg, where):
@@ -195,6 +198,37 @@ def conv4_embedding(image_size: int = 28, channels: int = 1,
                    keras.layers.MaxPooling2D(2)]
     layers += [keras.layers.Flatten()]
     return keras.Sequential(layers)
+
+
+@gin.configurable
+def deep_autoencoder(inputs: int = 784, widths: Sequence[int] = (1000, 500, 250, 30),
+                     activation: str | Callable = "tanh") -> keras.Sequential:
+    """Hinton and Salakhutdinov's (2006) deep autoencoder, as the K-FAC and HF papers train it.
+
+    The encoder `inputs -> widths[0] -> ... -> widths[-1]` (the code layer, linear), then its
+    mirror `widths[-2] -> ... -> widths[0] -> inputs`; `activation` after every other layer;
+    the output is logits (train it with a sigmoid cross-entropy on pixels in [0, 1]).
+
+    Args:
+      inputs: the flattened input's size (28x28 images: 784).
+      widths: the encoder's widths, the code's last (the papers': 1000, 500, 250, 30).
+      activation: the hidden layers' activation (a Keras activation name or callable).
+
+    Returns:
+      A built `keras.Sequential` of input [batch, inputs] and output logits [batch, inputs]
+      at Keras's default dtype policy, every kernel Glorot-uniform, every bias zero.
+
+    Raises:
+      ArgumentError: a size is not a positive integer, or `widths` is empty.
+    """
+    sizes = _widths((inputs, *widths), "(inputs, *widths)", "deep_autoencoder")
+    encoder, code = sizes[1:-1], sizes[-1]
+    layers = [keras.Input((sizes[0],))]
+    layers += [keras.layers.Dense(w, activation=activation) for w in encoder]
+    layers += [keras.layers.Dense(code)]  # the code layer is linear
+    layers += [keras.layers.Dense(w, activation=activation) for w in reversed(encoder)]
+    layers += [keras.layers.Dense(sizes[0])]
+    return keras.Sequential(layers, name="deep_autoencoder")
 
 
 def classifier(input_shape: Sequence[int], num_classes: int, conv_filters: Sequence[int],

@@ -19,7 +19,8 @@ A task is `(x_support, y_support, x_query, y_query)`; `loss` is always a Keras l
   shares). An experiment binds it once (`maml_experiment.task_map` in gin) and passes it
   down.
 - tasks: `sinusoid_meta_batches`, `sample_sinusoids` (`tasks.py`); N-way K-shot
-  `episodes` from `load_omniglot` (the original zips) or `load_tfds_classes` (`episodes.py`).
+  `episodes` from `load_omniglot` (the original zips) or `load_tfds_classes` (`episodes.py`);
+  `omniglot_characters` (the zips' characters in order, decoded once and cached).
 - few-shot heads `prototype_logits`, `ridge_logits`, `svm_logits` (`heads.py`; the SVM's
   dual solver, always in float64, in `svm.py`) and their algorithms `protonet`, `r2d2`,
   `metaoptnet` (`fewshot.py`, gathered in `FEW_SHOT`).
@@ -53,7 +54,8 @@ function; the module is `sys.modules["hogrod.meta.maml"]`.
 from hogrod.meta.algorithms import (ALGORITHMS, Algorithm, anil, fomaml, imaml, maml,
                                     maml_plus_plus, meta_sgd, reptile)
 from hogrod.meta.common import meta_gradient
-from hogrod.meta.episodes import ImageClasses, episodes, load_omniglot, load_tfds_classes
+from hogrod.meta.episodes import (ImageClasses, episodes, load_omniglot, load_tfds_classes,
+                                  omniglot_characters)
 from hogrod.meta.evaluation import evaluate, evaluator
 from hogrod.meta.fewshot import FEW_SHOT, metaoptnet, protonet, r2d2
 from hogrod.meta.heads import prototype_logits, ridge_logits, svm_logits
@@ -63,6 +65,6 @@ from hogrod.meta.tasks import sample_sinusoids, sinusoid_meta_batches
 __all__ = ["adapt", "initial_params", "Algorithm", "ALGORITHMS", "maml", "fomaml",
            "reptile", "anil", "meta_sgd", "maml_plus_plus", "imaml", "meta_gradient",
            "sample_sinusoids", "sinusoid_meta_batches", "ImageClasses", "episodes",
-           "load_omniglot", "load_tfds_classes", "evaluate", "evaluator",
+           "load_omniglot", "omniglot_characters", "load_tfds_classes", "evaluate", "evaluator",
            "protonet", "r2d2", "metaoptnet", "FEW_SHOT", "prototype_logits", "ridge_logits",
            "svm_logits"]

@@ -23,9 +23,11 @@ import gin
 import numpy as np
 import tensorflow as tf
 
+from hogrod import checks
 from hogrod import data as hogrod_data
 
-__all__ = ["ImageClasses", "load_omniglot", "load_tfds_classes", "episodes", "OMNIGLOT_ZIPS"]
+__all__ = ["ImageClasses", "load_omniglot", "omniglot_characters", "load_tfds_classes",
+           "episodes", "OMNIGLOT_ZIPS"]
 
 
 
@@ -52,12 +54,12 @@ OMNIGLOT_SOURCE = ("https://github.com/brendenlake/omniglot (python/images_backg
                    "python/images_evaluation.zip)")
 
 
-def _check_omniglot_dir(data_dir):
+def _check_omniglot_dir(data_dir, binding):
     missing = [z for z in OMNIGLOT_ZIPS if not os.path.exists(os.path.join(data_dir, z))]
     if missing:
         raise FileNotFoundError(
             f"Omniglot data dir '{data_dir}' lacks {missing}: set the binding "
-            f"episode_data.data_dir (or load_omniglot's data_dir), or {hogrod_data.ENV} (its "
+            f"{binding}, or {hogrod_data.ENV} (its "
             f"omniglot/ folder), to a folder holding the two original zips "
             f"{list(OMNIGLOT_ZIPS)}, from {OMNIGLOT_SOURCE}")
 
@@ -92,15 +94,75 @@ def _read_zip(path, size, Image):
     return characters
 
 
+_ALPHABETS = ("all", "background", "evaluation")
+
+
+def omniglot_characters(data_dir: Optional[str] = None, image_size: int = 28,
+                        alphabets: str = "all", cache_dir: Optional[str] = None,
+                        binding: str = "load_omniglot's data_dir") -> list:
+    """Omniglot's characters from the original zips in `data_dir`, in the zips' order.
+
+    Decoding 32,460 PNGs takes a minute; the resized array is cached as
+    `<cache_dir>/omniglot_<size>.npz`, never in the repository. Each 105x105 drawing is
+    resized (Lanczos) to `image_size` and inverted so strokes are 255 and background 0.
+
+    Args:
+      data_dir: the folder holding the two original zips (`OMNIGLOT_ZIPS`); None is
+        `$HOGROD_DATA/omniglot` (see `hogrod.data`).
+      image_size: the side of the square images, in pixels (the MAML paper: 28).
+      alphabets: 'all' (background then evaluation characters), 'background' (the 964
+        characters of images_background.zip) or 'evaluation' (the 659 of
+        images_evaluation.zip).
+      cache_dir: where the decoded array is cached (None: ~/.cache/hogrod).
+      binding: what sets `data_dir` (the caller's gin binding or argument), named in the
+        errors.
+
+    Returns:
+      A list of uint8 arrays [drawings, image_size, image_size], one per character, the
+      characters sorted by alphabet and name within each zip, the drawings by file name.
+
+    Raises:
+      ValueError: neither `data_dir` nor HOGROD_DATA given (naming `binding`), an
+        `alphabets` not listed above, or an unreadable zip.
+      FileNotFoundError: `data_dir` lacks a zip (naming where to get it).
+    """
+    checks.choice(alphabets, _ALPHABETS, "alphabets", "omniglot_characters")
+    data_dir = hogrod_data.data_dir("omniglot", binding, data_dir)
+    cache_dir = cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "hogrod")
+    cache = os.path.join(cache_dir, f"omniglot_{image_size}.npz")
+    _check_omniglot_dir(data_dir, binding)  # a wrong data_dir is an error even when cached
+    if os.path.exists(cache):
+        chars = list(np.load(cache)["chars"])
+    else:
+        chars = _read_omniglot(data_dir, image_size)
+        if len({c.shape for c in chars}) == 1:
+            os.makedirs(cache_dir, exist_ok=True)
+            np.savez_compressed(cache, chars=np.stack(chars))
+    chars = [255 - c for c in chars]
+    if alphabets == "all":
+        return chars
+    background = _count_characters(os.path.join(data_dir, OMNIGLOT_ZIPS[0]))
+    return chars[:background] if alphabets == "background" else chars[background:]
+
+
+def _count_characters(path):
+    """The characters (folders holding PNGs) of one zip, read from its directory alone."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            return len({os.path.dirname(f) for f in z.namelist() if f.endswith(".png")})
+    except (zipfile.BadZipFile, EOFError, zlib.error) as e:
+        raise ValueError(f"{path} is not a readable zip ({e}); it is truncated or "
+                         f"corrupt: download it again from {OMNIGLOT_SOURCE}") from None
+
+
 @gin.configurable
 def load_omniglot(data_dir: Optional[str] = None, split: str = "train", image_size: int = 28,
                   train_characters: int = 1200, seed: int = 1,
                   cache_dir: Optional[str] = None) -> ImageClasses:
     """Omniglot from the original zips in `data_dir`, split as in the MAML paper.
 
-    Decoding 32,460 PNGs takes a minute; the resized array is cached as
-    `<cache_dir>/omniglot_<size>.npz`, never in the repository. Images are inverted so
-    strokes are 255 (1 after `episodes` scales them) and background 0.
+    The characters are `omniglot_characters`' (cached decoded), strokes 255 (1 after
+    `episodes` scales them) and background 0.
 
     Args:
       data_dir: the folder holding the two original zips (`OMNIGLOT_ZIPS`); None is
@@ -123,23 +185,13 @@ def load_omniglot(data_dir: Optional[str] = None, split: str = "train", image_si
         zip.
       FileNotFoundError: `data_dir` lacks a zip (naming where to get it).
     """
-    data_dir = hogrod_data.data_dir(
-        "omniglot", "episode_data.data_dir (or load_omniglot's data_dir)", data_dir)
-    cache_dir = cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "hogrod")
-    cache = os.path.join(cache_dir, f"omniglot_{image_size}.npz")
-    _check_omniglot_dir(data_dir)  # a wrong data_dir is an error even when a cache exists
-    if os.path.exists(cache):
-        chars = list(np.load(cache)["chars"])
-    else:
-        chars = _read_omniglot(data_dir, image_size)
-        if len({c.shape for c in chars}) == 1:
-            os.makedirs(cache_dir, exist_ok=True)
-            np.savez_compressed(cache, chars=np.stack(chars))
+    chars = omniglot_characters(data_dir, image_size, "all", cache_dir,
+                                "episode_data.data_dir (or load_omniglot's data_dir)")
     order = np.random.default_rng(seed).permutation(len(chars))
     if split not in ("train", "test"):
         raise ValueError(f"load_omniglot.split must be 'train' or 'test', got {split!r}")
     chosen = order[:train_characters] if split == "train" else order[train_characters:]
-    images = np.concatenate([255 - chars[i] for i in chosen])[..., None]
+    images = np.concatenate([chars[i] for i in chosen])[..., None]
     offsets = np.concatenate([[0], np.cumsum([len(chars[i]) for i in chosen])])
     return ImageClasses(images, offsets, rotations=4)
 
