@@ -19,9 +19,6 @@ import json
 import os
 import time
 
-import jax
-import jax.numpy as jnp
-import kfac_jax
 import numpy as np
 
 
@@ -102,4 +99,9 @@ def main():
 
 
 if __name__ == "__main__":
+    # imported only when run, in kfac-jax's own environment: the suite imports every
+    # experiments module to register its gin configurables, where jax is absent
+    import jax
+    import jax.numpy as jnp
+    import kfac_jax
     main()
