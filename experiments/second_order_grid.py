@@ -76,7 +76,7 @@ def main():
     flags.DEFINE_enum("task", "autoencoder", ["autoencoder", "classifier"], "the task")
     flags.DEFINE_float("wall_seconds", 60.0, "each run's training budget in seconds")
     flags.DEFINE_integer("max_steps", None, "each run's step budget too")
-    flags.DEFINE_list("rates", None, "the rates (default: the issue's grid for --optimizer)")
+    flags.DEFINE_list("rates", None, "the rates (default: GRIDS[--optimizer])")
     flags.DEFINE_string("root", os.path.join("runs", "second_order_grid"), "where runs go")
     flags.DEFINE_integer("window", 50, "steps the final training loss is averaged over")
 
