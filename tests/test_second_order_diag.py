@@ -186,6 +186,7 @@ def classifier(loss_name):
                       rng.integers(0, outputs, size=4)),
         "bce": (keras.losses.BinaryCrossentropy(from_logits=True, dtype="float64"),
                 rng.integers(0, 2, size=(4, 3)).astype(np.float64)),
+        "mse": (keras.losses.MeanSquaredError(dtype="float64"), rng.normal(size=(4, 3))),
     }
     loss, y = losses[loss_name]
     return model, loss, x, y
@@ -224,7 +225,8 @@ def bartlett_moments(estimator, batch, variables, draws, strategy=None, jit_comp
     return mean, np.sqrt(np.maximum(square - mean ** 2, 0) / (draws - 1))
 
 
-@pytest.mark.parametrize("loss_name,replicas", [("sparse_ce", 1), ("bce", 1), ("sparse_ce", 2)])
+@pytest.mark.parametrize("loss_name,replicas", [("sparse_ce", 1), ("bce", 1), ("mse", 1),
+                                                ("sparse_ce", 2)])
 def test_the_gauss_newton_bartlett_mean_is_the_gauss_newton_diagonal(loss_name, replicas):
     strategy = distribute.make_strategy("mirrored") if replicas == 2 else None
     with (strategy or tf.distribute.get_strategy()).scope():

@@ -69,7 +69,8 @@ def kfac(model: keras.Model, loss: Loss, learning_rate: float = 0.1, damping: fl
         Crossentropy: `hogrod.curvature.likelihood`), a mean over the batch, at the
         model's dtype.
       learning_rate: the step's rate (> 0; unused with `adaptive=True`).
-      damping: the initial Tikhonov damping (>= 0), adapted by Levenberg-Marquardt.
+      damping: the initial Tikhonov damping (>= 0, <= max_damping; damping + l2_reg > 0),
+        adapted by Levenberg-Marquardt.
       momentum: the previous update's coefficient (>= 0; unused with `adaptive=True`).
       l2_reg: the L2 coefficient whose curvature is added (>= 0): the preconditioner's
         damping is `damping + l2_reg`, and the quadratic model holds it.
@@ -121,6 +122,13 @@ def kfac(model: keras.Model, loss: Loss, learning_rate: float = 0.1, damping: fl
         max_damping=(math.inf if max_damping == math.inf  # no bound: kfac-jax's default
                      else checks.number(max_damping, "max_damping", WHERE, low=min_damping)),
         seed=checks.seed(seed, "seed", WHERE))
+    if hp["damping"] + hp["l2_reg"] == 0:
+        raise checks.ArgumentError(
+            f"{WHERE}: damping + l2_reg must be > 0 (got 0): a factor built from fewer "
+            "examples than its width is singular without it; give damping a positive value")
+    if hp["damping"] > hp["max_damping"]:
+        raise checks.ArgumentError(f"{WHERE}: damping must be <= max_damping "
+                                   f"({hp['max_damping']}), got {hp['damping']}")
     checks.choice(other_layers, OTHER_LAYERS, "other_layers", WHERE)
     likelihood, mean = likelihood_of(loss, WHERE)
     if not mean:
