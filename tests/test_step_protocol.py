@@ -134,3 +134,8 @@ def test_what_the_protocol_refuses():
     with pytest.raises(TypeError, match="must be called first"):
         train.make_train_step(lambda b: MSE(b[1], model(b[0])), optim.adam,
                               model.trainable_variables)
+
+
+def test_loss_scaling_is_refused_for_a_step_optimizer():
+    with pytest.raises(TypeError, match="does not support loss scaling"):
+        train.mixed_precision(HalvingSearch(1.0), "mixed_float16")

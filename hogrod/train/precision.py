@@ -21,6 +21,8 @@ from typing import Iterator
 
 import keras
 
+from hogrod.train.protocol import StepOptimizer
+
 __all__ = ["mixed_precision", "precision_policy"]
 
 
@@ -66,6 +68,12 @@ def mixed_precision(optimizer: keras.optimizers.Optimizer,
         name.
     """
     policy = _policy(policy, "mixed_precision's policy")
+    if isinstance(optimizer, StepOptimizer):
+        raise TypeError(
+            f"mixed_precision: {type(optimizer).__name__} is a step optimizer, which does not "
+            "support loss scaling (its curvature and line searches evaluate the unscaled "
+            "objective); train it under train.precision_policy('mixed_bfloat16') or in "
+            "float32 (K-FAC keeps half-precision models' factors in float32)")
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"mixed_precision's optimizer must be a keras.optimizers.Optimizer, "
                         f"got {type(optimizer).__name__}")
