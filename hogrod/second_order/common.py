@@ -120,7 +120,8 @@ def gauss_newton_product(model: keras.Model, loss: Loss, batch: Batch,
                          variables: Sequence[tf.Variable], vector: Sequence[Tensor],
                          where: str) -> list:
     """The Gauss-Newton matrix of `mean(loss(y, model(x)))` on the step's batch times
-    `vector`, averaged over the replicas (the global batch's).
+    `vector`, averaged over the replicas (the global batch's), in a `keras.StatelessScope`:
+    the model's state (BatchNorm moving statistics, random layers' seeds) is not written.
 
     Args:
       model: the model (called with `training=True`, as in the objective).
@@ -134,8 +135,9 @@ def gauss_newton_product(model: keras.Model, loss: Loss, batch: Batch,
       A list of tensors like `vector`.
     """
     x, y = split_batch(batch, where)
-    product = gnvp(lambda: model(x, training=True), lambda z: batch_loss(loss, y, z),
-                   list(variables), list(vector))
+    with keras.StatelessScope():  # an extra pass: BatchNorm statistics, seeds not written
+        product = gnvp(lambda: model(x, training=True), lambda z: batch_loss(loss, y, z),
+                       list(variables), list(vector))
     return replica_mean(product)
 
 
@@ -159,7 +161,9 @@ def check_model_and_loss(model: keras.Model, loss: Loss, where: str) -> None:
 
 
 def value_on_batch(loss: Callable[[Batch], Tensor], batch: Batch) -> tf.Tensor:
-    """The objective on this replica's batch, averaged over the replicas.
+    """The objective on this replica's batch, averaged over the replicas, evaluated in a
+    `keras.StatelessScope`: an extra pass writes no model state (BatchNorm moving
+    statistics, random layers' seeds).
 
     Args:
       loss: the step's `loss(batch)`.
@@ -168,4 +172,6 @@ def value_on_batch(loss: Callable[[Batch], Tensor], batch: Batch) -> tf.Tensor:
     Returns:
       The global batch's objective, a scalar.
     """
-    return replica_mean(loss(batch))
+    with keras.StatelessScope():
+        value = loss(batch)
+    return replica_mean(value)
