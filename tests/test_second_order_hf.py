@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from hogrod import distribute, harness, train
 from hogrod.curvature.data import batch_loss
-from hogrod.second_order import hessian_free
+from hogrod.second_order import common, hessian_free
 from conftest import bench_config
 
 MSE = keras.losses.MeanSquaredError(dtype="float64")
@@ -337,6 +337,26 @@ def test_extra_passes_leave_the_batch_norm_statistics_as_the_steps_own_pass_did(
             model.trainable_variables, **options)
     for got, expected in zip(statistics_after_a_step(make), want):
         np.testing.assert_array_equal(got, expected)
+
+
+def test_an_extra_value_sees_activity_losses_and_writes_no_state():
+    x, y = regression(4)
+    keras.utils.set_random_seed(2)
+    model = keras.Sequential([keras.Input((D,), dtype="float64"),
+                              keras.layers.Dense(4, dtype="float64",
+                                                 activity_regularizer="l2"),
+                              keras.layers.BatchNormalization(dtype="float64"),
+                              keras.layers.Dense(OUT, dtype="float64")])
+
+    def objective(batch):
+        z = model(batch[0], training=True)
+        return batch_loss(MSE, batch[1], z) + tf.add_n(model.losses)
+
+    state = [v.numpy() for v in model.non_trainable_variables]
+    value = float(common.value_on_batch(objective, (x, y)))
+    for got, want in zip(model.non_trainable_variables, state):
+        np.testing.assert_array_equal(got.numpy(), want)
+    assert value == float(objective((x, y)))  # the same pass, its state written now
 
 
 def test_bad_input_is_an_error_naming_the_argument():

@@ -26,7 +26,8 @@ from hogrod.train.protocol import replica_mean
 from hogrod.types import Batch, Loss, Scalar, Tensor
 
 __all__ = ["levenberg_marquardt", "reduction_ratio", "gauss_newton_product", "split_batch",
-           "check_model_and_loss", "check_decay", "value_on_batch", "LOWER", "UPPER"]
+           "check_model_and_loss", "check_decay", "value_on_batch", "stateless", "LOWER",
+           "UPPER"]
 
 LOWER, UPPER = 0.25, 0.75  # Martens 2010's thresholds on rho (kfac-jax's too)
 
@@ -96,6 +97,21 @@ def reduction_ratio(new_value: Tensor, old_value: Tensor, model_change: Tensor) 
                     tf.constant(float("nan"), model_change.dtype))
 
 
+def stateless() -> keras.StatelessScope:
+    """The scope of an optimizer's extra pass through the model or the objective: the
+    step's own pass has updated the model's state (BatchNorm moving statistics, random
+    layers' seeds) once, an extra pass writes none of it.
+
+    Losses a layer adds while called (an activity regularizer's) are collected in the scope,
+    so `model.losses` read inside it holds them, as outside. (A weight regularizer's
+    `model.losses` fails inside any `keras.StatelessScope` that does not map its weight.)
+
+    Returns:
+      A `keras.StatelessScope` to enter.
+    """
+    return keras.StatelessScope(collect_losses=True)
+
+
 def split_batch(batch: Batch, where: str):
     """A step's batch as (x, y): the convention of the optimizers that take a model and a
     loss (Keras's `(inputs, targets)`).
@@ -120,7 +136,7 @@ def gauss_newton_product(model: keras.Model, loss: Loss, batch: Batch,
                          variables: Sequence[tf.Variable], vector: Sequence[Tensor],
                          where: str) -> list:
     """The Gauss-Newton matrix of `mean(loss(y, model(x)))` on the step's batch times
-    `vector`, averaged over the replicas (the global batch's), in a `keras.StatelessScope`:
+    `vector`, averaged over the replicas (the global batch's), in `stateless()`:
     the model's state (BatchNorm moving statistics, random layers' seeds) is not written.
 
     Args:
@@ -135,7 +151,7 @@ def gauss_newton_product(model: keras.Model, loss: Loss, batch: Batch,
       A list of tensors like `vector`.
     """
     x, y = split_batch(batch, where)
-    with keras.StatelessScope():  # an extra pass: BatchNorm statistics, seeds not written
+    with stateless():  # an extra pass: BatchNorm statistics, seeds not written
         product = gnvp(lambda: model(x, training=True), lambda z: batch_loss(loss, y, z),
                        list(variables), list(vector))
     return replica_mean(product)
@@ -161,8 +177,8 @@ def check_model_and_loss(model: keras.Model, loss: Loss, where: str) -> None:
 
 
 def value_on_batch(loss: Callable[[Batch], Tensor], batch: Batch) -> tf.Tensor:
-    """The objective on this replica's batch, averaged over the replicas, evaluated in a
-    `keras.StatelessScope`: an extra pass writes no model state (BatchNorm moving
+    """The objective on this replica's batch, averaged over the replicas, evaluated in
+    `stateless()`: an extra pass writes no model state (BatchNorm moving
     statistics, random layers' seeds).
 
     Args:
@@ -172,6 +188,6 @@ def value_on_batch(loss: Callable[[Batch], Tensor], batch: Batch) -> tf.Tensor:
     Returns:
       The global batch's objective, a scalar.
     """
-    with keras.StatelessScope():
+    with stateless():
         value = loss(batch)
     return replica_mean(value)

@@ -356,7 +356,7 @@ def _fisher_diagonal(model, per_example, chunk):
         def body(i, total):
             part = lambda t: t[i:i + chunk]  # noqa: E731
             xs, ys = tf.nest.map_structure(part, x), tf.nest.map_structure(part, y)
-            with tf.GradientTape() as tape, keras.StatelessScope():  # no state written
+            with tf.GradientTape() as tape, common.stateless():  # no state written
                 losses = tf.convert_to_tensor(per_example(ys, model(xs, training=True)))
             rows = batch_gradients(losses, list(variables), tape)
             return i + chunk, total + tf.reduce_sum(tf.square(tf.cast(rows, dtype)), 0)
@@ -456,7 +456,7 @@ def from_objective(variables: Sequence[tf.Variable], curvature: str = "hessian",
     The curvature is the Hessian of what the step minimizes, the loss `apply` is given
     (`make_train_step`'s weighted total of the objective's terms, "monitor/" terms left
     out), so the gradient and the Hessian are of one function; it is evaluated without
-    writing a model's state (a `keras.StatelessScope`).
+    writing a model's state (`common.stateless`).
 
     Gin-configurable as `hessian_free.from_objective`. Damping 0 is allowed: CG then
     stops at a direction of non-positive curvature (Steihaug). scipy's Newton-CG (a
@@ -499,7 +499,7 @@ def from_objective(variables: Sequence[tf.Variable], curvature: str = "hessian",
                        damping_decay, min_damping, max_damping, armijo, line_search_shrink)
 
     def product(loss, batch, variables, vector):
-        with keras.StatelessScope():  # the model's state (BatchNorm, seeds) not written
+        with common.stateless():  # the model's state (BatchNorm, seeds) not written
             hv = hvp(lambda: loss(batch), list(variables), list(vector))
         return protocol.replica_mean(hv)
 
