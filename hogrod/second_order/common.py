@@ -19,13 +19,15 @@ from typing import Callable, Sequence
 import keras
 import tensorflow as tf
 
-from hogrod import checks
+from hogrod import checks, tree
 from hogrod.autodiff import gnvp
 from hogrod.curvature.data import batch_loss
+from hogrod.curvature.per_example import batch_gradients
 from hogrod.train.protocol import replica_mean
 from hogrod.types import Batch, Loss, Scalar, Tensor
 
-__all__ = ["levenberg_marquardt", "reduction_ratio", "gauss_newton_product", "split_batch",
+__all__ = ["levenberg_marquardt", "reduction_ratio", "gauss_newton_product",
+           "empirical_fisher_diagonal", "split_batch",
            "check_model_and_loss", "check_decay", "value_on_batch", "stateless", "LOWER",
            "UPPER"]
 
@@ -155,6 +157,43 @@ def gauss_newton_product(model: keras.Model, loss: Loss, batch: Batch,
         product = gnvp(lambda: model(x, training=True), lambda z: batch_loss(loss, y, z),
                        list(variables), list(vector))
     return replica_mean(product)
+
+
+def empirical_fisher_diagonal(model: keras.Model, per_example: Callable, batch: Batch,
+                              variables: Sequence[tf.Variable], chunk: int,
+                              where: str) -> list:
+    """The empirical Fisher's diagonal on the step's batch: the mean over its examples of
+    each per-example gradient squared, averaged over the replicas, in `stateless()`.
+
+    Args:
+      model: the model (called with `training=True`, as in the objective).
+      per_example: ``per_example(y, z) -> [n]`` losses (`curvature.likelihood`'s
+        `per_example_loss`).
+      batch: this replica's `(x, y)`.
+      variables: the variables.
+      chunk: examples per vectorized per-example gradient pass.
+      where: the public optimizer, named in messages.
+
+    Returns:
+      One tensor per variable, at the variables' dtype.
+    """
+    x, y = split_batch(batch, where)
+    n = tf.shape(tf.nest.flatten(x)[0])[0]
+    size = sum(v.shape.num_elements() for v in variables)
+    dtype = variables[0].dtype
+
+    def body(i, total):
+        part = lambda t: t[i:i + chunk]  # noqa: E731
+        xs, ys = tf.nest.map_structure(part, x), tf.nest.map_structure(part, y)
+        with tf.GradientTape() as tape, stateless():  # an extra pass: no state written
+            losses = tf.convert_to_tensor(per_example(ys, model(xs, training=True)))
+        rows = batch_gradients(losses, list(variables), tape)
+        return i + chunk, total + tf.reduce_sum(tf.square(tf.cast(rows, dtype)), 0)
+
+    _, total = tf.while_loop(lambda i, total: i < n, body,
+                             (tf.constant(0), tf.zeros([size], dtype)))
+    mean = total / tf.cast(n, dtype)
+    return replica_mean(tree.unflatten(mean, [tf.convert_to_tensor(v) for v in variables]))
 
 
 def check_model_and_loss(model: keras.Model, loss: Loss, where: str) -> None:

@@ -21,11 +21,14 @@ Each step, on the step's batch, with the global gradient g and the damping lambd
 4. A backtracking line search on the rate: from `learning_rate`, multiplied by
    `line_search_shrink` (0.8) until Armijo's ``f(theta + a d) <= f(theta) + armijo a g^T d``
    (armijo 1e-2, Martens and Sutskever 2012), at most `line_search_maxiter` values of the
-   objective; none accepted: no step (rate 0).
+   objective; none accepted (or a direction that is not finite): no step (rate 0), and the
+   damping grows as after a failed step.
 
 Under a strategy each product, value and Fisher diagonal is the replicas' mean; the
 solve and the searches run once in cross-replica context (a replica's loop cannot hold
-an all-reduce), so every replica takes the step one device would.
+an all-reduce), so every replica takes the step one device would. Every pass beyond the
+train step's own (a product, a value, the Fisher diagonal) runs in `common.stateless()`:
+BatchNorm statistics and random layers' seeds move once per step, as with SGD.
 
 With ``damping=0, warm_start_decay=0, backtrack=False, cg_tol=0.5,
 cg_tol_rule="superlinear"`` and exact Hessian products, `from_objective` is a truncated
@@ -43,7 +46,6 @@ import tensorflow as tf
 from hogrod import checks, linalg, tree
 from hogrod.autodiff import hvp
 from hogrod.curvature.likelihood import per_example_loss
-from hogrod.curvature.per_example import batch_gradients
 from hogrod.second_order import common
 from hogrod.train import protocol
 from hogrod.types import Batch, Loss, Tensor
@@ -194,16 +196,14 @@ class HessianFree(protocol.StepOptimizer):
             lam, tf.where(ok, rho, nan), opt["damping_decay"], opt["min_damping"],
             opt["max_damping"])
         protocol.assign(variables, [tf.where(ok, t + rate * s, t) for t, s in zip(theta, d)])
-        finite = _finite(x)
-        counts = self.counts
-        names = ("cg_iterations", "products", "evaluations", "steps")
-        protocol.assign(
-            [self.damping] + self.previous + [self.used[k] for k in ("rate", "damping_used",
-                                                                     "rho")]
-            + [counts[k] for k in names],
-            [new_damping] + [tf.where(finite, t, tf.zeros_like(t)) for t in x]
-            + [rate, lam, rho, tf.cast(info.iterations, tf.int64), products,
-               tf.add_n(evaluations), counts["steps"] + 1])
+        used = {"rate": rate, "damping_used": lam, "rho": rho}
+        counts = {"cg_iterations": tf.cast(info.iterations, tf.int64), "products": products,
+                  "evaluations": tf.add_n(evaluations), "steps": self.counts["steps"] + 1}
+        protocol.assign(  # a NaN solution does not warm-start the next solve
+            [self.damping] + self.previous + [self.used[k] for k in used]
+            + [self.counts[k] for k in counts],
+            [new_damping] + [tf.where(_finite(x), t, tf.zeros_like(t)) for t in x]
+            + list(used.values()) + list(counts.values()))
 
     def _solve(self, g, variables, loss, batch, run, lam, value_at):
         """CG from the decayed previous solution, then the backtracking: (x, info, d,
@@ -285,20 +285,17 @@ class HessianFree(protocol.StepOptimizer):
         opt, dtype = self._opt, self.dtype
         rate0 = tf.constant(opt["learning_rate"], dtype)
         if opt["line_search_maxiter"] == 0:
-            return tf.where(usable, rate0, tf.zeros_like(rate0)), usable, \
-                tf.constant(0, tf.int64)
+            return tf.where(usable, rate0, 0 * rate0), usable, tf.constant(0, tf.int64)
         slope = tf.constant(opt["armijo"], dtype) * tree.dot(g, d)
         shrink = tf.constant(opt["line_search_shrink"], dtype)
         reuse = opt["learning_rate"] == 1.0  # f(theta + d) is known
         first = f1 if reuse else value_at([rate0 * t for t in d])
 
         def accepted(rate, value):
-            return tf.logical_and(usable, tf.logical_and(tf.math.is_finite(value),
-                                                         value <= f0 + rate * slope))
+            return usable & tf.math.is_finite(value) & (value <= f0 + rate * slope)
 
-        def cond(k, rate, value, ok):
-            return tf.logical_and(tf.logical_and(usable, tf.logical_not(ok)),
-                                  k < opt["line_search_maxiter"])
+        def cond(k, rate, value, ok):  # along an unusable d no value is taken
+            return usable & ~ok & (k < opt["line_search_maxiter"])
 
         def body(k, rate, value, ok):
             rate = rate * shrink
@@ -341,32 +338,6 @@ def _runner(strategy):
         out = strategy.run(fn, args=args)
         return tf.nest.map_structure(lambda t: strategy.experimental_local_results(t)[0], out)
     return run
-
-
-def _fisher_diagonal(model, per_example, chunk):
-    """``diagonal(batch, variables)``: the mean over the batch's examples of each
-    per-example gradient squared, `chunk` examples per vectorized Jacobian, averaged over
-    the replicas."""
-    def diagonal(batch, variables):
-        x, y = common.split_batch(batch, "hessian_free")
-        n = tf.shape(tf.nest.flatten(x)[0])[0]
-        size = sum(v.shape.num_elements() for v in variables)
-        dtype = variables[0].dtype
-
-        def body(i, total):
-            part = lambda t: t[i:i + chunk]  # noqa: E731
-            xs, ys = tf.nest.map_structure(part, x), tf.nest.map_structure(part, y)
-            with tf.GradientTape() as tape, common.stateless():  # no state written
-                losses = tf.convert_to_tensor(per_example(ys, model(xs, training=True)))
-            rows = batch_gradients(losses, list(variables), tape)
-            return i + chunk, total + tf.reduce_sum(tf.square(tf.cast(rows, dtype)), 0)
-
-        _, total = tf.while_loop(lambda i, total: i < n, body,
-                                 (tf.constant(0), tf.zeros([size], dtype)))
-        mean = total / tf.cast(n, dtype)
-        return protocol.replica_mean(tree.unflatten(mean, [tf.convert_to_tensor(v)
-                                                           for v in variables]))
-    return diagonal
 
 
 @gin.configurable(denylist=["model", "loss"])
@@ -432,7 +403,11 @@ def hessian_free(model: keras.Model, loss: Loss, learning_rate: float = 1.0,
     chunk = checks.integer(preconditioner_batch, "preconditioner_batch", where, 1)
     diagonal = None
     if options["preconditioner_power"] > 0:
-        diagonal = _fisher_diagonal(model, per_example_loss(loss, where), chunk)
+        per_example = per_example_loss(loss, where)
+
+        def diagonal(batch, variables):
+            return common.empirical_fisher_diagonal(model, per_example, batch, variables,
+                                                    chunk, where)
 
     def product(objective, batch, variables, vector):
         del objective  # the Gauss-Newton matrix is of `loss`
@@ -442,9 +417,9 @@ def hessian_free(model: keras.Model, loss: Loss, learning_rate: float = 1.0,
 
 
 @gin.configurable("from_objective", module="hessian_free", denylist=["variables"])
-def from_objective(variables: Sequence[tf.Variable], curvature: str = "hessian", learning_rate: float = 1.0,
-                   damping: float = 1.0, cg_maxiter: int = 250, cg_tol: float = 1e-4,
-                   line_search_maxiter: int = 20, l2_reg: float = 0.0,
+def from_objective(variables: Sequence[tf.Variable], curvature: str = "hessian",
+                   learning_rate: float = 1.0, damping: float = 1.0, cg_maxiter: int = 250,
+                   cg_tol: float = 1e-4, line_search_maxiter: int = 20, l2_reg: float = 0.0,
                    warm_start_decay: float = 0.95, backtrack: bool = True,
                    damping_decay: float = 2 / 3, min_damping: float = 0.0,
                    max_damping: float = float("inf"), armijo: float = 1e-2,
@@ -453,11 +428,8 @@ def from_objective(variables: Sequence[tf.Variable], curvature: str = "hessian",
     """Hessian-free optimization of any objective: exact Hessian-vector products
     (`hogrod.autodiff.hvp`) of the train step's objective, unpreconditioned CG.
 
-    The curvature is the Hessian of what the step minimizes, the loss `apply` is given
-    (`make_train_step`'s weighted total of the objective's terms, "monitor/" terms left
-    out), so the gradient and the Hessian are of one function; it is evaluated without
-    writing a model's state (`common.stateless`).
-
+    The Hessian is of the loss `apply` is given, the step's weighted total of the
+    objective's terms ("monitor/" ones left out): the gradient's function.
     Gin-configurable as `hessian_free.from_objective`. Damping 0 is allowed: CG then
     stops at a direction of non-positive curvature (Steihaug). scipy's Newton-CG (a
     truncated Newton method with a line search, no damping) is ``damping=0,
