@@ -305,6 +305,19 @@ def test_a_non_finite_curvature_product_leaves_the_weights_and_grows_the_damping
     assert np.all(np.isfinite(opt.previous[0].numpy()))
 
 
+
+def test_no_accepted_rate_is_a_failed_step_though_rho_is_good():
+    v = tf.Variable([1.0, -2.0], dtype=tf.float64)
+    objective = lambda batch: tf.reduce_sum(v ** 2)  # noqa: E731
+    # the full step is exact (rho = 1) but the search's one value, at rate 100, is worse
+    opt = hessian_free.from_objective([v], damping=1.0, learning_rate=100.0,
+                                      line_search_maxiter=1)
+    logs = train.make_train_step(objective, opt, [v])(tf.zeros([1]))
+    assert float(logs["rho"]) == pytest.approx(1.0, rel=1e-12)
+    np.testing.assert_array_equal(v.numpy(), [1.0, -2.0])
+    assert float(logs["lr"]) == 0.0
+    assert float(opt.damping.numpy()) == pytest.approx(1.5, rel=1e-12)
+
 def batch_norm_model():
     keras.utils.set_random_seed(2)
     return keras.Sequential([keras.Input((D,), dtype="float64"),
