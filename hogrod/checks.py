@@ -20,7 +20,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["ArgumentError", "integer", "number", "positive", "nonnegative", "probability",
+__all__ = ["ArgumentError", "boolean", "integer", "number", "positive", "nonnegative", "probability",
            "choice", "seed", "stateless_seed", "function", "params", "describe", "require",
            "floating", "like", "mask_of", "counts"]
 
@@ -40,6 +40,26 @@ def _is_int(value: Any) -> bool:
 def _is_real(value: Any) -> bool:
     return isinstance(value, (numbers.Real, np.floating, np.integer)) \
         and not isinstance(value, bool)
+
+
+def boolean(value: Any, arg: str, where: str) -> bool:
+    """A Python or numpy bool, as a Python bool.
+
+    Args:
+        value: the value given; integers (0, 1), strings ("False" would be true), None and
+            tensors are refused.
+        arg: the argument's name in the message.
+        where: the public function (or binding) checked, first in the message.
+
+    Returns:
+        `bool(value)`.
+
+    Raises:
+        ArgumentError: `value` is not a bool.
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        _fail(where, arg, "True or False", value)
+    return bool(value)
 
 
 def integer(value: Any, arg: str, where: str, least: int = 0,

@@ -343,3 +343,34 @@ def test_what_the_factories_refuse():
     with pytest.raises(ValueError, match="accumulation_steps=2"):
         train.make_train_step(lambda b: MSE(b[1], model(b[0])), adahessian(0.1),
                               model.trainable_variables, accumulation_steps=2)
+
+
+def batch_norm_statistics_after_a_step(make_optimizer):
+    """A Dense-BatchNorm-Dense model's moving statistics after one step of the optimizer
+    made from it and its loss."""
+    rng = np.random.default_rng(4)
+    x, y = rng.normal(size=(10, 3)), rng.normal(size=(10, 2))
+    keras.utils.set_random_seed(2)
+    model = keras.Sequential([keras.Input((3,), dtype="float64"),
+                              keras.layers.Dense(4, dtype="float64"),
+                              keras.layers.BatchNormalization(dtype="float64"),
+                              keras.layers.Dense(2, dtype="float64")])
+    mse = keras.losses.MeanSquaredError(dtype="float64")
+    objective = lambda b: batch_loss(mse, b[1], model(b[0], training=True))  # noqa: E731
+    before = [v.numpy() for v in model.non_trainable_variables]
+    step = train.make_train_step(objective, make_optimizer(model, mse),
+                                 model.trainable_variables)
+    step((x, y))
+    return before, [v.numpy() for v in model.non_trainable_variables]
+
+
+@pytest.mark.parametrize("kind", ["adahessian", "sophia_gnb"])
+def test_an_estimators_extra_pass_leaves_batch_norm_statistics_as_the_steps_own(kind):
+    start, want = batch_norm_statistics_after_a_step(
+        lambda model, mse: keras.optimizers.SGD(0.1))
+    assert not np.allclose(want[0], start[0])  # the step's own pass moved them
+    make = {"adahessian": lambda model, mse: adahessian(0.1, seed=1),
+            "sophia_gnb": lambda model, mse: sophia(0.1, estimator="gauss_newton_bartlett",
+                                                    model=model, loss=mse, seed=1)}[kind]
+    for got, expected in zip(batch_norm_statistics_after_a_step(make)[1], want):
+        np.testing.assert_array_equal(got, expected)

@@ -5,7 +5,8 @@ Gauss-Newton matrix of a linear model); Levenberg-Marquardt against its formula 
 reduction ratios a non-quadratic problem gives (numpy Hessian); CG backtracking against
 scipy's CG iterates and the rule; MirroredStrategy on two logical CPUs against one device;
 resume against an uninterrupted run; Newton-CG on Rosenbrock (the benchmark) to f < 1e-10;
-bad input."""
+the exact Newton step on a weighted dict objective; scipy's Newton-CG step on negative
+curvature; no step on a NaN product; BatchNorm statistics as one SGD step's; bad input."""
 
 import keras
 import numpy as np
@@ -16,7 +17,7 @@ import tensorflow as tf
 
 from hogrod import distribute, harness, train
 from hogrod.curvature.data import batch_loss
-from hogrod.second_order import hessian_free
+from hogrod.second_order import common, hessian_free
 from conftest import bench_config
 
 MSE = keras.losses.MeanSquaredError(dtype="float64")
@@ -122,6 +123,7 @@ def test_truncated_preconditioned_warm_started_steps_equal_martens_in_numpy():
         np.testing.assert_allclose(float(log["damping"]), damping, rtol=1e-12)
         np.testing.assert_allclose(float(log["rho"]), rho, rtol=1e-8)
         assert int(log["cg_iterations"]) == 3
+        assert int(log["products"]) == 4  # and the warm start's first residual
 
 
 def test_damping_follows_levenberg_marquardt_on_the_ratios_of_a_non_quadratic_problem():
@@ -131,7 +133,7 @@ def test_damping_follows_levenberg_marquardt_on_the_ratios_of_a_non_quadratic_pr
         del batch
         return 100.0 * (v[1] - v[0] ** 2) ** 2 + (1.0 - v[0]) ** 2
 
-    opt = hessian_free.from_objective(objective, [v], damping=3.0, cg_maxiter=2, cg_tol=0.0,
+    opt = hessian_free.from_objective([v], damping=3.0, cg_maxiter=2, cg_tol=0.0,
                                       warm_start_decay=0.0, backtrack=False,
                                       line_search_maxiter=0)
     step = train.make_train_step(objective, opt, [v])
@@ -161,9 +163,10 @@ def test_cg_backtracking_takes_the_best_kept_iterate():
     v = tf.Variable(np.zeros(n))
     quadratic = lambda batch: tf.tensordot(v, tf.linalg.matvec(a, v), 1) / 2 \
         - tf.tensordot(tf.constant(b), v, 1)  # noqa: E731
-    # the same gradient and Hessian at 0, but far iterates pay ||v||^4: an early one is best
+    # the quadratic's gradient and Hessian at 0, but far iterates pay ||v||^4: an early
+    # one is best
     objective = lambda batch: quadratic(batch) + 0.05 * tf.reduce_sum(v ** 2) ** 2  # noqa: E731
-    opt = hessian_free.from_objective(quadratic, [v], damping=0.0, cg_maxiter=n, cg_tol=0.0,
+    opt = hessian_free.from_objective([v], damping=0.0, cg_maxiter=n, cg_tol=0.0,
                                       warm_start_decay=0.0, line_search_maxiter=0)
     logs = train.make_train_step(objective, opt, [v])(tf.zeros([1]))
     keep = (1, 2, 3, 4, 5, 7, 9, 11, 12)
@@ -241,6 +244,134 @@ def test_newton_cg_on_rosenbrock_reaches_the_target_in_fewer_hvps_than_scipy(tmp
     assert m["scipy"]["f"] < 1e-10
 
 
+def test_the_curvature_is_the_hessian_of_the_weighted_total_the_step_minimizes():
+    v = tf.Variable([1.2, 1.3], dtype=tf.float64)
+
+    def objective(batch):
+        del batch
+        return {"rosen": 100.0 * (v[1] - v[0] ** 2) ** 2 + (1.0 - v[0]) ** 2,
+                "quartic": tf.reduce_sum(v ** 4),
+                "monitor/curved": 1e3 * tf.reduce_sum(v ** 2) ** 2}  # logged, not minimized
+
+    opt = hessian_free.from_objective([v], damping=0.0, cg_maxiter=2, cg_tol=0.0,
+                                      warm_start_decay=0.0, backtrack=False,
+                                      line_search_maxiter=0)
+    step = train.make_train_step(objective, opt, [v], weights={"quartic": 0.3})
+    theta = v.numpy()
+    g = scipy.optimize.rosen_der(theta) + 0.3 * 4 * theta ** 3
+    h = scipy.optimize.rosen_hess(theta) + 0.3 * np.diag(12 * theta ** 2)
+    assert np.all(np.linalg.eigvalsh(h) > 0)
+    step(tf.zeros([1]))
+    np.testing.assert_allclose(v.numpy(), theta - np.linalg.solve(h, g), rtol=1e-10)
+
+
+def test_negative_curvature_on_the_first_direction_steps_as_scipys_newton_cg():
+    rng = np.random.default_rng(5)
+    q, _ = np.linalg.qr(rng.normal(size=(3, 3)))
+    a = q @ np.diag([2.0, -1.0, 0.5]) @ q.T
+    # the gradient mostly along the negative eigenvector: b^T A b < 0
+    c, v0 = q @ np.array([0.3, 1.0, 0.2]), rng.normal(size=3) * 0.1
+    c -= a @ v0
+    v = tf.Variable(v0)
+    objective = lambda batch: 0.5 * tf.tensordot(v, tf.linalg.matvec(a, v), 1) \
+        + tf.tensordot(tf.constant(c), v, 1)  # noqa: E731
+    opt = hessian_free.from_objective([v], damping=0.0, cg_maxiter=10, warm_start_decay=0.0,
+                                      backtrack=False, line_search_maxiter=0)
+    logs = train.make_train_step(objective, opt, [v])(tf.zeros([1]))
+    # scipy's _minimize_newtoncg, first CG iteration with curv < 0: dri0 / (-curv) * b
+    g = a @ v0 + c
+    b = -g
+    curv = b @ a @ b
+    assert curv < 0
+    step = (b @ b) / (-curv) * b
+    np.testing.assert_allclose(v.numpy(), v0 + step, rtol=1e-12)
+    change = lambda s: g @ s + s @ a @ s / 2  # noqa: E731  f's exact change
+    np.testing.assert_allclose(float(logs["rho"]), 1.0, rtol=1e-12)
+    assert change(step) < 0
+    # no CG step; one product, the one that found the negative curvature
+    assert int(logs["cg_iterations"]) == 0 and int(logs["products"]) == 1
+
+
+def test_a_non_finite_curvature_product_leaves_the_weights_and_grows_the_damping():
+    v = tf.Variable([0.0, 1.0], dtype=tf.float64)
+    # a finite value and gradient at v, an infinite second derivative in v[0]: H p is NaN
+    objective = lambda batch: tf.reduce_sum(v ** 2) + tf.abs(v[0]) ** 1.5  # noqa: E731
+    opt = hessian_free.from_objective([v], damping=1.0, cg_maxiter=4, warm_start_decay=0.0,
+                                      line_search_maxiter=3)
+    logs = train.make_train_step(objective, opt, [v])(tf.zeros([1]))
+    np.testing.assert_array_equal(v.numpy(), [0.0, 1.0])
+    assert float(logs["lr"]) == 0.0
+    assert float(opt.damping.numpy()) == pytest.approx(1.5, rel=1e-12)  # a failed step
+    assert np.all(np.isfinite(opt.previous[0].numpy()))
+
+
+
+def test_no_accepted_rate_is_a_failed_step_though_rho_is_good():
+    v = tf.Variable([1.0, -2.0], dtype=tf.float64)
+    objective = lambda batch: tf.reduce_sum(v ** 2)  # noqa: E731
+    # the full step is exact (rho = 1) but the search's one value, at rate 100, is worse
+    opt = hessian_free.from_objective([v], damping=1.0, learning_rate=100.0,
+                                      line_search_maxiter=1)
+    logs = train.make_train_step(objective, opt, [v])(tf.zeros([1]))
+    assert float(logs["rho"]) == pytest.approx(1.0, rel=1e-12)
+    np.testing.assert_array_equal(v.numpy(), [1.0, -2.0])
+    assert float(logs["lr"]) == 0.0
+    assert float(opt.damping.numpy()) == pytest.approx(1.5, rel=1e-12)
+
+def batch_norm_model():
+    keras.utils.set_random_seed(2)
+    return keras.Sequential([keras.Input((D,), dtype="float64"),
+                             keras.layers.Dense(4, dtype="float64"),
+                             keras.layers.BatchNormalization(dtype="float64"),
+                             keras.layers.Dense(OUT, dtype="float64")])
+
+
+def statistics_after_a_step(make_optimizer):
+    """The BatchNorm moving statistics after one step of the optimizer made from the
+    model."""
+    x, y = regression(4)
+    model = batch_norm_model()
+    objective = lambda b: batch_loss(MSE, b[1], model(b[0], training=True))  # noqa: E731
+    train.make_train_step(objective, make_optimizer(model), model.trainable_variables)((x, y))
+    return [v.numpy() for v in model.non_trainable_variables]
+
+
+@pytest.mark.parametrize("kind", ["gauss_newton", "hessian"])
+def test_extra_passes_leave_the_batch_norm_statistics_as_the_steps_own_pass_did(kind):
+    want = statistics_after_a_step(lambda model: keras.optimizers.SGD(0.1))
+    start = [v.numpy() for v in batch_norm_model().non_trainable_variables]
+    assert not np.allclose(want[0], start[0])  # the step's own pass moved them
+    options = dict(damping=0.1, cg_maxiter=3, line_search_maxiter=3, learning_rate=2.0)
+    if kind == "gauss_newton":  # products, preconditioner and values
+        make = lambda model: hessian_free(model, MSE, preconditioner_batch=5,  # noqa: E731
+                                          **options)
+    else:
+        make = lambda model: hessian_free.from_objective(  # noqa: E731
+            model.trainable_variables, **options)
+    for got, expected in zip(statistics_after_a_step(make), want):
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_an_extra_value_sees_activity_losses_and_writes_no_state():
+    x, y = regression(4)
+    keras.utils.set_random_seed(2)
+    model = keras.Sequential([keras.Input((D,), dtype="float64"),
+                              keras.layers.Dense(4, dtype="float64",
+                                                 activity_regularizer="l2"),
+                              keras.layers.BatchNormalization(dtype="float64"),
+                              keras.layers.Dense(OUT, dtype="float64")])
+
+    def objective(batch):
+        z = model(batch[0], training=True)
+        return batch_loss(MSE, batch[1], z) + tf.add_n(model.losses)
+
+    state = [v.numpy() for v in model.non_trainable_variables]
+    value = float(common.value_on_batch(objective, (x, y)))
+    for got, want in zip(model.non_trainable_variables, state):
+        np.testing.assert_array_equal(got.numpy(), want)
+    assert value == float(objective((x, y)))  # the same pass, its state written now
+
+
 def test_bad_input_is_an_error_naming_the_argument():
     model = linear()
     v = tf.Variable([1.0], dtype=tf.float64)
@@ -256,19 +387,22 @@ def test_bad_input_is_an_error_naming_the_argument():
             (dict(damping_decay=0.0), "damping_decay must be"),
             (dict(cg_tol_rule="eisenstat"), "cg_tol_rule must be one of"),
             (dict(backtrack="yes"), "backtrack must be True or False"),
-            (dict(min_damping=2.0, max_damping=1.0), "max_damping must be a number >= "),
+            (dict(min_damping=2.0, max_damping=1.0),
+             r"max_damping must be a finite number in \[2.0, inf\]"),
             (dict(preconditioner_batch=0), "preconditioner_batch must be an integer >= 1")]:
         with pytest.raises(ValueError, match=f"hessian_free: {match}"):
             hessian_free(model, MSE, **kwargs)
     with pytest.raises(ValueError, match="curvature must be one of \\('hessian',\\)"):
-        hessian_free.from_objective(f, [v], curvature="gauss_newton")
+        hessian_free.from_objective([v], curvature="gauss_newton")
     with pytest.raises(ValueError, match="from_objective: variables is empty"):
-        hessian_free.from_objective(f, [])
-    with pytest.raises(TypeError, match="from_objective: objective must be a callable"):
-        hessian_free.from_objective(None, [v])
+        hessian_free.from_objective([])
+    with pytest.raises(ValueError, match="from_objective: backtrack must be True or False"):
+        hessian_free.from_objective([v], backtrack=np.int64(1))
+    with pytest.raises(ValueError, match=r"from_objective: variables\[0\] must be a tf.Var"):
+        hessian_free.from_objective(f, [v])  # it takes no objective: the step's is used
     with pytest.raises(ValueError, match="hessian_free: model must be a built keras.Model"):
         hessian_free(None, MSE)
-    opt = hessian_free.from_objective(f, [v])
+    opt = hessian_free.from_objective([v])
     with pytest.raises(ValueError, match="the variables given to hessian_free.from_objective"):
         train.make_train_step(f, opt, model.trainable_variables)
     with pytest.raises(ValueError, match="the train step's batch must be a pair"):

@@ -8,7 +8,9 @@ method (the config: damping 0, cold CG starts, no CG backtracking, CG to
 `make_train_step`, until f < `target`; scipy runs with ``xtol`` to its own stop, its
 functions counted, and its counts when its iterate first has f < `target` (its callback)
 are reported too. Reported side by side: iterations, function and gradient evaluations,
-Hessian-vector products and the final f.
+Hessian-vector products (hogrod's `products` log: every CG step's, and the one that finds
+negative curvature, which the Hessian at x0, indefinite, has; scipy's `hessp` calls) and the
+final f.
 
 hogrod's function evaluations are the train step's (one value with each gradient) and the
 optimizer's (its `evaluations` log: the value at the current weights, which the
@@ -71,14 +73,14 @@ def _hogrod(x0, target, max_steps):
         del batch  # one deterministic problem: the batch is a placeholder
         return rosenbrock(x)
 
-    optimizer = hessian_free.from_objective(objective, [x])
+    optimizer = hessian_free.from_objective([x])
     step = train.make_train_step(objective, optimizer, [x])
     batch = tf.zeros([1], tf.float64)
     steps = hvps = evaluations = 0
     while float(rosenbrock(x)) >= target and steps < max_steps:  # the oracle's check
         logs = step(batch)
         steps += 1
-        hvps += int(logs["cg_iterations"])  # cold starts: one product per CG step
+        hvps += int(logs["products"])  # CG's steps and the negative-curvature detecting one
         evaluations += int(logs["evaluations"])
     return {"iterations": steps, "gradient_evaluations": steps,
             "function_evaluations": steps + evaluations,

@@ -19,14 +19,17 @@ from typing import Callable, Sequence
 import keras
 import tensorflow as tf
 
-from hogrod import checks
+from hogrod import checks, tree
 from hogrod.autodiff import gnvp
 from hogrod.curvature.data import batch_loss
+from hogrod.curvature.per_example import batch_gradients
 from hogrod.train.protocol import replica_mean
 from hogrod.types import Batch, Loss, Scalar, Tensor
 
-__all__ = ["levenberg_marquardt", "reduction_ratio", "gauss_newton_product", "split_batch",
-           "check_model_and_loss", "check_decay", "value_on_batch", "LOWER", "UPPER"]
+__all__ = ["levenberg_marquardt", "reduction_ratio", "gauss_newton_product",
+           "empirical_fisher_diagonal", "split_batch",
+           "check_model_and_loss", "check_decay", "value_on_batch", "stateless", "LOWER",
+           "UPPER"]
 
 LOWER, UPPER = 0.25, 0.75  # Martens 2010's thresholds on rho (kfac-jax's too)
 
@@ -96,6 +99,21 @@ def reduction_ratio(new_value: Tensor, old_value: Tensor, model_change: Tensor) 
                     tf.constant(float("nan"), model_change.dtype))
 
 
+def stateless() -> keras.StatelessScope:
+    """The scope of an optimizer's extra pass through the model or the objective: the
+    step's own pass has updated the model's state (BatchNorm moving statistics, random
+    layers' seeds) once, an extra pass writes none of it.
+
+    Losses a layer adds while called (an activity regularizer's) are collected in the scope,
+    so `model.losses` read inside it holds them, as outside. (A weight regularizer's
+    `model.losses` fails inside any `keras.StatelessScope` that does not map its weight.)
+
+    Returns:
+      A `keras.StatelessScope` to enter.
+    """
+    return keras.StatelessScope(collect_losses=True)
+
+
 def split_batch(batch: Batch, where: str):
     """A step's batch as (x, y): the convention of the optimizers that take a model and a
     loss (Keras's `(inputs, targets)`).
@@ -120,7 +138,8 @@ def gauss_newton_product(model: keras.Model, loss: Loss, batch: Batch,
                          variables: Sequence[tf.Variable], vector: Sequence[Tensor],
                          where: str) -> list:
     """The Gauss-Newton matrix of `mean(loss(y, model(x)))` on the step's batch times
-    `vector`, averaged over the replicas (the global batch's).
+    `vector`, averaged over the replicas (the global batch's), in `stateless()`:
+    the model's state (BatchNorm moving statistics, random layers' seeds) is not written.
 
     Args:
       model: the model (called with `training=True`, as in the objective).
@@ -134,9 +153,47 @@ def gauss_newton_product(model: keras.Model, loss: Loss, batch: Batch,
       A list of tensors like `vector`.
     """
     x, y = split_batch(batch, where)
-    product = gnvp(lambda: model(x, training=True), lambda z: batch_loss(loss, y, z),
-                   list(variables), list(vector))
+    with stateless():  # an extra pass: BatchNorm statistics, seeds not written
+        product = gnvp(lambda: model(x, training=True), lambda z: batch_loss(loss, y, z),
+                       list(variables), list(vector))
     return replica_mean(product)
+
+
+def empirical_fisher_diagonal(model: keras.Model, per_example: Callable, batch: Batch,
+                              variables: Sequence[tf.Variable], chunk: int,
+                              where: str) -> list:
+    """The empirical Fisher's diagonal on the step's batch: the mean over its examples of
+    each per-example gradient squared, averaged over the replicas, in `stateless()`.
+
+    Args:
+      model: the model (called with `training=True`, as in the objective).
+      per_example: ``per_example(y, z) -> [n]`` losses (`curvature.likelihood`'s
+        `per_example_loss`).
+      batch: this replica's `(x, y)`.
+      variables: the variables.
+      chunk: examples per vectorized per-example gradient pass.
+      where: the public optimizer, named in messages.
+
+    Returns:
+      One tensor per variable, at the variables' dtype.
+    """
+    x, y = split_batch(batch, where)
+    n = tf.shape(tf.nest.flatten(x)[0])[0]
+    size = sum(v.shape.num_elements() for v in variables)
+    dtype = variables[0].dtype
+
+    def body(i, total):
+        part = lambda t: t[i:i + chunk]  # noqa: E731
+        xs, ys = tf.nest.map_structure(part, x), tf.nest.map_structure(part, y)
+        with tf.GradientTape() as tape, stateless():  # an extra pass: no state written
+            losses = tf.convert_to_tensor(per_example(ys, model(xs, training=True)))
+        rows = batch_gradients(losses, list(variables), tape)
+        return i + chunk, total + tf.reduce_sum(tf.square(tf.cast(rows, dtype)), 0)
+
+    _, total = tf.while_loop(lambda i, total: i < n, body,
+                             (tf.constant(0), tf.zeros([size], dtype)))
+    mean = total / tf.cast(n, dtype)
+    return replica_mean(tree.unflatten(mean, [tf.convert_to_tensor(v) for v in variables]))
 
 
 def check_model_and_loss(model: keras.Model, loss: Loss, where: str) -> None:
@@ -159,7 +216,9 @@ def check_model_and_loss(model: keras.Model, loss: Loss, where: str) -> None:
 
 
 def value_on_batch(loss: Callable[[Batch], Tensor], batch: Batch) -> tf.Tensor:
-    """The objective on this replica's batch, averaged over the replicas.
+    """The objective on this replica's batch, averaged over the replicas, evaluated in
+    `stateless()`: an extra pass writes no model state (BatchNorm moving
+    statistics, random layers' seeds).
 
     Args:
       loss: the step's `loss(batch)`.
@@ -168,4 +227,6 @@ def value_on_batch(loss: Callable[[Batch], Tensor], batch: Batch) -> tf.Tensor:
     Returns:
       The global batch's objective, a scalar.
     """
-    return replica_mean(loss(batch))
+    with stateless():
+        value = loss(batch)
+    return replica_mean(value)

@@ -24,6 +24,10 @@ all-reduced local halves are those of the global batch (equal shards).
   Under a strategy each replica folds its replica id into the key: its draws differ from
   one device's, with the same expectation.
 
+Both estimators' forward passes run in `common.stateless()`: the step's own pass has
+updated the model's state (BatchNorm moving statistics, random layers' seeds) once, an
+estimator's extra pass writes none of it.
+
 `spatial_average` is AdaHessian's rule for a 2-D convolution kernel (Yao et al. 2021; the
 authors' code): the mean of |diag| over the kernel's spatial axes, which in Keras's
 (kh, kw, in, out) layout are axes 0 and 1 (PyTorch's (out, in, kh, kw): 2 and 3).
@@ -36,7 +40,7 @@ import tensorflow as tf
 
 from hogrod import checks, tree
 from hogrod.curvature.likelihood import likelihood_of
-from hogrod.second_order.common import check_model_and_loss, split_batch
+from hogrod.second_order.common import check_model_and_loss, split_batch, stateless
 from hogrod.train.protocol import StepOptimizer, replica_mean, state_variable
 from hogrod.types import Batch, Loss, Tensor
 
@@ -91,8 +95,8 @@ class HutchinsonEstimator:
         """
         variables = list(variables)
         with tf.GradientTape(persistent=self.num_probes > 1) as outer:
-            with tf.GradientTape() as inner:
-                value = loss(batch)
+            with tf.GradientTape() as inner, stateless():
+                value = loss(batch)  # an extra pass: it writes no model state
             grads = _gradients(value, variables, inner)
             probes = [tree.rademacher_like(grads, tf.random.experimental.stateless_fold_in(
                 key, p)) for p in range(self.num_probes)]
@@ -177,7 +181,8 @@ class GaussNewtonBartlettEstimator:
         key = tf.random.experimental.stateless_fold_in(key, tf.cast(replica, tf.int64))
         key = tf.cast(key, tf.int32)  # XLA samples categorical labels from int32 seeds only
         with tf.GradientTape() as tape:
-            z = self.model(x, training=True)
+            with stateless():  # an extra pass: it writes no model state
+                z = self.model(x, training=True)
             self.likelihood.check_output(z, self.where)
             labels = tf.stop_gradient(self.likelihood.sample(tf.stop_gradient(z), 1, key)[0])
             value = tf.reduce_mean(self.likelihood.per_example(labels, z))

@@ -21,11 +21,14 @@ Each step, on the step's batch, with the global gradient g and the damping lambd
 4. A backtracking line search on the rate: from `learning_rate`, multiplied by
    `line_search_shrink` (0.8) until Armijo's ``f(theta + a d) <= f(theta) + armijo a g^T d``
    (armijo 1e-2, Martens and Sutskever 2012), at most `line_search_maxiter` values of the
-   objective; none accepted: no step (rate 0).
+   objective; none accepted (or a direction that is not finite): no step (rate 0), and the
+   damping grows as after a failed step.
 
 Under a strategy each product, value and Fisher diagonal is the replicas' mean; the
 solve and the searches run once in cross-replica context (a replica's loop cannot hold
-an all-reduce), so every replica takes the step one device would.
+an all-reduce), so every replica takes the step one device would. Every pass beyond the
+train step's own (a product, a value, the Fisher diagonal) runs in `common.stateless()`:
+BatchNorm statistics and random layers' seeds move once per step, as with SGD.
 
 With ``damping=0, warm_start_decay=0, backtrack=False, cg_tol=0.5,
 cg_tol_rule="superlinear"`` and exact Hessian products, `from_objective` is a truncated
@@ -43,10 +46,9 @@ import tensorflow as tf
 from hogrod import checks, linalg, tree
 from hogrod.autodiff import hvp
 from hogrod.curvature.likelihood import per_example_loss
-from hogrod.curvature.per_example import batch_gradients
 from hogrod.second_order import common
 from hogrod.train import protocol
-from hogrod.types import Batch, Loss, Objective, Tensor
+from hogrod.types import Batch, Loss, Tensor
 
 __all__ = ["hessian_free", "HessianFree", "CURVATURES", "TOL_RULES"]
 
@@ -59,13 +61,9 @@ def _options(where, learning_rate, damping, cg_maxiter, cg_tol, cg_tol_rule,
              line_search_maxiter, l2_reg, warm_start_decay, backtrack, damping_decay,
              min_damping, max_damping, armijo, line_search_shrink):
     """Every hyperparameter both factories take, checked, as a dict."""
-    if not isinstance(backtrack, bool):
-        raise checks.ArgumentError(f"{where}: backtrack must be True or False, got "
-                                   f"{backtrack!r}")
     min_damping = checks.nonnegative(min_damping, "min_damping", where)
-    if not (isinstance(max_damping, (int, float)) and max_damping >= min_damping):
-        raise checks.ArgumentError(f"{where}: max_damping must be a number >= min_damping "
-                                   f"({min_damping}), got {max_damping!r}")
+    if not (isinstance(max_damping, float) and max_damping == math.inf):  # the default
+        max_damping = checks.number(max_damping, "max_damping", where, min_damping)
     return dict(
         learning_rate=checks.positive(learning_rate, "learning_rate", where),
         damping=checks.nonnegative(damping, "damping", where),
@@ -75,10 +73,10 @@ def _options(where, learning_rate, damping, cg_maxiter, cg_tol, cg_tol_rule,
         line_search_maxiter=checks.integer(line_search_maxiter, "line_search_maxiter", where),
         l2_reg=checks.nonnegative(l2_reg, "l2_reg", where),
         warm_start_decay=checks.probability(warm_start_decay, "warm_start_decay", where),
-        backtrack=backtrack,
+        backtrack=checks.boolean(backtrack, "backtrack", where),
         damping_decay=checks.number(damping_decay, "damping_decay", where, 0.0, 1.0,
                                     low_open=True),
-        min_damping=min_damping, max_damping=float(max_damping),
+        min_damping=min_damping, max_damping=max_damping,
         armijo=checks.number(armijo, "armijo", where, 0.0, 1.0, True, True),
         line_search_shrink=checks.number(line_search_shrink, "line_search_shrink", where,
                                          0.0, 1.0, True, True))
@@ -100,8 +98,10 @@ class HessianFree(protocol.StepOptimizer):
     `hessian_free.from_objective`.
 
     Args:
-      product: ``product(batch, variables, vector) -> C vector`` on this replica's batch,
-        averaged over the replicas (C without l2_reg).
+      product: ``product(loss, batch, variables, vector) -> C vector`` on this replica's
+        batch, averaged over the replicas (C without l2_reg), `loss` the step's objective
+        (the one `apply` is given), the model's state (BatchNorm statistics, seeds)
+        untouched.
       diagonal: ``diagonal(batch, variables) -> diag(F)``, the empirical Fisher's diagonal
         averaged over the replicas, or None (no preconditioner).
       options: the checked hyperparameters (`_options`), and "preconditioner_power".
@@ -143,7 +143,7 @@ class HessianFree(protocol.StepOptimizer):
         self.used = {name: state(tf.zeros([], dtype), name)
                      for name in ("rate", "damping_used", "rho")}
         self.counts = {name: state(tf.zeros([], tf.int64), name)
-                       for name in ("cg_iterations", "evaluations", "steps")}
+                       for name in ("cg_iterations", "products", "evaluations", "steps")}
         self.built = True
 
     def apply(self, grads: Sequence[Tensor], variables: Sequence[tf.Variable],
@@ -171,40 +171,49 @@ class HessianFree(protocol.StepOptimizer):
         theta = [tf.identity(tf.convert_to_tensor(v)) for v in variables]
         g = [tf.convert_to_tensor(t) for t in grads]
         lam = tf.identity(self.damping.read_value())
+        nan = tf.constant(float("nan"), dtype)
         evaluations = [tf.constant(1, tf.int64)]  # f(theta)
 
         def value_at(step):  # the objective on the batch at theta + step
             protocol.assign(variables, [t + s for t, s in zip(theta, step)])
-            return run(lambda b: protocol.replica_mean(loss(b)), batch)
+            return run(lambda b: common.value_on_batch(loss, b), batch)
 
-        f0 = run(lambda b: protocol.replica_mean(loss(b)), batch)
-        x, info, d, quadratic, f1, count = self._solve(g, variables, batch, run, lam, value_at)
+        f0 = run(lambda b: common.value_on_batch(loss, b), batch)
+        x, info, d, quadratic, f1, count, products = self._solve(g, variables, loss, batch,
+                                                                 run, lam, value_at)
         evaluations.append(count)
+        # a non-finite direction (a NaN or infinite product) is no direction
+        usable = _finite(d)
+        d = [tf.where(usable, t, tf.zeros_like(t)) for t in d]
+        f1, quadratic = tf.where(usable, f1, nan), tf.where(usable, quadratic, nan)
         model_change = quadratic - lam / 2 * tree.dot(d, d)  # the undamped model
         rho = common.reduction_ratio(f1, f0, model_change)
-        new_damping = common.levenberg_marquardt(
-            lam, rho, opt["damping_decay"], opt["min_damping"], opt["max_damping"])
-        rate, count = self._line_search(g, d, f0, f1, value_at)
+        rate, ok, count = self._line_search(g, d, f0, f1, usable, value_at)
         evaluations.append(count)
-        protocol.assign(variables, [t + rate * s for t, s in zip(theta, d)])
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in x])
-        counts = self.counts
-        protocol.assign(
-            [self.damping] + self.previous + [self.used[k] for k in ("rate", "damping_used",
-                                                                     "rho")]
-            + [counts[k] for k in ("cg_iterations", "evaluations", "steps")],
-            [new_damping] + [tf.where(finite, t, tf.zeros_like(t)) for t in x]
-            + [rate, lam, rho, tf.cast(info.iterations, tf.int64), tf.add_n(evaluations),
-               counts["steps"] + 1])
+        # no rate accepted: the weights stay as they were (theta + 0 d is NaN where d is)
+        # and the step counts as failed, so the damping grows
+        new_damping = common.levenberg_marquardt(
+            lam, tf.where(ok, rho, nan), opt["damping_decay"], opt["min_damping"],
+            opt["max_damping"])
+        protocol.assign(variables, [tf.where(ok, t + rate * s, t) for t, s in zip(theta, d)])
+        used = {"rate": rate, "damping_used": lam, "rho": rho}
+        counts = {"cg_iterations": tf.cast(info.iterations, tf.int64), "products": products,
+                  "evaluations": tf.add_n(evaluations), "steps": self.counts["steps"] + 1}
+        protocol.assign(  # a NaN solution does not warm-start the next solve
+            [self.damping] + self.previous + [self.used[k] for k in used]
+            + [self.counts[k] for k in counts],
+            [new_damping] + [tf.where(_finite(x), t, tf.zeros_like(t)) for t in x]
+            + list(used.values()) + list(counts.values()))
 
-    def _solve(self, g, variables, batch, run, lam, value_at):
+    def _solve(self, g, variables, loss, batch, run, lam, value_at):
         """CG from the decayed previous solution, then the backtracking: (x, info, d,
-        the damped quadratic at d, f(theta + d), objective evaluations)."""
+        the damped quadratic at d, f(theta + d), objective evaluations, curvature
+        products)."""
         opt, dtype = self._opt, self.dtype
         l2 = tf.constant(opt["l2_reg"], dtype)
 
         def matvec(v):
-            cv = run(lambda b, *v: self._product(b, variables, list(v)), batch, *v)
+            cv = run(lambda b, *v: self._product(loss, b, variables, list(v)), batch, *v)
             return [c + l2 * t for c, t in zip(cv, v)] if opt["l2_reg"] else list(cv)
 
         pre = None
@@ -242,7 +251,10 @@ class HessianFree(protocol.StepOptimizer):
             return step, -1.5 * rz * scale, value_at(step)
 
         d, quadratic, f1 = tf.cond(steepest, fallback, lambda: (d, quadratic, f1))
-        return x, info, d, quadratic, f1, count + tf.cast(steepest, tf.int64)
+        # CG's steps, the product that found negative curvature, a warm start's residual
+        products = (tf.cast(info.iterations, tf.int64)
+                    + tf.cast(info.negative_curvature, tf.int64) + (0 if x0 is None else 1))
+        return x, info, d, quadratic, f1, count + tf.cast(steepest, tf.int64), products
 
     def _backtrack(self, kept, last, value_at):
         """Martens' CG backtracking: from the last kept iterate, earlier ones while the
@@ -267,22 +279,23 @@ class HessianFree(protocol.StepOptimizer):
             cond, body, (last, f_last, tf.constant(True), tf.constant(1, tf.int64)))
         return j, best, count
 
-    def _line_search(self, g, d, f0, f1, value_at):
-        """Armijo backtracking on the rate from `learning_rate`: (the rate, evaluations)."""
+    def _line_search(self, g, d, f0, f1, usable, value_at):
+        """Armijo backtracking on the rate from `learning_rate` along a `usable` d: (the
+        rate, 0 where none was accepted; whether one was; evaluations)."""
         opt, dtype = self._opt, self.dtype
         rate0 = tf.constant(opt["learning_rate"], dtype)
         if opt["line_search_maxiter"] == 0:
-            return rate0, tf.constant(0, tf.int64)
+            return tf.where(usable, rate0, 0 * rate0), usable, tf.constant(0, tf.int64)
         slope = tf.constant(opt["armijo"], dtype) * tree.dot(g, d)
         shrink = tf.constant(opt["line_search_shrink"], dtype)
         reuse = opt["learning_rate"] == 1.0  # f(theta + d) is known
         first = f1 if reuse else value_at([rate0 * t for t in d])
 
         def accepted(rate, value):
-            return tf.logical_and(tf.math.is_finite(value), value <= f0 + rate * slope)
+            return usable & tf.math.is_finite(value) & (value <= f0 + rate * slope)
 
-        def cond(k, rate, value, ok):
-            return tf.logical_and(tf.logical_not(ok), k < opt["line_search_maxiter"])
+        def cond(k, rate, value, ok):  # along an unusable d no value is taken
+            return usable & ~ok & (k < opt["line_search_maxiter"])
 
         def body(k, rate, value, ok):
             rate = rate * shrink
@@ -292,7 +305,7 @@ class HessianFree(protocol.StepOptimizer):
         k, rate, _, ok = tf.while_loop(cond, body,
                                        (tf.constant(1), rate0, first, accepted(rate0, first)))
         count = tf.cast(k, tf.int64) - (1 if reuse else 0)
-        return tf.where(ok, rate, tf.zeros_like(rate)), count
+        return tf.where(ok, rate, tf.zeros_like(rate)), ok, count
 
     @property
     def learning_rate(self) -> Tensor:
@@ -300,15 +313,23 @@ class HessianFree(protocol.StepOptimizer):
         return self.used["rate"]
 
     def logs(self) -> dict:
-        """What the last step used: its damping, reduction ratio rho, CG's iterations and
-        the objective's evaluations (beyond the train step's own).
+        """What the last step used: its damping, reduction ratio rho, CG's iterations, its
+        curvature products (CG's steps, the one that found negative curvature, a warm
+        start's first residual) and the objective's evaluations (beyond the train step's
+        own).
 
         Returns:
-          {"damping", "rho", "cg_iterations", "evaluations"}: scalars.
+          {"damping", "rho", "cg_iterations", "products", "evaluations"}: scalars.
         """
         return {"damping": self.used["damping_used"], "rho": self.used["rho"],
                 "cg_iterations": self.counts["cg_iterations"],
+                "products": self.counts["products"],
                 "evaluations": self.counts["evaluations"]}
+
+
+def _finite(tensors):
+    """Whether every entry of `tensors` is finite, a scalar bool."""
+    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in tensors])
 
 
 def _runner(strategy):
@@ -317,32 +338,6 @@ def _runner(strategy):
         out = strategy.run(fn, args=args)
         return tf.nest.map_structure(lambda t: strategy.experimental_local_results(t)[0], out)
     return run
-
-
-def _fisher_diagonal(model, per_example, chunk):
-    """``diagonal(batch, variables)``: the mean over the batch's examples of each
-    per-example gradient squared, `chunk` examples per vectorized Jacobian, averaged over
-    the replicas."""
-    def diagonal(batch, variables):
-        x, y = common.split_batch(batch, "hessian_free")
-        n = tf.shape(tf.nest.flatten(x)[0])[0]
-        size = sum(v.shape.num_elements() for v in variables)
-        dtype = variables[0].dtype
-
-        def body(i, total):
-            part = lambda t: t[i:i + chunk]  # noqa: E731
-            xs, ys = tf.nest.map_structure(part, x), tf.nest.map_structure(part, y)
-            with tf.GradientTape() as tape:
-                losses = tf.convert_to_tensor(per_example(ys, model(xs, training=True)))
-            rows = batch_gradients(losses, list(variables), tape)
-            return i + chunk, total + tf.reduce_sum(tf.square(tf.cast(rows, dtype)), 0)
-
-        _, total = tf.while_loop(lambda i, total: i < n, body,
-                                 (tf.constant(0), tf.zeros([size], dtype)))
-        mean = total / tf.cast(n, dtype)
-        return protocol.replica_mean(tree.unflatten(mean, [tf.convert_to_tensor(v)
-                                                           for v in variables]))
-    return diagonal
 
 
 @gin.configurable(denylist=["model", "loss"])
@@ -408,37 +403,40 @@ def hessian_free(model: keras.Model, loss: Loss, learning_rate: float = 1.0,
     chunk = checks.integer(preconditioner_batch, "preconditioner_batch", where, 1)
     diagonal = None
     if options["preconditioner_power"] > 0:
-        diagonal = _fisher_diagonal(model, per_example_loss(loss, where), chunk)
+        per_example = per_example_loss(loss, where)
 
-    def product(batch, variables, vector):
+        def diagonal(batch, variables):
+            return common.empirical_fisher_diagonal(model, per_example, batch, variables,
+                                                    chunk, where)
+
+    def product(objective, batch, variables, vector):
+        del objective  # the Gauss-Newton matrix is of `loss`
         return common.gauss_newton_product(model, loss, batch, variables, vector, where)
 
     return HessianFree(product, diagonal, options, name=name)
 
 
-@gin.configurable("from_objective", module="hessian_free",
-                  denylist=["objective", "variables"])
-def from_objective(objective: Objective, variables: Sequence[tf.Variable],
-                   curvature: str = "hessian", learning_rate: float = 1.0,
-                   damping: float = 1.0, cg_maxiter: int = 250, cg_tol: float = 1e-4,
-                   line_search_maxiter: int = 20, l2_reg: float = 0.0,
+@gin.configurable("from_objective", module="hessian_free", denylist=["variables"])
+def from_objective(variables: Sequence[tf.Variable], curvature: str = "hessian",
+                   learning_rate: float = 1.0, damping: float = 1.0, cg_maxiter: int = 250,
+                   cg_tol: float = 1e-4, line_search_maxiter: int = 20, l2_reg: float = 0.0,
                    warm_start_decay: float = 0.95, backtrack: bool = True,
                    damping_decay: float = 2 / 3, min_damping: float = 0.0,
                    max_damping: float = float("inf"), armijo: float = 1e-2,
                    line_search_shrink: float = 0.8, cg_tol_rule: str = "constant",
                    name: str = "hessian_free") -> HessianFree:
     """Hessian-free optimization of any objective: exact Hessian-vector products
-    (`hogrod.autodiff.hvp`) of ``objective(batch)``, unpreconditioned CG.
+    (`hogrod.autodiff.hvp`) of the train step's objective, unpreconditioned CG.
 
+    The Hessian is of the loss `apply` is given, the step's weighted total of the
+    objective's terms ("monitor/" ones left out): the gradient's function.
     Gin-configurable as `hessian_free.from_objective`. Damping 0 is allowed: CG then
     stops at a direction of non-positive curvature (Steihaug). scipy's Newton-CG (a
     truncated Newton method with a line search, no damping) is ``damping=0,
     warm_start_decay=0, backtrack=False, cg_tol=0.5, cg_tol_rule="superlinear"``.
 
     Args:
-      objective: ``objective(batch) -> scalar``, the objective `make_train_step`
-        minimizes (its Hessian is the curvature).
-      variables: the variables it depends on, those `make_train_step` trains.
+      variables: the variables `make_train_step` trains (checked when it builds).
       curvature: "hessian" (the one curvature of an objective without a model).
       learning_rate: the rate the line search starts from (> 0); default 1.
       damping: the initial Levenberg-Marquardt damping lambda (>= 0); default 1.
@@ -462,20 +460,20 @@ def from_objective(objective: Objective, variables: Sequence[tf.Variable],
       A `HessianFree` step optimizer for `variables`.
 
     Raises:
-      ArgumentError: `objective` is not callable, `variables` is empty, `curvature` is
-        unknown or a hyperparameter is out of range; the message names it.
+      ArgumentError: `variables` is empty or not variables, `curvature` is unknown or a
+        hyperparameter is out of range; the message names it.
     """
     where = "hessian_free.from_objective"
-    checks.function(objective, "objective", where, "objective(batch) -> scalar")
     variables = checks.params(variables, where, "variables")
     checks.choice(curvature, CURVATURES, "curvature", where)
     options = _options(where, learning_rate, damping, cg_maxiter, cg_tol, cg_tol_rule,
                        line_search_maxiter, l2_reg, warm_start_decay, backtrack,
                        damping_decay, min_damping, max_damping, armijo, line_search_shrink)
 
-    def product(batch, variables, vector):
-        return protocol.replica_mean(hvp(lambda: objective(batch), list(variables),
-                                         list(vector)))
+    def product(loss, batch, variables, vector):
+        with common.stateless():  # the model's state (BatchNorm, seeds) not written
+            hv = hvp(lambda: loss(batch), list(variables), list(vector))
+        return protocol.replica_mean(hv)
 
     return HessianFree(product, None, options, variables, name=name)
 

@@ -114,7 +114,8 @@ def kfac(model: keras.Model, loss: Loss, learning_rate: float = 0.1, damping: fl
         inverse_every=checks.integer(inverse_every, "inverse_every", WHERE, least=1),
         fisher=checks.choice(fisher, FISHERS, "fisher", WHERE),
         mc_samples=checks.integer(mc_samples, "mc_samples", WHERE, least=1),
-        adaptive=bool(adaptive), adapt_damping=bool(adapt_damping),
+        adaptive=checks.boolean(adaptive, "adaptive", WHERE),
+        adapt_damping=checks.boolean(adapt_damping, "adapt_damping", WHERE),
         interval=checks.integer(damping_adaptation_interval, "damping_adaptation_interval",
                                 WHERE, least=1),
         damping_decay=common.check_decay(damping_decay, "damping_decay", WHERE),
@@ -378,5 +379,5 @@ def _value(loss, batch, variables, values, dtype):
     """The objective on this replica's batch, at `values` for `variables` (None: as they
     are), without writing the model's state."""
     mapping = None if values is None else list(zip(variables, values))
-    with keras.StatelessScope(state_mapping=mapping):
+    with keras.StatelessScope(state_mapping=mapping, collect_losses=True):  # as common.stateless
         return tf.cast(loss(batch), dtype)
