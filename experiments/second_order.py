@@ -123,8 +123,11 @@ def autoencoder_task(data_dir: str | None = None, cache_dir: str | None = None,
 @gin.configurable
 def classifier_task(data_dir: str | None = None, cache_dir: str | None = None,
                     image_size: harness.PositiveInt = 28,
-                    train_per_class: harness.PositiveInt = 15) -> Task:
-    """conv4 on the background characters, one class each (filters: `conv4.filters`)."""
+                    train_per_class: harness.PositiveInt = 15,
+                    statistics_size: harness.PositiveInt = 4096) -> Task:
+    """conv4 on the background characters, one class each (filters: `conv4.filters`);
+    BatchNorm's statistics re-estimated on `statistics_size` training images before each
+    evaluation."""
     chars = _omniglot(data_dir, cache_dir, image_size, "background", "classifier_task")
     if min(map(len, chars)) <= train_per_class:
         raise ValueError(f"classifier_task.train_per_class = {train_per_class} leaves no test "
@@ -140,14 +143,41 @@ def classifier_task(data_dir: str | None = None, cache_dir: str | None = None,
     def prepare(images, labels):
         return tf.cast(images, tf.float32)[..., None] / 255.0, labels
 
+    # BatchNorm's moving averages (momentum 0.99) lag the weights by about a hundred steps,
+    # and K-FAC takes a hundred steps in all: every evaluation re-estimates the statistics
+    # from a fixed sample of training images (precise BatchNorm), so that both optimizers
+    # are scored on the statistics of their current weights.
+    pick = np.random.default_rng(0).permutation(len(chars) * train_per_class)[:statistics_size]
+    statistics_x, _ = prepare(*(part[pick] for part in split("train")))
+    norms = [layer for layer in model.layers
+             if isinstance(layer, keras.layers.BatchNormalization)]
+
     def evaluate(model, x, y):
-        z = model(x, training=False)
+        z = _with_statistics(model, norms, statistics_x, x)
         hits = tf.cast(tf.argmax(z, -1, output_type=tf.int32) == y, tf.float32)
         return {"test_accuracy": tf.reduce_mean(hits),
                 "test_loss": tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, z))}
 
     return Task("classifier", model, loss, split("train"), split("test"), prepare, "ce", 1.0,
                 evaluate)
+
+
+def _with_statistics(model, norms, statistics_x, x):
+    """The model's inference output on `x` with every BatchNorm's statistics those of
+    `statistics_x` in a training-mode pass (momentum 0 in a stateless scope: no write)."""
+    momenta = [layer.momentum for layer in norms]
+    try:
+        for layer in norms:
+            layer.momentum = 0.0
+        with keras.StatelessScope() as scope:
+            model(statistics_x, training=True)
+    finally:
+        for layer, momentum in zip(norms, momenta):
+            layer.momentum = momentum
+    mapping = [(v, scope.get_current_value(v)) for layer in norms
+               for v in (layer.moving_mean, layer.moving_variance)]
+    with keras.StatelessScope(state_mapping=mapping):
+        return model(x, training=False)
 
 
 def batches(images, labels, prepare, batch_size, seed, start):
