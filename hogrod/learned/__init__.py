@@ -4,7 +4,7 @@
   ``step(state, theta, batch) -> state``, ``objective(state, batch) -> scalar`` and an
   optional ``batch(seed, t)``; a truncation's meta-objective the mean (``"sum"``) or the
   last of its steps' objectives.
-- `Particles`, `init_particles`, `reset`, `unroll`, `evaluate` (`unroll.py`): many
+- `Particles`, `init_particles`, `reset`, `truncated_unroll`, `evaluate` (`unroll.py`): many
   particles unrolled K steps at a time in one compiled loop (mapped by
   `hogrod.taskmap.map_tasks`), reset after the horizon T, with staggered starts.
 - `tbptt`, `es`, `pes`, `full_es` (`estimators.py`): gin factories of meta-gradient
@@ -23,10 +23,11 @@ from hogrod.learned.outer import MetaState, MetaStep, clip_by_global_norm, meta_
 from hogrod.learned.problem import META_OBJECTIVES, InnerProblem
 from hogrod.learned.problems import (influence_balancing, influence_balancing_optimum,
                                      toy_regression, toy_regression_loss)
-from hogrod.learned.unroll import Particles, evaluate, init_particles, reset, unroll
+from hogrod.learned.unroll import (Particles, evaluate, init_particles, reset,
+                                   truncated_unroll)
 
-__all__ = ["InnerProblem", "META_OBJECTIVES", "Particles", "init_particles", "reset", "unroll",
-           "evaluate", "Estimate", "EstimatorState", "Estimator", "tbptt", "es", "pes",
-           "full_es", "MetaState", "MetaStep", "meta_step", "clip_by_global_norm",
+__all__ = ["InnerProblem", "META_OBJECTIVES", "Particles", "init_particles", "reset",
+           "truncated_unroll", "evaluate", "Estimate", "EstimatorState", "Estimator", "tbptt",
+           "es", "pes", "full_es", "MetaState", "MetaStep", "meta_step", "clip_by_global_norm",
            "influence_balancing", "influence_balancing_optimum", "toy_regression",
            "toy_regression_loss"]

@@ -2,8 +2,8 @@
 
 `Particles` holds P inner states stacked on a leading axis and, per particle, the steps
 taken since its last reset, the length of its current episode, its episode count and its
-seed. A truncation (`unroll`) runs K inner steps of every particle in one compiled loop
-(`tf.while_loop` over the steps, the particles mapped by `hogrod.taskmap.map_tasks` inside
+seed. A truncation (`truncated_unroll`) runs K inner steps of every particle in one compiled
+loop (`tf.while_loop` over the steps, the particles mapped by `hogrod.taskmap.map_tasks` inside
 each step), each particle under its own value of theta (a perturbed one for evolution
 strategies). Between truncations `reset` restarts the particles whose episode ended: a
 fresh ``problem.init`` state from the seed of their next episode, their step count 0.
@@ -22,7 +22,7 @@ advanced by 2e + 1. These are distinct keys of TensorFlow's counter-based genera
 derived without a random op per particle (which pfor would run as a loop over particles).
 """
 
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -32,7 +32,7 @@ from hogrod.learned.problem import InnerProblem
 from hogrod.types import Tree
 
 __all__ = ["Particles", "check_schedule", "start_offsets", "init_particles", "reset",
-           "unroll", "evaluate"]
+           "truncated_unroll", "evaluate"]
 
 _no_autograph = tf.autograph.experimental.do_not_convert
 
@@ -112,11 +112,19 @@ def _episode_seeds(seeds: tf.Tensor, episode: tf.Tensor, data: int) -> tf.Tensor
     return tf.stack([seeds[:, 0], seeds[:, 1] + 2 * episode + data], axis=1)
 
 
-def _initial_states(problem: InnerProblem, seeds: tf.Tensor, task_map: str,
+def _map(fn: Callable[[Tree], Tree], elems: Tree, task_map: Optional[str]) -> Tree:
+    """`fn` on every row of `elems` by `map_tasks`; task_map None: one row, not mapped (a
+    single particle runs eagerly at the speed of its ops)."""
+    if task_map is not None:
+        return taskmap.map_tasks(lambda e, _, __: fn(e), elems, mode=task_map)
+    out = fn(tf.nest.map_structure(lambda t: t[0], elems))
+    return tf.nest.map_structure(lambda t: t[None], out)
+
+
+def _initial_states(problem: InnerProblem, seeds: tf.Tensor, task_map: Optional[str],
                     where: str) -> Tree:
-    def one(seed, _, __):
-        return problem_lib.check_state(problem.init(seed), "problem.init(seed)", where)
-    return taskmap.map_tasks(one, seeds, mode=task_map)
+    return _map(lambda seed: problem_lib.check_state(problem.init(seed), "problem.init(seed)",
+                                                     where), seeds, task_map)
 
 
 @_no_autograph
@@ -205,8 +213,9 @@ def _objective(problem: InnerProblem, state: Tree, batch: object, where: str) ->
 
 
 @_no_autograph
-def unroll(problem: InnerProblem, thetas: Tree, particles: Particles, truncation: int,
-           task_map: str = "vectorized") -> Tuple[Particles, tf.Tensor]:
+def truncated_unroll(problem: InnerProblem, thetas: Tree, particles: Particles,
+                     truncation: int, task_map: Optional[str] = "vectorized"
+                     ) -> Tuple[Particles, tf.Tensor]:
     """One truncation: `truncation` inner steps of every particle under its own theta.
 
     Step k of particle p is ``s <- problem.step(s, thetas[p], problem.batch(seed, t))``
@@ -222,7 +231,8 @@ def unroll(problem: InnerProblem, thetas: Tree, particles: Particles, truncation
             axis.
         particles: the particles (after `reset`).
         truncation: the number of inner steps K, a Python int >= 1.
-        task_map: how the particles are mapped, one of `hogrod.taskmap.MODES`.
+        task_map: how the particles are mapped, one of `hogrod.taskmap.MODES`, or None
+            for a single particle run unmapped.
 
     Returns:
         ``(particles, meta_objectives)``: the particles after K more steps, and the ``[P]``
@@ -233,19 +243,18 @@ def unroll(problem: InnerProblem, thetas: Tree, particles: Particles, truncation
         ArgumentError: ``problem.step`` changes the state's structure, shapes or dtypes,
             or ``problem.objective`` does not return a floating scalar.
     """
-    where = "hogrod.learned.unroll"
+    where = "hogrod.learned.truncated_unroll"
     data_seeds = _episode_seeds(particles.seeds, particles.episode, 1)
     last = problem.meta_objective == "last"
 
-    def one(elem, _, __):
+    def one(elem):
         theta, state, t, seed = elem
         batch = () if problem.batch is None else problem.batch(seed, t)
         state = problem_lib.check_step(state, problem.step(state, theta, batch), where)
         return state, _objective(problem, state, batch, where)
 
     def advance(k, inner):
-        return taskmap.map_tasks(one, (thetas, inner, particles.steps + k, data_seeds),
-                                 mode=task_map)
+        return _map(one, (thetas, inner, particles.steps + k, data_seeds), task_map)
 
     # the truncation's gradient starts here: earlier truncations are constants
     inner = tf.nest.map_structure(tf.stop_gradient, particles.inner)
@@ -283,14 +292,17 @@ def evaluate(problem: InnerProblem, theta: Tree, steps: int, seed: int = 0) -> t
 
     Raises:
         ArgumentError: `problem`, `theta`, `steps` or `seed` is invalid, or the problem's
-            functions break their contract (see `unroll`).
+            functions break their contract (see `truncated_unroll`).
     """
     where = "hogrod.learned.evaluate"
     problem_lib.check_problem(problem, where)
     checks.params(theta, where, "theta")
     steps = checks.integer(steps, "steps", where, least=1)
     seed = checks.stateless_seed(seed, "seed", where)
-    particles = init_particles(problem, seed[None], None, [0], "sequential")
+    seeds = seed[None]
+    zero = tf.zeros([1], tf.int64)
+    particles = Particles(_initial_states(problem, seeds, None, where), zero, zero - 1, zero,
+                          seeds)
     thetas = tf.nest.map_structure(lambda t: tf.convert_to_tensor(t)[None], theta)
-    _, value = unroll(problem, thetas, particles, steps, "sequential")
+    _, value = truncated_unroll(problem, thetas, particles, steps, None)
     return value[0]
