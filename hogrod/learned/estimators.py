@@ -231,8 +231,8 @@ def _tbptt_estimate(config: _Config) -> Callable[..., Tuple[Estimate, EstimatorS
         def rows(thetas, particles):
             with tf.GradientTape() as tape:
                 tape.watch(thetas)
-                particles, values = unroll_lib.truncated_unroll(problem, thetas, particles,
-                                                      config.truncation, config.task_map)
+                particles, values = unroll_lib.truncated_unroll(
+                    problem, thetas, particles, config.truncation, config.task_map)
                 total = tf.reduce_sum(values)
             # row p of d(sum_p L_p)/d thetas is d L_p / d theta: L_p sees only its row
             grads = tape.gradient(total, thetas)
@@ -323,7 +323,7 @@ def _es_estimate(config: _Config, same_start: bool
 
         def rows(thetas, particles):
             return unroll_lib.truncated_unroll(problem, thetas, particles, config.truncation,
-                                     config.task_map)
+                                               config.task_map)
 
         particles, values = _across_replicas(strategy, rows, (thetas, particles),
                                              config.particles, where)
