@@ -252,52 +252,51 @@ def noisy_problem():
 THETA = np.array([-1.0, -2.0, 0.0])
 
 
-def test_pes_and_es_with_k_equal_to_t_are_full_es_with_the_same_perturbations():
+def test_pes_with_k_equal_to_t_is_full_es_with_the_same_perturbations():
+    """Two estimates (the second after a reset) equal full ES's with the same seeds."""
     problem = noisy_problem()
     results = []
     for estimator in (learned.full_es(sigma=0.1, particles=4, horizon=3),
-                      learned.pes(sigma=0.1, particles=4, truncation=3, horizon=3),
-                      learned.es(sigma=0.1, particles=4, truncation=3, horizon=3)):
+                      learned.pes(sigma=0.1, particles=4, truncation=3, horizon=3)):
         state = estimator.init(problem, tf.constant(THETA), 2)
         run = compiled(estimator, problem)
         results.append([])
-        for k in range(3):
+        for k in range(2):  # the second from fresh states of episode 1
             estimate, state = run(tf.constant(THETA), state, seed(k))
             results[-1].append([t.numpy() for t in tf.nest.flatten(estimate)])
-    for other in results[1:]:
-        for a, b in zip(results[0], other):
-            for x, y in zip(a, b):
-                np.testing.assert_allclose(y, x, rtol=1e-13, atol=0)
+    for a, b in zip(*results):
+        for x, y in zip(a, b):
+            np.testing.assert_allclose(y, x, rtol=1e-13, atol=0)
 
 
 def test_a_reset_at_the_horizon_restarts_the_state_and_the_accumulated_perturbation():
+    """T = 2K: the perturbations of the first two truncations add up; the third starts
+    episode 1 from problem.init with the next episode's seeds, its accumulated perturbation
+    its own (each checked against a run of the same seed from the start)."""
     problem = noisy_problem()
     theta = tf.constant(THETA)
-    estimator = learned.pes(sigma=0.1, particles=4, truncation=2, horizon=2)
+    estimator = learned.pes(sigma=0.1, particles=4, truncation=2, horizon=4, stagger=False)
     run = compiled(estimator, problem)
     start = estimator.init(problem, theta, 1)
-    first, after_one = run(theta, start, seed(1))
-    _, after_two = run(theta, after_one, seed(2))
-    _, alone = run(theta, start, seed(2))  # the perturbations of seed 2 alone
-    eps = alone.accumulated.numpy()
-    np.testing.assert_array_equal(after_two.accumulated.numpy(), eps)
-    particles = after_two.particles
+    alone = {k: run(theta, start, seed(k))[1].accumulated.numpy() for k in (1, 2, 3)}
+    state = start
+    for k in (1, 2, 3):
+        _, state = run(theta, state, seed(k))
+        if k == 2:
+            np.testing.assert_allclose(state.accumulated.numpy(), alone[1] + alone[2],
+                                       rtol=1e-14)
+    eps = alone[3]
+    np.testing.assert_array_equal(state.accumulated.numpy(), eps)
+    particles = state.particles
     np.testing.assert_array_equal(particles.episode.numpy(), [1] * 4)
     np.testing.assert_array_equal(particles.steps.numpy(), [2] * 4)
     for p in range(4):  # episode 1 by hand: init and data from the next episode's seeds
         s = particles.seeds.numpy()[p]
         w = tf.random.stateless_normal([3], tf.constant([s[0], s[1] + 2]), dtype=F64)
-        for t in range(2):
-            w = problem.step(w, theta + eps[p], problem.batch(tf.constant([s[0], s[1] + 3]), t))
+        for t in range(2):  # t an int64 tensor, as the unroll counts steps
+            data = problem.batch(tf.constant([s[0], s[1] + 3]), tf.constant(t, tf.int64))
+            w = problem.step(w, theta + eps[p], data)
         np.testing.assert_allclose(particles.inner.numpy()[p], w.numpy(), rtol=1e-12)
-    # with a longer horizon the perturbations add up
-    estimator = learned.pes(sigma=0.1, particles=4, truncation=2, horizon=4)
-    run = compiled(estimator, problem)
-    _, one = run(theta, start, seed(1))
-    _, two = run(theta, one, seed(2))
-    np.testing.assert_allclose(two.accumulated.numpy(), one.accumulated.numpy() + eps,
-                               rtol=1e-14)
-    np.testing.assert_array_equal(two.particles.episode.numpy(), [0] * 4)
 
 
 def test_staggered_starts_spread_the_particles_over_the_horizon():

@@ -113,6 +113,7 @@ def test_estimators_and_problems_are_chosen_by_gin_reference():
         hogrod.learned.pes.particles = 4
         hogrod.learned.pes.truncation = 1
         hogrod.learned.influence_balancing.n = 5
+        hogrod.learned.influence_balancing.positives = 2
     """)
     meta = learned.meta_step()
     state = meta.init(tf.constant([0.5], F64), 0)

@@ -203,8 +203,11 @@ def _across_replicas(strategy: Optional[tf.distribute.Strategy], fn: Callable, a
             args)
         return fn(*mine)
 
-    out = strategy.run(replica, args=args)
-    return tf.nest.map_structure(lambda v: strategy.gather(v, axis=0), out)
+    def gather(v):  # the rows in order, their static shape kept
+        return tf.ensure_shape(strategy.gather(v, axis=0),
+                               [rows] + v.values[0].shape.as_list()[1:])
+
+    return tf.nest.map_structure(gather, strategy.run(replica, args=args))
 
 
 def _zero_rows(mask: tf.Tensor, t: tf.Tensor) -> tf.Tensor:
