@@ -370,6 +370,9 @@ def _run(meta, state, steps):
 
 
 def test_the_meta_step_traces_once_resumes_exactly_and_two_cpus_equal_one():
+    """Three outer steps trace once; two steps, a state rebuilt from numpy (a checkpoint)
+    and one more equal three; split over two logical CPUs (MirroredStrategy) they equal one
+    device's (PES: rows of unrolls; TBPTT: a tape inside each replica)."""
     problem = linear_problem()
     theta = tf.constant([0.3, -0.2], F64)
     flat = lambda s: [t.numpy() for t in tf.nest.flatten(s)]  # noqa: E731
@@ -378,13 +381,14 @@ def test_the_meta_step_traces_once_resumes_exactly_and_two_cpus_equal_one():
                       learned.tbptt(particles=4, truncation=2, horizon=6)):
         meta = learned.meta_step(problem, estimator, outer_lr=0.01, optimizer=optim.adam,
                                  clip_norm=5.0)
-        state = _run(meta, meta.init(theta, 3), 3)
+        start = meta.init(theta, 3)
+        two = _run(meta, start, 2)
+        state = _run(meta, two, 1)
         assert meta.step.experimental_get_tracing_count() == 1
-        rebuilt = tf.nest.map_structure(lambda t: tf.constant(t.numpy()),
-                                        _run(meta, meta.init(theta, 3), 2))
+        rebuilt = tf.nest.map_structure(lambda t: tf.constant(t.numpy()), two)
         for a, b in zip(flat(state), flat(_run(meta, rebuilt, 1))):
             np.testing.assert_array_equal(a, b)
         split = learned.meta_step(problem, estimator, outer_lr=0.01, optimizer=optim.adam,
                                   clip_norm=5.0, strategy=strategy)
-        for a, b in zip(flat(state), flat(_run(split, split.init(theta, 3), 3))):
+        for a, b in zip(flat(state), flat(_run(split, start, 3))):
             np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-15)

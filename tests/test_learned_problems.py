@@ -92,8 +92,11 @@ def test_the_toy_regression_steps_by_its_schedule_and_tbptt_differentiates_it():
                                rtol=1e-14)
     assert t.numpy() == 1.0
 
+    compiled_value = tf.function(lambda th: learned.evaluate(problem, th, horizon),
+                                 autograph=False)
+
     def value(th):
-        return learned.evaluate(problem, tf.constant(th), horizon).numpy()
+        return compiled_value(tf.constant(th)).numpy()
     d = 1e-6
     differences = [(value(theta + d * e) - value(theta - d * e)) / (2 * d) for e in np.eye(2)]
     estimator = learned.tbptt(particles=1, truncation=horizon, horizon=horizon)
