@@ -10,7 +10,9 @@ returns `MetaStep(init, step)`:
   run's seed and the step count, so a resumed run draws what an uninterrupted one does),
   its gradient clipped to a global norm of at most `clip_norm` (in theta's dtype), then
   ``optimizer(outer_lr).update``. `step` is one `tf.function`, traced once for a run (the
-  state's shapes never change).
+  state's shapes never change). It is not compiled with XLA: there TensorFlow draws other
+  stateless random numbers (other perturbations than the same seed gives without XLA), and
+  tbptt's gradient through the mapped unroll (pfor) does not compile.
 """
 
 from typing import Any, Callable, NamedTuple, Optional, Tuple
@@ -85,8 +87,7 @@ def clip_by_global_norm(grads: Tree, clip_norm: float) -> Tree:
 def meta_step(problem: InnerProblem, estimator: Estimator, outer_lr: float,
               optimizer: Callable[..., optim.Optimizer] = optim.sgd,
               clip_norm: Optional[float] = None,
-              strategy: Optional[tf.distribute.Strategy] = None,
-              jit_compile: bool = False) -> MetaStep:
+              strategy: Optional[tf.distribute.Strategy] = None) -> MetaStep:
     """The outer loop of meta-training: estimate, clip, update theta.
 
     Args:
@@ -100,7 +101,6 @@ def meta_step(problem: InnerProblem, estimator: Estimator, outer_lr: float,
             clipping.
         strategy: a `tf.distribute` strategy whose replicas split the particles, or None
             (default): one device.
-        jit_compile: compile the step with XLA; default False.
 
     Returns:
         The `MetaStep(init, step)`.
@@ -123,7 +123,6 @@ def meta_step(problem: InnerProblem, estimator: Estimator, outer_lr: float,
                                    f"Optimizer, got {type(opt).__name__}")
     if clip_norm is not None:
         clip_norm = checks.positive(clip_norm, "clip_norm", where)
-    jit_compile = checks.boolean(jit_compile, "jit_compile", where)
 
     @_no_autograph
     def init(theta: Tree, seed: Seed) -> MetaState:
@@ -144,4 +143,4 @@ def meta_step(problem: InnerProblem, estimator: Estimator, outer_lr: float,
         theta, outer_state = opt.update(grads, state.outer_state, state.theta)
         return MetaState(theta, outer_state, est, state.step + 1, state.seed), estimate
 
-    return MetaStep(init, tf.function(step, jit_compile=jit_compile, autograph=False))
+    return MetaStep(init, tf.function(step, autograph=False))
