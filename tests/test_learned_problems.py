@@ -67,6 +67,9 @@ def test_pes_with_k1_points_toward_the_optimum_and_tbptt_the_other_way():
     np.testing.assert_allclose(estimates["tbptt"].grads.numpy(), [(s[0] - 1) * c[0]],
                                rtol=1e-12)
     assert estimates["tbptt"].grads.numpy()[0] < 0
+    # the per-particle rows are dense tensors (the gradient of the step's reshape is sparse)
+    np.testing.assert_allclose(estimates["tbptt"].per_particle.numpy(), [[(s[0] - 1) * c[0]]],
+                               rtol=1e-12)
 
 
 def numpy_toy_loss(x):

@@ -247,7 +247,8 @@ def _tbptt_estimate(config: _Config) -> Callable[..., Tuple[Estimate, EstimatorS
                 raise checks.ArgumentError(
                     f"{where}: the meta-objective does not depend on theta leaves {missing} "
                     f"({checks.describe(theta)}); remove them from theta")
-            return particles, values, grads
+            # dense rows: a gather in a step (pfor's, or the problem's) gives IndexedSlices
+            return particles, values, tf.nest.map_structure(tf.convert_to_tensor, grads)
 
         particles, values, grads = _across_replicas(strategy, rows, (thetas, particles),
                                                     config.particles, where)
