@@ -350,17 +350,22 @@ def test_bad_input_is_named():
         learned.tbptt(particles=4, truncation=1).estimate(problem, theta, state, 0)
     with pytest.raises(checks.ArgumentError, match="outer_lr must be a positive"):
         learned.meta_step(problem, estimator, outer_lr=0.0)
+    with pytest.raises(checks.ArgumentError, match="clip_norm must be a positive"):
+        learned.meta_step(problem, estimator, outer_lr=0.1, clip_norm=-1.0)
 
 
 # ---- the outer step ----------------------------------------------------------------------
 
-def test_clipping_scales_to_the_global_norm_in_float64():
-    grads = [tf.constant([3.0], F64), tf.constant([[4.0]], F64)]
-    clipped = learned.clip_by_global_norm(grads, 1.0)
-    np.testing.assert_allclose([clipped[0].numpy()[0], clipped[1].numpy()[0, 0]], [0.6, 0.8],
-                               rtol=1e-15)
-    kept = learned.clip_by_global_norm(grads, 10.0)
-    np.testing.assert_array_equal(kept[1].numpy(), [[4.0]])
+def test_the_outer_step_clips_to_the_global_norm_in_float64():
+    """SGD at rate 1 moves theta by the estimate scaled to norm clip_norm (numpy)."""
+    problem, theta = linear_problem(), np.array([0.3, -0.2])
+    meta = learned.meta_step(problem, learned.tbptt(particles=1, truncation=2), outer_lr=1.0,
+                             clip_norm=0.5)
+    state, estimate = meta.step(meta.init(tf.constant(theta), 0))
+    grads = estimate.grads.numpy()
+    assert np.linalg.norm(grads) > 1
+    np.testing.assert_allclose(state.theta.numpy(),
+                               theta - 0.5 * grads / np.linalg.norm(grads), rtol=1e-15)
 
 
 def _run(meta, state, steps):

@@ -26,7 +26,7 @@ from hogrod.learned.estimators import Estimate, Estimator, EstimatorState
 from hogrod.learned.problem import InnerProblem
 from hogrod.types import Seed, Tree
 
-__all__ = ["MetaState", "MetaStep", "meta_step", "clip_by_global_norm"]
+__all__ = ["MetaState", "MetaStep", "meta_step"]
 
 _no_autograph = tf.autograph.experimental.do_not_convert
 
@@ -63,20 +63,9 @@ class MetaStep(NamedTuple):
     step: Callable[[MetaState], Tuple[MetaState, Estimate]]
 
 
-def clip_by_global_norm(grads: Tree, clip_norm: float) -> Tree:
-    """`grads` scaled by ``min(1, clip_norm / ||grads||)``, in the leaves' dtype.
-
-    Args:
-        grads: a nest of floating tensors of one dtype.
-        clip_norm: the largest global norm allowed, > 0 (applied at the leaves' dtype).
-
-    Returns:
-        The scaled nest (unchanged where its norm is at most `clip_norm`).
-
-    Raises:
-        ArgumentError: `clip_norm` is not a positive number.
-    """
-    clip_norm = checks.positive(clip_norm, "clip_norm", "hogrod.learned.clip_by_global_norm")
+def _clip_by_global_norm(grads: Tree, clip_norm: float) -> Tree:
+    """`grads` scaled by ``min(1, clip_norm / ||grads||)`` in the leaves' dtype (exact in
+    float64, where `hogrod.train.clip_by_global_norm` computes its scale in float32)."""
     norm = tree.norm(grads)
     limit = tf.constant(clip_norm, norm.dtype)
     scale = tf.minimum(tf.ones_like(norm), limit / tf.maximum(norm, limit * 1e-30))
@@ -139,7 +128,7 @@ def meta_step(problem: InnerProblem, estimator: Estimator, outer_lr: float,
                                            strategy=strategy)
         grads = estimate.grads
         if clip_norm is not None:
-            grads = clip_by_global_norm(grads, clip_norm)
+            grads = _clip_by_global_norm(grads, clip_norm)
         theta, outer_state = opt.update(grads, state.outer_state, state.theta)
         return MetaState(theta, outer_state, est, state.step + 1, state.seed), estimate
 
