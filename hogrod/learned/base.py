@@ -179,6 +179,9 @@ class LearnedOptimizer:
                                  f"(no {_CONFIG!r} entry; it holds {sorted(data.files)})")
             saved = json.loads(str(data[_CONFIG]))
             arrays = {k: data[k] for k in data.files if k != _CONFIG}
+        if saved.get("optimizer") != self.name:
+            raise ValueError(f"{where}: {path} holds the theta of a {saved.get('optimizer')}, "
+                             f"not of a {self.name}")
         mine = {"optimizer": self.name, **self.config}
         for key in list(mine) + [k for k in saved if k not in mine]:
             if saved.get(key, "<absent>") != mine.get(key, "<absent>"):
