@@ -24,11 +24,11 @@ At `init(seed)`: each kernel is drawn from a normal of standard deviation 1/sqrt
 truncated at two deviations (Haiku's `Linear`, which learned_optimization uses), each bias
 is 0, and the magnitude column of the last kernel is 0 (learned_optimization draws it like
 the direction's; with exp_mult = 1e-3 that changes the first steps by a factor
-exp(1e-3 |magnitude|) at most). Then the step is ``step_mult * direction`` exactly, and,
+``exp(1e-3 * abs(magnitude))`` at most). Then the step is ``step_mult * direction`` exactly, and,
 ReLU being 1-Lipschitz with zero biases, the root mean square of the step over a tensor is
 at most ``step_mult * sqrt(F + S) * ||w_dir|| * prod_l ||W_l||_2`` (the spectral norms of
 the hidden kernels, w_dir the last kernel's direction column): each normalized column has
-mean square below 1 and |tanh| < 1, whatever the gradients' scale.
+mean square below 1 and tanh lies in (-1, 1), whatever the gradients' scale.
 """
 
 import math
