@@ -368,6 +368,9 @@ def test_a_one_knot_schedule_is_optim_learnable_sgd():
 # ---- the digits task family ----------------------------------------------------------------
 
 def test_a_task_is_a_function_of_its_seed_and_its_labels_are_its_digits():
+    """The task (class subset) and weights from init's seed alone (eagerly, compiled, the
+    same); every example of label i, in batches and in the whole data, is digit task[i]
+    by sklearn's own targets."""
     family = digits_mlp(classes=4, batch_size=64, dtype="float64")
     digits = load_digits()
     digits_of = {}
@@ -376,24 +379,26 @@ def test_a_task_is_a_function_of_its_seed_and_its_labels_are_its_digits():
     index = {row: next(iter(d)) for row, d in digits_of.items() if len(d) == 1}
     seeds = [task_seed(s, "train") for s in (0, 1, 12345)]
     compiled_init = tf.function(family.init)
-    subsets = []
+    tasks = []
     for seed in seeds:
-        eager = family.init(seed)
-        for a, b in zip(eager, compiled_init(seed)):
+        params, task = family.init(seed)
+        for a, b in zip(tf.nest.flatten((params, task)), tf.nest.flatten(compiled_init(seed))):
             np.testing.assert_array_equal(a.numpy(), b.numpy())
-        digit_of_label = {}
-        batches = [family.batch(seed, t) for t in (0, 1, 7)] + [family.data(seed)]
-        for x, y in batches:
+        task = task.numpy()
+        assert len(set(task)) == 4 and set(task) <= set(range(10))
+        tasks.append(tuple(task))
+        batches = [family.batch(seed, t) for t in (0, 1, 7)] + [family.data(task)]
+        seen = 0
+        for batch in batches:
+            x, y = family.examples(task, batch)
             for row, label in zip(x.numpy(), y.numpy()):
                 if row.tobytes() in index:  # an image two digits share tells nothing
-                    digit_of_label.setdefault(int(label), set()).add(index[row.tobytes()])
-        # one digit per label, distinct digits: a subset of 4 digits in some order
-        assert sorted(digit_of_label) == [0, 1, 2, 3]
-        assert all(len(d) == 1 for d in digit_of_label.values())
-        subsets.append(tuple(next(iter(digit_of_label[i])) for i in range(4)))
-        assert len(set(subsets[-1])) == 4
-    assert len(set(subsets)) == 3  # three seeds, three different subsets (or orders)
-    a, b = family.batch(seeds[0], 0)[0], family.batch(seeds[0], 1)[0]
+                    assert index[row.tobytes()] == task[label]
+                    seen += 1
+        assert seen > 0.9 * (3 * 64 + 4 * 174)
+        assert sorted(np.unique(family.data(task)[0].numpy())) == [0, 1, 2, 3]
+    assert len(set(tasks)) == 3  # three seeds, three different subsets (or orders)
+    a, b = family.batch(seeds[0], 0)[1], family.batch(seeds[0], 1)[1]
     assert not np.array_equal(a.numpy(), b.numpy())
 
 
@@ -413,33 +418,37 @@ def test_held_out_task_seeds_are_never_training_task_seeds():
 
 
 def test_the_problem_steps_the_learned_optimizer_vectorized_over_particles():
+    """Each particle its own theta, task and data seed (the unroll's data seed is not
+    init's), under tf.vectorized_map, against a Python loop of the optimizer's updates."""
     family = digits_mlp(classes=3, hidden_sizes=(5,), batch_size=8, dtype="float64")
     lopt = small_mlp()
     problem = optimizer_problem(lopt, family)
     seeds = tf.constant([[0, 0], [5, 1]], tf.int64)
+    data_seeds = tf.constant([[3, 9], [4, 2]], tf.int64)
     thetas = [random_theta(lopt, 8), random_theta(lopt, 9)]
     stacked = tf.nest.map_structure(lambda *t: tf.stack(t), *thetas)
 
     def particle(args):
-        seed, theta = args
+        seed, data_seed, theta = args
         state = problem.init(seed)
         for t in range(2):
-            state = problem.step(state, theta, problem.batch(seed, t))
-        return problem.objective(state, problem.batch(seed, 2)), state.params
+            state = problem.step(state, theta, problem.batch(data_seed, t))
+        return problem.objective(state, problem.batch(data_seed, 2)), state.params
 
-    got = tf.vectorized_map(particle, (seeds, stacked))
+    got = tf.vectorized_map(particle, (seeds, data_seeds, stacked))
     for i in range(2):
+        params, task = family.init(task_seed(seeds[i], "train"))
         state = problem.init(seeds[i])
-        key = task_seed(seeds[i], "train")
-        np.testing.assert_array_equal(state.seed.numpy(), key.numpy())
-        params, opt_state = list(state.params), state.opt_state
+        np.testing.assert_array_equal(state.task.numpy(), task.numpy())
+        opt_state = state.opt_state
         opt = lopt.optimizer(thetas[i])
+        data_key = task_seed(data_seeds[i], "train")
         for t in range(2):
             with tf.GradientTape() as tape:
                 tape.watch(params)
-                value = family.loss(params, family.batch(key, t))
+                value = family.loss(params, task, family.batch(data_key, t))
             params, opt_state = opt.update(tape.gradient(value, params), opt_state, params)
-        want = family.loss(params, family.batch(key, 2))
+        want = family.loss(params, task, family.batch(data_key, 2))
         np.testing.assert_allclose(got[0][i].numpy(), want.numpy(), rtol=1e-12)
         for a, b in zip(got[1], params):
             np.testing.assert_allclose(a[i].numpy(), b.numpy(), rtol=1e-12, atol=1e-15)
@@ -450,9 +459,9 @@ def test_training_curves_train_held_out_tasks_with_any_optimizer():
     curves = training_curves(optim.adam(1e-2), family, [0, 1], 20)
     assert curves.shape == (2, 21)
     assert np.all(curves.numpy()[:, -1] < 0.6 * curves.numpy()[:, 0])
-    key = task_seed(1, "heldout")
+    params, task = family.init(task_seed(1, "heldout"))
     np.testing.assert_allclose(curves[1, 0].numpy(),
-                               family.loss(family.init(key), family.data(key)).numpy(), rtol=1e-13)
+                               family.loss(params, task, family.data(task)).numpy(), rtol=1e-13)
     sequential = training_curves(optim.adam(1e-2), family, [0, 1], 20, mode="sequential")
     np.testing.assert_allclose(sequential.numpy(), curves.numpy(), rtol=1e-11)
 
