@@ -308,27 +308,38 @@ def training_curves(optimizer: optim.Optimizer, family: TaskFamily,
     taskmap.check_task_map(mode, where)
     seeds = _as_seeds(seeds, where)
 
-    def one_task(seed, _, __):
-        key = task_seed(seed, split)
-        params, task = family.init(key)
-        everything = family.data(task)
-        state = optimizer.init(params)
-        # written in place by tf.where, not a TensorArray: vectorizable over the tasks (and a
-        # diverged step leaves the earlier entries finite)
-        positions = tf.range(steps + 1, dtype=tf.int64)
-        losses = tf.where(positions == 0, family.loss(params, task, everything),
-                          tf.zeros([steps + 1], params[0].dtype))
+    keys = [task_seed(seeds[i], split) for i in range(seeds.shape[0])]
+
+    def stacked(draw):
+        # the random draws task by task, outside the map: a per-task seed would make pfor
+        # loop over the tasks inside every vectorized step
+        return tf.nest.map_structure(lambda *x: tf.stack(x), *[draw(k) for k in keys])
+
+    def start(elem, _, __):
+        params, task = list(elem[0]), elem[1]
+        return optimizer.init(params), family.loss(params, task, family.data(task))
+
+    def advance(elem, _, __):
+        params, state, task, batch = elem
+        grads = _gradient(lambda p: family.loss(p, task, batch), list(params))
+        params, state = optimizer.update(grads, state, list(params))
+        return list(params), state, family.loss(list(params), task, family.data(task))
+
+    @tf.function  # compiled once per call (eagerly, every step would map anew)
+    def curves():
+        params, tasks = stacked(family.init)
+        state, first = taskmap.map_tasks(start, (params, tasks), mode=mode)
+        positions = tf.range(steps + 1, dtype=tf.int64)[None, :]
+        losses = tf.where(positions == 0, first[:, None], tf.zeros_like(positions, first.dtype))
 
         def body(t, params, state, losses):
-            batch = family.batch(key, t)
-            grads = _gradient(lambda p: family.loss(p, task, batch), params)
-            params, state = optimizer.update(grads, state, params)
-            params = list(params)
-            loss = family.loss(params, task, everything)
-            return t + 1, params, state, tf.where(positions == t + 1, loss, losses)
+            batches = stacked(lambda k: family.batch(k, t))
+            params, state, loss = taskmap.map_tasks(advance, (params, state, tasks, batches),
+                                                    mode=mode)
+            # written in place (a diverged step leaves the earlier entries finite)
+            return t + 1, params, state, tf.where(positions == t + 1, loss[:, None], losses)
 
-        _, _, _, losses = tf.while_loop(lambda t, *_: t < steps, body,
-                                        (tf.constant(0, tf.int64), params, state, losses))
-        return losses
+        return tf.while_loop(lambda t, *_: t < steps, body,
+                             (tf.constant(0, tf.int64), params, state, losses))[-1]
 
-    return taskmap.map_tasks(one_task, seeds, mode=mode)
+    return curves()
