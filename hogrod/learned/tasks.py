@@ -266,6 +266,9 @@ def _as_seeds(seeds, where):
         if not s.dtype.is_integer or s.shape.rank != 2 or s.shape[1] != 2:
             raise checks.ArgumentError(f"{where}: seeds must be a [tasks, 2] integer tensor or "
                                        f"a sequence of ints >= 0, got {checks.describe(s)}")
+        if s.shape[0] is None:
+            raise checks.ArgumentError(f"{where}: seeds must have a static number of rows, "
+                                       f"got {checks.describe(s)}")
         return tf.cast(s, tf.int64)
     seeds = checks.counts(seeds, "seeds", where)
     return tf.constant([[s, 0] for s in seeds], tf.int64)
@@ -278,15 +281,16 @@ def training_curves(optimizer: optim.Optimizer, family: TaskFamily,
 
     Task i and its batches are those `optimizer_problem` draws from ``seeds[i]`` and
     `split` (its seed given to both ``init`` and ``batch``), so a learned optimizer and a
-    baseline (`hogrod.optim.adam(lr)`) meet the same tasks and batches. A
-    `tf.while_loop` per task, mapped by `hogrod.taskmap.map_tasks`; call it inside a
-    `tf.function` to compile it once.
+    baseline (`hogrod.optim.adam(lr)`) meet the same tasks and batches. One compiled
+    `tf.while_loop` over the steps (traced once per call), each step mapped over the tasks
+    by `hogrod.taskmap.map_tasks`, the tasks' random draws taken one task at a time
+    outside the map.
 
     Args:
         optimizer: a `hogrod.optim` optimizer (``learned.optimizer(theta)``, ``adam(lr)``).
         family: a `TaskFamily`.
         seeds: the tasks' seeds, a sequence of ints >= 0 or a ``[tasks, 2]`` integer
-            tensor.
+            tensor (a static number of tasks).
         steps: the updates, an int >= 0.
         split: "heldout" (default) or "train".
         mode: how the tasks are mapped, one of `hogrod.taskmap.MODES`; default
