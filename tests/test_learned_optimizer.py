@@ -460,7 +460,7 @@ def test_training_curves_train_held_out_tasks_with_any_optimizer():
     family = digits_mlp(classes=3, hidden_sizes=(16,), batch_size=16, dtype="float64")
     curves = training_curves(optim.adam(1e-2), family, [0, 1], 15)
     assert curves.shape == (2, 16)
-    assert np.all(curves.numpy()[:, -1] < 0.6 * curves.numpy()[:, 0])
+    assert np.all(curves.numpy()[:, -1] < 0.75 * curves.numpy()[:, 0])  # Adam trains them
     key = task_seed(1, "heldout")
     params, task = family.init(key)
     everything = family.data(task)
