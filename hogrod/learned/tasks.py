@@ -156,7 +156,7 @@ def digits_mlp(classes: int = 5, hidden_sizes: Sequence[int] = (32,), batch_size
     where = "hogrod.learned.digits_mlp"
     sizes, batch_size = _sizes(where, classes, hidden_sizes, batch_size)
     classes = sizes[-1]
-    dtype = checks.float_dtype(dtype, "dtype", where)
+    dtype = base.float_dtype(dtype, where)
     images, table = _digits(dtype)
     per_class = int(table.shape[1])
 
