@@ -326,7 +326,7 @@ def test_the_schedules_steps_and_their_gradient_in_theta(kind, base):
 
     start = [tf.constant(np.full((3, 1), 0.1))]
     # the steps are the base optimizer's at the rate of each step
-    base_steps, p, s = [], start, opt.init(start)
+    p, s = start, opt.init(start)
     for t in range(6):
         rate = float(sched.rate(theta, t))
         fixed = (optim.sgd(rate, momentum=0.5) if base == "sgd" else optim.adam(rate))
