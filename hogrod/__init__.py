@@ -21,7 +21,8 @@ from hogrod.functional import functional_call, model_state, trainable_values
 __version__ = "0.1.0"
 
 _SUBPACKAGES = ("train", "meta", "gan", "pinn", "curvature", "harness", "distribute", "tree",
-                "linalg", "optim", "implicit", "hypergrad", "rl", "taskmap")
+                "linalg", "optim", "implicit", "hypergrad", "rl", "taskmap", "second_order",
+                "learned")
 
 
 # lazy subpackages: `import hogrod; hogrod.meta.adapt(...)` works

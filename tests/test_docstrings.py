@@ -24,7 +24,7 @@ PUBLIC = ["hogrod", "hogrod.tree", "hogrod.linalg", "hogrod.checks", "hogrod.imp
           "hogrod.hypergrad", "hogrod.distribute", "hogrod.models", "hogrod.data",
           "hogrod.bindings", "hogrod.harness", "hogrod.train", "hogrod.optim", "hogrod.meta",
           "hogrod.gan", "hogrod.pinn", "hogrod.curvature", "hogrod.rl",
-          "hogrod.second_order"]
+          "hogrod.second_order", "hogrod.learned"]
 
 
 def _exported():
