@@ -76,7 +76,8 @@ def plot(path, game, paths, eigenvalues, lim=2.0, grid=15):
 
 @gin.configurable
 def dirac_gan_experiment(output_dir, loss=gan.saturating_loss, penalties=(),
-                         penalty_weights=(), start: tuple[float, float] = (1.0, 1.0),
+                         penalty_weights: tuple[harness.NonNegative, ...] = (),
+                         start: tuple[float, float] = (1.0, 1.0),
                          step: harness.Positive = 0.1, steps: harness.Count = 1000):
     """Play the Dirac-GAN; return its eigenvalues and the distances after `steps` steps.
 

@@ -401,15 +401,24 @@ def _replica_step(strategy):
             d = gan.relativistic_loss(critic(b["real"]), critic(fake)).critic
             d += gan.r1_penalty(critic, b["real"]) + gan.r2_penalty(critic, b["real"], fake)
             d += gan.consistency_penalty(critic, b["real"], fake, augment=lambda x: x[:, ::-1])
-            pl, state = path_length.apply(generator, b["z"], {"mean": tf.constant(0.5, F64)},
-                                          noise={"path_length": b["y"]})
+            start = {"mean": tf.constant(0.5, F64)}
+
+            def pl_term():
+                return path_length.apply(generator, b["z"], start, noise={"path_length": b["y"]})
+            pl, state = gan.lazy_term(pl_term, 4, 2, F64, state=start)  # due: 2 x the penalty
+            skipped, kept = gan.lazy_term(pl_term, 5, 2, F64, state=start)
             g = pl + zcr.apply(generator, b["z"], {}, noise={"latent_perturbation": b["delta"]})[0]
         grads = tape.gradient(d, critic.trainable_variables) + tape.gradient(
             g, generator.trainable_variables)
         gan.advance_power_iteration(critic)
-        return ctx.all_reduce(tf.distribute.ReduceOp.MEAN, [d, g] + grads), state["mean"]
+        return (ctx.all_reduce(tf.distribute.ReduceOp.MEAN, [d, g, skipped] + grads),
+                tf.stack([state["mean"], kept["mean"]]))
 
-    out, mean = strategy.run(tf.function(replica), args=(next(iter(data)),))
+    @tf.function
+    def run(b):
+        return strategy.run(replica, args=(b,))
+
+    out, mean = run(next(iter(data)))
     local = strategy.experimental_local_results
     np.testing.assert_array_equal(local(mean)[0], local(mean)[-1])  # one state on every replica
     values = [local(x)[0].numpy().ravel() for x in out] + [local(mean)[0].numpy().ravel()]

@@ -9,6 +9,7 @@ consistency_penalty.augment = @my_flip``). The critic's scores are its raw outpu
 layer before any sigmoid), as in both papers.
 
 Conventions, and where they differ from the papers' code:
+
 - both scores are differentiated (the papers' Algorithm 1); implementations that stop the
   gradient of D(x) give a gradient half as large on a symmetric augmentation;
 - the squared difference is per example, then the mean over the batch; `torch.nn.MSELoss`

@@ -49,9 +49,10 @@ __all__ = ["DiracGAN", "dirac_gan", "dirac_vector_field", "dirac_jacobian",
 
 DIRAC_MODES = ("simultaneous", "alternating")
 _F64 = tf.float64
-# the penalties' random numbers, fixed: in the Dirac-GAN the critic's input gradient is psi
-# everywhere, so where a penalty evaluates it does not matter
-_NOISE = {"interpolation": tf.constant([0.5], _F64), "perturbation": tf.zeros([1, 1], _F64)}
+def _noise():
+    """The penalties' random numbers, fixed: in the Dirac-GAN the critic's input gradient is
+    psi everywhere, so where a penalty evaluates it does not matter."""
+    return {"interpolation": tf.constant([0.5], _F64), "perturbation": tf.zeros([1, 1], _F64)}
 
 
 class DiracGAN(NamedTuple):
@@ -132,7 +133,7 @@ def dirac_vector_field(game: DiracGAN, params: TensorLike) -> tf.Tensor:
         play = game.loss(critic(real), critic(fake))
         critic_loss = tf.cast(play.critic, _F64)
         for penalty, weight in game.penalties:
-            value = penalty(critic, real, fake, noise=dict(_NOISE))
+            value = penalty(critic, real, fake, noise=_noise())
             critic_loss += tf.constant(weight, _F64) * tf.cast(value, _F64)
     generator_grad = tape.gradient(play.generator, p,
                                    unconnected_gradients=tf.UnconnectedGradients.ZERO)

@@ -155,6 +155,7 @@ def path_length_penalty(decay: float = 0.01, batch_shrink: int = 2) -> Generator
     implementations). The state is ``{"mean": a}``, 0 at first.
 
     Where it differs from StyleGAN2's code:
+
     - the batch shrink takes every `batch_shrink`-th example (``latent[::batch_shrink]``),
       not the first ``batch // batch_shrink``: under a tf.distribute strategy each replica
       then takes the rows one device would (when its shard's size is a multiple of

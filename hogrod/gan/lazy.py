@@ -8,6 +8,11 @@ separate regularization steps; here the term joins the step's own loss, so there
 to rescale. A regularizer with state (`hogrod.gan.generator_penalties`) keeps its state on
 the steps it skips (StyleGAN2 updates its path-length mean only when it regularizes).
 
+Under a tf.distribute strategy with several replicas in sync, a regularizer with state is
+computed on every step and its term and state kept on the due steps only: it all-reduces to
+keep its state the same on every replica (the path-length mean), and MirroredStrategy cannot
+all-reduce inside a `tf.cond`. The result is the lazy one; only the saving is lost.
+
 `offset` staggers two regularizers over the interval (R3GAN's lazy variant computes R1 on
 the steps ``i % lazy_every == 0`` and R2 on ``i % lazy_every == lazy_every // 2``).
 """
@@ -79,4 +84,14 @@ def lazy_term(compute: Callable[[], Any], step: Scalar, lazy_every: int, dtype: 
     if not step.dtype.is_integer:
         raise checks.ArgumentError(f"lazy_term: step must be an integer step counter, got "
                                    f"dtype {step.dtype.name}")
-    return tf.cond(tf.equal(step % lazy_every, tf.cast(offset, step.dtype)), due, skipped)
+    is_due = tf.equal(step % lazy_every, tf.cast(offset, step.dtype))
+    ctx = tf.distribute.get_replica_context()
+    if state is not None and tf.nest.flatten(state) and ctx is not None \
+            and ctx.num_replicas_in_sync > 1:
+        # a regularizer with state all-reduces to keep it one on every replica, and
+        # MirroredStrategy cannot all-reduce inside a tf.cond: computed, then kept or not
+        value, new_state = due()
+        keep = lambda new, old: tf.where(is_due, new, tf.cast(old, new.dtype))  # noqa: E731
+        return (tf.where(is_due, value, tf.zeros([], dtype)),
+                tf.nest.map_structure(keep, new_state, state))
+    return tf.cond(is_due, due, skipped)

@@ -94,11 +94,11 @@ class SpectralNormalization(keras.layers.Wrapper):
             would be lost).
         """
         super().build(input_shape)
-        kernel = self._kernel()
         if self.layer.non_trainable_variables:
             raise ValueError(f"SpectralNormalization: {type(self.layer).__name__} has "
                              "non-trainable variables, whose updates the normalized call "
                              "would lose; wrap a layer without state (Dense, Conv)")
+        kernel = self._kernel()
         self.vector_u = self.add_weight(
             shape=(kernel.shape[-1],), initializer=keras.initializers.RandomNormal(),
             trainable=False, name="power_iteration_u", dtype=kernel.dtype)
