@@ -343,8 +343,9 @@ def test_functional_call_of_a_normalized_critic_equals_its_call_and_gradient():
 
 def test_keras_spectral_normalization_does_what_the_module_docstring_says():
     """Why hogrod has its own layer: Keras's advances u and writes W / sigma into the kernel on
-    every training call, normalizes nothing with training=False, and under functional_call
-    its kernel write is lost while u advances in the returned state."""
+    every training call (the gradient then misses sigma's dependence on W), normalizes
+    nothing with training=False, and under functional_call advances u in the returned
+    state."""
     keras.utils.set_random_seed(6)
     layer = keras.layers.SpectralNormalization(keras.layers.Dense(3))
     model = keras.Sequential([keras.Input((4,)), layer])
@@ -357,6 +358,10 @@ def test_keras_spectral_normalization_does_what_the_module_docstring_says():
     model(x, training=True)
     assert not np.allclose(u0, u1) and not np.allclose(u1, layer.vector_u.numpy())  # per call
     assert not np.allclose(kernel, k1)  # the trainable kernel now holds W / sigma
+    with tf.GradientTape() as tape:  # and its gradient is the plain Dense one: sigma cut off
+        total = tf.reduce_sum(model(x, training=True))
+    np.testing.assert_allclose(tape.gradient(total, layer.layer.kernel),
+                               x.numpy().T @ np.ones((5, 3)), rtol=1e-5)
     _, state = hogrod.functional_call(model, hogrod.trainable_values(model), x, training=True,
                                       state=hogrod.model_state(model))
     assert not np.allclose(state[0], layer.vector_u.numpy())

@@ -92,6 +92,9 @@ def _pixels(samples: tf.Tensor) -> tf.Tensor:
 def _lengths(generator, w, projection, where):
     """Each example's ||J_w^T y|| with y = projection(samples) (made inside the tape, once
     the samples' shape is known: one generator call)."""
+    if w.shape.rank is None or w.shape.rank < 2:
+        raise ValueError(f"{where}: the latent codes must be a batch [batch, ...], got shape "
+                         f"{w.shape}")
     with tf.GradientTape() as tape:
         tape.watch(w)
         samples = tf.convert_to_tensor(generator(w))
@@ -102,7 +105,7 @@ def _lengths(generator, w, projection, where):
                              f"{samples.shape}")
         y = tf.stop_gradient(tf.cast(projection(samples), samples.dtype))
         total = tf.reduce_sum(samples * y)
-    grad = tape.gradient(total, w)
+    grad = tape.gradient(total, w, unconnected_gradients=tf.UnconnectedGradients.ZERO)
     if grad.dtype in (tf.float16, tf.bfloat16):  # mixed precision: reduce in float32
         grad = tf.cast(grad, tf.float32)
     squared = tf.reduce_sum(tf.square(grad), axis=-1)
