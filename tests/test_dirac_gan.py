@@ -55,14 +55,13 @@ def test_jacobian_and_eigenvalues_at_the_equilibrium_are_the_closed_forms(name):
 
 
 def test_wgan_gp_equilibrium_is_not_a_fixed_point():
-    """(|psi| - g0)^2's gradient is -+2 lambda g0 on either side of psi = 0: no Jacobian
+    """(|psi| - 1)^2's gradient is -+2 lambda on either side of psi = 0: no Jacobian
     describes the dynamics there, and there are no eigenvalues to report."""
-    game = gan.dirac_gan(gan.wasserstein_loss,
-                         [functools.partial(gan.gradient_penalty, target=0.3)], [0.5])
+    game = gan.dirac_gan(gan.wasserstein_loss, [gan.gradient_penalty], [0.35])
     assert not gan.dirac_fixed_point(game)
     assert gan.dirac_eigenvalues(game).shape == (0,)
     np.testing.assert_allclose(gan.dirac_vector_field(game, tf.constant([0.0, 1e-9], tf.float64)),
-                               [1e-9, 0.3], atol=1e-8)
+                               [1e-9, 0.7], atol=1e-8)
 
 
 # ---- the paper's notebook, in numpy (its psi scores the generated data high) ---------------
@@ -72,9 +71,9 @@ def sigmoid(x):
 
 
 def notebook_field(kind, theta, psi):
-    """GAN_stability's `GAN`, `GAN_GradPenalty(reg=0.3)` and `WGAN_GP(reg=1, target=0.3)`."""
+    """GAN_stability's `GAN`, `GAN_GradPenalty(reg=0.3)` and `WGAN_GP(reg=0.7, target=1)`."""
     if kind == "wgan_gp":
-        return -psi, theta - 1.0 * (abs(psi) - 0.3) * np.sign(psi)
+        return -psi, theta - 0.7 * (abs(psi) - 1.0) * np.sign(psi)
     fp = sigmoid(-psi * theta)
     return -psi * fp, theta * fp - (0.3 * psi if kind == "r1" else 0.0)
 
@@ -95,8 +94,7 @@ def notebook_trajectory(kind, mode, steps=1000, h=0.1):
 
 GAMES = {"unregularized": (gan.saturating_loss, [], []),
          "r1": (gan.saturating_loss, [gan.r1_penalty], [0.15]),
-         "wgan_gp": (gan.wasserstein_loss, [functools.partial(gan.gradient_penalty, target=0.3)],
-                     [0.5])}
+         "wgan_gp": (gan.wasserstein_loss, [gan.gradient_penalty], [0.35])}
 # the distance to the equilibrium after 1,000 steps of 0.1 from (1, 1)
 DISTANCES = {("unregularized", "simultaneous"): (2.65, 0.01),
              ("unregularized", "alternating"): (1.42, 0.01)}
