@@ -15,8 +15,8 @@ and alternating (the generator first).
 Outputs: metrics.json (`eigenvalues`: a list of [real, imaginary] pairs, empty for no fixed
 point; `jacobian`; `fixed_point`; `distance_simultaneous`, `distance_alternating`: the
 distance to the equilibrium after the last step; `start`, `step`, `steps`), trajectories.png
-(the vector field and both trajectories in the (theta, psi) plane, as the paper's figure;
-hogrod's psi is the paper's -psi: the critic scores real data high), operative_config.gin.
+(the vector field and both trajectories in the (theta, psi) plane, as the paper's figure),
+operative_config.gin.
 """
 
 import os

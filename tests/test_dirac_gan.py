@@ -1,10 +1,10 @@
 """The Dirac-GAN (hogrod.gan.dirac) and its binary (experiments/dirac_gan.py), in float64.
 
-Oracles: the closed-form Jacobian ``[[0, f'(0)], [-f'(0), -c]]`` at the equilibrium and its
+Oracles: the closed-form Jacobian ``[[0, -f'(0)], [f'(0), -c]]`` at the equilibrium and its
 eigenvalues ``-c/2 +- sqrt(c^2/4 - f'(0)^2)`` for every loss and penalty (1e-10); the
 trajectories of the paper's notebook vector fields (LMescheder/GAN_stability,
-notebooks/diracgan), written again here in numpy, with its psi = our -psi; the paper's
-behaviour after 1,000 steps of 0.1 from (1, 1)."""
+notebooks/diracgan), written again here in numpy; the paper's behaviour after 1,000 steps of
+0.1 from (1, 1)."""
 
 import functools
 import json
@@ -48,7 +48,7 @@ def test_jacobian_and_eigenvalues_at_the_equilibrium_are_the_closed_forms(name):
     loss, penalties, weights, f, c = CASES[name]
     game = gan.dirac_gan(loss, penalties, weights)
     assert gan.dirac_fixed_point(game)
-    np.testing.assert_allclose(gan.dirac_jacobian(game), [[0.0, f], [-f, -c]], atol=1e-12)
+    np.testing.assert_allclose(gan.dirac_jacobian(game), [[0.0, -f], [f, -c]], atol=1e-12)
     root = np.sqrt(complex(c ** 2 / 4 - f ** 2))
     np.testing.assert_allclose(gan.dirac_eigenvalues(game), ordered([-c / 2 + root, -c / 2 - root]),
                                atol=1e-10)
@@ -61,10 +61,10 @@ def test_wgan_gp_equilibrium_is_not_a_fixed_point():
     assert not gan.dirac_fixed_point(game)
     assert gan.dirac_eigenvalues(game).shape == (0,)
     np.testing.assert_allclose(gan.dirac_vector_field(game, tf.constant([0.0, 1e-9], tf.float64)),
-                               [1e-9, 0.7], atol=1e-8)
+                               [-1e-9, 0.7], atol=1e-8)
 
 
-# ---- the paper's notebook, in numpy (its psi scores the generated data high) ---------------
+# ---- the paper's notebook, in numpy -------------------------------------------------------
 
 def sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
@@ -79,7 +79,7 @@ def notebook_field(kind, theta, psi):
 
 
 def notebook_trajectory(kind, mode, steps=1000, h=0.1):
-    theta, psi = 1.0, -1.0  # our (1, 1)
+    theta, psi = 1.0, 1.0
     out = [(theta, psi)]
     for _ in range(steps):
         if mode == "simultaneous":
@@ -89,7 +89,7 @@ def notebook_trajectory(kind, mode, steps=1000, h=0.1):
             theta += h * notebook_field(kind, theta, psi)[0]
             psi += h * notebook_field(kind, theta, psi)[1]
         out.append((theta, psi))
-    return np.array(out) * [1.0, -1.0]  # in our psi
+    return np.array(out)
 
 
 GAMES = {"unregularized": (gan.saturating_loss, [], []),

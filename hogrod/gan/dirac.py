@@ -1,7 +1,9 @@
 """The Dirac-GAN (Mescheder et al. 2018): a two-parameter GAN whose convergence is exact.
 
 The data are a point mass at 0; the generator a point mass at ``theta`` (``G(z) = theta``);
-the critic linear, ``D(x) = psi x``. The unique equilibrium is ``(theta, psi) = (0, 0)``.
+the critic linear, ``D(x) = -psi x`` (the paper's critic ``psi x`` scores the generated data
+high, hogrod's critics the real data: the sign keeps the paper's coordinates, so its figures
+and its start (1, 1) read the same). The unique equilibrium is ``(theta, psi) = (0, 0)``.
 The game here is played with hogrod's own losses and penalties, unchanged: the critic is a
 callable of a ``[1, 1]`` batch, the real batch is ``[[0]]``, the generated one
 ``[[theta]]``, and the players' gradients are taken by autodiff through `GanLosses` and every
@@ -16,7 +18,7 @@ Jacobian of v at the equilibrium by `hogrod.jacobian`, `dirac_eigenvalues` its e
 
 Closed forms (float64 agrees to 1e-10; `tests/test_dirac_gan.py`): with ``f'(0) = 1/2`` for
 the saturating, non-saturating and relativistic losses (1 for WGAN), the Jacobian at the
-equilibrium is ``[[0, f'(0)], [-f'(0), -c]]`` with ``c`` the penalty's curvature in psi:
+equilibrium is ``[[0, -f'(0)], [f'(0), -c]]`` with ``c`` the penalty's curvature in psi:
 unregularized ``c = 0``, eigenvalues ``+-f'(0) i`` (simultaneous steps spiral out, alternating
 ones circle); R1 (or R2) with weight ``gamma / 2``: ``c = gamma``, eigenvalues ``-gamma/2 +-
 sqrt(gamma^2/4 - f'(0)^2)`` (both converge for small steps); R1 + R2 (R3GAN) ``c = 2 gamma``;
@@ -25,14 +27,12 @@ R1 here). WGAN-GP's penalty ``(|psi| - g0)^2`` does not vanish at the equilibriu
 gradient jumps there (``-+2 lambda g0`` either side of psi = 0): the equilibrium is not a
 fixed point of the field, `dirac_fixed_point` says so and `dirac_eigenvalues` is empty.
 
-Conventions that differ from the paper's notebook (LMescheder/GAN_stability,
-notebooks/diracgan): hogrod's critic scores real data high, the paper's scores the
-generated data high, so our ``psi`` is the paper's ``-psi`` (trajectories mirrored in psi,
-the same distances and eigenvalues); the notebook's ``GAN_GradPenalty(reg)`` is R1 with
-weight ``reg / 2`` and its ``WGAN_GP(reg, target)`` `gradient_penalty` with weight ``reg / 2``
-and that target. Generator penalties (path length, zCR) are constant for a generator that
-ignores its latent code, and spectral normalization leaves psi no gradient (``D(x) = x
-sign(psi)``): the Dirac-GAN takes the losses and the critic penalties.
+The paper's notebook (LMescheder/GAN_stability, notebooks/diracgan), whose trajectories
+`tests/test_dirac_gan.py` reproduces to 1e-9: its ``GAN_GradPenalty(reg)`` is R1 with weight
+``reg / 2``, its ``WGAN_GP(reg, target)`` `gradient_penalty` with weight ``reg / 2`` and that
+target; its figure takes steps of 0.2 (this module any). Generator penalties (path length,
+zCR) are constant for a generator that ignores its latent code, and spectral normalization
+leaves psi no gradient (``D(x) = -x sign(psi)``): the Dirac-GAN takes the losses and the critic penalties.
 """
 
 from typing import Callable, NamedTuple, Sequence, Tuple
@@ -126,8 +126,8 @@ def dirac_vector_field(game: DiracGAN, params: TensorLike) -> tf.Tensor:
         tape.watch(p)
         theta, psi = tf.unstack(p)
 
-        def critic(x):  # D(x) = psi x, one score per example
-            return psi * x[:, 0]
+        def critic(x):  # D(x) = -psi x, one score per example
+            return -psi * x[:, 0]
 
         fake = tf.reshape(theta, [1, 1])
         play = game.loss(critic(real), critic(fake))
