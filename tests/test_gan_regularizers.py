@@ -419,7 +419,6 @@ def _replica_step(strategy):
         return (ctx.all_reduce(tf.distribute.ReduceOp.MEAN, [d, g, skipped] + grads),
                 tf.stack([state["mean"], kept["mean"]]))
 
-    @tf.function
     def run(b):
         return strategy.run(replica, args=(b,))
 
@@ -431,9 +430,36 @@ def _replica_step(strategy):
     return np.concatenate(values + us)
 
 
+def _compiled_lazy_path_length(strategy):
+    """The lazy path-length penalty and its gradient in a compiled step under `strategy`: its
+    mean all-reduced, which MirroredStrategy cannot do inside the lazy term's cond."""
+    with strategy.scope():
+        generator = mlp64([3, 4, 2], 8)
+    penalty = gan.path_length_penalty(decay=0.3)
+    batch = {"z": normal([8, 3], 1), "y": normal([8, 2], 2)}
+    data = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensors(batch).unbatch().batch(8))
+
+    def replica(b):
+        start = {"mean": tf.constant(0.5, F64)}
+        with tf.GradientTape() as tape:
+            value, state = gan.lazy_term(lambda: penalty.apply(
+                generator, b["z"], start, noise={"path_length": b["y"]}), 4, 2, F64, state=start)
+        grads = [tf.zeros(v.shape, F64) if g is None else g  # the output bias: no path
+                 for v, g in zip(generator.trainable_variables,
+                                 tape.gradient(value, generator.trainable_variables))]
+        ctx = tf.distribute.get_replica_context()
+        return ctx.all_reduce(tf.distribute.ReduceOp.MEAN, [value] + grads), state["mean"]
+
+    out, mean = tf.function(lambda b: strategy.run(replica, args=(b,)))(next(iter(data)))
+    local = strategy.experimental_local_results
+    return np.concatenate([local(x)[0].numpy().ravel() for x in out]
+                          + [local(mean)[-1].numpy().ravel()])
+
+
 def test_the_new_pieces_under_two_replicas_equal_one_device():
     strategy = distribute.make_strategy("mirrored")
     assert strategy.num_replicas_in_sync == 2
-    np.testing.assert_allclose(_replica_step(strategy),
-                               _replica_step(tf.distribute.get_strategy()), rtol=1e-10,
-                               atol=1e-12)
+    single = tf.distribute.get_strategy()
+    for step in (_replica_step, _compiled_lazy_path_length):
+        np.testing.assert_allclose(step(strategy), step(single), rtol=1e-10, atol=1e-12)
