@@ -43,9 +43,10 @@ def describe(game):
     return _name(game.loss) + (" + " + " + ".join(terms) if terms else ", unregularized")
 
 
-def plot(path, game, paths, eigenvalues, lim=2.0, grid=15):
-    """The vector field on a `grid` x `grid` lattice of [-lim, lim]^2 and each trajectory,
-    one panel per mode."""
+def plot(path, game, paths, eigenvalues, grid=15):
+    """The vector field on a `grid` x `grid` lattice and each trajectory, one panel per mode,
+    on [-2, 2]^2 or wider to show the whole trajectories."""
+    lim = max(2.0, 1.1 * max(np.abs(points).max() for points in paths.values()))
     field = tf.function(lambda p: gan.dirac_vector_field(game, p),
                         input_signature=[tf.TensorSpec([2], tf.float64)])
     ticks = np.linspace(-lim, lim, grid)
@@ -66,7 +67,7 @@ def plot(path, game, paths, eigenvalues, lim=2.0, grid=15):
         ax.set_ylabel("psi (critic)")
         ax.set_title(f"{mode} gradient steps", fontsize=10)
         ax.legend(loc="lower left", fontsize=7)
-    spectrum = (", ".join(f"{z.real:.4g}{z.imag:+.4g}i" for z in eigenvalues)
+    spectrum = (", ".join(f"{z.real + 0.0:.4g}{z.imag:+.4g}i" for z in eigenvalues)
                 or "none (no fixed point)")
     fig.suptitle(f"Dirac-GAN: {describe(game)}; eigenvalues {spectrum}", fontsize=10)
     fig.tight_layout()
@@ -94,8 +95,8 @@ def dirac_gan_experiment(output_dir, loss=gan.saturating_loss, penalties=(),
              for mode in gan.DIRAC_MODES}
     harness.started(output_dir)
     plot(os.path.join(output_dir, "trajectories.png"), game, paths, eigenvalues)
-    metrics = dict(game=describe(game), eigenvalues=[[float(z.real), float(z.imag)]
-                                                     for z in eigenvalues],
+    metrics = dict(game=describe(game),
+                   eigenvalues=[[float(z.real) + 0.0, float(z.imag) + 0.0] for z in eigenvalues],
                    jacobian=jacobian.tolist(), fixed_point=fixed_point,
                    start=list(start), step=step, steps=steps,
                    seconds=time.perf_counter() - started)

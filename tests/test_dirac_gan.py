@@ -144,7 +144,8 @@ def test_binary_writes_the_metrics_and_the_figure(tmp_path):
         assert json.load(f)["eigenvalues"] == m["eigenvalues"]
     assert os.path.exists(os.path.join(out, "trajectories.png")) and m["fixed_point"]
     # R1 contracts: after 20 steps both are inside the circle of the start (1, 1)
-    assert m["steps"] == 20 and max(m["distance_simultaneous"], m["distance_alternating"]) < 2 ** 0.5
+    distances = m["distance_simultaneous"], m["distance_alternating"]
+    assert m["steps"] == 20 and max(distances) < 2 ** 0.5
     root = np.sqrt(0.3 ** 2 / 4 - 0.25 + 0j)
     np.testing.assert_allclose(np.array(m["eigenvalues"]) @ [1, 1j],
                                ordered([-0.15 + root, -0.15 - root]), atol=1e-10)

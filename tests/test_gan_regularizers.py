@@ -121,7 +121,8 @@ def test_consistency_penalty_is_its_hand_computation():
 def test_consistency_penalty_input_is_checked():
     critic = mlp64([2, 3, 1], 0)
     real = normal([4, 2], 0)
-    with pytest.raises(checks.ArgumentError, match=r"consistency_penalty.augment: .*shape \[4, 2\]"):
+    with pytest.raises(checks.ArgumentError,
+                       match=r"consistency_penalty.augment: .*shape \[4, 2\]"):
         gan.consistency_penalty(critic, real, real, augment=lambda x: x[:, :1])
     with pytest.raises(checks.ArgumentError, match="augment is required"):
         gan.consistency_penalty(critic, real, real)

@@ -32,7 +32,8 @@ The paper's notebook (LMescheder/GAN_stability, notebooks/diracgan), whose traje
 ``reg / 2``, its ``WGAN_GP(reg, target)`` `gradient_penalty` with weight ``reg / 2`` and that
 target; its figure takes steps of 0.2 (this module any). Generator penalties (path length,
 zCR) are constant for a generator that ignores its latent code, and spectral normalization
-leaves psi no gradient (``D(x) = -x sign(psi)``): the Dirac-GAN takes the losses and the critic penalties.
+leaves psi no gradient (``D(x) = -x sign(psi)``): the Dirac-GAN takes the losses and the
+critic penalties.
 """
 
 from typing import Callable, NamedTuple, Sequence, Tuple
