@@ -26,7 +26,7 @@ import keras
 import tensorflow as tf
 
 from hogrod import checks, train
-from hogrod.gan import penalties
+from hogrod.gan import lazy, penalties
 from hogrod.types import Batch
 
 __all__ = ["make_wgan_gp_step", "grouped", "with_noise"]
@@ -145,11 +145,8 @@ def make_wgan_gp_step(generator: keras.Model, critic: keras.Model,
     def penalty_term(real, fake, noise):
         # one dtype on both branches of the lazy cond: float64 data keeps float64
         dtype = tf.float64 if real.dtype == tf.float64 else tf.float32
-        value = lambda: tf.cast(penalty(critic, real, fake, noise=noise), dtype)  # noqa: E731
-        if lazy_every == 1:
-            return value()
-        due = tf.equal(critic_optimizer.iterations % lazy_every, 0)
-        return tf.cond(due, lambda: lazy_every * value(), lambda: tf.zeros([], dtype))
+        return lazy.lazy_term(lambda: penalty(critic, real, fake, noise=noise),
+                              critic_optimizer.iterations, lazy_every, dtype)
 
     def critic_loss(batch):
         real, z, noise = unpack(batch)
