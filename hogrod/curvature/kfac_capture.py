@@ -402,11 +402,11 @@ def layer_statistics(call: Callable[[], tf.Tensor], blocks: List[Block],
 
     A "diag" block's diagonal is sum_c,n g_cn^2, g_cn example n's gradient of its variables
     for cotangent column c. A normalization layer's (`SCALE_SHIFT`) is kfac-jax's
-    scale-and-shift diagonal: g_cn from the output gradients dy of the one backward pass,
-    attributed to the example whose output row the variable scales or shifts (the examples'
-    coupling through later layers' batch statistics ignored, as the Kronecker factors ignore
-    it; without such coupling, as in inference mode, it is the exact diagonal). Any other
-    layer's is the exact diagonal, g_cn = J_n^T cot_cn from per-example Jacobians.
+    scale-and-shift diagonal: g_cn from example n's rows of the output gradients dy of the
+    one backward pass (the examples' coupling through later layers' batch statistics
+    ignored, as the Kronecker factors ignore it; without such coupling, as in inference
+    mode, it is the exact diagonal). Any other layer's is the exact diagonal,
+    g_cn = J_n^T cot_cn from per-example Jacobians.
 
     Args:
       call: `call() -> z`, the model's forward pass (its factored layers are captured).

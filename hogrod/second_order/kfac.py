@@ -8,11 +8,11 @@ Every step, inside the one compiled train step (`hogrod.train.make_train_step`):
    Kronecker factors A and G (`kfac_blocks.batch_factors`), averaged over the replicas;
    layers it cannot factor get a diagonal of the curvature with `other_layers="diagonal"`,
    the sum over examples of their gradients' squares: a normalization layer's scale and
-   offset (BatchNorm, LayerNorm, GroupNorm) kfac-jax's, from the same backward pass
-   (each example's gradient where its row enters the layer's output: the examples'
-   coupling through later batch statistics ignored, as the Kronecker factors ignore it),
-   any other layer's exact per-example gradients (one vectorized Jacobian, N backward
-   passes);
+   offset (BatchNorm, LayerNorm, GroupNorm) per example as kfac-jax, from the same
+   backward pass (an example's gradient is its own rows of the layer's output gradients
+   times x_hat: the examples' coupling through the batch statistics ignored, as the
+   Kronecker factors ignore it), any other layer's exact per-example gradients (one
+   vectorized Jacobian, N backward passes);
 2. the factors' running average: kfac-jax's weighted average with `decay`, whose first
    value is the first batch's factors (`kfac_blocks.running_average`);
 3. every `inverse_every` steps (a `tf.cond` on the step counter), the inverses of the
