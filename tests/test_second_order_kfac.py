@@ -294,12 +294,15 @@ def test_what_kfac_refuses():
 def test_half_precision_models_keep_float32_factors():
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((3,), dtype="bfloat16"),
+                              keras.layers.Dense(4, dtype="bfloat16"),
+                              keras.layers.BatchNormalization(dtype="bfloat16"),
                               keras.layers.Dense(2, dtype="bfloat16")])
     loss = keras.losses.MeanSquaredError(dtype="bfloat16")
-    opt = second_order.kfac(model, loss, learning_rate=0.5)
+    opt = second_order.kfac(model, loss, learning_rate=0.5, other_layers="diagonal")
     x, y = regression()
     step = train.make_train_step(
         lambda b: batch_loss(loss, b[1], model(b[0])), opt, model.trainable_variables)
     logs = floats(step((tf.cast(x, tf.bfloat16), tf.cast(y, tf.bfloat16))))
     assert all(f.dtype == tf.float32 for fs in opt.factors for f in fs)
     assert all(math.isfinite(v) for v in logs.values())
+    assert all(np.all(np.isfinite(d)) and np.any(d > 0) for d in opt.factors[1])  # BatchNorm's

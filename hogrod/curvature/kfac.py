@@ -32,7 +32,11 @@ Blocks, one per layer (the approximation is block-diagonal over layers):
 - any other layer with trainable weights (BatchNormalization, LayerNormalization,
   Embedding, ...): `other_layers="raise"` (the default) refuses it, naming the layer;
   `other_layers="diagonal"` gives its variables the EXACT diagonal of the same
-  Gauss-Newton/Fisher (per-example gradients, one vectorized Jacobian per batch).
+  Gauss-Newton/Fisher, sum over examples of their gradients' squares: a normalization
+  layer's (BatchNormalization, LayerNormalization, GroupNormalization: a per-feature scale
+  and offset) from the backward pass that gives G (kfac-jax's scale-and-shift diagonal,
+  `kfac_capture.py`), any other layer's from one vectorized per-example Jacobian per batch.
+  In inference mode no layer couples the examples, so both are exact.
 
 The model runs in inference mode (`training=False`: BatchNorm uses its moving statistics,
 Dropout is off). Layer inputs and pre-activations are captured by swapping the layer's
@@ -309,7 +313,8 @@ class KFACOperator(_Kronecker):
       mc_samples: labels sampled per example for fisher="mc" (an int >= 1).
       seed: the stateless sampling key of fisher="mc" (an int >= 0).
       other_layers: "raise" (default: refuse a layer with weights K-FAC does not factor,
-        naming it) or "diagonal" (its variables get the exact diagonal).
+        naming it) or "diagonal" (its variables get the exact diagonal: a normalization
+        layer's from the factors' backward pass, another's from per-example Jacobians).
       strategy: a tf.distribute.Strategy to split each batch of `data` (a Dataset) over;
         `refresh` recomputes under it too. Default None, one device.
       params: the variables the operator acts on, in their order (default None: every

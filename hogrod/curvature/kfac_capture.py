@@ -2,6 +2,13 @@
 pre-activations recorded during one forward pass, and the output cotangents whose outer
 products give each example's curvature (type-2, Monte Carlo or empirical Fisher).
 
+The layers K-FAC does not factor get a diagonal (other_layers="diagonal"). A normalization
+layer (`SCALE_SHIFT`: y = scale * x_hat + offset per feature) gets kfac-jax's
+scale-and-shift diagonal: its output y is captured like a factored layer's pre-activation,
+the same backward pass gives dy, and an example's gradient of the scale is the sum over the
+non-feature axes of dy * x_hat, of the offset the sum of dy. Any other layer gets the
+per-example Jacobian of the outputs' projections (N backward passes, vectorized).
+
 Used by `kronecker.KroneckerFactors`; see `kfac.py` for the approximation.
 """
 
@@ -17,7 +24,7 @@ from hogrod.curvature.data import batch_loss
 from hogrod.types import Tensor
 
 __all__ = ["Block", "leaf_layers", "factorable", "layer_blocks", "param_blocks", "capture",
-           "trailing",
+           "SCALE_SHIFT", "scale_shift_axes", "scale_shift_diagonal", "trailing",
            "layer_rows", "without_rows", "output_cotangents", "backward", "layer_statistics"]
 
 
@@ -154,17 +161,22 @@ def param_blocks(model: keras.Model, params: List[Tensor], where: str) -> List[B
 # ---------------------------------------------------------------------------- capture
 
 @contextlib.contextmanager
-def capture(layers, record):
-    """Record each layer's call input ('a') and pre-activation ('s') in `record`."""
+def capture(layers, record, scale_shift=()):
+    """Record each of `layers`' call input ('a') and pre-activation ('s'), and each of the
+    `scale_shift` layers' output ('y') and its derivatives in its variables ('t'), in
+    `record`."""
     patched = []
+
+    def once(layer):
+        if layer.name in record:
+            raise ValueError(f"KFACOperator: layer '{layer.name}' is called more than once "
+                             "in one forward pass; K-FAC factors one call per layer")
 
     def wrap(layer):
         call, activation = layer.call, layer.activation
 
         def call_(inputs, *args, **kwargs):
-            if layer.name in record:
-                raise ValueError(f"KFACOperator: layer '{layer.name}' is called more than once "
-                                 "in one forward pass; K-FAC factors one call per layer")
+            once(layer)
             record[layer.name] = {"a": inputs}
             return call(inputs, *args, **kwargs)
 
@@ -175,16 +187,94 @@ def capture(layers, record):
         # object.__setattr__: Keras's attribute tracking has nothing to track here
         object.__setattr__(layer, "call", call_)
         object.__setattr__(layer, "activation", activation_)
-        patched.append((layer, activation))
+        patched.append((layer, "activation", activation))
+
+    def wrap_scale_shift(layer):
+        call = layer.call
+
+        def call_(*args, **kwargs):
+            once(layer)
+            # x_hat is the derivative of the layer's own output in its scale, taken forward
+            # (a unit tangent per variable) during the layer's one call: whatever the layer
+            # does (batch or moving statistics, masks, renorm's r and d, rms_scaling, its
+            # epsilon and compute dtype), this is exactly what it multiplies the scale by,
+            # where a normalization recomputed here could silently disagree with Keras's.
+            # The values read are the ones the call uses (a functional call's substitutes).
+            values = [v.value for v in layer.trainable_variables]
+            with contextlib.ExitStack() as stack:
+                accumulators = [stack.enter_context(tf.autodiff.ForwardAccumulator(
+                    v, tf.ones_like(v))) for v in values]
+                y = call(*args, **kwargs)
+            tangents = [acc.jvp(y) for acc in accumulators]
+            if any(t is None for t in tangents):
+                raise ValueError(f"KFACOperator: the output of layer '{layer.name}' does not "
+                                 "depend on each of its trainable variables; its "
+                                 "scale-and-shift diagonal cannot be formed")
+            y = tf.identity(y)  # a tensor of its own, to differentiate the output with respect to
+            record[layer.name] = {"y": y, "t": [tf.stop_gradient(t) for t in tangents]}
+            return y
+        object.__setattr__(layer, "call", call_)
 
     try:
         for layer in layers:
             wrap(layer)
+        for layer in scale_shift:
+            wrap_scale_shift(layer)
+            patched.append((layer, None, None))
         yield record
     finally:
-        for layer, activation in patched:
+        for layer, name, value in patched:
             del layer.__dict__["call"]
-            object.__setattr__(layer, "activation", activation)
+            if name is not None:
+                object.__setattr__(layer, name, value)
+
+
+# ---------------------------------------------------------- scale-and-shift diagonal
+
+# Normalization layers (exactly these classes: a subclass may change `call`) whose every
+# trainable variable scales or shifts the output feature by feature along `axis`,
+# y = scale * x_hat + offset, broadcast over the other axes.
+SCALE_SHIFT = (keras.layers.BatchNormalization, keras.layers.LayerNormalization,
+               keras.layers.GroupNormalization)
+
+
+def scale_shift_axes(layer, shape, shapes):
+    """The output axes (positive, ascending) along which the `SCALE_SHIFT` layer's
+    variables (of `shapes`) act on its output (of `shape`), or None where they do not fit:
+    the batch axis among them, or axes out of order (LayerNormalization(axis=[1, -1]) keeps
+    them sorted as written, [-1, 1], and reshapes its weights onto the ascending axes),
+    whose diagonal then takes per-example Jacobians."""
+    rank = shape.rank
+    if type(layer) not in SCALE_SHIFT or rank is None:
+        return None
+    axes = layer.axis if isinstance(layer.axis, (list, tuple)) else [layer.axis]
+    axes = [int(a) % rank if -rank <= int(a) < rank else None for a in axes]
+    if None in axes or 0 in axes or axes != sorted(set(axes)):
+        return None
+    dims = tuple(shape[a] for a in axes)
+    return axes if all(tuple(s) == dims for s in shapes) else None
+
+
+def scale_shift_diagonal(axes, tangents, dy, dtypes):
+    """kfac-jax's diagonal of a scale-and-shift layer's curvature.
+
+    Args:
+      axes: the output axes of its variables, ascending (`scale_shift_axes`).
+      tangents: per variable, the output's derivative in it along a unit tangent, [N, ...]
+        (x_hat for the scale, ones for the offset).
+      dy: the output gradients of the cotangent columns, [C, N, ...].
+      dtypes: the variables' dtypes.
+
+    Returns:
+      Per variable, sum over c and n of the square of example n's gradient for column c
+      (the sum of dy * tangent over the output axes other than the variable's).
+    """
+    summed = [a + 1 for a in range(1, dy.shape.rank - 1) if a not in axes]
+    out = []
+    for t, dtype in zip(tangents, dtypes):
+        grads = tf.reduce_sum(tf.cast(dy, dtype) * tf.cast(t, dtype)[None], axis=summed)
+        out.append(tf.reduce_sum(tf.square(grads), axis=[0, 1]))
+    return out
 
 
 def trailing(t, start):
@@ -308,7 +398,15 @@ def layer_statistics(call: Callable[[], tf.Tensor], blocks: List[Block],
                      sources: Optional[Dict[str, List[Tensor]]] = None,
                      watch: Sequence[Tensor] = ()) -> Tuple[dict, tf.Tensor]:
     """One captured forward pass and the backward passes of its output cotangents: what the
-    K-FAC factors and the exact diagonals of the other layers are built from.
+    K-FAC factors and the diagonals of the other layers are built from.
+
+    A "diag" block's diagonal is sum_c,n g_cn^2, g_cn example n's gradient of its variables
+    for cotangent column c. A normalization layer's (`SCALE_SHIFT`) is kfac-jax's
+    scale-and-shift diagonal: g_cn from example n's rows of the output gradients dy of the
+    one backward pass (the examples' coupling through later layers' batch statistics
+    ignored, as the Kronecker factors ignore it; without such coupling, as in inference
+    mode, it is the exact diagonal). Any other layer's is the exact diagonal,
+    g_cn = J_n^T cot_cn from per-example Jacobians.
 
     Args:
       call: `call() -> z`, the model's forward pass (its factored layers are captured).
@@ -316,32 +414,40 @@ def layer_statistics(call: Callable[[], tf.Tensor], blocks: List[Block],
       cotangents: `cotangents(z) -> [C, N, K]`, the output cotangents (`output_cotangents`).
       sources: {block name: tensors} to differentiate a "diag" block's curvature by (the
         values a functional call substitutes for its variables); default the layer's
-        trainable variables.
+        trainable variables. A normalization layer's are the values its call reads.
       watch: tensors to watch: the weights a functional call substitutes for the
         variables (a tape records only what depends on something watched).
 
     Returns:
       `(out, z)`: `out[name]` is `layer_rows`'s `(a [N, R, d_in], g [C, N, R, d_out])` for a
-      factored block, and for a "diag" block the list (one per variable) of the exact
-      diagonal of the curvature sum_c,n (J_n^T cot_cn)^2; `z` the model output.
+      factored block, and for a "diag" block the list (one per variable) of its diagonal
+      of the curvature sum_c,n g_cn^2; `z` the model output.
     """
     kfac = [b for b in blocks if b.kind == "kfac"]
     diag = [b for b in blocks if b.kind == "diag"]
     sources = sources or {}
     with tf.GradientTape(persistent=True) as tape:
         tape.watch(list(watch))
-        with capture([b.layer for b in kfac], {}) as record:
+        with capture([b.layer for b in kfac], {},
+                     [b.layer for b in diag if type(b.layer) in SCALE_SHIFT]) as record:
             z = call()
+        axes = {b.name: scale_shift_axes(b.layer, record[b.name]["y"].shape, b.shapes)
+                for b in diag if "y" in record.get(b.name, {})}
+        scale_shift = [b for b in diag if axes.get(b.name) is not None]
+        jacobian = [b for b in diag if axes.get(b.name) is None]
         cot = cotangents(z)
-        if diag:  # per-example, per-column output projections for the exact diagonal
+        if jacobian:  # per-example, per-column output projections for the exact diagonal
             targets = tf.einsum("nk,cnk->cn", tf.reshape(z, [tf.shape(z)[0], trailing(z, 1)]),
                                 tf.stop_gradient(cot))
-    s = [record[b.name]["s"] for b in kfac]
-    grads = backward(tape, z, s, cot) if kfac else []
+    s = ([record[b.name]["s"] for b in kfac] + [record[b.name]["y"] for b in scale_shift])
+    grads = backward(tape, z, s, cot) if s else []
     out = {}
-    for i, b in enumerate(kfac):
-        out[b.name] = layer_rows(b, record[b.name]["a"], grads[i])
-    for b in diag:
+    for b, g in zip(kfac, grads):
+        out[b.name] = layer_rows(b, record[b.name]["a"], g)
+    for b, g in zip(scale_shift, grads[len(kfac):]):
+        out[b.name] = scale_shift_diagonal(axes[b.name], record[b.name]["t"], g,
+                                           [v.dtype for v in b.layer.trainable_variables])
+    for b in jacobian:
         variables = sources.get(b.name) or b.layer.trainable_variables
         jac = tape.jacobian(targets, variables, experimental_use_pfor=True)
         out[b.name] = [tf.reduce_sum(tf.square(j), axis=[0, 1]) for j in jac]

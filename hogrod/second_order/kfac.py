@@ -6,8 +6,13 @@ Every step, inside the one compiled train step (`hogrod.train.make_train_step`):
    of its output cotangents (`hogrod.curvature.kfac_capture`: type-2 Fisher, one Monte
    Carlo label per example, or the empirical Fisher) give each Dense / Conv2D layer's
    Kronecker factors A and G (`kfac_blocks.batch_factors`), averaged over the replicas;
-   layers it cannot factor (BatchNorm's scale and offset) get the exact diagonal of the
-   curvature with `other_layers="diagonal"`;
+   layers it cannot factor get a diagonal of the curvature with `other_layers="diagonal"`,
+   the sum over examples of their gradients' squares: a normalization layer's scale and
+   offset (BatchNorm, LayerNorm, GroupNorm) per example as kfac-jax, from the same
+   backward pass (an example's gradient is its own rows of the layer's output gradients
+   times x_hat: the examples' coupling through the batch statistics ignored, as the
+   Kronecker factors ignore it), any other layer's exact per-example gradients (one
+   vectorized Jacobian, N backward passes);
 2. the factors' running average: kfac-jax's weighted average with `decay`, whose first
    value is the first batch's factors (`kfac_blocks.running_average`);
 3. every `inverse_every` steps (a `tf.cond` on the step counter), the inverses of the
@@ -81,8 +86,9 @@ def kfac(model: keras.Model, loss: Loss, learning_rate: float = 0.1, damping: fl
         one backward pass each) or "empirical" (the labels given).
       mc_samples: labels drawn per example with `fisher="mc"` (>= 1).
       other_layers: "raise" (a layer with weights K-FAC cannot factor is an error naming
-        it) or "diagonal" (its variables get the exact diagonal of the curvature, averaged
-        like the factors).
+        it) or "diagonal" (its variables get the diagonal of the curvature over per-example
+        gradients, averaged like the factors: a normalization layer's as kfac-jax, the
+        examples' coupling through the batch statistics ignored; step 1 above).
       adaptive: kfac-jax's adaptive learning rate and momentum (the quadratic model's
         minimizer in the span of the preconditioned gradient and the previous update).
       adapt_damping: whether Levenberg-Marquardt adapts the damping (else it stays fixed).
