@@ -1,0 +1,440 @@
+"""Meta-train through long unrolls: an estimator over truncated unrolls, the outer step,
+evaluations, checkpoints that resume exactly (`hogrod.learned`).
+
+The inner problem and the estimator are gin references; a config is a few includes:
+
+    python -m experiments.learned_optimizer --gin_file=configs/learned/influence_balancing_pes_k1.gin
+    hogrod-learned-optimizer --gin_file=learned/toy_regression_pes.gin --output_dir=runs/toy_pes
+    python -m experiments.learned_optimizer --compare OUT_DIR RUN_DIR [RUN_DIR ...]
+
+`problem` is an `InnerProblem` factory (`@hogrod.learned.influence_balancing`, without
+parentheses), called with `learned=` where its signature names it (`@optimizer_problem`:
+the learned optimizer's inner problem on a task family). theta starts at
+`learned.init(seed)` given a `learned` optimizer, else at `init_theta` (in the dtype of the
+problem's state). Each meta-step is one estimate (`estimator = @hogrod.learned.pes()`) and
+one step of `outer_optimizer(outer_lr)` (`hogrod.learned.meta_step`), compiled once. Every
+`eval_every` meta-steps the run records the mean meta-loss since the last record and
+`eval_loss`, the meta-objective of a fresh `eval_steps`-step unroll under theta
+(`hogrod.learned.evaluate`: influence balancing's 500 steps from the all-ones state).
+
+A meta-step whose estimate, meta-loss or new theta is not finite is not applied: the run
+stops there, writes `diverged: true` with the last finite theta, and exits 0.
+
+Outputs: metrics.json (`theta` when it has at most 64 entries, `eval_loss`, `diverged`,
+`meta_steps_done`, `estimator`, `theta_error` given `reference_theta`), eval_history.json,
+TensorBoard events, checkpoints (theta, the outer optimizer's state, the estimator's
+particles and PES accumulators, the step: a re-run with the same --output_dir resumes
+exactly; a finished run re-evaluates), meta_loss.png; for a theta of two entries given
+`surface` bounds, surface.png (the full-unroll meta-objective over a grid and the run's
+path; `--compare` draws several runs' paths on one surface); for a learned optimizer with
+`baseline_rates`, the held-out comparison (`heldout_*` in metrics.json, inner_curves.png:
+mean training loss of held-out tasks under the learned optimizer and Adam at each rate)
+and the trained optimizer saved as `learned_optimizer` (`learned.load`).
+"""
+
+import inspect
+import itertools
+import json
+import math
+import os
+import sys
+
+import gin
+import matplotlib
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from hogrod import checks, distribute, harness, optim, train, tree
+from hogrod import learned as learned_lib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+WHERE = "learned_optimizer_experiment"
+THETA_LISTED = 64  # theta is written to the history and metrics up to this many entries
+
+
+# ---- the run's state in variables ----------------------------------------------------------
+
+class Held:
+    """A nest of tensors kept in `tf.Variable`s (one per leaf), for a checkpoint.
+
+    Args:
+      value: the nest's initial value.
+      name: the variables' name prefix.
+    """
+
+    def __init__(self, value, name):
+        self.structure = value
+        self.variables = [tf.Variable(t, trainable=False, name=f"{name}_{i}")
+                          for i, t in enumerate(tf.nest.flatten(value))]
+
+    def read(self):
+        """The nest's current value."""
+        return tf.nest.pack_sequence_as(self.structure, [v.read_value() for v in self.variables])
+
+    def assign_where(self, ok, value):
+        """Assign `value` (a nest of the same structure) where `ok`, a scalar bool, holds."""
+        for v, t in zip(self.variables, tf.nest.flatten(value)):
+            v.assign(tf.where(ok, t, v.read_value()))
+
+
+def _finite(*values):
+    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(tf.cast(v, tf.float64)))
+                          for v in values])
+
+
+def make_advance(meta, held):
+    """The compiled meta-step on the held state: one estimate and outer step, applied only
+    where the estimate, the meta-loss and the new theta are finite. Returns its logs
+    (`meta_loss`, `grad_norm`, `grad_stderr`, `theta_norm`: all finite or the step was not
+    applied)."""
+
+    @tf.function(autograph=False)
+    def advance(_):
+        new, estimate = meta.step(held.read())
+        rows = tf.nest.flatten(estimate.per_particle)
+        count = tf.cast(tf.shape(rows[0])[0], tf.float64)
+        variance = tf.add_n([tf.reduce_sum(tf.math.reduce_variance(tf.cast(r, tf.float64), 0))
+                             for r in rows])
+        logs = {"meta_loss": tf.cast(estimate.meta_loss, tf.float64),
+                "grad_norm": tf.cast(tree.norm(estimate.grads), tf.float64),
+                "grad_stderr": tf.sqrt(variance / tf.maximum(count - 1, 1.0)),
+                "theta_norm": tf.cast(tree.norm(new.theta), tf.float64)}
+        ok = _finite(*logs.values())
+        held.assign_where(ok, new)
+        return logs
+
+    return advance
+
+
+# ---- evaluations ---------------------------------------------------------------------------
+
+def evaluate_many(problem, thetas, steps, seed=0):
+    """The meta-objective of a fresh `steps`-step unroll under each row of `thetas` (a nest
+    with a leading axis), all from the initial state of `seed`: `hogrod.learned.evaluate`
+    for a batch of thetas, in one compiled loop."""
+    rows = tf.nest.flatten(thetas)[0].shape[0]
+    seeds = tf.tile(checks.stateless_seed(seed, "seed", "evaluate_many")[None], [rows, 1])
+    particles = learned_lib.init_particles(problem, seeds, None, [0] * rows)
+    _, values = learned_lib.unroll(problem, thetas, particles, steps)
+    return values
+
+
+def _flat(theta):
+    return tree.flatten(theta, tf.float64).numpy()
+
+
+def _listed(theta):
+    flat = _flat(theta)
+    return flat.tolist() if flat.size <= THETA_LISTED else None
+
+
+def _number(x):
+    """A JSON number, None where not finite (metrics stay strict JSON)."""
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+# ---- plots ---------------------------------------------------------------------------------
+
+def plot_meta_loss(path, history, title):
+    """The meta-loss (mean over each record's interval) and the fresh unroll's `eval_loss`
+    against meta-steps."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key, label in (("meta_loss", "meta-loss (truncations, mean since the last record)"),
+                       ("eval_loss", "eval_loss (fresh full unroll)")):
+        points = [(h["step"], h[key]) for h in history if h.get(key) is not None]
+        if points:
+            ax.plot(*zip(*points), label=label)
+    values = [h[k] for h in history for k in ("meta_loss", "eval_loss") if h.get(k) is not None]
+    if values and min(values) > 0:
+        ax.set_yscale("log")
+    ax.set_xlabel("meta-step")
+    ax.set_ylabel("meta-objective")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def rows_like(flat_rows, theta):
+    """Rows of flat thetas ([rows, size(theta)], `tree.flatten` order) as theta's nest with
+    a leading axis of rows."""
+    leaves, out, at = tf.nest.flatten(theta), [], 0
+    for leaf in leaves:
+        n = leaf.shape.num_elements()
+        out.append(tf.reshape(tf.cast(flat_rows[:, at:at + n], leaf.dtype),
+                              [-1] + leaf.shape.as_list()))
+        at += n
+    return tf.nest.pack_sequence_as(theta, out)
+
+
+def surface_grid(problem, theta, steps, bounds, points, seed):
+    """The full-unroll meta-objective over a `points` x `points` grid of a two-entry theta
+    (like `theta`) in `bounds` ((low, high) of each entry): (the axes' values [points]
+    each, values [points, points], row i at the second entry's i-th value)."""
+    (lo0, hi0), (lo1, hi1) = bounds
+    a, b = np.linspace(lo0, hi0, points), np.linspace(lo1, hi1, points)
+    grid = tf.constant(np.stack(np.meshgrid(a, b), -1).reshape(-1, 2))
+    values = tf.function(lambda g: evaluate_many(problem, rows_like(g, theta), steps, seed),
+                         autograph=False)(grid)
+    return a, b, values.numpy().reshape(points, points)
+
+
+def plot_surface(path, surface, paths, title):
+    """The meta-objective's surface (log colour scale where positive) and each run's path of
+    theta; `paths` is [(label, [[theta_0, theta_1], ...])]."""
+    a, b, values = surface
+    fig, ax = plt.subplots(figsize=(6.5, 5))
+    shown = np.log10(np.maximum(values, 1e-12)) if np.nanmin(values) > 0 else values
+    mesh = ax.pcolormesh(a, b, np.where(np.isfinite(shown), shown, np.nan), shading="auto",
+                         cmap="viridis")
+    fig.colorbar(mesh, ax=ax, label="log10 meta-objective" if shown is not values
+                 else "meta-objective")
+    i, j = np.unravel_index(np.nanargmin(values), values.shape)
+    ax.plot(a[j], b[i], "w*", ms=12, label="grid minimum")
+    for label, points in paths:
+        points = np.asarray(points)
+        if len(points):
+            ax.plot(points[:, 0], points[:, 1], "-", lw=1.5, label=label)
+            ax.plot(points[-1, 0], points[-1, 1], "o", ms=5)
+    ax.set_xlabel("theta[0]")
+    ax.set_ylabel("theta[1]")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _path(history):
+    return [h["theta"] for h in history if isinstance(h.get("theta"), list)
+            and len(h["theta"]) == 2]
+
+
+def plot_compare(run_dirs, out_dir):
+    """Several runs' theta paths on the surface of the first run that saved one
+    (`surface.npz`); each labelled by its estimator. Returns the PNG's path."""
+    surface, paths = None, []
+    for d in run_dirs:
+        with open(os.path.join(d, "metrics.json")) as f:
+            label = json.load(f).get("estimator", os.path.basename(os.path.normpath(d)))
+        with open(os.path.join(d, "eval_history.json")) as f:
+            paths.append((label, _path(json.load(f))))
+        npz = os.path.join(d, "surface.npz")
+        if surface is None and os.path.exists(npz):
+            with np.load(npz) as z:
+                surface = (z["a"], z["b"], z["values"])
+    if surface is None:
+        raise FileNotFoundError(f"none of {list(run_dirs)} holds surface.npz; bind "
+                                f"{WHERE}.surface in one run")
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "surface.png")
+    plot_surface(path, surface, paths, "meta-objective and each estimator's path")
+    return path
+
+
+# ---- the experiment ------------------------------------------------------------------------
+
+def build_problem(factory, learned):
+    """`factory()`, or `factory(learned=learned)` where its signature names `learned`."""
+    if isinstance(factory, learned_lib.InnerProblem) or not callable(factory):
+        raise TypeError(f"{WHERE}.problem must be an InnerProblem factory, given without "
+                        "parentheses (@hogrod.learned.influence_balancing, @optimizer_problem), "
+                        f"got {type(factory).__name__}")
+    named = "learned" in inspect.signature(factory).parameters
+    if learned is not None and not named:
+        raise ValueError(f"{WHERE}.learned is bound but {WHERE}.problem "
+                         f"({getattr(factory, '__name__', factory)}) takes no learned "
+                         f"optimizer; unbind {WHERE}.learned or choose a problem that takes one")
+    problem = factory(learned=learned) if named else factory()
+    if not isinstance(problem, learned_lib.InnerProblem):
+        raise TypeError(f"{WHERE}.problem made a {type(problem).__name__}, not a "
+                        "hogrod.learned.InnerProblem")
+    return problem
+
+
+def initial_theta(problem, learned, init_theta, seed):
+    """theta at meta-step 0: `learned.init(seed)`, else `init_theta` in the dtype of the
+    problem's state (its first floating leaf)."""
+    if (learned is None) == (init_theta is None):
+        raise ValueError(f"bind exactly one of {WHERE}.learned (a learned optimizer: theta "
+                         f"starts at its init) and {WHERE}.init_theta (theta's initial value)")
+    if learned is not None:
+        return learned.init(checks.stateless_seed(seed, "seed", WHERE))
+    state = problem.init(tf.constant([seed, 0], tf.int64))
+    dtype = next((t.dtype for t in tf.nest.flatten(state) if t.dtype.is_floating), tf.float64)
+    value = np.asarray(init_theta, np.float64)
+    if value.ndim > 1 or not np.all(np.isfinite(value)):
+        raise ValueError(f"{WHERE}.init_theta must be a finite number or a list of them, got "
+                         f"{init_theta!r}")
+    return tf.constant(np.atleast_1d(value), dtype)
+
+
+def _record(output_dir, history, step, values):
+    """Record an evaluation; a re-evaluation at the last step keeps that record's other
+    values (its meta-loss, measured while training)."""
+    previous = history[-1] if history and history[-1]["step"] == step else {}
+    train.record_eval(output_dir, history, dict(previous, step=step, **values))
+
+
+@gin.configurable
+def learned_optimizer_experiment(
+        output_dir, problem=gin.REQUIRED, estimator=gin.REQUIRED, learned=None,
+        init_theta=None, outer_optimizer=optim.sgd, outer_lr: harness.Positive = 1e-3,
+        clip_norm: harness.Positive | None = None, meta_steps: harness.PositiveInt = 1000,
+        eval_steps: harness.PositiveInt = 100, eval_every: harness.PositiveInt = 10,
+        reference_theta: float | None = None,
+        surface: tuple[tuple[float, float], tuple[float, float]] | None = None,
+        surface_points: harness.PositiveInt = 41, baseline_rates: tuple[float, ...] = (),
+        heldout_tasks: harness.PositiveInt = 16,
+        checkpoint_every: harness.PositiveInt = 100, log_every: harness.Count = 100,
+        time_limit_s: harness.Positive | None = None, seed: harness.Count = 0):
+    """Meta-train theta with an estimator, evaluate it, compare a learned optimizer.
+
+    Args:
+      problem: an `InnerProblem` factory (module docstring).
+      estimator: a `hogrod.learned` estimator (`@hogrod.learned.pes()`).
+      learned: a learned optimizer (`@mlp_optimizer()`, `@learned_schedule()`) given to the
+        problem factory; theta starts at its `init`. None: `init_theta` is theta.
+      init_theta: theta's initial value (a number or a list), without `learned`.
+      outer_optimizer, outer_lr: the outer optimizer's factory (`@hogrod.optim.sgd`,
+        `@outer/hogrod.optim.adam` with its other hyperparameters bound in that scope) and
+        its rate.
+      clip_norm: clip each estimate to this global norm; None: no clipping.
+      meta_steps: the meta-steps of the run.
+      eval_steps: the inner steps of the evaluation's fresh unroll (and N of the held-out
+        comparison, which runs 2N).
+      eval_every: record the meta-loss and evaluate every this many meta-steps.
+      reference_theta: a known optimum (influence balancing's -1/6): `theta_error` is
+        max |theta - reference_theta|.
+      surface: ((low, high), (low, high)) of a two-entry theta: the surface PNG's grid;
+        None: no surface.
+      surface_points: the grid's points per axis.
+      baseline_rates: Adam's rates for the held-out comparison of a learned optimizer
+        (empty: no comparison).
+      heldout_tasks: the held-out tasks of the comparison.
+      checkpoint_every: checkpoint every this many meta-steps, and at the end.
+      log_every: a progress line every this many meta-steps (0: none).
+      time_limit_s: stop (with a checkpoint) after this many seconds of meta-training in
+        this invocation; a re-run continues. None: no limit.
+      seed: the run's seed (particles, perturbations, evaluation tasks).
+
+    Returns:
+      The metrics (module docstring).
+    """
+    problem_ = build_problem(problem, learned)
+    if not isinstance(estimator, learned_lib.Estimator):
+        raise TypeError(f"{WHERE}.estimator must be a hogrod.learned estimator, with the "
+                        "parentheses (@hogrod.learned.pes()), got "
+                        f"{type(estimator).__name__}")
+    if baseline_rates and learned is None:
+        raise ValueError(f"{WHERE}.baseline_rates compares a learned optimizer with Adam: "
+                         f"bind {WHERE}.learned too, or unbind the rates")
+    theta0 = initial_theta(problem_, learned, init_theta, seed)
+    if surface is not None and tree.size(theta0) != 2:
+        raise ValueError(f"{WHERE}.surface draws a theta of two entries; this theta has "
+                         f"{tree.size(theta0)}: unbind {WHERE}.surface")
+    strategy = distribute.make_strategy()
+    meta = learned_lib.meta_step(
+        problem_, estimator, outer_lr, outer_optimizer, clip_norm,
+        strategy=strategy if strategy.num_replicas_in_sync > 1 else None)
+    held = Held(meta.init(theta0, seed), "meta")
+    interval = tf.Variable(tf.zeros([2], tf.float64), trainable=False, name="interval")
+    diverged = tf.Variable(False, trainable=False, name="diverged")
+    ckpt = train.Checkpointer(output_dir, meta=held.variables, interval=interval,
+                              diverged=diverged)
+    start = harness.started(output_dir, ckpt)
+    history = train.read_history(output_dir, start)
+    evaluate = tf.function(lambda t: learned_lib.evaluate(problem_, t, eval_steps, seed),
+                           autograph=False)
+
+    def record(step):
+        theta = held.read().theta
+        total, count = interval.numpy()
+        values = {"eval_loss": _number(evaluate(theta)), "theta": _listed(theta)}
+        if count:
+            values["meta_loss"] = _number(total / count)
+        _record(output_dir, history, step, values)
+        interval.assign(tf.zeros([2], tf.float64))
+
+    def on_step(step, logs):
+        interval.assign_add(tf.constant([logs["meta_loss"], 1.0], tf.float64))
+        if step % eval_every == 0 or step == meta_steps:
+            record(step)
+        if log_every and (step % log_every == 0 or step == meta_steps):
+            logging.info("meta-step %d/%d: meta-loss %.5g, |grad| %.3g (+- %.2g), eval %s",
+                         step, meta_steps, logs["meta_loss"], logs["grad_norm"],
+                         logs["grad_stderr"], history[-1].get("eval_loss"))
+
+    if not history:
+        record(0)
+    stats = {}
+    if not bool(diverged):
+        try:
+            train.train_loop(make_advance(meta, held), itertools.repeat(None), meta_steps, ckpt,
+                             output_dir, checkpoint_every=checkpoint_every, log_every=None,
+                             callback=on_step, time_limit_s=time_limit_s, stats=stats)
+        except train.NonFiniteError as e:
+            logging.warning("diverged: %s; theta is the last finite one", e)
+            diverged.assign(True)
+            ckpt.save()
+    done = int(ckpt.step)
+    record(done)  # the final theta (a finished run re-evaluates it)
+    metrics = _finish(output_dir, problem_, learned, held.read().theta, history,
+                      dict(done=done, diverged=bool(diverged), estimator=estimator.name,
+                           reference_theta=reference_theta, surface=surface,
+                           surface_points=surface_points, eval_steps=eval_steps, seed=seed))
+    return dict(metrics, **stats)
+
+
+def _finish(output_dir, problem, learned, theta, history, run):
+    """The final metrics and figures of a run (`run`: what the experiment knows of it)."""
+    flat = _flat(theta)
+    metrics = {"estimator": run["estimator"], "meta_steps_done": run["done"],
+               "diverged": run["diverged"], "eval_loss": history[-1]["eval_loss"],
+               "eval_steps": run["eval_steps"], "theta_norm": float(np.linalg.norm(flat))}
+    if flat.size <= THETA_LISTED:
+        metrics["theta"] = flat.tolist()
+    if run["reference_theta"] is not None:
+        metrics["theta_error"] = float(np.max(np.abs(flat - run["reference_theta"])))
+    title = f"{run['estimator']}: {run['done']} meta-steps" + (
+        " (diverged)" if run["diverged"] else "")
+    plot_meta_loss(os.path.join(output_dir, "meta_loss.png"), history, title)
+    if run["surface"] is not None:
+        surface = surface_grid(problem, theta, run["eval_steps"], run["surface"],
+                               run["surface_points"], run["seed"])
+        np.savez(os.path.join(output_dir, "surface.npz"), a=surface[0], b=surface[1],
+                 values=surface[2])
+        plot_surface(os.path.join(output_dir, "surface.png"), surface,
+                     [(run["estimator"], _path(history))], title)
+    return metrics
+
+
+def _compare(args):
+    if len(args) < 2:
+        print("usage: python -m experiments.learned_optimizer --compare OUT_DIR RUN_DIR "
+              "[RUN_DIR ...]", file=sys.stderr)
+        return 2
+    try:
+        print(plot_compare(args[1:], args[0]))
+    except (ValueError, FileNotFoundError) as e:
+        print(f"learned_optimizer --compare: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main():
+    """The console command `hogrod-learned-optimizer` (see the module docstring);
+    `--compare OUT_DIR RUN_DIR...` as the first argument draws finished runs' paths on one
+    surface instead."""
+    if sys.argv[1:2] == ["--compare"]:
+        sys.exit(_compare(sys.argv[2:]))
+    harness.main(learned_optimizer_experiment)
+
+
+if __name__ == "__main__":
+    main()
