@@ -1,0 +1,33 @@
+"""Meta-learning through long horizons: truncated unrolls and their gradient estimators.
+
+- `InnerProblem` (`problem.py`): an inner problem as ``init(seed) -> state``,
+  ``step(state, theta, batch) -> state``, ``objective(state, batch) -> scalar`` and an
+  optional ``batch(seed, t)``; a truncation's meta-objective the mean (``"sum"``) or the
+  last of its steps' objectives.
+- `Particles`, `init_particles`, `reset`, `truncated_unroll`, `evaluate` (`unroll.py`): many
+  particles unrolled K steps at a time in one compiled loop (mapped by
+  `hogrod.taskmap.map_tasks`), reset after the horizon T, with staggered starts.
+- `tbptt`, `es`, `pes`, `full_es` (`estimators.py`): gin factories of meta-gradient
+  estimators with one calling shape, ``init(problem, theta, seed)`` and
+  ``estimate(problem, theta, state, seed, strategy=None) -> (Estimate, state)``; under a
+  `tf.distribute` strategy the particles split over the replicas.
+- `meta_step` (`outer.py`): the outer loop, an estimate clipped and applied by a
+  `hogrod.optim` optimizer at `outer_lr`, compiled once.
+- `influence_balancing`, `toy_regression` (`problems.py`): the PES paper's synthetic
+  problems, with influence balancing's closed-form optimum.
+"""
+
+from hogrod.learned.estimators import (Estimate, Estimator, EstimatorState, es, full_es, pes,
+                                       tbptt)
+from hogrod.learned.outer import MetaState, MetaStep, clip_by_global_norm, meta_step
+from hogrod.learned.problem import META_OBJECTIVES, InnerProblem
+from hogrod.learned.problems import (influence_balancing, influence_balancing_optimum,
+                                     toy_regression, toy_regression_loss)
+from hogrod.learned.unroll import (Particles, evaluate, init_particles, reset,
+                                   truncated_unroll)
+
+__all__ = ["InnerProblem", "META_OBJECTIVES", "Particles", "init_particles", "reset",
+           "truncated_unroll", "evaluate", "Estimate", "EstimatorState", "Estimator", "tbptt",
+           "es", "pes", "full_es", "MetaState", "MetaStep", "meta_step", "clip_by_global_norm",
+           "influence_balancing", "influence_balancing_optimum", "toy_regression",
+           "toy_regression_loss"]
