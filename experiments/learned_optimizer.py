@@ -111,14 +111,13 @@ def make_advance(meta, held):
 
 # ---- evaluations ---------------------------------------------------------------------------
 
-def evaluate_many(problem, thetas, steps, seed=0):
+def evaluate_many(problem, thetas, steps, seeds):
     """The meta-objective of a fresh `steps`-step unroll under each row of `thetas` (a nest
-    with a leading axis), all from the initial state of `seed`: `hogrod.learned.evaluate`
-    for a batch of thetas, in one compiled loop."""
-    rows = tf.nest.flatten(thetas)[0].shape[0]
-    seeds = tf.tile(checks.stateless_seed(seed, "seed", "evaluate_many")[None], [rows, 1])
+    with a leading axis), particle i from the initial state and data of `seeds[i]` ([rows,
+    2]): `hogrod.learned.evaluate` for many, in one compiled loop over the steps."""
+    rows = seeds.shape[0]
     particles = learned_lib.init_particles(problem, seeds, None, [0] * rows)
-    _, values = learned_lib.unroll(problem, thetas, particles, steps)
+    _, values = learned_lib.truncated_unroll(problem, thetas, particles, steps)
     return values
 
 
@@ -139,6 +138,12 @@ def _number(x):
 
 # ---- plots ---------------------------------------------------------------------------------
 
+def _save(fig, path):
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
 def plot_meta_loss(path, history, title):
     """The meta-loss (mean over each record's interval) and the fresh unroll's `eval_loss`
     against meta-steps."""
@@ -155,21 +160,7 @@ def plot_meta_loss(path, history, title):
     ax.set_ylabel("meta-objective")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-
-
-def rows_like(flat_rows, theta):
-    """Rows of flat thetas ([rows, size(theta)], `tree.flatten` order) as theta's nest with
-    a leading axis of rows."""
-    leaves, out, at = tf.nest.flatten(theta), [], 0
-    for leaf in leaves:
-        n = leaf.shape.num_elements()
-        out.append(tf.reshape(tf.cast(flat_rows[:, at:at + n], leaf.dtype),
-                              [-1] + leaf.shape.as_list()))
-        at += n
-    return tf.nest.pack_sequence_as(theta, out)
+    _save(fig, path)
 
 
 def surface_grid(problem, theta, steps, bounds, points, seed):
@@ -179,8 +170,10 @@ def surface_grid(problem, theta, steps, bounds, points, seed):
     (lo0, hi0), (lo1, hi1) = bounds
     a, b = np.linspace(lo0, hi0, points), np.linspace(lo1, hi1, points)
     grid = tf.constant(np.stack(np.meshgrid(a, b), -1).reshape(-1, 2))
-    values = tf.function(lambda g: evaluate_many(problem, rows_like(g, theta), steps, seed),
-                         autograph=False)(grid)
+    seeds = tf.tile(tf.constant([[seed, 0]], tf.int64), [points * points, 1])
+    values = tf.function(lambda g: evaluate_many(
+        problem, tf.vectorized_map(lambda row: tree.unflatten(row, theta), g), steps, seeds),
+        autograph=False)(grid)
     return a, b, values.numpy().reshape(points, points)
 
 
@@ -205,9 +198,7 @@ def plot_surface(path, surface, paths, title):
     ax.set_ylabel("theta[1]")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def _path(history):
@@ -237,20 +228,75 @@ def plot_compare(run_dirs, out_dir):
     return path
 
 
+# ---- a learned optimizer against Adam on held-out tasks ------------------------------------
+
+def heldout_curves(learned, family, theta, rates, tasks, steps):
+    """Each held-out task's loss on all its examples after 0..`steps` updates
+    (`hogrod.learned.training_curves`, tasks of seeds 0..tasks-1 in the "heldout" split):
+    {"learned": [tasks, steps + 1], rate: ... for Adam at each rate}, numpy."""
+    seeds = list(range(tasks))
+
+    def curves(make):
+        return tf.function(lambda th: learned_lib.training_curves(make(th), family, seeds, steps),
+                           autograph=False)(theta).numpy()
+
+    out = {"learned": curves(learned.optimizer)}
+    for rate in rates:
+        out[rate] = curves(lambda _, rate=rate: optim.adam(rate))
+    return out
+
+
+def heldout_comparison(output_dir, learned, family, theta, rates, tasks, n, title):
+    """The learned optimizer against Adam's best rate at N = `n` and 2N inner steps on
+    held-out tasks (the mean loss over tasks; the best rate chosen at each N), drawn in
+    inner_curves.png. Returns the `heldout_*` metrics."""
+    curves = heldout_curves(learned, family, theta, rates, tasks, 2 * n)
+    mean = {k: np.mean(v, 0) for k, v in curves.items()}
+    at = (n, 2 * n)
+    best = [min(rates, key=lambda r: (not np.isfinite(mean[r][t]), mean[r][t])) for t in at]
+    learned_loss = [float(mean["learned"][t]) for t in at]
+    adam_best = [float(mean[r][t]) for r, t in zip(best, at)]
+    stderr = [float(np.std(curves["learned"][:, t], ddof=1) / np.sqrt(tasks)) if tasks > 1
+              else None for t in at]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    steps = np.arange(2 * n + 1)
+    for rate in rates:
+        ax.plot(steps, mean[rate], lw=1.8 if rate in best else 0.8, alpha=1 if rate in best
+                else 0.5, label=f"Adam {rate:g}" + (" (best at N or 2N)" if rate in best else ""))
+    ax.plot(steps, mean["learned"], "k", lw=2, label="learned optimizer")
+    ax.axvline(n, color="gray", ls="--", lw=0.8)
+    ax.text(n, ax.get_ylim()[1], " N (meta-training horizon)", va="top", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_xlabel("inner step")
+    ax.set_ylabel(f"training loss, mean of {tasks} held-out tasks")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    _save(fig, os.path.join(output_dir, "inner_curves.png"))
+    return {"heldout_steps": list(at), "heldout_tasks": tasks,
+            "heldout_learned_loss": learned_loss, "heldout_learned_stderr": stderr,
+            "heldout_adam_best_loss": adam_best, "heldout_adam_best_rate": best,
+            "heldout_adam_loss": {f"{r:g}": [_number(mean[r][t]) for t in at] for r in rates},
+            "heldout_initial_loss": float(mean["learned"][0]),
+            "heldout_learned_below_adam": [a < b for a, b in zip(learned_loss, adam_best)]}
+
+
 # ---- the experiment ------------------------------------------------------------------------
 
-def build_problem(factory, learned):
-    """`factory()`, or `factory(learned=learned)` where its signature names `learned`."""
+def build_problem(factory, learned, family):
+    """`factory(**given)`, given `learned=` and `family=` where its signature names them
+    (and they are bound); an error naming the binding otherwise."""
     if isinstance(factory, learned_lib.InnerProblem) or not callable(factory):
         raise TypeError(f"{WHERE}.problem must be an InnerProblem factory, given without "
-                        "parentheses (@hogrod.learned.influence_balancing, @optimizer_problem), "
-                        f"got {type(factory).__name__}")
-    named = "learned" in inspect.signature(factory).parameters
-    if learned is not None and not named:
-        raise ValueError(f"{WHERE}.learned is bound but {WHERE}.problem "
-                         f"({getattr(factory, '__name__', factory)}) takes no learned "
-                         f"optimizer; unbind {WHERE}.learned or choose a problem that takes one")
-    problem = factory(learned=learned) if named else factory()
+                        "parentheses (@hogrod.learned.influence_balancing, "
+                        f"@hogrod.learned.optimizer_problem), got {type(factory).__name__}")
+    named = inspect.signature(factory).parameters
+    given = {k: v for k, v in (("learned", learned), ("family", family)) if v is not None}
+    for name in given:
+        if name not in named:
+            raise ValueError(f"{WHERE}.{name} is bound but {WHERE}.problem "
+                             f"({getattr(factory, '__name__', factory)}) takes no {name}; "
+                             f"unbind {WHERE}.{name} or choose a problem that takes one")
+    problem = factory(**given)
     if not isinstance(problem, learned_lib.InnerProblem):
         raise TypeError(f"{WHERE}.problem made a {type(problem).__name__}, not a "
                         "hogrod.learned.InnerProblem")
@@ -283,7 +329,7 @@ def _record(output_dir, history, step, values):
 
 @gin.configurable
 def learned_optimizer_experiment(
-        output_dir, problem=gin.REQUIRED, estimator=gin.REQUIRED, learned=None,
+        output_dir, problem=gin.REQUIRED, estimator=gin.REQUIRED, learned=None, family=None,
         init_theta=None, outer_optimizer=optim.sgd, outer_lr: harness.Positive = 1e-3,
         clip_norm: harness.Positive | None = None, meta_steps: harness.PositiveInt = 1000,
         eval_steps: harness.PositiveInt = 100, eval_every: harness.PositiveInt = 10,
@@ -298,8 +344,11 @@ def learned_optimizer_experiment(
     Args:
       problem: an `InnerProblem` factory (module docstring).
       estimator: a `hogrod.learned` estimator (`@hogrod.learned.pes()`).
-      learned: a learned optimizer (`@mlp_optimizer()`, `@learned_schedule()`) given to the
-        problem factory; theta starts at its `init`. None: `init_theta` is theta.
+      learned: a learned optimizer (`@hogrod.learned.mlp_optimizer()`,
+        `@hogrod.learned.learned_schedule()`) given to the problem factory; theta starts at
+        its `init`. None: `init_theta` is theta.
+      family: a task family (`@hogrod.learned.digits_mlp()`) given to the problem factory;
+        the held-out comparison draws its held-out tasks.
       init_theta: theta's initial value (a number or a list), without `learned`.
       outer_optimizer, outer_lr: the outer optimizer's factory (`@hogrod.optim.sgd`,
         `@outer/hogrod.optim.adam` with its other hyperparameters bound in that scope) and
@@ -326,14 +375,15 @@ def learned_optimizer_experiment(
     Returns:
       The metrics (module docstring).
     """
-    problem_ = build_problem(problem, learned)
+    problem_ = build_problem(problem, learned, family)
     if not isinstance(estimator, learned_lib.Estimator):
         raise TypeError(f"{WHERE}.estimator must be a hogrod.learned estimator, with the "
                         "parentheses (@hogrod.learned.pes()), got "
                         f"{type(estimator).__name__}")
-    if baseline_rates and learned is None:
-        raise ValueError(f"{WHERE}.baseline_rates compares a learned optimizer with Adam: "
-                         f"bind {WHERE}.learned too, or unbind the rates")
+    if baseline_rates and (learned is None or family is None):
+        raise ValueError(f"{WHERE}.baseline_rates compares a learned optimizer with Adam on "
+                         f"held-out tasks: bind {WHERE}.learned and {WHERE}.family too, or "
+                         "unbind the rates")
     theta0 = initial_theta(problem_, learned, init_theta, seed)
     if surface is not None and tree.size(theta0) != 2:
         raise ValueError(f"{WHERE}.surface draws a theta of two entries; this theta has "
@@ -387,7 +437,9 @@ def learned_optimizer_experiment(
     metrics = _finish(output_dir, problem_, learned, held.read().theta, history,
                       dict(done=done, diverged=bool(diverged), estimator=estimator.name,
                            reference_theta=reference_theta, surface=surface,
-                           surface_points=surface_points, eval_steps=eval_steps, seed=seed))
+                           surface_points=surface_points, eval_steps=eval_steps, seed=seed,
+                           family=family, baseline_rates=baseline_rates,
+                           heldout_tasks=heldout_tasks))
     return dict(metrics, **stats)
 
 
@@ -411,6 +463,12 @@ def _finish(output_dir, problem, learned, theta, history, run):
                  values=surface[2])
         plot_surface(os.path.join(output_dir, "surface.png"), surface,
                      [(run["estimator"], _path(history))], title)
+    if learned is not None:
+        learned.save(theta, os.path.join(output_dir, "learned_optimizer.npz"))
+    if run["baseline_rates"]:
+        metrics.update(heldout_comparison(output_dir, learned, run["family"], theta,
+                                          run["baseline_rates"], run["heldout_tasks"],
+                                          run["eval_steps"], title))
     return metrics
 
 
