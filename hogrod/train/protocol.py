@@ -215,7 +215,10 @@ class _Pure(StepOptimizer):
 
     @property
     def learning_rate(self):
-        lr = self.optimizer.hyperparameters.get("learning_rate", 0.0)
+        # None: no single rate to log (a learned optimizer, or one `optim.learnable` rebuilt)
+        lr = (self.optimizer.hyperparameters or {}).get("learning_rate")
+        if lr is None:
+            return None
         return lr.value if hasattr(lr, "value") and not isinstance(lr, tf.Variable) else lr
 
 

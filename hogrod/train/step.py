@@ -311,7 +311,7 @@ def _logs(terms, total, norm, groups):
     step is about to use."""
     rates = {}
     for i, (opt, _) in enumerate(groups):
-        if opt.adapted:
+        if opt.adapted and opt.learning_rate is not None:
             rates.update(_rate(opt, i))
     return dict(terms, loss=total, grad_norm=norm, **rates)
 
