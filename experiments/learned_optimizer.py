@@ -230,54 +230,45 @@ def plot_compare(run_dirs, out_dir):
 
 # ---- a learned optimizer against Adam on held-out tasks ------------------------------------
 
-def heldout_curves(learned, family, theta, rates, tasks, steps):
-    """Each held-out task's loss on all its examples after 0..`steps` updates
-    (`hogrod.learned.training_curves`, tasks of seeds 0..tasks-1 in the "heldout" split):
-    {"learned": [tasks, steps + 1], rate: ... for Adam at each rate}, numpy."""
-    seeds = list(range(tasks))
-
-    def curves(make):
-        return tf.function(lambda th: learned_lib.training_curves(make(th), family, seeds, steps),
-                           autograph=False)(theta).numpy()
-
-    out = {"learned": curves(learned.optimizer)}
-    for rate in rates:
-        out[rate] = curves(lambda _, rate=rate: optim.adam(rate))
-    return out
-
-
 def heldout_comparison(output_dir, learned, family, theta, rates, tasks, n, title):
-    """The learned optimizer against Adam's best rate at N = `n` and 2N inner steps on
-    held-out tasks (the mean loss over tasks; the best rate chosen at each N), drawn in
-    inner_curves.png. Returns the `heldout_*` metrics."""
-    curves = heldout_curves(learned, family, theta, rates, tasks, 2 * n)
-    mean = {k: np.mean(v, 0) for k, v in curves.items()}
+    """The learned optimizer against Adam at each rate on held-out tasks (seeds 0..tasks-1
+    of the "heldout" split): each task's loss on all its examples after 0..2N updates
+    (`hogrod.learned.training_curves`, saved in heldout_curves.npz), their means drawn in
+    inner_curves.png. Returns the `heldout_*` metrics: Adam's best rate chosen at N = `n`
+    and at 2N separately."""
+    def curves(make):
+        return tf.function(lambda th: learned_lib.training_curves(
+            make(th), family, list(range(tasks)), 2 * n), autograph=False)(theta).numpy()
+
+    runs = {"learned": curves(learned.optimizer),
+            **{f"adam_{r:g}": curves(lambda _, r=r: optim.adam(r)) for r in rates}}
+    np.savez(os.path.join(output_dir, "heldout_curves.npz"), **runs)
+    mean = {k: np.mean(v, 0) for k, v in runs.items()}
     at = (n, 2 * n)
-    best = [min(rates, key=lambda r: (not np.isfinite(mean[r][t]), mean[r][t])) for t in at]
-    learned_loss = [float(mean["learned"][t]) for t in at]
-    adam_best = [float(mean[r][t]) for r, t in zip(best, at)]
-    stderr = [float(np.std(curves["learned"][:, t], ddof=1) / np.sqrt(tasks)) if tasks > 1
-              else None for t in at]
+    best = [min(rates, key=lambda r: (not np.isfinite(mean[f"adam_{r:g}"][t]),
+                                      mean[f"adam_{r:g}"][t])) for t in at]
+    mine = [float(mean["learned"][t]) for t in at]
+    adam = [float(mean[f"adam_{r:g}"][t]) for r, t in zip(best, at)]
     fig, ax = plt.subplots(figsize=(7, 4))
-    steps = np.arange(2 * n + 1)
-    for rate in rates:
-        ax.plot(steps, mean[rate], lw=1.8 if rate in best else 0.8, alpha=1 if rate in best
-                else 0.5, label=f"Adam {rate:g}" + (" (best at N or 2N)" if rate in best else ""))
-    ax.plot(steps, mean["learned"], "k", lw=2, label="learned optimizer")
-    ax.axvline(n, color="gray", ls="--", lw=0.8)
-    ax.text(n, ax.get_ylim()[1], " N (meta-training horizon)", va="top", fontsize=8)
-    ax.set_yscale("log")
-    ax.set_xlabel("inner step")
-    ax.set_ylabel(f"training loss, mean of {tasks} held-out tasks")
+    for r in rates:
+        ax.plot(mean[f"adam_{r:g}"], lw=1.8 if r in best else 0.8,
+                label=f"Adam {r:g}" + (" (best at N or 2N)" if r in best else ""))
+    ax.plot(mean["learned"], "k", lw=2, label="learned optimizer")
+    ax.axvline(n, color="gray", ls="--", lw=0.8, label="N (meta-training horizon)")
+    ax.set(yscale="log", xlabel="inner step", ylabel=f"training loss, mean of {tasks} "
+           "held-out tasks")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
     _save(fig, os.path.join(output_dir, "inner_curves.png"))
-    return {"heldout_steps": list(at), "heldout_tasks": tasks,
-            "heldout_learned_loss": learned_loss, "heldout_learned_stderr": stderr,
-            "heldout_adam_best_loss": adam_best, "heldout_adam_best_rate": best,
-            "heldout_adam_loss": {f"{r:g}": [_number(mean[r][t]) for t in at] for r in rates},
+    return {"heldout_steps": list(at), "heldout_tasks": tasks, "heldout_learned_loss": mine,
+            "heldout_learned_stderr": [float(np.std(runs["learned"][:, t], ddof=1)
+                                             / np.sqrt(tasks)) if tasks > 1 else None
+                                       for t in at],
+            "heldout_adam_best_loss": adam, "heldout_adam_best_rate": best,
+            "heldout_adam_loss": {f"{r:g}": [_number(mean[f"adam_{r:g}"][t]) for t in at]
+                                  for r in rates},
             "heldout_initial_loss": float(mean["learned"][0]),
-            "heldout_learned_below_adam": [a < b for a, b in zip(learned_loss, adam_best)]}
+            "heldout_learned_below_adam": [a < b for a, b in zip(mine, adam)]}
 
 
 # ---- the experiment ------------------------------------------------------------------------
@@ -335,7 +326,8 @@ def learned_optimizer_experiment(
         eval_steps: harness.PositiveInt = 100, eval_every: harness.PositiveInt = 10,
         reference_theta: float | None = None,
         surface: tuple[tuple[float, float], tuple[float, float]] | None = None,
-        surface_points: harness.PositiveInt = 41, baseline_rates: tuple[float, ...] = (),
+        surface_points: harness.PositiveInt = 41,
+        baseline_rates: tuple[harness.Positive, ...] = (),
         heldout_tasks: harness.PositiveInt = 16,
         checkpoint_every: harness.PositiveInt = 100, log_every: harness.Count = 100,
         time_limit_s: harness.Positive | None = None, seed: harness.Count = 0):
@@ -385,12 +377,13 @@ def learned_optimizer_experiment(
                          f"held-out tasks: bind {WHERE}.learned and {WHERE}.family too, or "
                          "unbind the rates")
     theta0 = initial_theta(problem_, learned, init_theta, seed)
-    if surface is not None and tree.size(theta0) != 2:
-        raise ValueError(f"{WHERE}.surface draws a theta of two entries; this theta has "
-                         f"{tree.size(theta0)}: unbind {WHERE}.surface")
+    if surface is not None and (tree.size(theta0) != 2 or not all(a < b for a, b in surface)):
+        raise ValueError(f"{WHERE}.surface draws a theta of two entries over ((low, high), "
+                         f"(low, high)), low < high; got {surface} for a theta of "
+                         f"{tree.size(theta0)} entries")
     strategy = distribute.make_strategy()
     meta = learned_lib.meta_step(
-        problem_, estimator, outer_lr, outer_optimizer, clip_norm,
+        problem_, estimator, outer_lr, optimizer=outer_optimizer, clip_norm=clip_norm,
         strategy=strategy if strategy.num_replicas_in_sync > 1 else None)
     held = Held(meta.init(theta0, seed), "meta")
     interval = tf.Variable(tf.zeros([2], tf.float64), trainable=False, name="interval")

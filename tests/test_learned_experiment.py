@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 from experiments import learned_optimizer as exp
-from hogrod import harness, train
+from hogrod import harness, train, tree
 
 IB = "configs/learned/influence_balancing_pes_k1.gin"
 TOY = "configs/learned/toy_regression_tbptt.gin"
@@ -179,6 +179,8 @@ def test_the_schedule_surface_is_the_full_unroll_objective_and_runs_compare(tmp_
      TypeError, "learned_optimizer_experiment.estimator must be"),
     ("learned_optimizer_experiment.surface = ((0.0, 1.0), (0.0, 1.0))",
      ValueError, "learned_optimizer_experiment.surface draws a theta of two entries"),
+    ("learned_optimizer_experiment.family = @hogrod.learned.digits_mlp()",
+     ValueError, "learned_optimizer_experiment.family is bound but"),
     ("learned_optimizer_experiment.init_theta = None",
      ValueError, "bind exactly one of learned_optimizer_experiment.learned"),
     ("learned_optimizer_experiment.baseline_rates = (1e-3,)",
@@ -190,3 +192,48 @@ def test_bad_bindings_are_named_before_anything_is_written(tmp_path, binding, er
     with pytest.raises(error, match=match):
         harness.run(exp.learned_optimizer_experiment, [IB], IB_TINY + [binding], str(out))
     assert not out.exists()
+
+
+def test_a_learned_optimizer_is_saved_and_compared_with_adam_on_heldout_tasks(tmp_path):
+    """A tiny MLP optimizer on 2-class digits MLPs: saved as the run's final theta; the
+    held-out curves start from the same tasks for every optimizer; Adam's best at N and
+    at 2N is the lowest of its rates at each."""
+    from hogrod import learned
+    params = ["HORIZON = 4", "TRUNCATION = 2", "hogrod.learned.pes.particles = 2",
+              "hogrod.learned.digits_mlp.classes = 2",
+              "hogrod.learned.digits_mlp.hidden_sizes = (4,)",
+              "hogrod.learned.digits_mlp.batch_size = 4",
+              "hogrod.learned.mlp_optimizer.hidden_size = 4",
+              "hogrod.learned.mlp_optimizer.hidden_layers = 1",
+              "learned_optimizer_experiment.meta_steps = 2",
+              "learned_optimizer_experiment.baseline_rates = (1e-3, 1e-1)",
+              "learned_optimizer_experiment.heldout_tasks = 2",
+              "learned_optimizer_experiment.time_limit_s = None"]
+    out, m = harness.run(exp.learned_optimizer_experiment,
+                         ["configs/learned/digits_mlp_pes.gin"], params, str(tmp_path / "run"))
+    assert m["meta_steps_done"] == 2 and m["heldout_steps"] == [4, 8]
+    adam = {float(r): v for r, v in m["heldout_adam_loss"].items()}
+    for i in range(2):
+        best = min(adam, key=lambda r: adam[r][i])
+        assert m["heldout_adam_best_rate"][i] == best
+        assert m["heldout_adam_best_loss"][i] == adam[best][i]
+        assert m["heldout_learned_below_adam"][i] == (m["heldout_learned_loss"][i] < adam[best][i])
+    for name in ("inner_curves.png", "meta_loss.png", "learned_optimizer.npz"):
+        assert os.path.exists(os.path.join(out, name)), name
+    with np.load(os.path.join(out, "heldout_curves.npz")) as z:
+        curves = {k: z[k] for k in z.files}
+    assert sorted(curves) == ["adam_0.001", "adam_0.1", "learned"]
+    for name, c in curves.items():  # the same two tasks from the same weights
+        assert c.shape == (2, 9)
+        np.testing.assert_array_equal(c[:, 0], curves["learned"][:, 0])
+    np.testing.assert_allclose(adam[0.1], curves["adam_0.1"].mean(0)[[4, 8]], rtol=1e-6)
+    saved = learned.mlp_optimizer(hidden_size=4, hidden_layers=1).load(
+        os.path.join(out, "learned_optimizer.npz"))  # the run's final theta, its norm written
+    assert float(np.linalg.norm(tree.flatten(saved, tf.float64).numpy())) == m["theta_norm"]
+
+
+def test_two_logical_cpus_take_the_steps_of_one_device(tmp_path):
+    one = harness.run(exp.learned_optimizer_experiment, [IB], IB_TINY, str(tmp_path / "one"))[1]
+    two = harness.run(exp.learned_optimizer_experiment, [IB, "configs/strategy/mirrored_2cpu.gin"],
+                      IB_TINY, str(tmp_path / "two"))[1]
+    assert two["theta"] == one["theta"] and two["eval_loss"] == one["eval_loss"]
