@@ -77,10 +77,16 @@ class Killed(Exception):
     """Stands in for a kill."""
 
 
+@pytest.fixture(scope="module")
+def ib_run(tmp_path_factory):
+    """The uninterrupted tiny PES run on influence balancing: (its directory, metrics)."""
+    return harness.run(exp.learned_optimizer_experiment, [IB], IB_TINY,
+                       str(tmp_path_factory.mktemp("ib") / "whole"))
+
+
 def test_influence_balancing_evaluates_resumes_exactly_and_refuses_a_changed_config(
-        tmp_path, monkeypatch):
-    whole, metrics = harness.run(exp.learned_optimizer_experiment, [IB], IB_TINY,
-                                 str(tmp_path / "whole"))
+        ib_run, tmp_path, monkeypatch):
+    whole, metrics = ib_run
     m = strict_json(os.path.join(whole, "metrics.json"))
     assert m["meta_steps_done"] == 6 and m["diverged"] is False
     assert m["estimator"].startswith("pes(sigma=0.1, particles=8, truncation=1")
@@ -124,7 +130,7 @@ def test_influence_balancing_evaluates_resumes_exactly_and_refuses_a_changed_con
                     IB_TINY + ["hogrod.learned.pes.sigma = 0.2"], resumed)
 
 
-def test_a_diverged_run_writes_its_last_finite_theta_and_exits_0(tmp_path, capsys):
+def test_a_diverged_run_writes_its_last_finite_theta_and_exits_0(tmp_path):
     """TBPTT (K = 1) at an outer rate of 1e300: the first step, gradient s_0 - 1 = 0.5 at
     the all-ones state, lands theta at 0.5 - 0.5e300; the second's meta-loss overflows, so
     it is not applied."""
@@ -232,8 +238,10 @@ def test_a_learned_optimizer_is_saved_and_compared_with_adam_on_heldout_tasks(tm
     assert float(np.linalg.norm(tree.flatten(saved, tf.float64).numpy())) == m["theta_norm"]
 
 
-def test_two_logical_cpus_take_the_steps_of_one_device(tmp_path):
-    one = harness.run(exp.learned_optimizer_experiment, [IB], IB_TINY, str(tmp_path / "one"))[1]
+def test_two_logical_cpus_take_the_steps_of_one_device(ib_run, tmp_path):
+    """The particles split over two replicas (configs/strategy/mirrored_2cpu.gin): the same
+    estimates, so the same theta and evaluation."""
+    one = ib_run[1]
     two = harness.run(exp.learned_optimizer_experiment, [IB, "configs/strategy/mirrored_2cpu.gin"],
                       IB_TINY, str(tmp_path / "two"))[1]
     assert two["theta"] == one["theta"] and two["eval_loss"] == one["eval_loss"]
