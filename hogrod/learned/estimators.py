@@ -37,6 +37,9 @@ With L(theta) a truncation's meta-objective (`hogrod.learned.problem`) and P par
 `per_particle` holds the independent terms whose mean is `grads`: one row per particle for
 tbptt, one per antithetic pair for the others (the two particles of a pair are not
 independent), so ``std(per_particle) / sqrt(rows)`` is the estimate's standard error.
+Particles are ordered as evosax orders an antithetic population: the first P/2 run under
+``theta + eps_j``, the last P/2 under ``theta - eps_j``; partners share their seed
+(initial state, data) and their staggered start.
 
 Under a `tf.distribute` strategy the particles are split evenly over its replicas, each
 running its rows' unrolls; the rows are gathered back in order, so the estimate equals one
@@ -231,8 +234,8 @@ def _tbptt_estimate(config: _Config) -> Callable[..., Tuple[Estimate, EstimatorS
         def rows(thetas, particles):
             with tf.GradientTape() as tape:
                 tape.watch(thetas)
-                particles, values = unroll_lib.truncated_unroll(problem, thetas, particles,
-                                                      config.truncation, config.task_map)
+                particles, values = unroll_lib.truncated_unroll(
+                    problem, thetas, particles, config.truncation, config.task_map)
                 total = tf.reduce_sum(values)
             # row p of d(sum_p L_p)/d thetas is d L_p / d theta: L_p sees only its row
             grads = tape.gradient(total, thetas)
@@ -323,7 +326,7 @@ def _es_estimate(config: _Config, same_start: bool
 
         def rows(thetas, particles):
             return unroll_lib.truncated_unroll(problem, thetas, particles, config.truncation,
-                                     config.task_map)
+                                               config.task_map)
 
         particles, values = _across_replicas(strategy, rows, (thetas, particles),
                                              config.particles, where)

@@ -145,8 +145,9 @@ def init_particles(problem: InnerProblem, seeds: tf.Tensor, horizon: Optional[in
         The `Particles`: ``problem.init`` states of episode 0, 0 steps taken.
 
     Raises:
-        ArgumentError: `problem` is not an `InnerProblem`, `task_map` is unknown, or
-            ``problem.init`` returns a leaf that is not a tensor.
+        ArgumentError: `problem` is not an `InnerProblem`, `task_map` is unknown, an offset
+            is outside ``[0, T - 1]`` or their count is not P, or ``problem.init`` returns a
+            leaf that is not a tensor.
     """
     where = "hogrod.learned.init_particles"
     problem_lib.check_problem(problem, where)
@@ -158,6 +159,11 @@ def init_particles(problem: InnerProblem, seeds: tf.Tensor, horizon: Optional[in
     if horizon is None:
         length = tf.fill([count], tf.constant(-1, tf.int64))
     else:
+        offsets = [checks.integer(o, f"offsets[{i}]", where, 0, horizon - 1)
+                   for i, o in enumerate(offsets)]
+        if len(offsets) != count:
+            raise checks.ArgumentError(f"{where}: offsets has {len(offsets)} entries for "
+                                       f"{count} particles (seeds' rows)")
         length = tf.constant([horizon - o for o in offsets], tf.int64)
     return Particles(inner, tf.zeros([count], tf.int64), length, episode, seeds)
 
