@@ -459,9 +459,18 @@ def test_training_curves_train_held_out_tasks_with_any_optimizer():
     curves = training_curves(optim.adam(1e-2), family, [0, 1], 20)
     assert curves.shape == (2, 21)
     assert np.all(curves.numpy()[:, -1] < 0.6 * curves.numpy()[:, 0])
-    params, task = family.init(task_seed(1, "heldout"))
+    key = task_seed(1, "heldout")
+    params, task = family.init(key)
+    everything = family.data(task)
     np.testing.assert_allclose(curves[1, 0].numpy(),
-                               family.loss(params, task, family.data(task)).numpy(), rtol=1e-13)
+                               family.loss(params, task, everything).numpy(), rtol=1e-13)
+    adam = optim.adam(1e-2)
+    with tf.GradientTape() as tape:
+        tape.watch(params)
+        value = family.loss(params, task, family.batch(key, 0))
+    params, _ = adam.update(tape.gradient(value, params), adam.init(params), params)
+    np.testing.assert_allclose(curves[1, 1].numpy(),
+                               family.loss(params, task, everything).numpy(), rtol=1e-12)
     sequential = training_curves(optim.adam(1e-2), family, [0, 1], 20, mode="sequential")
     np.testing.assert_allclose(sequential.numpy(), curves.numpy(), rtol=1e-11)
 
