@@ -1,9 +1,11 @@
 """experiments/learned_optimizer.py end to end on tiny settings: its evaluations against
-numpy unrolls of the PES paper's problems (influence balancing's fresh 500-step loss, the
-toy regression's surface at grid points), a killed run resumed equal to the uninterrupted
-one (theta, the outer optimizer's state, the particles and PES's accumulators, the step,
-read from the checkpoints), a changed config refused, a diverged run written with its last
-finite theta (exit code 0), bad bindings named before anything is written."""
+numpy unrolls of the PES paper's problems (influence balancing's fresh unroll, the toy
+regression's surface at grid points), a killed run resumed equal to the uninterrupted one
+(theta, the outer optimizer's state, the particles and PES's accumulators, the step, read
+from the checkpoints), a changed config refused, a diverged run written with its last
+finite theta (exit code 0), a learned optimizer saved and compared with Adam's best rate on
+held-out tasks, two logical CPUs equal to one device, bad bindings named before anything
+is written."""
 
 import json
 import os
