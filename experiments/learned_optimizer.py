@@ -3,7 +3,7 @@ evaluations, checkpoints that resume exactly (`hogrod.learned`).
 
 The inner problem and the estimator are gin references; a config is a few includes:
 
-    python -m experiments.learned_optimizer --gin_file=configs/learned/influence_balancing_pes_k1.gin
+    hogrod-learned-optimizer --gin_file=learned/influence_balancing_pes_k1.gin
     hogrod-learned-optimizer --gin_file=learned/toy_regression_pes.gin --output_dir=runs/toy_pes
     python -m experiments.learned_optimizer --compare OUT_DIR RUN_DIR [RUN_DIR ...]
 
@@ -45,7 +45,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from hogrod import checks, distribute, harness, optim, train, tree
+from hogrod import checks, distribute, harness, optim, taskmap, train, tree
 from hogrod import learned as learned_lib
 
 matplotlib.use("Agg")
@@ -58,12 +58,7 @@ THETA_LISTED = 64  # theta is written to the history and metrics up to this many
 # ---- the run's state in variables ----------------------------------------------------------
 
 class Held:
-    """A nest of tensors kept in `tf.Variable`s (one per leaf), for a checkpoint.
-
-    Args:
-      value: the nest's initial value.
-      name: the variables' name prefix.
-    """
+    """A nest of tensors (`value`) kept in `tf.Variable`s, one per leaf, for a checkpoint."""
 
     def __init__(self, value, name):
         self.structure = value
@@ -80,31 +75,41 @@ class Held:
             v.assign(tf.where(ok, t, v.read_value()))
 
 
-def _finite(*values):
-    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(tf.cast(v, tf.float64)))
-                          for v in values])
+def _finite(*trees):
+    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(t)))
+                          for t in tf.nest.flatten(trees)])
+
+
+def _norm(t):
+    """The global norm of a nest in float64, scaled by its largest entry: no overflow below
+    float64's largest number (5e299 has norm 5e299, not inf)."""
+    flat = tree.flatten(tf.nest.map_structure(tf.convert_to_tensor, t), tf.float64)
+    top = tf.reduce_max(tf.abs(flat))
+    scale = tf.where(top > 0, top, tf.ones_like(top))
+    return scale * tf.norm(flat / scale)
 
 
 def make_advance(meta, held):
     """The compiled meta-step on the held state: one estimate and outer step, applied only
-    where the estimate, the meta-loss and the new theta are finite. Returns its logs
-    (`meta_loss`, `grad_norm`, `grad_stderr`, `theta_norm`: all finite or the step was not
-    applied)."""
+    where the estimate, the meta-loss, the new theta and the logs are finite. Returns the
+    logs (`meta_loss`, `grad_norm`, `grad_stderr`, `theta_norm`), NaN where the step was
+    not applied."""
 
     @tf.function(autograph=False)
     def advance(_):
         new, estimate = meta.step(held.read())
-        rows = tf.nest.flatten(estimate.per_particle)
-        count = tf.cast(tf.shape(rows[0])[0], tf.float64)
-        variance = tf.add_n([tf.reduce_sum(tf.math.reduce_variance(tf.cast(r, tf.float64), 0))
-                             for r in rows])
+        leaves = [tf.convert_to_tensor(r) for r in tf.nest.flatten(estimate.per_particle)]
+        rows = tf.shape(leaves[0])[0]
+        terms = tf.concat([tf.reshape(tf.cast(r, tf.float64), [rows, -1]) for r in leaves], 1)
+        count = tf.cast(rows, tf.float64)
+        variance = tf.reduce_sum(tf.math.reduce_variance(terms, 0)) * count / tf.maximum(
+            count - 1, 1.0)
         logs = {"meta_loss": tf.cast(estimate.meta_loss, tf.float64),
-                "grad_norm": tf.cast(tree.norm(estimate.grads), tf.float64),
-                "grad_stderr": tf.sqrt(variance / tf.maximum(count - 1, 1.0)),
-                "theta_norm": tf.cast(tree.norm(new.theta), tf.float64)}
-        ok = _finite(*logs.values())
+                "grad_norm": _norm(estimate.grads), "grad_stderr": tf.sqrt(variance / count),
+                "theta_norm": _norm(new.theta)}
+        ok = _finite(new.theta, estimate.grads, logs)
         held.assign_where(ok, new)
-        return logs
+        return {k: tf.where(ok, v, tf.constant(np.nan, tf.float64)) for k, v in logs.items()}
 
     return advance
 
@@ -156,8 +161,7 @@ def plot_meta_loss(path, history, title):
     values = [h[k] for h in history for k in ("meta_loss", "eval_loss") if h.get(k) is not None]
     if values and min(values) > 0:
         ax.set_yscale("log")
-    ax.set_xlabel("meta-step")
-    ax.set_ylabel("meta-objective")
+    ax.set(xlabel="meta-step", ylabel="meta-objective")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
     _save(fig, path)
@@ -194,8 +198,7 @@ def plot_surface(path, surface, paths, title):
         if len(points):
             ax.plot(points[:, 0], points[:, 1], "-", lw=1.5, label=label)
             ax.plot(points[-1, 0], points[-1, 1], "o", ms=5)
-    ax.set_xlabel("theta[0]")
-    ax.set_ylabel("theta[1]")
+    ax.set(xlabel="theta[0]", ylabel="theta[1]")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, loc="best")
     _save(fig, path)
@@ -230,18 +233,20 @@ def plot_compare(run_dirs, out_dir):
 
 # ---- a learned optimizer against Adam on held-out tasks ------------------------------------
 
-def heldout_comparison(output_dir, learned, family, theta, rates, tasks, n, title):
+def heldout_comparison(output_dir, learned, family, theta, rates, tasks, n, title, task_map):
     """The learned optimizer against Adam at each rate on held-out tasks (seeds 0..tasks-1
     of the "heldout" split): each task's loss on all its examples after 0..2N updates
-    (`hogrod.learned.training_curves`, saved in heldout_curves.npz), their means drawn in
-    inner_curves.png. Returns the `heldout_*` metrics: Adam's best rate chosen at N = `n`
-    and at 2N separately."""
-    def curves(make):
-        return tf.function(lambda th: learned_lib.training_curves(
-            make(th), family, list(range(tasks)), 2 * n), autograph=False)(theta).numpy()
+    (`hogrod.learned.training_curves`, the tasks mapped by `task_map`; saved in
+    heldout_curves.npz), their means drawn in inner_curves.png. Returns the `heldout_*`
+    metrics: Adam's best rate chosen at N = `n` and at 2N separately."""
+    def curves(make):  # traced once per optimizer kind: Adam's rate is a tensor argument
+        return tf.function(lambda arg: learned_lib.training_curves(
+            make(arg), family, list(range(tasks)), 2 * n, mode=task_map), autograph=False)
 
-    runs = {"learned": curves(learned.optimizer),
-            **{f"adam_{r:g}": curves(lambda _, r=r: optim.adam(r)) for r in rates}}
+    dtype = tf.nest.flatten(family.init(tf.constant([0, 0], tf.int64)))[0].dtype
+    adam = curves(optim.adam)
+    runs = {"learned": curves(learned.optimizer)(theta).numpy(),
+            **{f"adam_{r:g}": adam(tf.constant(r, dtype)).numpy() for r in rates}}
     np.savez(os.path.join(output_dir, "heldout_curves.npz"), **runs)
     mean = {k: np.mean(v, 0) for k, v in runs.items()}
     at = (n, 2 * n)
@@ -328,7 +333,7 @@ def learned_optimizer_experiment(
         surface: tuple[tuple[float, float], tuple[float, float]] | None = None,
         surface_points: harness.PositiveInt = 41,
         baseline_rates: tuple[harness.Positive, ...] = (),
-        heldout_tasks: harness.PositiveInt = 16,
+        heldout_tasks: harness.PositiveInt = 16, task_map: str = "vectorized",
         checkpoint_every: harness.PositiveInt = 100, log_every: harness.Count = 100,
         time_limit_s: harness.Positive | None = None, seed: harness.Count = 0):
     """Meta-train theta with an estimator, evaluate it, compare a learned optimizer.
@@ -358,6 +363,8 @@ def learned_optimizer_experiment(
       baseline_rates: Adam's rates for the held-out comparison of a learned optimizer
         (empty: no comparison).
       heldout_tasks: the held-out tasks of the comparison.
+      task_map: how the comparison maps its tasks (`hogrod.taskmap.MODES`; "sequential"
+        traces faster, "vectorized" runs faster).
       checkpoint_every: checkpoint every this many meta-steps, and at the end.
       log_every: a progress line every this many meta-steps (0: none).
       time_limit_s: stop (with a checkpoint) after this many seconds of meta-training in
@@ -376,6 +383,7 @@ def learned_optimizer_experiment(
         raise ValueError(f"{WHERE}.baseline_rates compares a learned optimizer with Adam on "
                          f"held-out tasks: bind {WHERE}.learned and {WHERE}.family too, or "
                          "unbind the rates")
+    taskmap.check_task_map(task_map, f"{WHERE}.task_map")
     theta0 = initial_theta(problem_, learned, init_theta, seed)
     if surface is not None and (tree.size(theta0) != 2 or not all(a < b for a, b in surface)):
         raise ValueError(f"{WHERE}.surface draws a theta of two entries over ((low, high), "
@@ -432,7 +440,7 @@ def learned_optimizer_experiment(
                            reference_theta=reference_theta, surface=surface,
                            surface_points=surface_points, eval_steps=eval_steps, seed=seed,
                            family=family, baseline_rates=baseline_rates,
-                           heldout_tasks=heldout_tasks))
+                           heldout_tasks=heldout_tasks, task_map=task_map))
     return dict(metrics, **stats)
 
 
@@ -441,7 +449,7 @@ def _finish(output_dir, problem, learned, theta, history, run):
     flat = _flat(theta)
     metrics = {"estimator": run["estimator"], "meta_steps_done": run["done"],
                "diverged": run["diverged"], "eval_loss": history[-1]["eval_loss"],
-               "eval_steps": run["eval_steps"], "theta_norm": float(np.linalg.norm(flat))}
+               "eval_steps": run["eval_steps"], "theta_norm": _number(_norm(theta))}
     if flat.size <= THETA_LISTED:
         metrics["theta"] = flat.tolist()
     if run["reference_theta"] is not None:
@@ -461,7 +469,7 @@ def _finish(output_dir, problem, learned, theta, history, run):
     if run["baseline_rates"]:
         metrics.update(heldout_comparison(output_dir, learned, run["family"], theta,
                                           run["baseline_rates"], run["heldout_tasks"],
-                                          run["eval_steps"], title))
+                                          run["eval_steps"], title, run["task_map"]))
     return metrics
 
 
