@@ -196,8 +196,8 @@ def plot_surface(path, surface, paths, title):
     for label, points in paths:
         points = np.asarray(points)
         if len(points):
-            ax.plot(points[:, 0], points[:, 1], "-", lw=1.5, label=label)
-            ax.plot(points[-1, 0], points[-1, 1], "o", ms=5)
+            line, = ax.plot(points[:, 0], points[:, 1], "-", lw=1.5, label=label)
+            ax.plot(points[-1, 0], points[-1, 1], "o", ms=5, color=line.get_color())
     ax.set(xlabel="theta[0]", ylabel="theta[1]")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, loc="best")

@@ -204,17 +204,20 @@ def test_bad_bindings_are_named_before_anything_is_written(tmp_path, binding, er
     assert not out.exists()
 
 
+@pytest.mark.slow  # tracing the MLP optimizer's unrolls: ~10 s on a quiet machine
 def test_a_learned_optimizer_is_saved_and_compared_with_adam_on_heldout_tasks(tmp_path):
     """A tiny MLP optimizer on 2-class digits MLPs: saved as the run's final theta; the
     held-out curves start from the same tasks for every optimizer; Adam's best at N and
     at 2N is the lowest of its rates at each."""
     from hogrod import learned
-    params = ["HORIZON = 4", "TRUNCATION = 2", "hogrod.learned.pes.particles = 2",
+    params = ["HORIZON = 4", "TRUNCATION = 1", "hogrod.learned.pes.particles = 2",
               "hogrod.learned.digits_mlp.classes = 2",
               "hogrod.learned.digits_mlp.hidden_sizes = (4,)",
               "hogrod.learned.digits_mlp.batch_size = 4",
               "hogrod.learned.mlp_optimizer.hidden_size = 4",
               "hogrod.learned.mlp_optimizer.hidden_layers = 1",
+              "hogrod.learned.mlp_optimizer.decays = (0.9,)",
+              "hogrod.learned.mlp_optimizer.timescales = ()",
               "learned_optimizer_experiment.meta_steps = 2",
               "learned_optimizer_experiment.baseline_rates = (1e-3, 1e-1)",
               "learned_optimizer_experiment.heldout_tasks = 2",
@@ -240,7 +243,7 @@ def test_a_learned_optimizer_is_saved_and_compared_with_adam_on_heldout_tasks(tm
         assert c.shape == (2, 9)
         np.testing.assert_array_equal(c[:, 0], curves["learned"][:, 0])
     np.testing.assert_allclose(adam[0.1], curves["adam_0.1"].mean(0)[[4, 8]], rtol=1e-6)
-    saved = tf.nest.flatten(learned.mlp_optimizer(hidden_size=4, hidden_layers=1).load(
+    saved = tf.nest.flatten(learned.mlp_optimizer(4, 1, (0.9,), timescales=()).load(
         os.path.join(out, "learned_optimizer.npz")))
     reader = tf.train.load_checkpoint(os.path.join(out, "ckpt"))
     for i, leaf in enumerate(saved):  # theta leads the checkpointed MetaState's leaves
