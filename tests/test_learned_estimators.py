@@ -252,52 +252,51 @@ def noisy_problem():
 THETA = np.array([-1.0, -2.0, 0.0])
 
 
-def test_pes_and_es_with_k_equal_to_t_are_full_es_with_the_same_perturbations():
+def test_pes_with_k_equal_to_t_is_full_es_with_the_same_perturbations():
+    """Two estimates (the second after a reset) equal full ES's with the same seeds."""
     problem = noisy_problem()
     results = []
     for estimator in (learned.full_es(sigma=0.1, particles=4, horizon=3),
-                      learned.pes(sigma=0.1, particles=4, truncation=3, horizon=3),
-                      learned.es(sigma=0.1, particles=4, truncation=3, horizon=3)):
+                      learned.pes(sigma=0.1, particles=4, truncation=3, horizon=3)):
         state = estimator.init(problem, tf.constant(THETA), 2)
         run = compiled(estimator, problem)
         results.append([])
-        for k in range(3):
+        for k in range(2):  # the second from fresh states of episode 1
             estimate, state = run(tf.constant(THETA), state, seed(k))
             results[-1].append([t.numpy() for t in tf.nest.flatten(estimate)])
-    for other in results[1:]:
-        for a, b in zip(results[0], other):
-            for x, y in zip(a, b):
-                np.testing.assert_allclose(y, x, rtol=1e-13, atol=0)
+    for a, b in zip(*results):
+        for x, y in zip(a, b):
+            np.testing.assert_allclose(y, x, rtol=1e-13, atol=0)
 
 
 def test_a_reset_at_the_horizon_restarts_the_state_and_the_accumulated_perturbation():
+    """T = 2K: the perturbations of the first two truncations add up; the third starts
+    episode 1 from problem.init with the next episode's seeds, its accumulated perturbation
+    its own (each checked against a run of the same seed from the start)."""
     problem = noisy_problem()
     theta = tf.constant(THETA)
-    estimator = learned.pes(sigma=0.1, particles=4, truncation=2, horizon=2)
+    estimator = learned.pes(sigma=0.1, particles=4, truncation=2, horizon=4, stagger=False)
     run = compiled(estimator, problem)
     start = estimator.init(problem, theta, 1)
-    first, after_one = run(theta, start, seed(1))
-    _, after_two = run(theta, after_one, seed(2))
-    _, alone = run(theta, start, seed(2))  # the perturbations of seed 2 alone
-    eps = alone.accumulated.numpy()
-    np.testing.assert_array_equal(after_two.accumulated.numpy(), eps)
-    particles = after_two.particles
+    alone = {k: run(theta, start, seed(k))[1].accumulated.numpy() for k in (1, 2, 3)}
+    state = start
+    for k in (1, 2, 3):
+        _, state = run(theta, state, seed(k))
+        if k == 2:
+            np.testing.assert_allclose(state.accumulated.numpy(), alone[1] + alone[2],
+                                       rtol=1e-14)
+    eps = alone[3]
+    np.testing.assert_array_equal(state.accumulated.numpy(), eps)
+    particles = state.particles
     np.testing.assert_array_equal(particles.episode.numpy(), [1] * 4)
     np.testing.assert_array_equal(particles.steps.numpy(), [2] * 4)
     for p in range(4):  # episode 1 by hand: init and data from the next episode's seeds
         s = particles.seeds.numpy()[p]
         w = tf.random.stateless_normal([3], tf.constant([s[0], s[1] + 2]), dtype=F64)
-        for t in range(2):
-            w = problem.step(w, theta + eps[p], problem.batch(tf.constant([s[0], s[1] + 3]), t))
+        for t in range(2):  # t an int64 tensor, as the unroll counts steps
+            data = problem.batch(tf.constant([s[0], s[1] + 3]), tf.constant(t, tf.int64))
+            w = problem.step(w, theta + eps[p], data)
         np.testing.assert_allclose(particles.inner.numpy()[p], w.numpy(), rtol=1e-12)
-    # with a longer horizon the perturbations add up
-    estimator = learned.pes(sigma=0.1, particles=4, truncation=2, horizon=4)
-    run = compiled(estimator, problem)
-    _, one = run(theta, start, seed(1))
-    _, two = run(theta, one, seed(2))
-    np.testing.assert_allclose(two.accumulated.numpy(), one.accumulated.numpy() + eps,
-                               rtol=1e-14)
-    np.testing.assert_array_equal(two.particles.episode.numpy(), [0] * 4)
 
 
 def test_staggered_starts_spread_the_particles_over_the_horizon():
@@ -351,17 +350,22 @@ def test_bad_input_is_named():
         learned.tbptt(particles=4, truncation=1).estimate(problem, theta, state, 0)
     with pytest.raises(checks.ArgumentError, match="outer_lr must be a positive"):
         learned.meta_step(problem, estimator, outer_lr=0.0)
+    with pytest.raises(checks.ArgumentError, match="clip_norm must be a positive"):
+        learned.meta_step(problem, estimator, outer_lr=0.1, clip_norm=-1.0)
 
 
 # ---- the outer step ----------------------------------------------------------------------
 
-def test_clipping_scales_to_the_global_norm_in_float64():
-    grads = [tf.constant([3.0], F64), tf.constant([[4.0]], F64)]
-    clipped = learned.clip_by_global_norm(grads, 1.0)
-    np.testing.assert_allclose([clipped[0].numpy()[0], clipped[1].numpy()[0, 0]], [0.6, 0.8],
-                               rtol=1e-15)
-    kept = learned.clip_by_global_norm(grads, 10.0)
-    np.testing.assert_array_equal(kept[1].numpy(), [[4.0]])
+def test_the_outer_step_clips_to_the_global_norm_in_float64():
+    """SGD at rate 1 moves theta by the estimate scaled to norm clip_norm (numpy)."""
+    problem, theta = linear_problem(), np.array([0.3, -0.2])
+    meta = learned.meta_step(problem, learned.tbptt(particles=1, truncation=2), outer_lr=1.0,
+                             clip_norm=0.5)
+    state, estimate = meta.step(meta.init(tf.constant(theta), 0))
+    grads = estimate.grads.numpy()
+    assert np.linalg.norm(grads) > 1
+    np.testing.assert_allclose(state.theta.numpy(),
+                               theta - 0.5 * grads / np.linalg.norm(grads), rtol=1e-15)
 
 
 def _run(meta, state, steps):
@@ -371,6 +375,9 @@ def _run(meta, state, steps):
 
 
 def test_the_meta_step_traces_once_resumes_exactly_and_two_cpus_equal_one():
+    """Three outer steps trace once; two steps, a state rebuilt from numpy (a checkpoint)
+    and one more equal three; split over two logical CPUs (MirroredStrategy) they equal one
+    device's (PES: rows of unrolls; TBPTT: a tape inside each replica)."""
     problem = linear_problem()
     theta = tf.constant([0.3, -0.2], F64)
     flat = lambda s: [t.numpy() for t in tf.nest.flatten(s)]  # noqa: E731
@@ -379,13 +386,14 @@ def test_the_meta_step_traces_once_resumes_exactly_and_two_cpus_equal_one():
                       learned.tbptt(particles=4, truncation=2, horizon=6)):
         meta = learned.meta_step(problem, estimator, outer_lr=0.01, optimizer=optim.adam,
                                  clip_norm=5.0)
-        state = _run(meta, meta.init(theta, 3), 3)
+        start = meta.init(theta, 3)
+        two = _run(meta, start, 2)
+        state = _run(meta, two, 1)
         assert meta.step.experimental_get_tracing_count() == 1
-        rebuilt = tf.nest.map_structure(lambda t: tf.constant(t.numpy()),
-                                        _run(meta, meta.init(theta, 3), 2))
+        rebuilt = tf.nest.map_structure(lambda t: tf.constant(t.numpy()), two)
         for a, b in zip(flat(state), flat(_run(meta, rebuilt, 1))):
             np.testing.assert_array_equal(a, b)
         split = learned.meta_step(problem, estimator, outer_lr=0.01, optimizer=optim.adam,
                                   clip_norm=5.0, strategy=strategy)
-        for a, b in zip(flat(state), flat(_run(split, split.init(theta, 3), 3))):
+        for a, b in zip(flat(state), flat(_run(split, start, 3))):
             np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-15)

@@ -67,6 +67,9 @@ def test_pes_with_k1_points_toward_the_optimum_and_tbptt_the_other_way():
     np.testing.assert_allclose(estimates["tbptt"].grads.numpy(), [(s[0] - 1) * c[0]],
                                rtol=1e-12)
     assert estimates["tbptt"].grads.numpy()[0] < 0
+    # the per-particle rows are dense tensors (the gradient of the step's reshape is sparse)
+    np.testing.assert_allclose(estimates["tbptt"].per_particle.numpy(), [[(s[0] - 1) * c[0]]],
+                               rtol=1e-12)
 
 
 def numpy_toy_loss(x):
@@ -92,8 +95,11 @@ def test_the_toy_regression_steps_by_its_schedule_and_tbptt_differentiates_it():
                                rtol=1e-14)
     assert t.numpy() == 1.0
 
+    compiled_value = tf.function(lambda th: learned.evaluate(problem, th, horizon),
+                                 autograph=False)
+
     def value(th):
-        return learned.evaluate(problem, tf.constant(th), horizon).numpy()
+        return compiled_value(tf.constant(th)).numpy()
     d = 1e-6
     differences = [(value(theta + d * e) - value(theta - d * e)) / (2 * d) for e in np.eye(2)]
     estimator = learned.tbptt(particles=1, truncation=horizon, horizon=horizon)
@@ -113,6 +119,7 @@ def test_estimators_and_problems_are_chosen_by_gin_reference():
         hogrod.learned.pes.particles = 4
         hogrod.learned.pes.truncation = 1
         hogrod.learned.influence_balancing.n = 5
+        hogrod.learned.influence_balancing.positives = 2
     """)
     meta = learned.meta_step()
     state = meta.init(tf.constant([0.5], F64), 0)

@@ -31,7 +31,7 @@ from hogrod.learned.base import LearnedOptimizer
 from hogrod.learned.estimators import (Estimate, Estimator, EstimatorState, es, full_es, pes,
                                        tbptt)
 from hogrod.learned.mlp_optimizer import MLPOptimizerState, feature_count, mlp_optimizer
-from hogrod.learned.outer import MetaState, MetaStep, clip_by_global_norm, meta_step
+from hogrod.learned.outer import MetaState, MetaStep, meta_step
 from hogrod.learned.problem import META_OBJECTIVES, InnerProblem
 from hogrod.learned.problems import (influence_balancing, influence_balancing_optimum,
                                      toy_regression, toy_regression_loss)
@@ -43,7 +43,7 @@ from hogrod.learned.unroll import (Particles, evaluate, init_particles, reset,
 
 __all__ = ["InnerProblem", "META_OBJECTIVES", "Particles", "init_particles", "reset",
            "truncated_unroll", "evaluate", "Estimate", "EstimatorState", "Estimator", "tbptt",
-           "es", "pes", "full_es", "MetaState", "MetaStep", "meta_step", "clip_by_global_norm",
+           "es", "pes", "full_es", "MetaState", "MetaStep", "meta_step",
            "influence_balancing", "influence_balancing_optimum", "toy_regression",
            "toy_regression_loss", "LearnedOptimizer", "MLPOptimizerState", "feature_count",
            "mlp_optimizer", "LearnedSchedule", "KINDS", "BASES", "learned_schedule", "SPLITS",

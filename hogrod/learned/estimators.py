@@ -203,8 +203,11 @@ def _across_replicas(strategy: Optional[tf.distribute.Strategy], fn: Callable, a
             args)
         return fn(*mine)
 
-    out = strategy.run(replica, args=args)
-    return tf.nest.map_structure(lambda v: strategy.gather(v, axis=0), out)
+    def gather(v):  # the rows in order, their static shape kept
+        return tf.ensure_shape(strategy.gather(v, axis=0),
+                               [rows] + v.values[0].shape.as_list()[1:])
+
+    return tf.nest.map_structure(gather, strategy.run(replica, args=args))
 
 
 def _zero_rows(mask: tf.Tensor, t: tf.Tensor) -> tf.Tensor:
@@ -244,7 +247,8 @@ def _tbptt_estimate(config: _Config) -> Callable[..., Tuple[Estimate, EstimatorS
                 raise checks.ArgumentError(
                     f"{where}: the meta-objective does not depend on theta leaves {missing} "
                     f"({checks.describe(theta)}); remove them from theta")
-            return particles, values, grads
+            # dense rows: a gather in a step (pfor's, or the problem's) gives IndexedSlices
+            return particles, values, tf.nest.map_structure(tf.convert_to_tensor, grads)
 
         particles, values, grads = _across_replicas(strategy, rows, (thetas, particles),
                                                     config.particles, where)

@@ -10,7 +10,9 @@ returns `MetaStep(init, step)`:
   run's seed and the step count, so a resumed run draws what an uninterrupted one does),
   its gradient clipped to a global norm of at most `clip_norm` (in theta's dtype), then
   ``optimizer(outer_lr).update``. `step` is one `tf.function`, traced once for a run (the
-  state's shapes never change).
+  state's shapes never change). It is not compiled with XLA: there TensorFlow draws other
+  stateless random numbers (other perturbations than the same seed gives without XLA), and
+  tbptt's gradient through the mapped unroll (pfor) does not compile.
 """
 
 from typing import Any, Callable, NamedTuple, Optional, Tuple
@@ -24,7 +26,7 @@ from hogrod.learned.estimators import Estimate, Estimator, EstimatorState
 from hogrod.learned.problem import InnerProblem
 from hogrod.types import Seed, Tree
 
-__all__ = ["MetaState", "MetaStep", "meta_step", "clip_by_global_norm"]
+__all__ = ["MetaState", "MetaStep", "meta_step"]
 
 _no_autograph = tf.autograph.experimental.do_not_convert
 
@@ -61,20 +63,9 @@ class MetaStep(NamedTuple):
     step: Callable[[MetaState], Tuple[MetaState, Estimate]]
 
 
-def clip_by_global_norm(grads: Tree, clip_norm: float) -> Tree:
-    """`grads` scaled by ``min(1, clip_norm / ||grads||)``, in the leaves' dtype.
-
-    Args:
-        grads: a nest of floating tensors of one dtype.
-        clip_norm: the largest global norm allowed, > 0 (applied at the leaves' dtype).
-
-    Returns:
-        The scaled nest (unchanged where its norm is at most `clip_norm`).
-
-    Raises:
-        ArgumentError: `clip_norm` is not a positive number.
-    """
-    clip_norm = checks.positive(clip_norm, "clip_norm", "hogrod.learned.clip_by_global_norm")
+def _clip_by_global_norm(grads: Tree, clip_norm: float) -> Tree:
+    """`grads` scaled by ``min(1, clip_norm / ||grads||)`` in the leaves' dtype (exact in
+    float64, where `hogrod.train.clip_by_global_norm` computes its scale in float32)."""
     norm = tree.norm(grads)
     limit = tf.constant(clip_norm, norm.dtype)
     scale = tf.minimum(tf.ones_like(norm), limit / tf.maximum(norm, limit * 1e-30))
@@ -85,8 +76,7 @@ def clip_by_global_norm(grads: Tree, clip_norm: float) -> Tree:
 def meta_step(problem: InnerProblem, estimator: Estimator, outer_lr: float,
               optimizer: Callable[..., optim.Optimizer] = optim.sgd,
               clip_norm: Optional[float] = None,
-              strategy: Optional[tf.distribute.Strategy] = None,
-              jit_compile: bool = False) -> MetaStep:
+              strategy: Optional[tf.distribute.Strategy] = None) -> MetaStep:
     """The outer loop of meta-training: estimate, clip, update theta.
 
     Args:
@@ -100,7 +90,6 @@ def meta_step(problem: InnerProblem, estimator: Estimator, outer_lr: float,
             clipping.
         strategy: a `tf.distribute` strategy whose replicas split the particles, or None
             (default): one device.
-        jit_compile: compile the step with XLA; default False.
 
     Returns:
         The `MetaStep(init, step)`.
@@ -123,7 +112,6 @@ def meta_step(problem: InnerProblem, estimator: Estimator, outer_lr: float,
                                    f"Optimizer, got {type(opt).__name__}")
     if clip_norm is not None:
         clip_norm = checks.positive(clip_norm, "clip_norm", where)
-    jit_compile = checks.boolean(jit_compile, "jit_compile", where)
 
     @_no_autograph
     def init(theta: Tree, seed: Seed) -> MetaState:
@@ -140,8 +128,8 @@ def meta_step(problem: InnerProblem, estimator: Estimator, outer_lr: float,
                                            strategy=strategy)
         grads = estimate.grads
         if clip_norm is not None:
-            grads = clip_by_global_norm(grads, clip_norm)
+            grads = _clip_by_global_norm(grads, clip_norm)
         theta, outer_state = opt.update(grads, state.outer_state, state.theta)
         return MetaState(theta, outer_state, est, state.step + 1, state.seed), estimate
 
-    return MetaStep(init, tf.function(step, jit_compile=jit_compile, autograph=False))
+    return MetaStep(init, tf.function(step, autograph=False))

@@ -115,10 +115,18 @@ def _episode_seeds(seeds: tf.Tensor, episode: tf.Tensor, data: int) -> tf.Tensor
 def _map(fn: Callable[[Tree], Tree], elems: Tree, task_map: Optional[str]) -> Tree:
     """`fn` on every row of `elems` by `map_tasks`; task_map None: one row, not mapped (a
     single particle runs eagerly at the speed of its ops)."""
-    if task_map is not None:
+    if task_map is None:
+        out = fn(tf.nest.map_structure(lambda t: t[0], elems))
+        return tf.nest.map_structure(lambda t: t[None], out)
+
+    def mapped():
         return taskmap.map_tasks(lambda e, _, __: fn(e), elems, mode=task_map)
-    out = fn(tf.nest.map_structure(lambda t: t[0], elems))
-    return tf.nest.map_structure(lambda t: t[None], out)
+    if tf.executing_eagerly():
+        # eagerly pfor traces with autograph, which turns an error fn raises (a step that
+        # changes the state, ...) into a StagingError; traced here without it, it keeps
+        # its type
+        return tf.function(mapped, autograph=False)()
+    return mapped()
 
 
 def _initial_states(problem: InnerProblem, seeds: tf.Tensor, task_map: Optional[str],
@@ -305,10 +313,13 @@ def evaluate(problem: InnerProblem, theta: Tree, steps: int, seed: int = 0) -> t
     checks.params(theta, where, "theta")
     steps = checks.integer(steps, "steps", where, least=1)
     seed = checks.stateless_seed(seed, "seed", where)
-    seeds = seed[None]
-    zero = tf.zeros([1], tf.int64)
-    particles = Particles(_initial_states(problem, seeds, None, where), zero, zero - 1, zero,
-                          seeds)
     thetas = tf.nest.map_structure(lambda t: tf.convert_to_tensor(t)[None], theta)
-    _, value = truncated_unroll(problem, thetas, particles, steps, None)
-    return value[0]
+
+    def value(thetas):
+        seeds, zero = seed[None], tf.zeros([1], tf.int64)
+        particles = Particles(_initial_states(problem, seeds, None, where), zero, zero - 1,
+                              zero, seeds)
+        return truncated_unroll(problem, thetas, particles, steps, None)[1][0]
+    if tf.executing_eagerly():  # compiled once here: eagerly each step would run op by op
+        return tf.function(value, autograph=False)(thetas)
+    return value(thetas)
