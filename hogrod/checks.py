@@ -22,7 +22,7 @@ import tensorflow as tf
 
 __all__ = ["ArgumentError", "boolean", "integer", "number", "positive", "nonnegative", "probability",
            "choice", "seed", "stateless_seed", "function", "params", "describe", "require",
-           "floating", "like", "mask_of", "counts", "float_dtype"]
+           "floating", "like", "mask_of", "counts"]
 
 
 class ArgumentError(ValueError, TypeError):
@@ -488,28 +488,3 @@ def counts(value: Any, arg: str, where: str) -> Tuple[int, ...]:
         raise ArgumentError(f"{where}: {arg} is empty; give the counts to report, e.g. "
                             "(0, 1, 10)")
     return tuple(integer(v, f"{arg}[{i}]", where) for i, v in enumerate(value))
-
-
-def float_dtype(value: Any, arg: str, where: str) -> tf.DType:
-    """A floating dtype given as a `tf.DType`, a numpy dtype or a name ("float64").
-
-    Args:
-        value: the value given.
-        arg: the argument's name in the message.
-        where: the public function (or binding) checked, first in the message.
-
-    Returns:
-        The `tf.DType`.
-
-    Raises:
-        ArgumentError: `value` is not a dtype, or not a floating one.
-    """
-    dtype = None
-    if not isinstance(value, (numbers.Number, bool)):  # tf.as_dtype reads 1 as float32
-        try:
-            dtype = tf.as_dtype(value)
-        except (TypeError, ValueError, KeyError):
-            pass
-    if dtype is None or not dtype.is_floating:
-        _fail(where, arg, "a floating dtype such as 'float32' or 'float64'", value)
-    return dtype

@@ -46,7 +46,7 @@ def random_theta(lopt, seed=0, scale=0.5):
 def params_and_grads(seed=0, scale=1.0):
     rng = np.random.default_rng(seed)
     params = [tf.constant(rng.normal(size=(3, 2))), tf.constant(rng.normal(size=(2,))),
-              tf.constant(rng.normal())]
+              tf.constant(rng.normal(), F64)]
     grads = [[tf.constant(scale * rng.normal(size=p.shape)) for p in params]
              for _ in range(3)]
     return params, grads
@@ -302,11 +302,12 @@ def test_the_schedules_rates_are_their_formulas():
     a, b = -4.0, -1.0
     for t in range(horizon + 1):
         np.testing.assert_allclose(
-            float(linear.rate({"log_rates": tf.constant([a, b])}, t)),
+            float(linear.rate({"log_rates": tf.constant([a, b], F64)}, t)),
             math.exp(a) * (horizon - t) / horizon + math.exp(b) * t / horizon, rtol=1e-14)
     # polynomial: optax's polynomial decay
     poly = learned_schedule(kind="polynomial", horizon=horizon, dtype="float64")
-    theta = {"log_power": tf.constant(math.log(2.5), F64), "log_rates": tf.constant([-1.0, -4.0])}
+    theta = {"log_power": tf.constant(math.log(2.5), F64),
+             "log_rates": tf.constant([-1.0, -4.0], F64)}
     s = np.minimum(steps, horizon)
     want = (math.exp(-1) - math.exp(-4)) * (1 - s / horizon) ** 2.5 + math.exp(-4)
     np.testing.assert_allclose([float(poly.rate(theta, t)) for t in steps], want, rtol=1e-13)
@@ -325,7 +326,7 @@ def test_the_schedules_steps_and_their_gradient_in_theta(kind, base):
 
     start = [tf.constant(np.full((3, 1), 0.1))]
     # the steps are the base optimizer's at the rate of each step
-    base_steps, p, s = [], start, opt.init(start)
+    p, s = start, opt.init(start)
     for t in range(6):
         rate = float(sched.rate(theta, t))
         fixed = (optim.sgd(rate, momentum=0.5) if base == "sgd" else optim.adam(rate))
@@ -429,13 +430,14 @@ def test_the_problem_steps_the_learned_optimizer_vectorized_over_particles():
     stacked = tf.nest.map_structure(lambda *t: tf.stack(t), *thetas)
 
     def particle(args):
-        seed, data_seed, theta = args
-        state = problem.init(seed)
+        state, data_seed, theta = args
         for t in range(2):
             state = problem.step(state, theta, problem.batch(data_seed, t))
         return problem.objective(state, problem.batch(data_seed, 2)), state.params
 
-    got = tf.vectorized_map(particle, (seeds, data_seeds, stacked))
+    # started one by one, as an unroll's resets do; stepped vectorized
+    states = tf.nest.map_structure(lambda *s: tf.stack(s), *[problem.init(s) for s in seeds])
+    got = tf.vectorized_map(particle, (states, data_seeds, stacked))
     for i in range(2):
         params, task = family.init(task_seed(seeds[i], "train"))
         state = problem.init(seeds[i])
@@ -455,10 +457,10 @@ def test_the_problem_steps_the_learned_optimizer_vectorized_over_particles():
 
 
 def test_training_curves_train_held_out_tasks_with_any_optimizer():
-    family = digits_mlp(classes=3, batch_size=16, dtype="float64")
-    curves = training_curves(optim.adam(1e-2), family, [0, 1], 20)
-    assert curves.shape == (2, 21)
-    assert np.all(curves.numpy()[:, -1] < 0.6 * curves.numpy()[:, 0])
+    family = digits_mlp(classes=3, hidden_sizes=(16,), batch_size=16, dtype="float64")
+    curves = training_curves(optim.adam(1e-2), family, [0, 1], 15)
+    assert curves.shape == (2, 16)
+    assert np.all(curves.numpy()[:, -1] < 0.75 * curves.numpy()[:, 0])  # Adam trains them
     key = task_seed(1, "heldout")
     params, task = family.init(key)
     everything = family.data(task)
@@ -471,7 +473,7 @@ def test_training_curves_train_held_out_tasks_with_any_optimizer():
     params, _ = adam.update(tape.gradient(value, params), adam.init(params), params)
     np.testing.assert_allclose(curves[1, 1].numpy(),
                                family.loss(params, task, everything).numpy(), rtol=1e-12)
-    sequential = training_curves(optim.adam(1e-2), family, [0, 1], 20, mode="sequential")
+    sequential = training_curves(optim.adam(1e-2), family, [0, 1], 15, mode="sequential")
     np.testing.assert_allclose(sequential.numpy(), curves.numpy(), rtol=1e-11)
 
 

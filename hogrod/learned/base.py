@@ -24,11 +24,31 @@ import numpy as np
 import tensorflow as tf
 
 from hogrod import checks, implicit, optim
-from hogrod.types import Params, Seed, Tree
+from hogrod.types import DType, Params, Seed, Tree
 
-__all__ = ["LearnedOptimizer"]
+__all__ = ["LearnedOptimizer", "FLOAT_DTYPES", "float_dtype"]
 
 _CONFIG = "config"
+#: The dtypes theta and a task may have, by name.
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def float_dtype(dtype: DType, where: str) -> tf.DType:
+    """A floating dtype given as a `tf.DType`, a numpy dtype or its name.
+
+    Args:
+        dtype: the value given as `dtype`.
+        where: the public function checked, first in the message.
+
+    Returns:
+        The `tf.DType`.
+
+    Raises:
+        ArgumentError: `dtype` is none of `FLOAT_DTYPES` (a number too: `tf.as_dtype`
+            would read 1 as float32).
+    """
+    return tf.as_dtype(checks.choice(getattr(dtype, "name", dtype), FLOAT_DTYPES, "dtype",
+                                     where))
 
 
 def _leaf_key(i: int) -> str:

@@ -102,7 +102,7 @@ def _check_config(hidden_size, hidden_layers, decays, second_moment_decay, step_
                                    f"numbers, got {timescales!r}")
     timescales = [checks.positive(s, f"timescales[{i}]", where)
                   for i, s in enumerate(timescales)]
-    dtype = checks.float_dtype(dtype, "dtype", where)
+    dtype = base.float_dtype(dtype, where)
     return dict(hidden_size=hidden_size, hidden_layers=hidden_layers, decays=decays,
                 second_moment_decay=second_moment_decay, step_mult=step_mult,
                 exp_mult=exp_mult, timescales=timescales, dtype=dtype.name)

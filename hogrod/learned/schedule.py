@@ -135,7 +135,7 @@ def _check_config(kind, horizon, knots, initial_rate, final_rate, power, base_na
                   b1, b2, eps, dtype):
     checks.choice(kind, KINDS, "kind", _WHERE)
     checks.choice(base_name, BASES, "base", _WHERE)
-    dtype = checks.float_dtype(dtype, "dtype", _WHERE)
+    dtype = base.float_dtype(dtype, _WHERE)
     initial_rate = checks.positive(initial_rate, "initial_rate", _WHERE)
     return dict(
         kind=kind, horizon=checks.integer(horizon, "horizon", _WHERE, least=1),

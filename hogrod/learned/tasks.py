@@ -156,7 +156,7 @@ def digits_mlp(classes: int = 5, hidden_sizes: Sequence[int] = (32,), batch_size
     where = "hogrod.learned.digits_mlp"
     sizes, batch_size = _sizes(where, classes, hidden_sizes, batch_size)
     classes = sizes[-1]
-    dtype = checks.float_dtype(dtype, "dtype", where)
+    dtype = base.float_dtype(dtype, where)
     images, table = _digits(dtype)
     per_class = int(table.shape[1])
 
@@ -266,6 +266,9 @@ def _as_seeds(seeds, where):
         if not s.dtype.is_integer or s.shape.rank != 2 or s.shape[1] != 2:
             raise checks.ArgumentError(f"{where}: seeds must be a [tasks, 2] integer tensor or "
                                        f"a sequence of ints >= 0, got {checks.describe(s)}")
+        if s.shape[0] is None:
+            raise checks.ArgumentError(f"{where}: seeds must have a static number of rows, "
+                                       f"got {checks.describe(s)}")
         return tf.cast(s, tf.int64)
     seeds = checks.counts(seeds, "seeds", where)
     return tf.constant([[s, 0] for s in seeds], tf.int64)
@@ -278,15 +281,16 @@ def training_curves(optimizer: optim.Optimizer, family: TaskFamily,
 
     Task i and its batches are those `optimizer_problem` draws from ``seeds[i]`` and
     `split` (its seed given to both ``init`` and ``batch``), so a learned optimizer and a
-    baseline (`hogrod.optim.adam(lr)`) meet the same tasks and batches. A
-    `tf.while_loop` per task, mapped by `hogrod.taskmap.map_tasks`; call it inside a
-    `tf.function` to compile it once.
+    baseline (`hogrod.optim.adam(lr)`) meet the same tasks and batches. One compiled
+    `tf.while_loop` over the steps (traced once per call), each step mapped over the tasks
+    by `hogrod.taskmap.map_tasks`, the tasks' random draws taken one task at a time
+    outside the map.
 
     Args:
         optimizer: a `hogrod.optim` optimizer (``learned.optimizer(theta)``, ``adam(lr)``).
         family: a `TaskFamily`.
         seeds: the tasks' seeds, a sequence of ints >= 0 or a ``[tasks, 2]`` integer
-            tensor.
+            tensor (a static number of tasks).
         steps: the updates, an int >= 0.
         split: "heldout" (default) or "train".
         mode: how the tasks are mapped, one of `hogrod.taskmap.MODES`; default
@@ -308,27 +312,38 @@ def training_curves(optimizer: optim.Optimizer, family: TaskFamily,
     taskmap.check_task_map(mode, where)
     seeds = _as_seeds(seeds, where)
 
-    def one_task(seed, _, __):
-        key = task_seed(seed, split)
-        params, task = family.init(key)
-        everything = family.data(task)
-        state = optimizer.init(params)
-        # written in place by tf.where, not a TensorArray: vectorizable over the tasks (and a
-        # diverged step leaves the earlier entries finite)
-        positions = tf.range(steps + 1, dtype=tf.int64)
-        losses = tf.where(positions == 0, family.loss(params, task, everything),
-                          tf.zeros([steps + 1], params[0].dtype))
+    keys = [task_seed(seeds[i], split) for i in range(seeds.shape[0])]
+
+    def stacked(draw):
+        # the random draws task by task, outside the map: a per-task seed would make pfor
+        # loop over the tasks inside every vectorized step
+        return tf.nest.map_structure(lambda *x: tf.stack(x), *[draw(k) for k in keys])
+
+    def start(elem, _, __):
+        params, task = list(elem[0]), elem[1]
+        return optimizer.init(params), family.loss(params, task, family.data(task))
+
+    def advance(elem, _, __):
+        params, state, task, batch = elem
+        grads = _gradient(lambda p: family.loss(p, task, batch), list(params))
+        params, state = optimizer.update(grads, state, list(params))
+        return list(params), state, family.loss(list(params), task, family.data(task))
+
+    @tf.function  # compiled once per call (eagerly, every step would map anew)
+    def curves():
+        params, tasks = stacked(family.init)
+        state, first = taskmap.map_tasks(start, (params, tasks), mode=mode)
+        positions = tf.range(steps + 1, dtype=tf.int64)[None, :]
+        losses = tf.where(positions == 0, first[:, None], tf.zeros_like(positions, first.dtype))
 
         def body(t, params, state, losses):
-            batch = family.batch(key, t)
-            grads = _gradient(lambda p: family.loss(p, task, batch), params)
-            params, state = optimizer.update(grads, state, params)
-            params = list(params)
-            loss = family.loss(params, task, everything)
-            return t + 1, params, state, tf.where(positions == t + 1, loss, losses)
+            batches = stacked(lambda k: family.batch(k, t))
+            params, state, loss = taskmap.map_tasks(advance, (params, state, tasks, batches),
+                                                    mode=mode)
+            # written in place (a diverged step leaves the earlier entries finite)
+            return t + 1, params, state, tf.where(positions == t + 1, loss[:, None], losses)
 
-        _, _, _, losses = tf.while_loop(lambda t, *_: t < steps, body,
-                                        (tf.constant(0, tf.int64), params, state, losses))
-        return losses
+        return tf.while_loop(lambda t, *_: t < steps, body,
+                             (tf.constant(0, tf.int64), params, state, losses))[-1]
 
-    return taskmap.map_tasks(one_task, seeds, mode=mode)
+    return curves()
