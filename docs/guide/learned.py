@@ -76,7 +76,7 @@ def episode_average(estimator, problem, theta, truncations, seed):
     grads, rows = 0.0, 0.0
     for k in range(truncations):
         result, state = estimate(state, tf.constant([seed, k + 1], tf.int64))
-        grads, rows = grads + result.grads.numpy(), rows + tf.convert_to_tensor(result.per_particle).numpy()
+        grads, rows = grads + result.grads.numpy(), rows + result.per_particle.numpy()
     rows = rows / truncations
     stderr = rows.std(0, ddof=1) / np.sqrt(len(rows)) if len(rows) > 1 else 0.0
     return grads / truncations, stderr
