@@ -1,36 +1,28 @@
 """Meta-train through long unrolls: an estimator over truncated unrolls, the outer step,
 evaluations, checkpoints that resume exactly (`hogrod.learned`).
 
-The inner problem and the estimator are gin references; a config is a few includes:
-
     hogrod-learned-optimizer --gin_file=learned/influence_balancing_pes_k1.gin
     hogrod-learned-optimizer --gin_file=learned/toy_regression_pes.gin --output_dir=runs/toy_pes
     python -m experiments.learned_optimizer --compare OUT_DIR RUN_DIR [RUN_DIR ...]
 
 `problem` is an `InnerProblem` factory (`@hogrod.learned.influence_balancing`, without
-parentheses), called with `learned=` where its signature names it (`@optimizer_problem`:
-the learned optimizer's inner problem on a task family). theta starts at
-`learned.init(seed)` given a `learned` optimizer, else at `init_theta` (in the dtype of the
-problem's state). Each meta-step is one estimate (`estimator = @hogrod.learned.pes()`) and
-one step of `outer_optimizer(outer_lr)` (`hogrod.learned.meta_step`), compiled once. Every
-`eval_every` meta-steps the run records the mean meta-loss since the last record and
-`eval_loss`, the meta-objective of a fresh `eval_steps`-step unroll under theta
-(`hogrod.learned.evaluate`: influence balancing's 500 steps from the all-ones state).
+parentheses), called with `learned=` and `family=` where its signature names them
+(`@hogrod.learned.optimizer_problem`). theta starts at `learned.init(seed)`, else at
+`init_theta` (in the dtype of the problem's state). A meta-step is one estimate
+(`estimator = @hogrod.learned.pes()`) and one step of `outer_optimizer(outer_lr)`
+(`hogrod.learned.meta_step`), compiled once; one whose estimate, meta-loss or new theta is
+not finite is not applied: the run stops, writes `diverged: true` with the last finite
+theta, and exits 0. Every `eval_every` meta-steps the run records the mean meta-loss since
+the last record and `eval_loss`, the meta-objective of a fresh `eval_steps`-step unroll.
 
-A meta-step whose estimate, meta-loss or new theta is not finite is not applied: the run
-stops there, writes `diverged: true` with the last finite theta, and exits 0.
-
-Outputs: metrics.json (`theta` when it has at most 64 entries, `eval_loss`, `diverged`,
-`meta_steps_done`, `estimator`, `theta_error` given `reference_theta`), eval_history.json,
-TensorBoard events, checkpoints (theta, the outer optimizer's state, the estimator's
-particles and PES accumulators, the step: a re-run with the same --output_dir resumes
-exactly; a finished run re-evaluates), meta_loss.png; for a theta of two entries given
-`surface` bounds, surface.png (the full-unroll meta-objective over a grid and the run's
-path; `--compare` draws several runs' paths on one surface); for a learned optimizer with
-`baseline_rates`, the held-out comparison (`heldout_*` in metrics.json, inner_curves.png:
-mean training loss of held-out tasks under the learned optimizer and Adam at each rate)
-and the trained optimizer saved as `learned_optimizer` (`learned.load`).
-"""
+Outputs: metrics.json (`theta` up to 64 entries, `eval_loss`, `diverged`, `meta_steps_done`,
+`estimator`, `theta_error` given `reference_theta`), eval_history.json, TensorBoard events,
+checkpoints (theta, the outer optimizer's state, the particles and PES's accumulators, the
+step: the same --output_dir resumes exactly; a finished run re-evaluates), meta_loss.png;
+given `surface` bounds, surface.png (the full-unroll meta-objective of a two-entry theta
+and the run's path; `--compare` draws several runs' paths on one surface); for a learned
+optimizer, learned_optimizer.npz (`learned.load`) and with `baseline_rates` the held-out
+comparison with Adam (`heldout_*`, heldout_curves.npz, inner_curves.png)."""
 
 import inspect
 import itertools
@@ -237,8 +229,8 @@ def heldout_comparison(output_dir, learned, family, theta, rates, tasks, n, titl
     """The learned optimizer against Adam at each rate on held-out tasks (seeds 0..tasks-1
     of the "heldout" split): each task's loss on all its examples after 0..2N updates
     (`hogrod.learned.training_curves`, the tasks mapped by `task_map`; saved in
-    heldout_curves.npz), their means drawn in inner_curves.png. Returns the `heldout_*`
-    metrics: Adam's best rate chosen at N = `n` and at 2N separately."""
+    heldout_curves.npz), their means drawn in inner_curves.png. Returns `summarize`'s
+    metrics."""
     def curves(make):  # traced once per optimizer kind: Adam's rate is a tensor argument
         return tf.function(lambda arg: learned_lib.training_curves(
             make(arg), family, list(range(tasks)), 2 * n, mode=task_map), autograph=False)
@@ -248,23 +240,32 @@ def heldout_comparison(output_dir, learned, family, theta, rates, tasks, n, titl
     runs = {"learned": curves(learned.optimizer)(theta).numpy(),
             **{f"adam_{r:g}": adam(tf.constant(r, dtype)).numpy() for r in rates}}
     np.savez(os.path.join(output_dir, "heldout_curves.npz"), **runs)
-    mean = {k: np.mean(v, 0) for k, v in runs.items()}
-    at = (n, 2 * n)
-    best = [min(rates, key=lambda r: (not np.isfinite(mean[f"adam_{r:g}"][t]),
-                                      mean[f"adam_{r:g}"][t])) for t in at]
-    mine = [float(mean["learned"][t]) for t in at]
-    adam = [float(mean[f"adam_{r:g}"][t]) for r, t in zip(best, at)]
+    metrics = summarize(runs, rates, n)
     fig, ax = plt.subplots(figsize=(7, 4))
     for r in rates:
-        ax.plot(mean[f"adam_{r:g}"], lw=1.8 if r in best else 0.8,
-                label=f"Adam {r:g}" + (" (best at N or 2N)" if r in best else ""))
-    ax.plot(mean["learned"], "k", lw=2, label="learned optimizer")
+        chosen = r in metrics["heldout_adam_best_rate"]
+        ax.plot(runs[f"adam_{r:g}"].mean(0), lw=1.8 if chosen else 0.8,
+                label=f"Adam {r:g}" + (" (best at N or 2N)" if chosen else ""))
+    ax.plot(runs["learned"].mean(0), "k", lw=2, label="learned optimizer")
     ax.axvline(n, color="gray", ls="--", lw=0.8, label="N (meta-training horizon)")
     ax.set(yscale="log", xlabel="inner step", ylabel=f"training loss, mean of {tasks} "
            "held-out tasks")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
     _save(fig, os.path.join(output_dir, "inner_curves.png"))
+    return metrics
+
+
+def summarize(runs, rates, n):
+    """The `heldout_*` metrics of the curves `runs` ({"learned", "adam_<rate>": [tasks,
+    2N + 1]}): the mean losses at N = `n` and 2N, Adam's best rate chosen at each
+    separately (a non-finite mean never best)."""
+    mean = {k: np.mean(v, 0) for k, v in runs.items()}
+    at, tasks = (n, 2 * n), len(runs["learned"])
+    best = [min(rates, key=lambda r: (not np.isfinite(mean[f"adam_{r:g}"][t]),
+                                      mean[f"adam_{r:g}"][t])) for t in at]
+    mine = [float(mean["learned"][t]) for t in at]
+    adam = [float(mean[f"adam_{r:g}"][t]) for r, t in zip(best, at)]
     return {"heldout_steps": list(at), "heldout_tasks": tasks, "heldout_learned_loss": mine,
             "heldout_learned_stderr": [float(np.std(runs["learned"][:, t], ddof=1)
                                              / np.sqrt(tasks)) if tasks > 1 else None
@@ -473,26 +474,19 @@ def _finish(output_dir, problem, learned, theta, history, run):
     return metrics
 
 
-def _compare(args):
-    if len(args) < 2:
-        print("usage: python -m experiments.learned_optimizer --compare OUT_DIR RUN_DIR "
-              "[RUN_DIR ...]", file=sys.stderr)
-        return 2
-    try:
-        print(plot_compare(args[1:], args[0]))
-    except (ValueError, FileNotFoundError) as e:
-        print(f"learned_optimizer --compare: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
 def main():
     """The console command `hogrod-learned-optimizer` (see the module docstring);
     `--compare OUT_DIR RUN_DIR...` as the first argument draws finished runs' paths on one
     surface instead."""
-    if sys.argv[1:2] == ["--compare"]:
-        sys.exit(_compare(sys.argv[2:]))
-    harness.main(learned_optimizer_experiment)
+    if sys.argv[1:2] != ["--compare"]:
+        harness.main(learned_optimizer_experiment)
+    try:
+        if len(sys.argv) < 4:
+            raise ValueError("usage: --compare OUT_DIR RUN_DIR [RUN_DIR ...]")
+        print(plot_compare(sys.argv[3:], sys.argv[2]))
+    except (ValueError, FileNotFoundError) as e:
+        print(f"learned_optimizer --compare: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

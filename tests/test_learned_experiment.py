@@ -209,7 +209,7 @@ def test_a_learned_optimizer_is_saved_and_compared_with_adam_on_heldout_tasks(tm
     """A tiny MLP optimizer on 2-class digits MLPs: saved as the run's final theta; the
     held-out curves start from the same tasks for every optimizer; Adam's best at N and
     at 2N is the lowest of its rates at each."""
-    from hogrod import learned
+    from hogrod import learned, optim
     params = ["HORIZON = 4", "TRUNCATION = 1", "hogrod.learned.pes.particles = 2",
               "hogrod.learned.digits_mlp.classes = 2",
               "hogrod.learned.digits_mlp.hidden_sizes = (4,)",
@@ -243,12 +243,31 @@ def test_a_learned_optimizer_is_saved_and_compared_with_adam_on_heldout_tasks(tm
         assert c.shape == (2, 9)
         np.testing.assert_array_equal(c[:, 0], curves["learned"][:, 0])
     np.testing.assert_allclose(adam[0.1], curves["adam_0.1"].mean(0)[[4, 8]], rtol=1e-6)
+    family = learned.digits_mlp(classes=2, hidden_sizes=(4,), batch_size=4)
+    np.testing.assert_allclose(curves["adam_0.1"], learned.training_curves(  # the held-out tasks
+        optim.adam(0.1), family, [0, 1], 8, mode="sequential"), rtol=1e-6)
     saved = tf.nest.flatten(learned.mlp_optimizer(4, 1, (0.9,), timescales=()).load(
         os.path.join(out, "learned_optimizer.npz")))
     reader = tf.train.load_checkpoint(os.path.join(out, "ckpt"))
     for i, leaf in enumerate(saved):  # theta leads the checkpointed MetaState's leaves
         np.testing.assert_array_equal(
             leaf, reader.get_tensor(f"meta/{i}/.ATTRIBUTES/VARIABLE_VALUE"))
+
+
+def test_adams_best_rate_is_chosen_at_each_horizon_apart():
+    """Rate 1e-2 is best at N = 2 and 1e-1 at 2N, though 1e-1's mean is NaN at N (a
+    diverged curve is never best where it is not finite)."""
+    runs = {"learned": np.array([[3.0, 2.0, 1.0, 0.5, 0.4], [3.0, 2.0, 2.0, 1.5, 0.6]]),
+            "adam_0.001": np.array([[3.0, 2.5, 2.0, 1.0, 0.2]] * 2),
+            "adam_0.01": np.array([[3.0, 1.0, 0.8, 0.9, 0.9]] * 2),
+            "adam_0.1": np.array([[3.0, 1.0, np.nan, 1.0, 0.1], [3.0, 1.0, 0.1, 1.0, 0.1]])}
+    m = exp.summarize(runs, (1e-3, 1e-2, 1e-1), 2)
+    assert m["heldout_adam_best_rate"] == [1e-2, 1e-1] and m["heldout_steps"] == [2, 4]
+    assert m["heldout_adam_best_loss"] == [0.8, 0.1]
+    assert m["heldout_learned_loss"] == [1.5, 0.5]
+    assert m["heldout_learned_below_adam"] == [False, False]
+    assert m["heldout_adam_loss"]["0.1"] == [None, 0.1]  # strict JSON
+    np.testing.assert_allclose(m["heldout_learned_stderr"], [0.5, 0.1], rtol=1e-12)
 
 
 def test_two_logical_cpus_take_the_steps_of_one_device(ib_run, tmp_path):
