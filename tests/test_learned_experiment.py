@@ -261,7 +261,7 @@ def test_adams_best_rate_is_chosen_at_each_horizon_apart():
             "adam_0.001": np.array([[3.0, 2.5, 2.0, 1.0, 0.2]] * 2),
             "adam_0.01": np.array([[3.0, 1.0, 0.8, 0.9, 0.9]] * 2),
             "adam_0.1": np.array([[3.0, 1.0, np.nan, 1.0, 0.1], [3.0, 1.0, 0.1, 1.0, 0.1]])}
-    m = exp.summarize(runs, (1e-3, 1e-2, 1e-1), 2)
+    m = exp.summarize(runs, (1e-1, 1e-3, 1e-2), 2)  # NaN first: min would keep it
     assert m["heldout_adam_best_rate"] == [1e-2, 1e-1] and m["heldout_steps"] == [2, 4]
     assert m["heldout_adam_best_loss"] == [0.8, 0.1]
     assert m["heldout_learned_loss"] == [1.5, 0.5]
