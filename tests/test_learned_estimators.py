@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hogrod import checks, hypergrad, learned, optim
+from hogrod import checks, distribute, hypergrad, learned, optim
 from hogrod.learned import unroll as unroll_lib
 
 F64 = tf.float64
@@ -381,7 +381,7 @@ def test_the_meta_step_traces_once_resumes_exactly_and_two_cpus_equal_one():
     problem = linear_problem()
     theta = tf.constant([0.3, -0.2], F64)
     flat = lambda s: [t.numpy() for t in tf.nest.flatten(s)]  # noqa: E731
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    strategy = distribute.make_strategy("mirrored")  # the process's one MirroredStrategy
     for estimator in (learned.pes(sigma=0.1, particles=8, truncation=2, horizon=6),
                       learned.tbptt(particles=4, truncation=2, horizon=6)):
         meta = learned.meta_step(problem, estimator, outer_lr=0.01, optimizer=optim.adam,
