@@ -32,7 +32,7 @@ def problem(seed=3, nan_at=None):
     y = np.sin(x[:, :2])
     if nan_at is not None:
         y[4 * (nan_at - 1), 0] = np.nan
-    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(4, drop_remainder=True)
     return [w, b], objective, data
 
 

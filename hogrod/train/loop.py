@@ -204,7 +204,9 @@ def train_loop(step_fn: Callable[[Batch], Mapping[str, Scalar]], iterator: Itera
     that holds the step, when the model is at the call's last step. So a callback that
     reads or changes the model (an evaluation, a schedule) must act at multiples of N,
     where the state is that step's; time limits are checked between calls. The numbers are
-    those of N = 1: the same steps in the same order.
+    those of N = 1: the same steps in the same order. The step is traced once more inside
+    the call if the iterator's element shapes are less static than its batches' (a tf.data
+    batch without `drop_remainder=True`).
 
     Args:
       step_fn: a compiled step returning a dict of scalar logs (see `make_train_step`);
