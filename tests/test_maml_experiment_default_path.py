@@ -13,6 +13,7 @@ SHORT = ["maml_experiment.meta_iterations = 13", "maml_experiment.eval_every = 5
          "maml_experiment.eval_steps = (0, 1)"]
 
 
+@pytest.mark.slow  # two runs of the binary
 def test_the_default_meta_steps_equal_the_plain_ones(tmp_path, caplog):
     from experiments import maml as exp
     with caplog.at_level(logging.INFO):

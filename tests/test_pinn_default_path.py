@@ -14,6 +14,7 @@ SMALL = ["pinn_experiment.width = 8", "pinn_experiment.depth = 2",
          "pinn_experiment.lbfgs_maxiter = 0", "pinn_experiment.checkpoint_every = 20"]
 
 
+@pytest.mark.slow  # two runs of the binary
 def test_the_default_adam_steps_equal_the_plain_ones_in_float64(tmp_path, caplog):
     from experiments import pinn as exp
     with caplog.at_level(logging.INFO):
