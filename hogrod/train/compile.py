@@ -101,10 +101,6 @@ class AutoCompiled:
       where: the builder it belongs to, named in the fallback's warning
         (`<where>.jit_compile = False` skips the attempt).
       autograph: `tf.function`'s autograph.
-
-    Attributes:
-      jit_compile: True (XLA), False (plain) once decided, else None.
-      reason: why XLA was refused (None if it was not).
     """
 
     def __init__(self, fn: Callable, where: str, autograph: bool = True) -> None:
@@ -156,7 +152,7 @@ class AutoCompiled:
         """The concrete function of the path calls take (the plain one before the decision).
 
         Args:
-          *args: as for a call (tensors or `tf.TensorSpec`s).
+          *args: as for a call (tensors or `tf.TensorSpec` objects).
           **kwargs: as for a call.
 
         Returns:
