@@ -218,7 +218,7 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
                     task_map: str = "vectorized",
                     outer_lr_decay_every: harness.PositiveInt | None = None,
                     outer_lr_decay: harness.Fraction = 0.5,
-                    steps_per_execution: harness.PositiveInt = 10):
+                    steps_per_execution: harness.PositiveInt = 1):
     """Meta-train `algorithm` on `data` with `model`, evaluating on held-out tasks.
 
     Args:
@@ -245,8 +245,9 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
       outer_lr_decay: the factor, in (0, 1].
       steps_per_execution: the most meta-iterations per compiled call (`train.train_loop`:
         the meta-batches drawn inside the call, the NaN guard, logs and checkpoints per
-        step, as with 1); the calls end at multiples of its greatest common divisor with
-        `eval_every`, so every evaluation sees its step's model.
+        step, the same steps as with 1); the calls end at multiples of its greatest common
+        divisor with `eval_every`, so every evaluation sees its step's model. 1 (the
+        default) until several per call measure faster on a quiet machine.
 
     The meta-step is `train.make_train_step`'s default: one XLA computation where XLA
     compiles it (`jit_compile="auto"`); `make_train_step.jit_compile = False` (the Omniglot

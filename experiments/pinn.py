@@ -74,7 +74,7 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width: harness.PositiveInt
                     network=None, resample_every: harness.PositiveInt | None = None,
                     residual_on_conditions: bool = False, use_jet: bool = True,
                     jet_jit_compile: bool = True,
-                    steps_per_execution: harness.PositiveInt = 10):
+                    steps_per_execution: harness.PositiveInt = 1):
     """Solve a problem: Adam for a fixed number of steps, then L-BFGS to convergence.
 
     Args:
@@ -110,7 +110,8 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width: harness.PositiveInt
       steps_per_execution: the most Adam steps per compiled call (`train.train_loop`: the
         NaN guard, logs and checkpoints per step, the same steps as with 1); the calls end
         at multiples of its greatest common divisor with `error_every` and the weighting
-        scheme's period, so the error curve and the scheme see their step's weights.
+        scheme's period, so the error curve and the scheme see their step's weights. 1
+        (the default) until several per call measure faster on a quiet machine.
       error_every: record the relative L2 error every this many Adam steps and L-BFGS
         iterations (eval_history.json at steps Adam step / Adam steps + L-BFGS iteration,
         and metrics `error_history`: [training seconds, phase, phase step, error], the

@@ -1,5 +1,5 @@
-"""The MAML binary's default path (the meta-step one XLA computation, ten meta-steps per
-compiled call) against its plain path (`make_train_step.jit_compile = False`, one step per
+"""The MAML binary's fast path (its default, the meta-step one XLA computation, with five
+meta-steps per compiled call) against its plain path (`make_train_step.jit_compile = False`, one step per
 call): the same meta-steps, to float32 rounding. Oracle: the plain path."""
 
 import logging

@@ -1,5 +1,5 @@
-"""The PINN binary's default path (each Adam step one XLA computation, ten steps per
-compiled call) against its plain path (`pinn_experiment.jit_compile = False`, one step per
+"""The PINN binary's fast path (its default, each Adam step one XLA computation, with ten
+steps per compiled call) against its plain path (`pinn_experiment.jit_compile = False`, one step per
 call): the same Adam steps in float64, to rounding. Oracle: the plain path."""
 
 import logging
@@ -18,7 +18,8 @@ SMALL = ["pinn_experiment.width = 8", "pinn_experiment.depth = 2",
 def test_the_default_adam_steps_equal_the_plain_ones_in_float64(tmp_path, caplog):
     from experiments import pinn as exp
     with caplog.at_level(logging.INFO):
-        _, fast = harness.run(exp.pinn_experiment, ["configs/pinn/heat.gin"], SMALL,
+        _, fast = harness.run(exp.pinn_experiment, ["configs/pinn/heat.gin"],
+                              SMALL + ["pinn_experiment.steps_per_execution = 10"],
                               str(tmp_path / "default"))
     assert any("compiled with XLA" in r.getMessage() for r in caplog.records)
     _, plain = harness.run(exp.pinn_experiment, ["configs/pinn/heat.gin"], SMALL + [
