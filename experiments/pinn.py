@@ -17,6 +17,7 @@ prediction.npz (`points`, `prediction`: u on the problem's grid) and, with a ref
 import itertools
 import math
 import os
+from typing import Literal
 
 import gin
 import keras
@@ -67,11 +68,13 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width: harness.PositiveInt
                     n_condition=400, sampling: str = "sobol", adam_steps: harness.Count = 2000,
                     adam_lr: harness.Positive = 1e-3, lbfgs_maxiter: harness.Count = 10000,
                     weights=None, weighting=None, gpinn=None, dtype: str = "float32",
-                    error_every: harness.PositiveInt | None = None, jit_compile: bool = False,
+                    error_every: harness.PositiveInt | None = None,
+                    jit_compile: bool | Literal["auto"] = "auto",
                     checkpoint_every: harness.PositiveInt = 500, seed: harness.Count = 0,
                     network=None, resample_every: harness.PositiveInt | None = None,
                     residual_on_conditions: bool = False, use_jet: bool = True,
-                    jet_jit_compile: bool = True):
+                    jet_jit_compile: bool = True,
+                    steps_per_execution: harness.PositiveInt = 1):
     """Solve a problem: Adam for a fixed number of steps, then L-BFGS to convergence.
 
     Args:
@@ -95,12 +98,20 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width: harness.PositiveInt
       n_collocation, n_condition: the collocation points, and the points of each condition
         (one count, or {condition name: count}); sampling: how they are drawn
         (`pinn.sample`'s method).
-      jit_compile: compile the loss and gradient of the Adam steps and of L-BFGS with XLA
-        (fuses the residual's many small ops).
+      jit_compile: "auto" (default): each Adam step one XLA computation (it fuses the
+        residual's many small ops) where XLA compiles it, else a plain `tf.function` with
+        one warning (`train.make_train_step`), and L-BFGS's value and gradient under XLA
+        when the Adam steps were; True: both under XLA, required; False: neither (the
+        binding that turns XLA off).
       use_jet: the residual's partials by the forward operator jet wherever it applies
         (`pinn.residual`); False: nested tapes always.
-      jet_jit_compile: compile the jet alone with XLA inside the train step (the default
-        fast path; `jit_compile` compiles the whole step).
+      jet_jit_compile: compile the jet alone with XLA inside the train step (the fast
+        path without `jit_compile`, which compiles the whole step).
+      steps_per_execution: the most Adam steps per compiled call (`train.train_loop`: the
+        NaN guard, logs and checkpoints per step, the same steps as with 1); the calls end
+        at multiples of its greatest common divisor with `error_every` and the weighting
+        scheme's period, so the error curve and the scheme see their step's weights. 1
+        (the default) until several per call measure faster on a quiet machine.
       error_every: record the relative L2 error every this many Adam steps and L-BFGS
         iterations (eval_history.json at steps Adam step / Adam steps + L-BFGS iteration,
         and metrics `error_history`: [training seconds, phase, phase step, error], the
@@ -163,15 +174,19 @@ def pinn_experiment(output_dir, problem=gin.REQUIRED, width: harness.PositiveInt
         groups = ([(opt, variables), (ascent_opt, list(scheme.ascent))] if ascent_opt else opt)
         step = train.make_train_step(objective, groups, None if ascent_opt else variables,
                                      strategy=strategy, jit_compile=jit_compile)
+        per_call = math.gcd(steps_per_execution, error_every or 0,
+                            scheme.every if scheme.update is not None else 0)
         on_step = adam_callback(curve, progress, scheme)
         batches = (itertools.repeat(batch) if resample_every is None else
                    fresh_batches(strategy, prob, n_collocation, n_condition, sampling, seed,
                                  tf_dtype, resample_every, start=restored,
                                  residual_on_conditions=residual_on_conditions))
         metrics.update(run_adam(step, batches, adam_steps, ckpt, output_dir, checkpoint_every,
-                                on_step, curve))
+                                on_step, curve, per_call))
+        # "auto": L-BFGS's value and gradient under XLA when the Adam step compiled there
+        lbfgs_jit = jit_compile is True or getattr(step, "jit_compile", None) is True
         metrics.update(run_lbfgs(objective, variables, lbfgs_maxiter, strategy, batch, curve,
-                                 jit_compile))
+                                 lbfgs_jit))
         progress.save(ckpt, lbfgs_maxiter, metrics["lbfgs_iterations"], clock)
     metrics.update(evaluate(output_dir, prob, u, objective, tf_dtype), **curve.metrics(),
                    **pinn.unknowns_report(prob, unknowns))
@@ -348,11 +363,12 @@ def adam_callback(curve, progress, scheme):
     return on_step
 
 
-def run_adam(step, batches, adam_steps, ckpt, output_dir, checkpoint_every, on_step, curve):
+def run_adam(step, batches, adam_steps, ckpt, output_dir, checkpoint_every, on_step, curve,
+             steps_per_execution=1):
     stats = {}
     logs = train.train_loop(step, batches, adam_steps, ckpt, output_dir,
                             checkpoint_every=checkpoint_every, log_every=500, callback=on_step,
-                            stats=stats)
+                            stats=stats, steps_per_execution=steps_per_execution)
     metrics = {"adam_seconds": curve.clock.seconds(), "relative_l2_after_adam": curve.error()}
     if stats:
         metrics["adam_steps_per_s"] = stats["train_steps_per_s"]

@@ -23,6 +23,8 @@ import keras
 import tensorflow as tf
 from absl import logging
 
+from hogrod import checks
+from hogrod.train.execution import MultiStep
 from hogrod.types import Batch, Scalar
 
 __all__ = ["Checkpointer", "train_loop", "NonFiniteError", "CheckpointMismatchError"]
@@ -189,13 +191,29 @@ def train_loop(step_fn: Callable[[Batch], Mapping[str, Scalar]], iterator: Itera
                log_every: Optional[int] = 100, summary_every: int = 10,
                callback: Optional[Callable[[int, dict[str, float]], Any]] = None,
                time_limit_s: Optional[float] = None,
-               stats: Optional[dict] = None) -> dict[str, float]:
+               stats: Optional[dict] = None, steps_per_execution: int = 1) -> dict[str, float]:
     """Run `step_fn(next(iterator))` until `checkpointer.step` reaches `steps`.
 
+    With `steps_per_execution = N > 1` the steps run N to a compiled call (as Keras's
+    `compile(steps_per_execution=N)`: `execution.py`), the batches drawn inside the call
+    from a tf.data iterator. Calls end at the run's multiples of N (counted over the run,
+    so a resumed run ends its calls where an uninterrupted one does), at checkpoints and at
+    `steps`; the first call of each `train_loop` call is a single step (it makes a
+    `compiled` step's XLA decision). Each step's logs still come back: the NaN guard,
+    summaries, progress and `callback` are per step, the last two run after the call
+    that holds the step, when the model is at the call's last step. So a callback that
+    reads or changes the model (an evaluation, a schedule) must act at multiples of N,
+    where the state is that step's; time limits are checked between calls. The numbers are
+    those of N = 1: the same steps in the same order. The step is traced once more inside
+    the call if the iterator's element shapes are less static than its batches' (a tf.data
+    batch without `drop_remainder=True`).
+
     Args:
-      step_fn: a compiled step returning a dict of scalar logs (see `make_train_step`).
-      iterator: a (distributed) tf.data iterator; put it in the checkpointer to resume
-        the data where it stopped.
+      step_fn: a compiled step returning a dict of scalar logs (see `make_train_step`);
+        with `steps_per_execution > 1` it is called inside a `tf.function`, so it must be
+        traceable (a `tf.function`, `hogrod.train.compiled`, TensorFlow ops).
+      iterator: a (distributed) tf.data iterator, or any Python iterator of batches; put a
+        tf.data iterator in the checkpointer to resume the data where it stopped.
       steps: the total number of steps of the run (not of this call).
       checkpointer: a `Checkpointer`; restored before the first step, saved every
         `checkpoint_every` steps and at the end. None: no checkpoints.
@@ -206,21 +224,27 @@ def train_loop(step_fn: Callable[[Batch], Mapping[str, Scalar]], iterator: Itera
         the last, through absl logging when it shows INFO (binaries), else printed to
         stderr. None or 0: no progress lines.
       summary_every: tf.summary of every log value and steps/s every this many steps.
-      callback: optional `callback(step, logs)` after each step (evaluation, plots).
+      callback: optional `callback(step, logs)` after each step (evaluation, plots); with
+        `steps_per_execution > 1` after the call holding the step (above).
       time_limit_s: stop (with a checkpoint) once the steps of this call have taken this
-        many seconds, callbacks excluded; a re-run resumes. None: no limit.
+        many seconds, callbacks excluded, checked between calls; a re-run resumes. None:
+        no limit.
       stats: an optional dict that, when this call runs any steps, it fills with
         `train_steps` (how many), `train_seconds` (their time, callbacks excluded) and
         `train_steps_per_s`; binaries put them in metrics.json.
+      steps_per_execution: the most steps per compiled call (1: one call per step).
 
     Returns:
       The last step's logs as Python floats (empty if there was nothing left to do).
 
     Raises:
       NonFiniteError: a step's log (a loss term or "grad_norm") is NaN or Inf; raised
-        before that step is counted or saved.
+        before that step is counted or saved, no later step run.
       CheckpointMismatchError: the checkpoint in the output dir is another setup's.
+      ArgumentError: `steps_per_execution` or `checkpoint_every` is not a positive integer.
     """
+    per_call = checks.integer(steps_per_execution, "steps_per_execution", "train_loop", least=1)
+    checks.integer(checkpoint_every, "checkpoint_every", "train_loop", least=1)
     ckpt = checkpointer
     step = ckpt.restore() if ckpt else 0
     counter = ckpt.step if ckpt else tf.Variable(0, dtype=tf.int64)
@@ -233,6 +257,7 @@ def train_loop(step_fn: Callable[[Batch], Mapping[str, Scalar]], iterator: Itera
     start, start_step = time.perf_counter(), step
     rate = 0.0
     in_callbacks = 0.0
+    several = None  # the MultiStep, once a first single step has given the logs' names
     with writer.as_default():
         while step < steps:
             if time_limit_s is not None and (
@@ -241,27 +266,34 @@ def train_loop(step_fn: Callable[[Batch], Mapping[str, Scalar]], iterator: Itera
                 if ckpt:
                     ckpt.save()
                 break
-            raw = step_fn(next(iterator))
-            logs = {k: float(v) for k, v in raw.items()}
-            _check_finite(logs, step + 1)
-            step += 1
-            counter.assign(step)
-            elapsed = time.perf_counter() - start - in_callbacks
-            rate = (step - start_step) / elapsed if elapsed > 0 else 0.0
-            if step % summary_every == 0 or step == steps:
-                for name, value in logs.items():
-                    tf.summary.scalar(name, value, step=step)
-                tf.summary.scalar("steps_per_sec", rate, step=step)
-            if log_every and (step % log_every == 0 or step == steps):
-                eta = (steps - step) / rate if rate > 0 else float("inf")
-                _progress("step %d/%d  loss %.5g  %.1f steps/s  ETA %.0f s", step, steps,
-                          logs.get("loss", float("nan")), rate, eta)
-            if callback is not None:
-                before = time.perf_counter()
-                callback(step, logs)
-                in_callbacks += time.perf_counter() - before
-            if ckpt and (step % checkpoint_every == 0 or step == steps):
-                ckpt.save()
+            if several is None:
+                raw = step_fn(next(iterator))
+                if per_call > 1:
+                    several = MultiStep(step_fn, raw, _is_iterator(iterator))
+                done = [{k: float(v) for k, v in raw.items()}]
+            else:
+                done = several(iterator, min(per_call - step % per_call, steps - step,
+                                             checkpoint_every - step % checkpoint_every))
+            for logs in done:
+                _check_finite(logs, step + 1)
+                step += 1
+                counter.assign(step)
+                elapsed = time.perf_counter() - start - in_callbacks
+                rate = (step - start_step) / elapsed if elapsed > 0 else 0.0
+                if step % summary_every == 0 or step == steps:
+                    for name, value in logs.items():
+                        tf.summary.scalar(name, value, step=step)
+                    tf.summary.scalar("steps_per_sec", rate, step=step)
+                if log_every and (step % log_every == 0 or step == steps):
+                    eta = (steps - step) / rate if rate > 0 else float("inf")
+                    _progress("step %d/%d  loss %.5g  %.1f steps/s  ETA %.0f s", step, steps,
+                              logs.get("loss", float("nan")), rate, eta)
+                if callback is not None:
+                    before = time.perf_counter()
+                    callback(step, logs)
+                    in_callbacks += time.perf_counter() - before
+                if ckpt and (step % checkpoint_every == 0 or step == steps):
+                    ckpt.save()
     writer.flush()
     if stats is not None and step > start_step:
         stats.update(train_steps=step - start_step, train_steps_per_s=rate,

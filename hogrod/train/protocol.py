@@ -115,7 +115,11 @@ class StepOptimizer(tf.Module):
     Subclasses set `uses_batch` (whether `apply` calls `loss` or reads `batch`: then
     gradient accumulation, which splits the batch, is refused), create their state in
     `build` and implement `apply`. `learning_rate` (the rate the last step used, read
-    after it) is logged as "lr".
+    after it) is logged as "lr". `auto_jit_compile` says whether `make_train_step`'s
+    default, `jit_compile="auto"`, compiles a step with this optimizer under XLA: False
+    unless a subclass sets it, once its numbers under XLA are checked against the plain
+    step (an eigendecomposition, a host loop or a line search may differ there or not
+    compile); `jit_compile=True` compiles it regardless.
 
     Args:
       name: the optimizer's name (its variables' scope).
@@ -123,6 +127,7 @@ class StepOptimizer(tf.Module):
 
     uses_batch = True
     adapted = False  # a Keras or hogrod.optim optimizer behind the protocol
+    auto_jit_compile = False  # jit_compile="auto" tries XLA with it (checked against plain)
 
     def __init__(self, name: Optional[str] = None) -> None:
         super().__init__(name=name)
@@ -167,6 +172,7 @@ class _Keras(StepOptimizer):
 
     uses_batch = False
     adapted = True
+    auto_jit_compile = True
 
     def __init__(self, optimizer, replicas, scaler):
         super().__init__(name="keras")
@@ -195,6 +201,7 @@ class _Pure(StepOptimizer):
 
     uses_batch = False
     adapted = True
+    auto_jit_compile = True
 
     def __init__(self, optimizer):
         super().__init__(name=optimizer.name)

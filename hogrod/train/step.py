@@ -14,7 +14,8 @@ let `train_loop` stop on the first non-finite value without saving it.
 
 One step is a chain of small functions, one job each:
   `weighted_total`   the terms and their weighted sum, at the loss's dtype (a Python-number
-                      weight multiplies a float64 term in float64, never via float32);
+                      weight multiplies a float64 term in float64, never via float32;
+                      `terms.py`);
   `_gradient`         one (micro-)batch's terms and gradient, with loss scaling applied
                       and undone around its tape;
   `_replica_gradient` the mean over a replica's k micro-batches (gradient accumulation);
@@ -38,9 +39,7 @@ divides by its loss scale (and skips the step on overflow), so it gets them time
 scale.
 """
 
-import math
-import numbers
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Literal, Mapping, Optional, Sequence
 
 import gin
 import keras
@@ -49,13 +48,13 @@ from absl import logging
 
 from hogrod import checks
 from hogrod.optim import Optimizer as PureOptimizer
+from hogrod.train.compile import check_jit_compile, compiled
 from hogrod.train.protocol import StepOptimizer, as_step_optimizer
+from hogrod.train.terms import check_weights, objective_terms, weighted_total
 from hogrod.train.transforms import global_norm, zeros_for_unconnected
-from hogrod.types import Batch, Objective, Scalar, Tensor
+from hogrod.types import Batch, Objective, Scalar
 
-__all__ = ["make_train_step", "build_optimizers", "objective_terms", "weighted_total", "MONITOR"]
-
-MONITOR = "monitor/"  # terms named "monitor/..." are logged and guarded, not optimized
+__all__ = ["make_train_step", "build_optimizers"]
 
 # [(optimizer, variables)]: each group of variables updated by its own optimizer (a Keras,
 # hogrod.optim or hogrod.train.StepOptimizer optimizer: `protocol.py`)
@@ -137,102 +136,6 @@ def _split(batch, k):
                              f"tensor of shape {t.shape}")
         return tf.reshape(t, [k, n // k] + t.shape[1:].as_list())
     return tf.nest.map_structure(split, batch)
-
-
-def objective_terms(value: Scalar | Mapping[str, Scalar]) -> dict[str, tf.Tensor]:
-    """An objective's value as {name: scalar tensor}.
-
-    Half-precision terms are promoted to float32 (the mixed-precision convention); float32
-    and float64 terms keep their dtype.
-
-    Args:
-      value: an objective's value: a scalar, or a dict {name: scalar}.
-
-    Returns:
-      A dict {name: scalar tensor} (a single scalar is named "loss"), each float32 or
-      float64.
-
-    Raises:
-      TypeError: a term's name is not a string.
-      ValueError: a term is not a scalar; the message names it.
-    """
-    terms = dict(value) if isinstance(value, dict) else {"loss": value}
-    out = {}
-    for name, t in terms.items():
-        if not isinstance(name, str):
-            raise TypeError(f"loss term names must be strings, got {name!r}")
-        t = tf.convert_to_tensor(t)
-        if t.shape.rank != 0:
-            raise ValueError(f"loss term '{name}' must be a scalar, got shape {t.shape}")
-        if t.dtype != tf.float64:
-            t = tf.cast(t, tf.float32)
-        out[name] = t
-    return out
-
-
-def _check_weights(weights):
-    """{term: weight} with Python numbers as floats (applied at each term's dtype later)."""
-    if weights is None:
-        return {}
-    if not isinstance(weights, dict):
-        raise TypeError(f"make_train_step.weights must be a dict {{term: weight}}, got "
-                        f"{type(weights).__name__}")
-    out = {}
-    for name, w in weights.items():
-        where = f"make_train_step.weights[{name!r}]"
-        if not isinstance(name, str):
-            raise TypeError(f"make_train_step.weights: term names must be strings, got {name!r}")
-        if isinstance(w, numbers.Real) and not isinstance(w, bool):
-            if not math.isfinite(w):
-                raise ValueError(f"{where} must be finite, got {w}")
-            out[name] = float(w)
-        elif isinstance(w, (tf.Tensor, tf.Variable, keras.Variable)) and w.shape.rank == 0:
-            out[name] = w  # e.g. a schedule's variable: read at every step
-        else:
-            raise TypeError(f"{where} must be a number or a scalar tensor/variable, got "
-                            f"{w!r}")
-    return out
-
-
-def weighted_total(terms: Mapping[str, tf.Tensor],
-                   weights: Mapping[str, float | Tensor]) -> tf.Tensor:
-    """The weighted sum of the minimized terms.
-
-    ``sum over name of weight * term`` over the optimized terms (not "monitor/..."), in
-    float64 if any of them is float64, else float32. A Python-number weight becomes a
-    tensor of that dtype directly, so 1e-4 on a float64 loss is the float64 1e-4; a tensor
-    weight is cast to it.
-
-    Args:
-      terms: {name: scalar tensor}, as `objective_terms` returns them.
-      weights: {name: weight}, a Python float or a scalar tensor or variable (read when
-        called); a term not named has weight 1.
-
-    Returns:
-      A scalar tensor, float64 if any optimized term is, else float32.
-
-    Raises:
-      ValueError: a weight names no term, or every term is a "monitor/..." term.
-    """
-    unknown = sorted(set(weights) - set(terms))
-    if unknown:
-        raise ValueError(f"weights given for unknown loss term(s) {unknown}; the loss "
-                         f"returns {sorted(terms)}")
-    optimized = {n: t for n, t in terms.items() if not n.startswith(MONITOR)}
-    if not optimized:
-        raise ValueError(f"the loss returns only monitor terms {sorted(terms)}; nothing to "
-                         "optimize")
-    dtype = tf.float64 if any(t.dtype == tf.float64 for t in optimized.values()) else tf.float32
-    parts = []
-    for name, t in optimized.items():
-        t = tf.cast(t, dtype)  # float32 -> float64 is exact
-        w = weights.get(name)
-        if isinstance(w, float):
-            t = tf.constant(w, dtype) * t
-        elif w is not None:
-            t = tf.cast(w, dtype) * t
-        parts.append(t)
-    return tf.add_n(parts)
 
 
 def _gradient(objective, weights, variables, scaler, batch):
@@ -334,10 +237,11 @@ def _is_default(strategy):
     return not tf.distribute.has_strategy() and strategy is tf.distribute.get_strategy()
 
 
-def _fused_step(gradient, groups, all_vars, transform, k, loss):
+def _fused_step(gradient, groups, all_vars, transform, k, loss, jit_compile):
     """The whole step as one XLA computation, the update and its guard included: one
-    replica, no loss scaling. Outside XLA, Keras's update of a few small variables costs as
-    much as a small model's gradient (its many small ops, each dispatched)."""
+    replica, no loss scaling ("auto": where XLA compiles it, `compile.py`). Outside XLA,
+    Keras's update of a few small variables costs as much as a small model's gradient (its
+    many small ops, each dispatched)."""
     def step(batch):
         terms, total, grads = _replica_gradient(gradient, batch, k)
         norm = global_norm(grads)
@@ -352,9 +256,21 @@ def _fused_step(gradient, groups, all_vars, transform, k, loss):
         return dict(_logs(terms, total, norm, groups), **_optimizer_logs(groups),
                     applied=applied)
 
-    logging.info("train step: %d variables in %d group(s), one XLA computation, "
-                 "accumulation %d", len(all_vars), len(groups), k)
-    return tf.function(step, jit_compile=True)
+    logging.info("train step: %d variables in %d group(s), one XLA computation%s, "
+                 "accumulation %d", len(all_vars), len(groups),
+                 " where it compiles" if jit_compile == "auto" else "", k)
+    return compiled(step, jit_compile, "make_train_step")
+
+
+def _auto_plain(groups, fused):
+    """Why jit_compile="auto" takes the plain step without trying XLA (None: it tries)."""
+    if not fused:
+        return "a strategy or loss scaling: the update runs outside XLA"
+    opted_out = [type(opt).__name__ for opt, _ in groups if not opt.auto_jit_compile]
+    if opted_out:
+        return (f"optimizer {', '.join(opted_out)} is not compiled with XLA by default "
+                "(its auto_jit_compile is False)")
+    return None
 
 
 @gin.configurable(denylist=["objective", "optimizer", "variables"])
@@ -365,7 +281,8 @@ def make_train_step(objective: Objective,
                     transform: Optional[Callable[..., list]] = None,
                     accumulation_steps: int = 1,
                     strategy: Optional[tf.distribute.Strategy] = None,
-                    jit_compile: bool = False) -> Callable[[Batch], dict[str, tf.Tensor]]:
+                    jit_compile: bool | Literal["auto"] = "auto"
+                    ) -> Callable[[Batch], dict[str, tf.Tensor]]:
     """Build a compiled train step.
 
     Gin-configurable: `weights`, `transform`, `accumulation_steps`, `strategy` and
@@ -400,16 +317,24 @@ def make_train_step(objective: Objective,
         with the memory of one micro-batch. Must divide every batch's (per-replica) size.
       strategy: a `tf.distribute.Strategy`; default the current one. The batch passed to
         the step is then a distributed batch (`hogrod.distribute.distribute_dataset`).
-      jit_compile: compile with XLA, which fuses the many small elementwise ops of a PINN
-        residual or a small MLP: with the default strategy and no loss scaling the whole
-        step (gradient, guard, transform and update) is one XLA computation; otherwise the
-        loss and its gradient per replica are, and the update and the all-reduce stay
-        outside XLA. A loss that calls `tf.vectorized_map` directly
-        defeats it: XLA then takes the batch and the weights as compile-time constants
-        and compiles anew on every step (hogrod.meta's algorithms avoid this).
+      jit_compile: "auto" (default), True or False (`hogrod.train.compiled`). XLA fuses
+        the many small elementwise ops of a PINN residual or a small MLP: with the default
+        strategy and no loss scaling the whole step (gradient, guard, transform and update)
+        is one XLA computation. "auto": that computation where XLA compiles it and computes
+        what TensorFlow does, else (an op XLA has no kernel for, a graph assertion it would
+        drop, random ops it would draw otherwise) a plain `tf.function`, with one warning,
+        decided at the first call before anything changes; under a strategy
+        or loss scaling, or with a step optimizer whose `auto_jit_compile` is False
+        (`hogrod.second_order`'s), the plain step. True: XLA required (under a strategy or
+        loss scaling the loss and its gradient per replica are compiled, the update and the
+        all-reduce stay outside). False: plain. A loss that calls `tf.vectorized_map`
+        directly defeats XLA: it then takes the batch and the weights as compile-time
+        constants and compiles anew on every step (`hogrod.taskmap.vectorized_map` and
+        hogrod.meta's algorithms avoid this).
 
     Returns:
-      `step(batch) -> logs`, a `tf.function`; logs hold each term (unweighted; float64
+      `step(batch) -> logs`, a `tf.function` (with "auto" and the one-computation step an
+      `AutoCompiled`, called the same way); logs hold each term (unweighted; float64
       terms stay float64, the others are float32), "loss" (weighted total, float64 if any
       term is), "grad_norm" (global, before the transform), "lr" (first group;
       "lr_group_1", ... for the others), what a step optimizer reports (its `logs()`:
@@ -422,7 +347,8 @@ def make_train_step(objective: Objective,
         weight is not finite.
       TypeError: a variable is not a variable, `objective` or `transform` not callable,
         or `weights` not a dict of numbers or scalar tensors.
-      ArgumentError: `accumulation_steps` is not a positive integer.
+      ArgumentError: `accumulation_steps` is not a positive integer, or `jit_compile` not
+        "auto", True or False.
       ValueError: `accumulation_steps` > 1 with an optimizer that uses the batch.
     """
     strategy = strategy or tf.distribute.get_strategy()
@@ -431,10 +357,11 @@ def make_train_step(objective: Objective,
     scaler = groups[0][0] if isinstance(groups[0][0], keras.optimizers.LossScaleOptimizer) else None
     if scaler is not None and len(groups) > 1:
         raise ValueError("mixed precision (LossScaleOptimizer) supports one optimizer group")
-    weights = _check_weights(weights)
+    weights = check_weights(weights)
     checks.function(objective, "objective", "make_train_step",
                     "objective(batch) -> scalar or {name: scalar}")
     k = checks.integer(accumulation_steps, "accumulation_steps", "make_train_step", least=1)
+    jit_compile = check_jit_compile(jit_compile, "make_train_step")
     if transform is not None:
         checks.function(transform, "transform", "make_train_step",
                         "transform(grads, variables) -> grads")
@@ -449,8 +376,13 @@ def make_train_step(objective: Objective,
     def loss(batch):  # what a step optimizer evaluates: the weighted total, a mean
         return weighted_total(objective_terms(objective(batch)), weights)
 
-    if jit_compile and replicas == 1 and scaler is None and _is_default(strategy):
-        return _fused_step(gradient, groups, all_vars, transform, k, loss)
+    fused = replicas == 1 and scaler is None and _is_default(strategy)
+    if jit_compile == "auto" and _auto_plain(groups, fused):
+        logging.info("make_train_step: jit_compile='auto' takes the plain step: %s",
+                     _auto_plain(groups, fused))
+        jit_compile = False
+    if jit_compile and fused:
+        return _fused_step(gradient, groups, all_vars, transform, k, loss, jit_compile)
     if jit_compile:
         gradient = tf.function(gradient, jit_compile=True)
 

@@ -35,6 +35,12 @@ def chain(*transforms: Callable[..., list]) -> Callable[..., list]:
     return apply
 
 
+def _norm_dtype(grads):
+    """float64 if any gradient is float64, else float32 (half precision squared in float32)."""
+    return tf.float64 if any(g is not None and g.dtype == tf.float64 for g in grads) \
+        else tf.float32
+
+
 def global_norm(grads: Sequence[Optional[tf.Tensor]]) -> tf.Tensor:
     """The global norm: sqrt(sum of squares) over every entry of every gradient.
 
@@ -42,10 +48,12 @@ def global_norm(grads: Sequence[Optional[tf.Tensor]]) -> tf.Tensor:
       grads: gradients of any shapes and float dtypes; Nones are skipped.
 
     Returns:
-      A float32 scalar tensor (each gradient is cast to float32 before squaring); 0.0 when
+      A scalar tensor, float64 if any gradient is float64 (a float64 model's norm exact to
+      its rounding), else float32 (half-precision gradients squared in float32); 0.0 when
       every gradient is None or there are none.
     """
-    squares = [tf.reduce_sum(tf.square(tf.cast(g, tf.float32))) for g in grads if g is not None]
+    dtype = _norm_dtype(grads)
+    squares = [tf.reduce_sum(tf.square(tf.cast(g, dtype))) for g in grads if g is not None]
     return tf.sqrt(tf.add_n(squares)) if squares else tf.constant(0.0)
 
 
@@ -53,7 +61,8 @@ def clip_by_global_norm(max_norm: float) -> Callable[..., list]:
     """A transform scaling all gradients together so their global norm is at most `max_norm`.
 
     Every gradient is multiplied by ``min(1, max_norm / global_norm(grads))`` (the scale is
-    computed in float32, then cast to each gradient's dtype); Nones stay None.
+    computed at the norm's dtype, float64 for float64 gradients, then cast to each
+    gradient's dtype); Nones stay None.
 
     Args:
       max_norm: the largest global norm allowed, > 0.
@@ -69,7 +78,8 @@ def clip_by_global_norm(max_norm: float) -> Callable[..., list]:
 
     def apply(grads, variables):
         norm = global_norm(grads)
-        scale = tf.minimum(1.0, max_norm / tf.maximum(norm, 1e-12))
+        one, limit = tf.constant(1.0, norm.dtype), tf.constant(max_norm, norm.dtype)
+        scale = tf.minimum(one, limit / tf.maximum(norm, tf.constant(1e-12, norm.dtype)))
         return [None if g is None else g * tf.cast(scale, g.dtype) for g in grads]
     return apply
 

@@ -1,0 +1,187 @@
+"""One XLA convention for every compiled step: `jit_compile = "auto" | True | False`.
+
+    step = compiled(step_body, "auto", "make_train_step")
+    logs = step(batch)   # the first call decides: XLA, or a plain tf.function
+
+- `"auto"` (the default of every step builder): the function compiled with XLA when XLA
+  compiles it. The choice is made once, at the first call, before the function runs (so
+  before it changes any state): the function is traced for XLA and lowered to XLA's HLO
+  without running it. If XLA refuses (an op it has no kernel for: `tf.numpy_function`,
+  `tf.py_function`, a string op, ...), or would not compute what TensorFlow computes (the
+  traced graph holds assertions, `hogrod.checks.require` in a graph, which XLA drops, so
+  the checks would silently vanish; or random ops, which XLA draws otherwise for the same
+  seed), the function runs as a plain `tf.function` instead, and ONE absl warning says why
+  and which binding skips the attempt. Every later call takes the path chosen; nothing is
+  re-decided per call.
+- `True`: XLA required; its error, if it cannot compile, is raised at the first call.
+- `False`: a plain `tf.function`.
+
+What XLA changes besides speed where "auto" takes it: floating-point sums in another order
+(float64 agrees with the plain function to rounding). With True, also the random numbers
+(as reproducible, but other ones) and no graph assertions.
+"""
+
+from typing import Any, Callable, Literal, Optional
+
+import tensorflow as tf
+from absl import logging
+
+from hogrod import checks
+
+__all__ = ["compiled", "AutoCompiled", "check_jit_compile", "JIT_COMPILE"]
+
+JIT_COMPILE = ("auto", True, False)  # every step builder's jit_compile
+
+
+def check_jit_compile(jit_compile: Any, where: str) -> bool | Literal["auto"]:
+    """`jit_compile` checked: "auto", True or False.
+
+    Args:
+      jit_compile: the value given.
+      where: the builder or binding checked (`make_train_step`, `pinn_experiment`), named
+        in the message as `<where>.jit_compile`.
+
+    Returns:
+      The value, unchanged.
+
+    Raises:
+      ArgumentError: anything else (a string other than "auto", 0 or 1, None).
+    """
+    if isinstance(jit_compile, bool) or (isinstance(jit_compile, str) and jit_compile == "auto"):
+        return jit_compile
+    raise checks.ArgumentError(f"{where}.jit_compile must be 'auto', True or False, got "
+                               f"{jit_compile!r}")
+
+
+# Ops that draw random numbers: XLA draws other numbers than TensorFlow's kernels for the
+# same seed (stateless) or state (tf.random.Generator), so a step under XLA would not take
+# the plain step's steps.
+_RANDOM_PREFIXES = ("StatelessTruncatedNormal", "StatelessMultinomial", "StatelessParameterized",
+                    "TruncatedNormal", "Multinomial", "StatefulUniform", "StatefulStandardNormal",
+                    "StatefulTruncatedNormal", "StatefulRandom", "Rng")
+
+
+def _graph_blocker(concrete) -> Optional[str]:
+    """Why XLA would not run the traced function as TensorFlow does (None: nothing), from
+    its ops and its nested functions' (loops, conds, inner tf.functions): an Assert, which
+    XLA compiles as nothing, or a random op, which XLA draws otherwise."""
+    graph_def = concrete.graph.as_graph_def()
+    ops = [n.op for n in graph_def.node] + [n.op for f in graph_def.library.function
+                                             for n in f.node_def]
+    asserts = sum(op == "Assert" for op in ops)
+    if asserts:
+        return (f"the step holds {asserts} graph assertion(s) (hogrod.checks.require, "
+                "tf.debugging.Assert), which XLA would drop")
+    random = sorted({op for op in ops if "Random" in op or op.startswith(_RANDOM_PREFIXES)})
+    if random:
+        return (f"the step draws random numbers ({', '.join(random[:3])}), which XLA draws "
+                "otherwise for the same seed")
+    return None
+
+
+def _first_line(error: Exception) -> str:
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+    text = lines[0] if lines else type(error).__name__
+    # tf2xla's refusal names the op on a later line ("... PyFunc (No registered ...)")
+    detail = next((ln for ln in lines[1:] if "No registered" in ln or "unsupported" in ln), "")
+    return (text + (" " + detail if detail else ""))[:400]
+
+
+class AutoCompiled:
+    """A function compiled with XLA where XLA compiles it, else a plain `tf.function`
+    (`compiled(fn, "auto", where)`; the module docstring).
+
+    Called like the `tf.function` it wraps. The first call made eagerly decides the path
+    (`jit_compile` then says which: True for XLA, False for the plain function, None before
+    the decision, `reason` why XLA was refused). A call inside another function's trace
+    before that decision takes the plain function without deciding.
+
+    Args:
+      fn: the Python function.
+      where: the builder it belongs to, named in the fallback's warning
+        (`<where>.jit_compile = False` skips the attempt).
+      autograph: `tf.function`'s autograph.
+    """
+
+    def __init__(self, fn: Callable, where: str, autograph: bool = True) -> None:
+        self.python_function = fn
+        self.where = where
+        self._xla = tf.function(fn, jit_compile=True, autograph=autograph)
+        self._plain = tf.function(fn, autograph=autograph)
+        self.jit_compile: Optional[bool] = None
+        self.reason: Optional[str] = None
+
+    def _decide(self, args, kwargs) -> None:
+        # Tracing errors (the user's code) are raised as they are, not taken for a refusal.
+        concrete = self._xla.get_concrete_function(*args, **kwargs)
+        reason = _graph_blocker(concrete)
+        if reason is None:
+            try:  # lowered to HLO, not run: no state changes
+                self._xla.experimental_get_compiler_ir(*args, **kwargs)(stage="hlo")
+            except (tf.errors.OpError, ValueError, TypeError, NotImplementedError) as e:
+                reason = f"XLA cannot compile it: {_first_line(e)}"
+        self.jit_compile, self.reason = reason is None, reason
+        if reason is None:
+            logging.info("%s: compiled with XLA (jit_compile='auto')", self.where)
+        else:
+            logging.warning("%s: jit_compile='auto' runs a plain tf.function, not XLA: %s. "
+                            "Bind %s.jit_compile = False to skip the attempt (True requires "
+                            "XLA and raises its error).", self.where, reason, self.where)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.jit_compile is None:
+            if not tf.executing_eagerly():
+                return self._plain(*args, **kwargs)
+            self._decide(args, kwargs)
+        return (self._xla if self.jit_compile else self._plain)(*args, **kwargs)
+
+    @property
+    def function(self) -> Callable:
+        """The `tf.function` calls take: XLA's once decided for it, else the plain one."""
+        return self._xla if self.jit_compile else self._plain
+
+    def experimental_get_tracing_count(self) -> int:
+        """How many times the function calls take has been traced.
+
+        Returns:
+          That `tf.function`'s tracing count (the XLA attempt of a fallback not counted).
+        """
+        return self.function.experimental_get_tracing_count()
+
+    def get_concrete_function(self, *args: Any, **kwargs: Any) -> Any:
+        """The concrete function of the path calls take (the plain one before the decision).
+
+        Args:
+          *args: as for a call (tensors or `tf.TensorSpec` objects).
+          **kwargs: as for a call.
+
+        Returns:
+          A `tf.types.experimental.ConcreteFunction`.
+        """
+        return self.function.get_concrete_function(*args, **kwargs)
+
+
+def compiled(fn: Callable, jit_compile: bool | Literal["auto"] = "auto",
+             where: str = "make_train_step", autograph: bool = True) -> Callable:
+    """`fn` as a compiled function under the XLA convention (the module docstring).
+
+    Args:
+      fn: the Python function (a train step's body).
+      jit_compile: "auto" (XLA where it compiles, else a plain `tf.function` with one
+        warning, decided at the first call before anything runs), True (XLA required) or
+        False (a plain `tf.function`).
+      where: the builder or binding it belongs to, named in messages
+        (`<where>.jit_compile`).
+      autograph: `tf.function`'s autograph.
+
+    Returns:
+      A `tf.function` (True, False) or an `AutoCompiled` ("auto"), called as `fn`.
+
+    Raises:
+      ArgumentError: `jit_compile` is not "auto", True or False, or `fn` not callable.
+    """
+    check_jit_compile(jit_compile, where)
+    checks.function(fn, "fn", "compiled", "fn(*args) -> outputs")
+    if jit_compile == "auto":
+        return AutoCompiled(fn, where, autograph)
+    return tf.function(fn, jit_compile=jit_compile, autograph=autograph)

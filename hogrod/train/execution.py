@@ -1,0 +1,110 @@
+"""Several train steps in one compiled call: what `train_loop(..., steps_per_execution=N)`
+runs between two returns to Python.
+
+A step's fixed costs outside its arithmetic (the Python call into TensorFlow, the tf.data
+iterator's `next`, the logs brought back to the host) are paid once per call instead of once
+per step. From a tf.data iterator (or a tf.distribute one) the batches are drawn inside the
+call, by the iterator's own op; from a Python iterator the call's batches are drawn before
+it and handed in together.
+
+The NaN guard stays per step: the call stops after the first step whose logs are not all
+finite, so no later step of the call runs (the train step's own guard has already kept that
+step's update out when its loss or gradient was the non-finite value), and every step's
+logs come back, so `train_loop` names the step and checks, summarizes and calls back per
+step.
+"""
+
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
+import tensorflow as tf
+
+from hogrod.types import Batch
+
+__all__ = ["MultiStep"]
+
+
+def _all_finite(values: list) -> tf.Tensor:
+    checked = [tf.reduce_all(tf.math.is_finite(v)) for v in values if v.dtype.is_floating]
+    return tf.reduce_all(checked) if checked else tf.constant(True)
+
+
+class MultiStep:
+    """`step_fn` run up to n times per call, stopping after a step with a non-finite log.
+
+    Args:
+      step_fn: the train step, `step_fn(batch) -> {name: scalar}`: a `tf.function`, a
+        `hogrod.train.compiled` function (its XLA decision made by a call before this one)
+        or any function of TensorFlow ops; called inside this object's `tf.function`s.
+      logs: one step's logs, their names and dtypes those of every step.
+      from_graph_iterator: whether the batches come from a tf.data (or tf.distribute)
+        iterator, drawn inside the call; else from a Python iterator, drawn before it.
+    """
+
+    def __init__(self, step_fn: Callable[[Batch], Mapping[str, Any]],
+                 logs: Mapping[str, Any], from_graph_iterator: bool) -> None:
+        self.step_fn = step_fn
+        self.names = list(logs)
+        self.dtypes = [tf.convert_to_tensor(v).dtype for v in logs.values()]
+        self.from_graph_iterator = from_graph_iterator
+        # one trace for every call length from a graph iterator; one per length otherwise
+        self._loop = tf.function(self._graph_loop)
+        self._unrolled = tf.function(self._given_batches)
+
+    def _values(self, logs):
+        if set(logs) != set(self.names):
+            raise ValueError(f"train_loop: the step's logs changed names between steps: "
+                             f"{sorted(self.names)}, then {sorted(logs)}")
+        return [tf.cast(logs[name], dtype) for name, dtype in zip(self.names, self.dtypes)]
+
+    def _graph_loop(self, iterator, n):
+        arrays = [tf.TensorArray(d, size=0, dynamic_size=True, element_shape=[])
+                  for d in self.dtypes]
+
+        def cond(i, ok, *arrays):
+            return tf.logical_and(i < n, ok)
+
+        def body(i, ok, *arrays):
+            values = self._values(self.step_fn(next(iterator)))
+            arrays = [a.write(i, v) for a, v in zip(arrays, values)]
+            return (i + 1, _all_finite(values), *arrays)
+
+        ran, _, *arrays = tf.while_loop(cond, body, (tf.constant(0), tf.constant(True),
+                                                     *arrays))
+        return ran, [a.stack() for a in arrays]
+
+    def _given_batches(self, batches):
+        ok, ran, rows = tf.constant(True), tf.constant(0), []
+        for batch in batches:
+            def run(batch=batch):
+                values = self._values(self.step_fn(batch))
+                return values, _all_finite(values)
+
+            def skip():
+                return [tf.zeros([], d) for d in self.dtypes], tf.constant(True)
+
+            values, finite = tf.cond(ok, run, skip)
+            ran += tf.cast(ok, tf.int32)
+            ok = tf.logical_and(ok, finite)
+            rows.append(values)
+        return ran, [tf.stack([row[j] for row in rows]) for j in range(len(self.names))]
+
+    def __call__(self, iterator: Iterator[Batch], n: int) -> list[dict[str, float]]:
+        """Run up to `n` steps in one call.
+
+        Args:
+          iterator: where the batches come from (the kind given at construction).
+          n: the most steps to run (>= 1).
+
+        Returns:
+          Each step's logs as Python floats, in order: n of them, or fewer when a step's
+          logs were not all finite (that step's are the last).
+        """
+        if self.from_graph_iterator:
+            ran, arrays = self._loop(iterator, tf.constant(n))
+        else:
+            ran, arrays = self._unrolled(tuple(next(iterator) for _ in range(n)))
+        ran = int(ran)
+        columns = [np.asarray(a)[:ran] for a in arrays]
+        return [{name: float(col[j]) for name, col in zip(self.names, columns)}
+                for j in range(ran)]

@@ -1,0 +1,222 @@
+"""The fast default path of the training loop against the plain one: `jit_compile="auto"`
+(XLA where it compiles, else a plain tf.function with one warning) and several steps per
+compiled call (`train_loop(..., steps_per_execution=N)`) take the same steps as a plain
+step called once per step (float64, to rounding); the NaN guard, checkpoints and resuming
+stay per step. Oracles: the plain step (`jit_compile=False`, one step per call)."""
+
+import logging
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hogrod import checks, train
+
+RTOL = 1e-12
+
+
+def problem(seed=3, nan_at=None):
+    """Float64 linear regression with an L2 term; its data set (shuffled, 40 batches of 4);
+    `nan_at=k`: the k-th batch (1-based) has a NaN target."""
+    keras.utils.set_random_seed(seed)
+    w = tf.Variable(tf.random.normal([3, 2], dtype=tf.float64), name="w")
+    b = tf.Variable(tf.zeros([2], tf.float64), name="b")
+
+    def objective(batch):
+        x, y = batch
+        pred = tf.matmul(x, w) + b
+        return {"mse": tf.reduce_mean((pred - y) ** 2), "l2": tf.reduce_sum(w ** 2)}
+
+    x = np.random.default_rng(seed).normal(size=(160, 3))
+    y = np.sin(x[:, :2])
+    if nan_at is not None:
+        y[4 * (nan_at - 1), 0] = np.nan
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(4, drop_remainder=True)
+    return [w, b], objective, data
+
+
+def make_step(variables, objective, jit_compile="auto", optimizer=None):
+    return train.make_train_step(objective, optimizer or keras.optimizers.Adam(0.05), variables,
+                                 weights={"l2": 1e-3}, transform=train.clip_by_global_norm(0.5),
+                                 jit_compile=jit_compile)
+
+
+def values(variables):
+    return [v.numpy().copy() for v in variables]
+
+
+def assert_same(a, b):
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(x, y, rtol=RTOL, atol=1e-14)
+
+
+def test_the_default_step_is_one_xla_computation_equal_to_the_plain_step_and_traced_once():
+    runs = {}
+    for jit in ("auto", False):
+        variables, objective, data = problem()
+        step = make_step(variables, objective, jit)
+        logs = [step(batch) for batch in data.take(6)]
+        runs[jit] = values(variables), logs, step
+    (auto, auto_logs, step), (plain, plain_logs, _) = runs["auto"], runs[False]
+    assert step.jit_compile is True and step.reason is None  # XLA took it
+    assert step.experimental_get_tracing_count() == 1
+    assert_same(auto, plain)
+    for a, p in zip(auto_logs, plain_logs):
+        assert set(a) == set(p)
+        for k in a:
+            np.testing.assert_allclose(float(a[k]), float(p[k]), rtol=RTOL)
+
+
+@pytest.mark.parametrize("source", ["tf.data", "python"])
+def test_several_steps_per_call_take_the_same_steps_and_call_back_per_step(source):
+    runs = {}
+    for per_call in (1, 4):
+        variables, objective, data = problem()
+        step = make_step(variables, objective, "auto" if source == "tf.data" else False)
+        seen = []
+        batches = iter(data.repeat()) if source == "tf.data" else iter(list(data) * 2)
+        last = train.train_loop(step, batches, 11, log_every=None, steps_per_execution=per_call,
+                                callback=lambda i, logs: seen.append((i, logs)))
+        runs[per_call] = values(variables), seen, last
+        assert step.experimental_get_tracing_count() == 1
+    (one, one_seen, one_last), (four, four_seen, four_last) = runs[1], runs[4]
+    assert_same(four, one)
+    assert [i for i, _ in four_seen] == list(range(1, 12))
+    for (_, a), (_, p) in zip(four_seen, one_seen):
+        assert set(a) == set(p)
+        for k in a:
+            np.testing.assert_allclose(a[k], p[k], rtol=RTOL)
+    assert four_last == four_seen[-1][1]
+
+
+def test_a_non_finite_step_inside_a_call_stops_the_call_before_later_steps_update():
+    """Calls of steps 1, 2-5, 6-9; the NaN target at step 3 stops the second call there:
+    the state is the one after step 2 and the data iterator stands at batch 4."""
+    variables, objective, data = problem(nan_at=3)
+    step = make_step(variables, objective)
+    iterator = iter(data)
+    with pytest.raises(train.NonFiniteError, match="step 3: loss term 'mse' is nan"):
+        train.train_loop(step, iterator, 9, log_every=None, steps_per_execution=4)
+    after_call = values(variables)
+    np.testing.assert_array_equal(next(iterator)[0].numpy(), list(data)[3][0].numpy())
+
+    variables, objective, data = problem(nan_at=3)
+    step = make_step(variables, objective, jit_compile=False)
+    train.train_loop(step, iter(data), 2, log_every=None)
+    assert_same(after_call, values(variables))
+
+
+class Killed(Exception):
+    pass
+
+
+def test_a_run_killed_after_a_checkpoint_resumes_as_the_uninterrupted_run(tmp_path):
+    """Checkpoints every 3 steps and calls of 4 steps: the calls end at the checkpoints
+    (steps 3, 6) too, so a run killed at step 7 resumes from step 6's state exactly."""
+    def run(directory, steps, kill_at=None):
+        variables, objective, data = problem()
+        opt = keras.optimizers.Adam(0.05)
+        step = make_step(variables, objective, False, opt)  # the calls' logic, not XLA's
+        iterator = iter(data.shuffle(40, seed=5).repeat())
+        ckpt = train.Checkpointer(str(directory), w=variables[0], b=variables[1], optimizer=opt,
+                                  data=iterator)
+
+        def kill(i, logs):
+            if i == kill_at:
+                raise Killed
+        try:
+            train.train_loop(step, iterator, steps, ckpt, log_every=None, checkpoint_every=3,
+                             steps_per_execution=4, callback=kill)
+        except Killed:
+            pass
+        return values(variables)
+
+    run(tmp_path / "resumed", 9, kill_at=7)
+    resumed = run(tmp_path / "resumed", 9)
+    assert_same(resumed, run(tmp_path / "uninterrupted", 9))
+
+
+def numpy_scaled_problem():
+    """`problem`'s objective times a factor computed by numpy (`tf.numpy_function`), an op
+    XLA has no kernel for."""
+    variables, objective, data = problem()
+
+    def scaled(batch):
+        factor = tf.numpy_function(lambda: np.float64(1.5), [], tf.float64, stateful=False)
+        terms = objective(batch)
+        return dict(terms, mse=tf.reshape(factor, []) * terms["mse"])
+    return variables, scaled, data
+
+
+def test_auto_falls_back_to_the_plain_step_with_one_warning_where_xla_cannot_compile(caplog):
+    runs = {}
+    for jit in ("auto", False):
+        variables, objective, data = numpy_scaled_problem()
+        step = make_step(variables, objective, jit)
+        with caplog.at_level(logging.WARNING):
+            caplog.clear()
+            for batch in data.take(3):
+                step(batch)
+            warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING
+                      and "jit_compile" in r.getMessage()]
+        runs[jit] = values(variables), warned, step
+    (auto, warned, step), (plain, _, _) = runs["auto"], runs[False]
+    assert len(warned) == 1, warned
+    assert "XLA cannot compile" in warned[0] and "make_train_step.jit_compile = False" in warned[0]
+    assert step.jit_compile is False and step.experimental_get_tracing_count() == 1
+    assert_same(auto, plain)
+
+    variables, objective, data = numpy_scaled_problem()
+    before = values(variables)
+    step = make_step(variables, objective, True)
+    with pytest.raises(tf.errors.OpError):
+        step(next(iter(data)))
+    assert_same(values(variables), before)
+
+
+def test_auto_keeps_a_graph_assertion_that_xla_would_drop():
+    variables, objective, data = problem()
+
+    def checked(batch):
+        ok = checks.require(tf.reduce_all(batch[0] < 100.0), "inputs must be below 100")
+        with tf.control_dependencies(ok):
+            return objective(batch)
+
+    step = make_step(variables, checked)
+    x, y = next(iter(data))
+    step((x, y))
+    assert step.jit_compile is False and "assertion" in step.reason
+    with pytest.raises(tf.errors.InvalidArgumentError, match="inputs must be below 100"):
+        step((x + 1000.0, y))
+
+
+def test_jit_compile_and_steps_per_execution_are_checked():
+    variables, objective, data = problem()
+    with pytest.raises(checks.ArgumentError, match="make_train_step.jit_compile must be 'auto'"):
+        make_step(variables, objective, "yes")
+    step = make_step(variables, objective)
+    with pytest.raises(checks.ArgumentError, match="steps_per_execution"):
+        train.train_loop(step, iter(data), 2, steps_per_execution=0)
+    with pytest.raises(checks.ArgumentError, match="compiled.jit_compile must be 'auto'"):
+        train.compiled(lambda x: x, 1, "compiled")
+
+
+def test_auto_takes_the_plain_step_where_xla_would_draw_other_random_numbers():
+    runs = {}
+    for jit in ("auto", False):
+        variables, objective, data = problem()
+        counter = tf.Variable(0, dtype=tf.int64)
+
+        def noisy(batch):
+            counter.assign_add(1)
+            noise = tf.random.stateless_uniform([4, 2], tf.stack([counter, 1]), dtype=tf.float64)
+            x, y = batch
+            return objective((x, y + 0.1 * noise))
+
+        step = make_step(variables, noisy, jit)
+        for batch in data.take(3):
+            step(batch)
+        runs[jit] = values(variables), step
+    assert runs["auto"][1].jit_compile is False and "random" in runs["auto"][1].reason
+    assert_same(runs["auto"][0], runs[False][0])
