@@ -10,9 +10,13 @@ alpha `[n, n_way]`, as MetaOptNet writes it:
 subject to ``alpha_ik <= c delta(k, y_i)`` and ``sum_k alpha_ik = 0`` for every i; then
 ``w_k = sum_i alpha_ik x_i``. Its kernel is ``K = X X^T + r I`` (r: `kernel_ridge`).
 
-The solver: projected gradient with Nesterov acceleration and adaptive restart
-(O'Donoghue and Candes 2015), step 1 / ||K||_2 (K's largest eigenvalue), each example's
-row projected onto its constraint set (a simplex of radius c), from alpha = 0, in one
+The solver: the batched interior-point method of `hogrod.linalg.simplex_qp` on the slacks
+``S = c Y - alpha`` (each row on a simplex of radius c), Mehrotra's predictor-corrector as in
+MetaOptNet's own solver (qpth), its Newton systems solved by the Kronecker structure of the
+dual's Hessian (m Cholesky factorizations of `n x n` per iteration, not one of `n m`), every
+task of an episode at once; once its barrier has fallen far enough, each iteration polishes a
+candidate (the equality-constrained QP on the guessed free coordinates, solved exactly) and
+the first candidate whose optimality residual F meets the goal below is the solution. In one
 traced `tf.while_loop`, always in float64 (the solution and its gradient cast back to the
 embeddings' dtype): at float32's precision the residual cannot be driven far enough for the
 active set (which bounds hold) to be right, and a wrong active set gives a gradient off by
@@ -56,8 +60,9 @@ from hogrod.types import Scalar
 
 __all__ = ["svm_dual", "SVM_MAXITER", "KERNEL_RIDGE", "SOLVE_DTYPE", "DEFAULT_TOL"]
 
-#: `svm_logits`'s default iteration limit of the dual solver.
-SVM_MAXITER = 1000
+#: `svm_logits`'s default iteration limit of the dual solver (interior-point iterations:
+#: tens reach float64's precision).
+SVM_MAXITER = 100
 #: `svm_logits`'s default ridge on the dual's kernel: MetaOptNet's code adds the identity.
 KERNEL_RIDGE = 1.0
 #: The dtype the dual is solved and differentiated at, whatever the embeddings'.
@@ -161,7 +166,10 @@ def _converged(alpha, residual, goal, maxiter, tol, where):
             "wrong: raise maxiter, or raise tol for a looser solve (kernel_ridge > 0 also "
             f"conditions the dual better on embeddings of large norm){gin}",
         error=ValueError, data=["||F|| =", residual, "2 * goal =", 2 * goal])
-    return _with(asserts, alpha)
+    # and NaN where it failed: XLA compiles an Assert to nothing, and a NaN reaches the
+    # train step's guard
+    nan = tf.constant(np.nan, alpha.dtype)
+    return _with(asserts, tf.where(ok[..., None, None], alpha, nan))
 
 
 def _cg(maxiter, tol, where):
@@ -182,19 +190,6 @@ def _cg(maxiter, tol, where):
                 "kernel_ridge helps)", error=ValueError)
         return tf.nest.map_structure(lambda t: _with(asserts, t), w)
     return solve
-
-
-def _project(v, bound, c):
-    """Each row of v projected onto {a : a <= bound, sum(a) = 0} (bound = c one_hot): with
-    b = bound - a, the Euclidean projection of bound - v onto the simplex {b >= 0, sum b =
-    c} (sort-based, Held et al. 1974)."""
-    z = bound - v
-    s = tf.sort(z, axis=-1, direction="DESCENDING")
-    k = tf.cast(tf.range(1, tf.shape(z)[-1] + 1), z.dtype)
-    cumulative = tf.cumsum(s, axis=-1) - c
-    rho = tf.reduce_sum(tf.cast(s - cumulative / k > 0, tf.int32), axis=-1, keepdims=True)
-    theta = tf.gather(cumulative, rho - 1, batch_dims=len(z.shape) - 1) / tf.cast(rho, z.dtype)
-    return bound - tf.maximum(z - theta, 0)
 
 
 def _kkt(alpha, support, one_hot, c, ridge):
@@ -236,16 +231,15 @@ def _kernel(support, ridge):
 
 
 def _solve_dual(init, support, one_hot, c, maxiter, tol, ridge):
-    """Accelerated projected gradient on the dual until ``||F|| <= goal = tol * min(1, c
-    ||K||_2) * max(1, ||F(init)||)`` per task (see the module docstring) or `maxiter`
-    iterations; never differentiated. c, maxiter, tol and ridge are tensors (one trace
-    serves every value). Returns alpha, ||F(alpha)|| and the goal, per task."""
-    dtype = support.dtype
+    """The dual by `hogrod.linalg.simplex_qp` on its slacks ``S = c Y - alpha`` (rows on
+    simplices of radius c), each polished candidate accepted where ``||F|| <= goal = tol *
+    min(1, c ||K||_2) * max(1, ||F(init)||)`` per task (see the module docstring), or
+    `maxiter` interior-point iterations; never differentiated. c, maxiter, tol and ridge are
+    tensors (one trace serves every value). Returns alpha, ||F(alpha)|| and the goal, per
+    task."""
     bound = c * one_hot
     gram = _kernel(support, ridge)
     top = tf.linalg.eigvalsh(gram)[..., -1]  # ||K||_2: K is positive semi-definite
-    step = 1 / tf.maximum(top, tf.constant(np.finfo(dtype.as_numpy_dtype).tiny, dtype))
-    step = step[..., None, None]
 
     def residual(a):
         return tf.norm(_kkt(a, support, one_hot, c, ridge), axis=[-2, -1])
@@ -253,21 +247,10 @@ def _solve_dual(init, support, one_hot, c, maxiter, tol, ridge):
     start = residual(init)
     goal = (tol * tf.minimum(tf.ones_like(top), c * top)
             * tf.maximum(tf.ones_like(start), start))
-
-    def cond(i, x, y, t):
-        return tf.logical_and(i < maxiter, tf.reduce_any(residual(x) > goal))
-
-    def body(i, x, y, t):
-        new = _project(y - step * (tf.linalg.matmul(gram, y) - one_hot), bound, c)
-        t_new = (1 + tf.sqrt(1 + 4 * t * t)) / 2
-        # adaptive restart: momentum off where the step went against the last move
-        restart = tf.reduce_sum((y - new) * (new - x), axis=[-2, -1], keepdims=True) > 0
-        momentum = tf.where(restart, tf.zeros_like(t), (t - 1) / t_new)
-        t_new = tf.where(restart, tf.ones_like(t_new), t_new)
-        return i + 1, new, new + momentum * (new - x), t_new
-
-    t0 = tf.ones_like(goal)[..., None, None]
-    _, alpha, _, _ = tf.while_loop(cond, body, (tf.constant(0), init, init, t0))
+    # in the slacks the objective is 1/2 sum_k s_k^T K s_k + <Y - K c Y, S> + constant
+    result = linalg.simplex_qp(gram, one_hot - tf.linalg.matmul(gram, bound), c, maxiter,
+                               lambda s: residual(bound - s) <= goal)
+    alpha = bound - result.solution  # exactly the bound where a slack is exactly zero
     return alpha, residual(alpha), goal
 
 
