@@ -13,9 +13,10 @@ per task, each stopping at its own iteration). Small dense work on the host (the
 tridiagonal eigenproblem) is left to `scipy.linalg.eigh_tridiagonal`.
 """
 
-from hogrod.linalg.qp import SimplexQP, simplex_qp
+from hogrod.linalg.qp import SimplexQP, simplex_kkt_solve, simplex_qp
 from hogrod.linalg.solvers import CGInfo, CGIterates, NeumannInfo, cg, neumann
 from hogrod.linalg.spectral import LanczosResult, lanczos, power_iteration
 
 __all__ = ["cg", "CGInfo", "CGIterates", "neumann", "NeumannInfo", "power_iteration", "lanczos",
-           "LanczosResult", "simplex_qp", "SimplexQP"]
+           "LanczosResult", "simplex_qp", "SimplexQP",
+           "simplex_kkt_solve"]

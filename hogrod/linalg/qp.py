@@ -33,7 +33,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["simplex_qp", "SimplexQP"]
+__all__ = ["simplex_qp", "SimplexQP", "simplex_kkt_solve"]
 
 # Explicit tf.while_loop / tf.cond only: no Python control flow on tensors to convert.
 _no_autograph = tf.autograph.experimental.do_not_convert
@@ -96,6 +96,49 @@ def _per_problem(t):
     return t[..., None, None]
 
 
+def _gap(s, z):
+    """The mean complementarity ``mean(s z)`` per problem (the barrier parameter)."""
+    return tf.reduce_mean(s * z, axis=[-2, -1])
+
+
+def _kkt_solve(kernel, mask, v, w):
+    """`simplex_kkt_solve` with mask, v and the solution `[..., m, n]` (column blocks)."""
+    eps = np.finfo(kernel.dtype.as_numpy_dtype).eps
+    n = tf.cast(tf.shape(kernel)[-1], kernel.dtype)
+    shift = _per_problem(10 * n * eps * tf.reduce_max(tf.linalg.diag_part(kernel), axis=-1))
+    factors = _factor(kernel, shift * mask, mask)
+    u, y = _solve(factors, v * mask, w)
+    # one step of iterative refinement on the same factors (the shift's effect removed)
+    residual = mask * (tf.linalg.matmul(u, kernel) - y[..., None, :] - v)
+    fix, _ = _solve(factors, -residual, w - tf.reduce_sum(u, axis=-2))
+    return (u + fix) * mask
+
+
+def simplex_kkt_solve(kernel: tf.Tensor, mask: tf.Tensor, v: tf.Tensor,
+                      w: tf.Tensor) -> tf.Tensor:
+    """The equality-constrained system of `simplex_qp` on the free coordinates (mask 1):
+    U `[..., n, m]` zero off them, with ``sum_k U[i, k] = w_i`` and, on them,
+    ``(K U)[i, k] - y_i = V[i, k]`` for some y `[..., n]`: the polishing step's system, and
+    the implicit gradient's (the Jacobian of the reduced KKT conditions on its range).
+
+    Solved directly (per column a Cholesky factorization of ``K`` on its free coordinates
+    and the identity elsewhere, the row sums through their `n x n` Schur complement), with
+    one step of iterative refinement.
+
+    Args:
+      kernel: K `[..., n, n]`, symmetric positive definite on every column's free set.
+      mask: `[..., n, m]` at K's dtype, 1 on the free coordinates, 0 elsewhere; every row
+        with at least one free coordinate.
+      v: V `[..., n, m]` (read on the free coordinates only).
+      w: the rows' sums `[..., n]`.
+
+    Returns:
+      U.
+    """
+    transpose = tf.linalg.matrix_transpose
+    return transpose(_kkt_solve(kernel, transpose(mask), transpose(v), w))
+
+
 @_no_autograph
 def simplex_qp(kernel: tf.Tensor, linear: tf.Tensor, radius: tf.Tensor, maxiter: tf.Tensor,
                accept: Callable[[tf.Tensor], tf.Tensor],
@@ -142,12 +185,12 @@ def simplex_qp(kernel: tf.Tensor, linear: tf.Tensor, radius: tf.Tensor, maxiter:
     g0 = gradient(s0)
     y0 = tf.reduce_min(g0, axis=-2) - z_scale[..., 0]
     z0 = g0 - y0[..., None, :]  # >= z_scale: the start is dual feasible
-    mu0 = tf.reduce_mean(s0 * z0, axis=[-2, -1])
+    mu0 = _gap(s0, z0)
 
     def step(s, z, y):
         residual_d = gradient(s) - y[..., None, :] - z
         residual_p = tf.reduce_sum(s, axis=-2) - radius
-        mu = tf.reduce_mean(s * z, axis=[-2, -1])
+        mu = _gap(s, z)
         factors = _factor(kernel, tf.minimum(z / s, largest) + shift, tf.ones_like(s))
 
         def direction(complementarity):
@@ -156,31 +199,24 @@ def simplex_qp(kernel: tf.Tensor, linear: tf.Tensor, radius: tf.Tensor, maxiter:
 
         ds, dz, _ = direction(s * z)  # predictor (affine scaling)
         a = _per_problem(tf.minimum(_max_step(s, ds), _max_step(z, dz)))
-        mu_affine = tf.reduce_mean((s + a * ds) * (z + a * dz), axis=[-2, -1])
-        sigma = (mu_affine / mu) ** 3
+        sigma = (_gap(s + a * ds, z + a * dz) / mu) ** 3
         ds, dz, dy = direction(s * z + ds * dz - _per_problem(sigma * mu))  # corrector
         a = tf.minimum(_max_step(s, ds), _max_step(z, dz)) * _TO_BOUNDARY
-        return s + _per_problem(a) * ds, z + _per_problem(a) * dz, y + a[..., None] * dy, mu
+        return s + _per_problem(a) * ds, z + _per_problem(a) * dz, y + a[..., None] * dy
 
     def polish(s, z):
         """The equality-constrained QP on the guessed free coordinates, solved exactly."""
         score = s * z_scale - z * radius
         free = tf.logical_or(score >= 0, score >= tf.reduce_max(score, axis=-2, keepdims=True))
-        mask = tf.cast(free, dtype)
-        factors = _factor(kernel, shift * mask, mask)
-        rows = tf.ones_like(s[..., 0, :]) * radius
-        cand, y = _solve(factors, -linear_t * mask, rows)
-        # one step of iterative refinement on the same factors
-        residual = mask * (gradient(cand) - y[..., None, :])
-        fix, _ = _solve(factors, -residual, rows - tf.reduce_sum(cand, axis=-2))
-        return (cand + fix) * mask
+        return _kkt_solve(kernel, tf.cast(free, dtype), -linear_t,
+                          tf.ones_like(s[..., 0, :]) * radius)
 
     def cond(i, s, z, y, best, done):
         return tf.logical_and(i < maxiter, tf.logical_not(tf.reduce_all(done)))
 
     def body(i, s, z, y, best, done):
-        s_new, z_new, y_new, mu = step(s, z, y)
-        ready = tf.logical_and(tf.logical_not(done), mu <= polish_gap * mu0)
+        s_new, z_new, y_new = step(s, z, y)
+        ready = tf.logical_and(tf.logical_not(done), _gap(s_new, z_new) <= polish_gap * mu0)
 
         def attempt():
             cand = polish(s_new, z_new)

@@ -261,7 +261,7 @@ def metaoptnet(model: keras.Model, loss: Loss, c: float = 0.1, scale: float = 1.
         xs, ys, _, _, _, asserts = heads.episode(support, labels, support, n_way, where)
 
         # a meta-batch [tasks, n, d] is solved at once, each task checked and differentiated
-        # on its own (custom_root's batched)
+        # on its own
         alpha = svm.svm_dual(xs, ys, n_way, c, maxiter, tol, batched=xs.shape.rank != 2,
                              asserts=asserts, where=where, kernel_ridge=kernel_ridge)
         return tf.linalg.matmul(xs, alpha, transpose_a=True), alpha

@@ -14,7 +14,7 @@ embeddings (and `l2`, `scale`, `bias` when they are tensors):
 - `svm_logits`: MetaOptNet-SVM (Lee et al. 2019), the Crammer-Singer multi-class SVM
   without bias (its dual's kernel plus MetaOptNet's identity by default), solved in its
   dual in float64 by a batched interior-point method in graph and differentiated implicitly
-  (`hogrod.implicit.custom_root`) at its solution, never through the solver's iterations
+  at its solution (the implicit-function theorem), never through the solver's iterations
   (`hogrod.meta.svm`).
 
 Checks: static ones (ranks, dtypes, widths, `n_way`, a Python `c` or `l2`) raise
@@ -310,7 +310,7 @@ def svm_logits(support_embeddings: TensorLike, support_labels: TensorLike,
     scale, so a small `c` is solved to the same relative accuracy as a large one), or
     until `maxiter` iterations have run; a solve stopped short of twice that is an error
     naming `maxiter` and `tol`, never a wrong gradient. Its gradient is implicit
-    (`hogrod.implicit.custom_root`) on the KKT conditions reduced to the free coordinates
+    (the implicit-function theorem) on the KKT conditions reduced to the free coordinates
     of the solution. `hogrod.meta.svm` derives the rule and describes the solver.
 
     With r = 0 the dual solution (and its gradient) is unique when ``X X^T`` is
