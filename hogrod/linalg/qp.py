@@ -28,7 +28,8 @@ interior point iterates on, so the result is always a point `accept` certified, 
 problem is reported unaccepted after `maxiter` iterations (never a silent truncation).
 """
 
-from typing import Callable, NamedTuple
+import collections
+from typing import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -42,18 +43,15 @@ _no_autograph = tf.autograph.experimental.do_not_convert
 _TO_BOUNDARY = 0.99
 
 
-class SimplexQP(NamedTuple):
-    """What `simplex_qp` returns.
+SimplexQP = collections.namedtuple("SimplexQP", ["solution", "accepted", "iterations"])
+SimplexQP.__doc__ = """What `simplex_qp` returns.
 
-    Attributes:
-      solution: S `[..., n, m]`: an accepted candidate per problem (exactly 0 on its active
+Attributes:
+    solution: S ``[..., n, m]``: an accepted candidate per problem (exactly 0 on its active
         bounds), or the last interior point where none was accepted.
-      accepted: bool `[...]`, whether `accept` certified the problem's solution.
-      iterations: int32 scalar, the interior-point iterations run (for the whole batch).
-    """
-    solution: tf.Tensor
-    accepted: tf.Tensor
-    iterations: tf.Tensor
+    accepted: bool ``[...]``, whether `accept` certified the problem's solution.
+    iterations: int32 scalar, the interior-point iterations run (for the whole batch).
+"""
 
 
 def _eye_like(h):
