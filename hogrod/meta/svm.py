@@ -207,7 +207,8 @@ def _implicit_solve(alpha, support, one_hot, c, ridge, v, tol, where):
             "too ill-conditioned (embeddings of large norm against kernel_ridge: a larger "
             "kernel_ridge helps)", error=ValueError,
         data=["residual =", residual, "||K|| ||u|| =", image, "||v|| =", size])
-    return _with(asserts, u + v - project(v))
+    w = tf.where(ok[..., None, None], u + v - project(v), tf.constant(np.nan, v.dtype))
+    return _with(asserts, w)  # NaN where it failed: under XLA the Assert is compiled away
 
 
 def _kkt(alpha, support, one_hot, c, ridge):
