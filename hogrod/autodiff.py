@@ -295,8 +295,10 @@ def hvp_operator(fn: Callable[[], TensorLike], params: Params, mode: str = "auto
     concrete = tf.function(product, jit_compile=jit_compile,
                            autograph=False).get_concrete_function(*specs)
 
+    paths = [k for k, _ in _nest.flatten_with_joined_string_paths(params)]
+
     def matvec(vector: Tree) -> Tree:
-        flat_v = _fast_vector(params, vector, specs)
+        flat_v = _fast_vector(paths, vector, specs)
         if flat_v is None:  # anything but tensors of the params' dtypes and shapes
             flat_v = _check_vector(params, vector, f"{where}'s matvec")[1]
         return tf.nest.pack_sequence_as(params, concrete(*flat_v))
@@ -304,14 +306,12 @@ def hvp_operator(fn: Callable[[], TensorLike], params: Params, mode: str = "auto
     return matvec
 
 
-def _fast_vector(params: Params, vector: Tree, specs: List[tf.TensorSpec]) -> Optional[list]:
-    """The flat vector if it is structured like params, each part a tensor of its param's
-    spec (the common case, checked cheaply on every product), else None."""
-    try:
-        tf.nest.assert_same_structure(params, vector, check_types=False)
-    except (ValueError, TypeError):
+def _fast_vector(paths: List[str], vector: Tree, specs: List[tf.TensorSpec]) -> Optional[list]:
+    """The flat vector if its paths are the params' and its leaves tensors of their specs."""
+    leaves = _nest.flatten_with_joined_string_paths(vector)
+    if [k for k, _ in leaves] != paths:
         return None
-    flat_v = tf.nest.flatten(vector)
+    flat_v = [v for _, v in leaves]
     same = all(isinstance(v, tf.Tensor) and v.dtype == s.dtype and v.shape == s.shape
                for v, s in zip(flat_v, specs))
     return flat_v if same else None

@@ -69,7 +69,9 @@ def _factor(kernel, diagonal, mask):
     """
     outer = mask[..., :, None] * mask[..., None, :]
     blocks = kernel[..., None, :, :] * outer + tf.linalg.diag(1 - mask + diagonal)
-    inverse = tf.linalg.cholesky_solve(tf.linalg.cholesky(blocks), _eye_like(blocks)) * outer
+    # H^{-1} = L^{-T} L^{-1}: one triangular solve and a product (cheaper than two solves)
+    lower = tf.linalg.triangular_solve(tf.linalg.cholesky(blocks), _eye_like(blocks))
+    inverse = tf.linalg.matmul(lower, lower, transpose_a=True) * outer
     return inverse, tf.linalg.cholesky(tf.reduce_sum(inverse, axis=-3))
 
 
