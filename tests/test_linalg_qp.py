@@ -106,7 +106,8 @@ def test_the_crammer_singer_dual_of_a_60_way_episode_takes_tens_of_iterations():
     linear = y - kernel @ (c * y)
     result = solve(kernel, linear, c)
     assert bool(result.accepted.numpy().all())
-    assert int(result.iterations) <= 30, int(result.iterations)
+    # 13 with Mehrotra's corrector, 22 without its second-order term
+    assert int(result.iterations) <= 16, int(result.iterations)
     numpy_kkt(result.solution.numpy(), kernel, linear, c, atol=1e-8)
 
 
