@@ -4,7 +4,8 @@ Every function here takes a Python callable and the things to differentiate
 with respect to, and returns plain tensors (or nested structures of them shaped
 like the input), in the spirit of `jax.grad` / `jax.jvp`. They work eagerly and
 inside a caller's `tf.function`; nothing here creates a `tf.function` of its own,
-so the caller controls tracing.
+so the caller controls tracing, except `hvp_operator`, the compiled operator form of `hvp`
+(traced once, where it is made).
 
 `params` may be `tf.Variable`s, Keras 3 variables or plain tensors (of a floating dtype);
 tensors are watched for you. Arguments are checked when a function is traced (types and
@@ -28,6 +29,7 @@ __all__ = [
     "value_and_grad",
     "grad",
     "hvp",
+    "hvp_operator",
     "hessian",
     "jacobian",
     "batch_jacobian",
@@ -237,6 +239,82 @@ def hvp(fn: Callable[[], TensorLike], params: Params, vector: Tree,
         out = [None if g is None else acc.jvp(densify(g)) for g in grads]
     out = fill_unconnected([densify(g) for g in out], flat_p, "zero")
     return tf.nest.pack_sequence_as(params, out)
+
+
+def hvp_operator(fn: Callable[[], TensorLike], params: Params, mode: str = "auto",
+                 jit_compile: bool = False) -> Callable[[Tree], Tree]:
+    """The Hessian of the scalar `fn()` as a compiled product ``v -> H v``: `hvp`, traced once.
+
+    The fast way to take many HVPs at the same `params` (an eigensolver's, CG's, a
+    benchmark's). `hvp` inside a caller's `tf.function` pays that function's per-call
+    matching of its arguments to a trace on every product; this operator traces `hvp` once,
+    here, for the params' shapes and dtypes, and calls that graph directly
+    (``experiments/bench/hvp.py``: the path ahead of JAX's ``jit(jvp(grad))``). Variables
+    in `params` (and those `fn` reads) are read at each product, so the operator follows
+    their updates; plain tensors are captured at their values now.
+
+    Args:
+        fn: a callable of no arguments returning a scalar (rank 0) tensor, traceable by
+            `tf.function` (traced here, once).
+        params: variables / tensors (nested structure) of floating dtypes, of fully known
+            shapes.
+        mode: as `hvp`'s ("auto": forward-over-reverse).
+        jit_compile: compile the product with XLA (the first product compiles it).
+
+    Returns:
+        ``matvec(vector) -> H v``, `vector` structured like `params` (checked as `hvp`
+        checks it: tensors of the params' dtypes and shapes, numbers or numpy arrays), the
+        product structured like `params`. It may be called eagerly or inside a
+        `tf.function`.
+
+    Raises:
+        ArgumentError: `params` is empty, holds a non-differentiable leaf or a leaf of
+            unknown shape, or `jit_compile` is not a bool.
+        ValueError: `mode` is unknown or ``fn()`` is not a scalar (at the trace, here);
+            from `matvec`, `vector` not structured or shaped like `params`.
+        TypeError: from `matvec`, a part of `vector` of another dtype than its param.
+    """
+    where = "hvp_operator"
+    if mode != "auto" and mode not in HVP_MODES:
+        raise ValueError(f"{where}: mode must be 'auto' or one of {HVP_MODES}, got {mode!r}")
+    checks.boolean(jit_compile, "jit_compile", where)
+    flat_p = checks.params(params, where)
+    specs = []
+    for i, p in enumerate(flat_p):
+        shape = tf.TensorShape(p.shape)
+        if not shape.is_fully_defined():
+            raise checks.ArgumentError(f"{where}: {_name(p, i)} has shape {shape}, not fully "
+                                       "known; the operator is traced once for fixed shapes")
+        specs.append(tf.TensorSpec(shape, _dtype(p)))
+
+    def product(*flat_v):
+        vector = tf.nest.pack_sequence_as(params, list(flat_v))
+        return tf.nest.flatten(hvp(fn, params, vector, mode=mode))
+
+    # reduce_retracing off: one concrete function, called directly, never matched again
+    concrete = tf.function(product, jit_compile=jit_compile,
+                           autograph=False).get_concrete_function(*specs)
+
+    paths = [k for k, _ in _nest.flatten_with_joined_string_paths(params)]
+
+    def matvec(vector: Tree) -> Tree:
+        flat_v = _fast_vector(paths, vector, specs)
+        if flat_v is None:  # anything but tensors of the params' dtypes and shapes
+            flat_v = _check_vector(params, vector, f"{where}'s matvec")[1]
+        return tf.nest.pack_sequence_as(params, concrete(*flat_v))
+
+    return matvec
+
+
+def _fast_vector(paths: List[str], vector: Tree, specs: List[tf.TensorSpec]) -> Optional[list]:
+    """The flat vector if its paths are the params' and its leaves tensors of their specs."""
+    leaves = _nest.flatten_with_joined_string_paths(vector)
+    if [k for k, _ in leaves] != paths:
+        return None
+    flat_v = [v for _, v in leaves]
+    same = all(isinstance(v, tf.Tensor) and v.dtype == s.dtype and v.shape == s.shape
+               for v, s in zip(flat_v, specs))
+    return flat_v if same else None
 
 
 def hessian(fn: Callable[[], TensorLike], params: Params) -> tf.Tensor:

@@ -134,7 +134,7 @@ def direct_logits(name, algo, model, xs, ys, xq, n_way):
     return algo.variables[0] * meta.svm_logits(es, ys, eq, n_way, c=0.1, **SVM_SOLVE)
 
 
-SVM_SOLVE = dict(tol=1e-12, maxiter=5000)  # tight: the central differences below see it
+SVM_SOLVE = dict(tol=1e-12)  # tight: the central differences below see it
 
 
 def meta_train(name, steps, tasks, evaluate=True, n_way=5, k_shot=2, k_query=5):

@@ -219,9 +219,9 @@ def metaoptnet(model: keras.Model, loss: Loss, c: float = 0.1, scale: float = 1.
     embeddings (`hogrod.meta.svm_logits`), solved in its dual per task and differentiated
     implicitly at its solution, the logits times a learned scale (MetaOptNet's).
 
-    In `meta_loss` the tasks' duals are solved one after the other (`tf.map_fn`, which
-    keeps the implicit gradient), outside the mapping of the forward passes, so every
-    task_map maps the embeddings as it says. They are solved in float64 whatever the
+    In `meta_loss` the tasks' duals are solved together, one batched interior-point solve
+    (`hogrod.linalg.simplex_qp`) with each task's own implicit gradient, outside the
+    mapping of the forward passes, so every task_map maps the embeddings as it says. They are solved in float64 whatever the
     model's dtype (see `hogrod.meta.svm`).
 
     Args:
@@ -260,15 +260,10 @@ def metaoptnet(model: keras.Model, loss: Loss, c: float = 0.1, scale: float = 1.
     def fit(support, labels, n_way):
         xs, ys, _, _, _, asserts = heads.episode(support, labels, support, n_way, where)
 
-        def one_task(x, y):
-            return svm.svm_dual(x, y, n_way, c, maxiter, tol, batched=False,
-                                asserts=asserts, where=where, kernel_ridge=kernel_ridge)
-
-        if xs.shape.rank == 2:
-            alpha = one_task(xs, ys)
-        else:  # tf.map_fn keeps the implicit gradient (tf.vectorized_map's ops drop it)
-            alpha = tf.map_fn(lambda e: one_task(*e), (xs, ys), fn_output_signature=tf.TensorSpec(
-                xs.shape[1:-1].concatenate([None]), xs.dtype))
+        # a meta-batch [tasks, n, d] is solved at once, each task checked and differentiated
+        # on its own
+        alpha = svm.svm_dual(xs, ys, n_way, c, maxiter, tol, batched=xs.shape.rank != 2,
+                             asserts=asserts, where=where, kernel_ridge=kernel_ridge)
         return tf.linalg.matmul(xs, alpha, transpose_a=True), alpha
 
     def logits_of(solution, query):

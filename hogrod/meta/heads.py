@@ -13,8 +13,8 @@ embeddings (and `l2`, `scale`, `bias` when they are tensors):
   closed form, by the smaller of its two linear systems (`d x d` primal, `n x n` Woodbury);
 - `svm_logits`: MetaOptNet-SVM (Lee et al. 2019), the Crammer-Singer multi-class SVM
   without bias (its dual's kernel plus MetaOptNet's identity by default), solved in its
-  dual in float64 by accelerated projected gradient in graph and differentiated implicitly
-  (`hogrod.implicit.custom_root`) at its solution, never through the solver's iterations
+  dual in float64 by a batched interior-point method in graph and differentiated implicitly
+  at its solution (the implicit-function theorem), never through the solver's iterations
   (`hogrod.meta.svm`).
 
 Checks: static ones (ranks, dtypes, widths, `n_way`, a Python `c` or `l2`) raise
@@ -303,19 +303,22 @@ def svm_logits(support_embeddings: TensorLike, support_labels: TensorLike,
     is the plain Crammer-Singer SVM.
 
     The dual is solved in float64 whatever the embeddings' dtype (the solution and its
-    gradient cast back), by accelerated projected gradient until its optimality residual
-    F is at most ``tol * min(1, c ||K||_2) * max(1, ||F(0)||)`` (K the dual's kernel: the
-    residual's scale, so a small `c` is solved to the same relative accuracy as a large
-    one) or `maxiter` iterations have run; a solve stopped short of twice that is an
-    error naming `maxiter` and `tol`, never a wrong gradient. Its gradient is implicit
-    (`hogrod.implicit.custom_root`) on the KKT conditions reduced to the free coordinates
+    gradient cast back), by a primal-dual interior-point method (`hogrod.linalg.simplex_qp`,
+    Mehrotra's predictor-corrector, as MetaOptNet's qpth) whose polished candidates (the
+    active bounds held exactly) are accepted once the optimality residual F is at most
+    ``tol * min(1, c ||K||_2) * max(1, ||F(0)||)`` (K the dual's kernel: the residual's
+    scale, so a small `c` is solved to the same relative accuracy as a large one), or
+    until `maxiter` iterations have run; a solve stopped short of twice that is an error
+    naming `maxiter` and `tol`, never a wrong gradient. Its gradient is implicit
+    (the implicit-function theorem) on the KKT conditions reduced to the free coordinates
     of the solution. `hogrod.meta.svm` derives the rule and describes the solver.
 
     With r = 0 the dual solution (and its gradient) is unique when ``X X^T`` is
     nonsingular, the support embeddings linearly independent (so n <= d). Otherwise the
     SVM's weights are still unique but the dual is not, and the implicit solve may fail (an
     error naming it). On embeddings of large norm the kernel's condition number grows as
-    their squared norm over r, and the solver needs more iterations (`maxiter`).
+    their squared norm over r (the interior-point method's iterations grow slowly with it,
+    `maxiter`).
 
     Args:
       support_embeddings: `[n, d]` floating, finite.
@@ -323,8 +326,8 @@ def svm_logits(support_embeddings: TensorLike, support_labels: TensorLike,
       query_embeddings: `[q, d]`, the support's dtype and width.
       n_way: the number of classes, a Python int >= 1 (or an integer scalar tensor).
       c: the slack penalty C, a Python number > 0 (MetaOptNet's default 0.1).
-      maxiter: the solver's iteration limit (>= 1; default `hogrod.meta.svm.SVM_MAXITER`,
-        1000).
+      maxiter: the solver's interior-point iteration limit (>= 1; default
+        `hogrod.meta.svm.SVM_MAXITER`, 100; tens of iterations reach the default `tol`).
       tol: the solver's relative tolerance on the optimality residual (above), > 0; None:
         half the square root of float64's machine epsilon, 7.5e-9.
       kernel_ridge: r >= 0, added to the dual's kernel's diagonal (see above); default

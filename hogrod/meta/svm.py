@@ -10,9 +10,13 @@ alpha `[n, n_way]`, as MetaOptNet writes it:
 subject to ``alpha_ik <= c delta(k, y_i)`` and ``sum_k alpha_ik = 0`` for every i; then
 ``w_k = sum_i alpha_ik x_i``. Its kernel is ``K = X X^T + r I`` (r: `kernel_ridge`).
 
-The solver: projected gradient with Nesterov acceleration and adaptive restart
-(O'Donoghue and Candes 2015), step 1 / ||K||_2 (K's largest eigenvalue), each example's
-row projected onto its constraint set (a simplex of radius c), from alpha = 0, in one
+The solver: the batched interior-point method of `hogrod.linalg.simplex_qp` on the slacks
+``S = c Y - alpha`` (each row on a simplex of radius c), Mehrotra's predictor-corrector as in
+MetaOptNet's own solver (qpth), its Newton systems solved by the Kronecker structure of the
+dual's Hessian (m Cholesky factorizations of `n x n` per iteration, not one of `n m`), every
+task of an episode at once; once its barrier has fallen far enough, each iteration polishes a
+candidate (the equality-constrained QP on the guessed free coordinates, solved exactly) and
+the first candidate whose optimality residual F meets the goal below is the solution. In one
 traced `tf.while_loop`, always in float64 (the solution and its gradient cast back to the
 embeddings' dtype): at float32's precision the residual cannot be driven far enough for the
 active set (which bounds hold) to be right, and a wrong active set gives a gradient off by
@@ -23,8 +27,11 @@ alpha_ik < c delta(k, y_i)): with P the projection onto the directions that keep
 active bound and every row's sum, ``F(alpha) = P (K (P alpha + r) - Y) + (I - P) alpha - r``
 (Y one-hot, r the part of alpha the constraints fix) plus a term ``min(lambda, 0)`` on the
 active coordinates (lambda their bounds' multipliers, positive at the optimum, where the
-term and its derivative vanish), zero only at the optimum. Its Jacobian ``P K P + I - P``
-is symmetric, so the implicit gradient's linear solve is conjugate gradient.
+term and its derivative vanish), zero only at the optimum. The implicit-function gradient
+of alpha is ``-(dF/dX)^T w`` with ``(dF/dalpha) w = v``; the Jacobian ``P K P + I - P`` is
+the identity off the range of P and, on it, the system of the polishing step (the
+equality-constrained QP on the free coordinates), so w is solved directly by the same
+block structure (`hogrod.linalg.simplex_kkt_solve`), and checked.
 
 The stopping rule and the root check. The dual with penalty c and kernel K is c times the
 dual with penalty 1 and kernel c K (alpha = c beta), and F is the same function of beta
@@ -51,13 +58,14 @@ from typing import Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from hogrod import checks, implicit, linalg, tree
+from hogrod import checks, linalg
 from hogrod.types import Scalar
 
 __all__ = ["svm_dual", "SVM_MAXITER", "KERNEL_RIDGE", "SOLVE_DTYPE", "DEFAULT_TOL"]
 
-#: `svm_logits`'s default iteration limit of the dual solver.
-SVM_MAXITER = 1000
+#: `svm_logits`'s default iteration limit of the dual solver (interior-point iterations:
+#: tens reach float64's precision).
+SVM_MAXITER = 100
 #: `svm_logits`'s default ridge on the dual's kernel: MetaOptNet's code adds the identity.
 KERNEL_RIDGE = 1.0
 #: The dtype the dual is solved and differentiated at, whatever the embeddings'.
@@ -85,8 +93,9 @@ def svm_dual(support: tf.Tensor, labels: tf.Tensor, n_way: Scalar, c: float, max
       c: the slack penalty, a Python number > 0.
       maxiter: the solver's iteration limit, an int >= 1.
       tol: the solver's tolerance (see the module docstring), > 0; None: `DEFAULT_TOL`.
-      batched: a leading task axis on support and labels, each task checked and
-        differentiated on its own (`hogrod.implicit.custom_root`'s batched).
+      batched: whether support and labels carry a leading task axis. Every leading axis
+        is a batch of tasks either way, each solved, checked and differentiated on its own
+        (one batched solve).
       asserts: value checks to run first.
       where: the public function, first in messages (`hogrod.meta.metaoptnet`'s messages
         also name its gin bindings).
@@ -111,33 +120,34 @@ def svm_dual(support: tf.Tensor, labels: tf.Tensor, n_way: Scalar, c: float, max
         f"{where}: the support embeddings have NaN or infinite entries"
         + ("" if where.endswith("svm_logits") else " (the model's outputs on the support "
            "set)") + "; the SVM needs finite ones")
-    # the gradient's linear solve aims at the embeddings' precision (the output gradient
-    # arrives at it)
-    cg_tol = float(np.finfo(given.as_numpy_dtype).eps) ** 0.75
+    # the gradient's linear solve is checked at the embeddings' precision (the output
+    # gradient arrives at it)
+    solve_tol = float(np.finfo(given.as_numpy_dtype).eps) ** 0.75
+    one_hot = tf.one_hot(labels, tf.cast(n_way, tf.int32), dtype=SOLVE_DTYPE)
+    del batched  # every task of a leading axis is solved, checked and differentiated alone
 
-    def one_hot(y):
-        return tf.one_hot(y, tf.cast(n_way, tf.int32), dtype=SOLVE_DTYPE)
-
-    def optimality(alpha, x, y):
-        return _kkt(alpha, x, one_hot(y), c, ridge)
-
-    # CG's limit: 10 x the system's size, bounded by n^2 where n_way is not static
-    n = support.shape[-2] if support.shape[-2] is not None else 1000
-    cg_maxiter = 10 * n * (n_way if isinstance(n_way, int) else n)
-
-    # the root check is the solver's own (`_converged`), scaled as its stopping rule
-    @implicit.custom_root(optimality, solve=_cg(cg_maxiter, cg_tol, where), check_root=False,
-                          batched=batched)
-    def solve(init, x, y):
-        args = (init, x, one_hot(y), tf.constant(c, SOLVE_DTYPE), tf.constant(maxiter),
+    @tf.custom_gradient
+    def solve(x):
+        args = (tf.zeros_like(one_hot), tf.stop_gradient(x), one_hot,
+                tf.constant(c, SOLVE_DTYPE), tf.constant(maxiter),
                 tf.constant(tol, SOLVE_DTYPE), tf.constant(ridge, SOLVE_DTYPE))
         # eagerly, the loop as one traced function (an eager while loop runs op by op)
         alpha, residual, goal = (_solve_traced(*args) if tf.executing_eagerly()
                                  else _solve_dual(*args))
-        return _converged(alpha, residual, goal, maxiter, tol, where)
+        alpha = _converged(alpha, residual, goal, maxiter, tol, where)
+
+        def gradient(v):
+            # the implicit-function gradient -(dF/dX)^T w at the solution, (dF/dalpha) w = v
+            w = _implicit_solve(alpha, x, one_hot, c, ridge, v, solve_tol, where)
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                f = _kkt(alpha, x, one_hot, c, ridge)
+            return -tape.gradient(f, x, output_gradients=w)
+
+        return alpha, gradient
 
     support = tf.cast(_with(list(asserts) + finite, support), SOLVE_DTYPE)  # gradient flows
-    return tf.cast(solve(tf.zeros_like(one_hot(labels)), support, labels), given)
+    return tf.cast(solve(support), given)
 
 
 def _with(asserts, t):
@@ -161,40 +171,44 @@ def _converged(alpha, residual, goal, maxiter, tol, where):
             "wrong: raise maxiter, or raise tol for a looser solve (kernel_ridge > 0 also "
             f"conditions the dual better on embeddings of large norm){gin}",
         error=ValueError, data=["||F|| =", residual, "2 * goal =", 2 * goal])
-    return _with(asserts, alpha)
+    # and NaN where it failed: XLA compiles an Assert to nothing, and a NaN reaches the
+    # train step's guard
+    nan = tf.constant(np.nan, alpha.dtype)
+    return _with(asserts, tf.where(ok[..., None, None], alpha, nan))
 
 
-def _cg(maxiter, tol, where):
-    """The implicit gradient's linear solve: conjugate gradient on the symmetric Jacobian
-    ``P K P + I - P``, checked (a callable solve: the system's size may be dynamic, the
-    number of classes read from the labels)."""
-    def solve(matvec, b):
-        w, info = linalg.cg(matvec, b, maxiter=maxiter, tol=tol, on_negative_curvature="stop")
-        ok = tf.logical_and(tf.logical_not(info.negative_curvature),
-                            tf.logical_and(tf.math.is_finite(info.residual_norm),
-                                           info.residual_norm <= tol * tree.norm(b)))
-        asserts = checks.require(
-            ok, f"{where}: the implicit gradient's CG solve did not reach tol={tol:.1e} in "
-                f"{maxiter} steps or met non-positive curvature: either the dual solution is "
-                "not unique (support embeddings linearly dependent, e.g. more support "
-                "examples than the embedding width, with kernel_ridge 0) or the system is too "
-                "ill-conditioned (embeddings of large norm against kernel_ridge: a larger "
-                "kernel_ridge helps)", error=ValueError)
-        return tf.nest.map_structure(lambda t: _with(asserts, t), w)
-    return solve
+def _implicit_solve(alpha, support, one_hot, c, ridge, v, tol, where):
+    """w with ``(P K P + I - P) w = v``, the Jacobian of F at the solution alpha (symmetric):
+    on the range of P, ``P K u = P v`` is the equality-constrained system of the free
+    coordinates (`hogrod.linalg.simplex_kkt_solve`, solved directly); off it, the identity.
+    Checked, else an error: a small backward error, ``||P (K u - v)|| <= tol (||v|| +
+    ||K|| ||u||)``, and a condition number, estimated as ``||K|| ||u|| / ||v||``, below
+    ``1 / (100 n eps)`` (a singular block, solved with the solve's shift of ``10 n eps
+    ||K||``, reaches ``1 / (10 n eps)``)."""
+    bound = tf.constant(c, alpha.dtype) * one_hot
+    free = tf.cast(bound - alpha > 0, alpha.dtype)
+    gram = _kernel(support, tf.constant(ridge, alpha.dtype))
 
+    def project(a):  # P: each row centred on its free coordinates, zero elsewhere
+        return free * (a - tf.reduce_sum(free * a, -1, keepdims=True)
+                       / tf.reduce_sum(free, -1, keepdims=True))
 
-def _project(v, bound, c):
-    """Each row of v projected onto {a : a <= bound, sum(a) = 0} (bound = c one_hot): with
-    b = bound - a, the Euclidean projection of bound - v onto the simplex {b >= 0, sum b =
-    c} (sort-based, Held et al. 1974)."""
-    z = bound - v
-    s = tf.sort(z, axis=-1, direction="DESCENDING")
-    k = tf.cast(tf.range(1, tf.shape(z)[-1] + 1), z.dtype)
-    cumulative = tf.cumsum(s, axis=-1) - c
-    rho = tf.reduce_sum(tf.cast(s - cumulative / k > 0, tf.int32), axis=-1, keepdims=True)
-    theta = tf.gather(cumulative, rho - 1, batch_dims=len(z.shape) - 1) / tf.cast(rho, z.dtype)
-    return bound - tf.maximum(z - theta, 0)
+    u = linalg.simplex_kkt_solve(gram, free, v, tf.zeros_like(v[..., 0]))
+    residual = tf.norm(project(tf.linalg.matmul(gram, u) - v), axis=[-2, -1])
+    size = tf.norm(v, axis=[-2, -1])
+    image = tf.norm(gram, axis=[-2, -1]) * tf.norm(u, axis=[-2, -1])  # ||K|| ||u||
+    n = tf.cast(tf.shape(v)[-2], v.dtype)
+    ok = tf.reduce_all([tf.math.is_finite(residual), residual <= tol * (size + image),
+                        image * 100 * n * np.finfo(np.float64).eps <= size], axis=0)
+    asserts = checks.require(
+        ok, f"{where}: the implicit gradient's linear solve missed tol={tol:.1e}: either the "
+            "dual solution is not unique (support embeddings linearly dependent, e.g. more "
+            "support examples than the embedding width, with kernel_ridge 0) or the system is "
+            "too ill-conditioned (embeddings of large norm against kernel_ridge: a larger "
+            "kernel_ridge helps)", error=ValueError,
+        data=["residual =", residual, "||K|| ||u|| =", image, "||v|| =", size])
+    w = tf.where(ok[..., None, None], u + v - project(v), tf.constant(np.nan, v.dtype))
+    return _with(asserts, w)  # NaN where it failed: under XLA the Assert is compiled away
 
 
 def _kkt(alpha, support, one_hot, c, ridge):
@@ -236,16 +250,15 @@ def _kernel(support, ridge):
 
 
 def _solve_dual(init, support, one_hot, c, maxiter, tol, ridge):
-    """Accelerated projected gradient on the dual until ``||F|| <= goal = tol * min(1, c
-    ||K||_2) * max(1, ||F(init)||)`` per task (see the module docstring) or `maxiter`
-    iterations; never differentiated. c, maxiter, tol and ridge are tensors (one trace
-    serves every value). Returns alpha, ||F(alpha)|| and the goal, per task."""
-    dtype = support.dtype
+    """The dual by `hogrod.linalg.simplex_qp` on its slacks ``S = c Y - alpha`` (rows on
+    simplices of radius c), each polished candidate accepted where ``||F|| <= goal = tol *
+    min(1, c ||K||_2) * max(1, ||F(init)||)`` per task (see the module docstring), or
+    `maxiter` interior-point iterations; never differentiated. c, maxiter, tol and ridge are
+    tensors (one trace serves every value). Returns alpha, ||F(alpha)|| and the goal, per
+    task."""
     bound = c * one_hot
     gram = _kernel(support, ridge)
     top = tf.linalg.eigvalsh(gram)[..., -1]  # ||K||_2: K is positive semi-definite
-    step = 1 / tf.maximum(top, tf.constant(np.finfo(dtype.as_numpy_dtype).tiny, dtype))
-    step = step[..., None, None]
 
     def residual(a):
         return tf.norm(_kkt(a, support, one_hot, c, ridge), axis=[-2, -1])
@@ -253,21 +266,10 @@ def _solve_dual(init, support, one_hot, c, maxiter, tol, ridge):
     start = residual(init)
     goal = (tol * tf.minimum(tf.ones_like(top), c * top)
             * tf.maximum(tf.ones_like(start), start))
-
-    def cond(i, x, y, t):
-        return tf.logical_and(i < maxiter, tf.reduce_any(residual(x) > goal))
-
-    def body(i, x, y, t):
-        new = _project(y - step * (tf.linalg.matmul(gram, y) - one_hot), bound, c)
-        t_new = (1 + tf.sqrt(1 + 4 * t * t)) / 2
-        # adaptive restart: momentum off where the step went against the last move
-        restart = tf.reduce_sum((y - new) * (new - x), axis=[-2, -1], keepdims=True) > 0
-        momentum = tf.where(restart, tf.zeros_like(t), (t - 1) / t_new)
-        t_new = tf.where(restart, tf.ones_like(t_new), t_new)
-        return i + 1, new, new + momentum * (new - x), t_new
-
-    t0 = tf.ones_like(goal)[..., None, None]
-    _, alpha, _, _ = tf.while_loop(cond, body, (tf.constant(0), init, init, t0))
+    # in the slacks the objective is 1/2 sum_k s_k^T K s_k + <Y - K c Y, S> + constant
+    result = linalg.simplex_qp(gram, one_hot - tf.linalg.matmul(gram, bound), c, maxiter,
+                               lambda s: residual(bound - s) <= goal)
+    alpha = bound - result.solution  # exactly the bound where a slack is exactly zero
     return alpha, residual(alpha), goal
 
 
