@@ -296,13 +296,14 @@ PENALTY_BINDINGS = {
     "lp": ["make_gan_step.critic_penalties = [(@lp_penalty, 1.0, 1)]"],
     "r1": ["make_gan_step.critic_penalties = [(@r1_penalty, 1.0, 1)]"],
     "r2": ["make_gan_step.critic_penalties = [(@r2_penalty, 1.0, 1)]"],
-    "dragan": ["make_gan_step.critic_penalties = [(@dragan_penalty, 1.0, 1)]", "dragan_penalty.scale = 0.7",
-               "dragan_penalty.target = 0.0"],
+    "dragan": ["make_gan_step.critic_penalties = [(@dragan_penalty, 1.0, 1)]",
+               "dragan_penalty.scale = 0.7", "dragan_penalty.target = 0.0"],
     "gp_target_0": ["make_gan_step.critic_penalties = [(@gradient_penalty, 1.0, 1)]",
                     "gradient_penalty.target = 0.0"],
     "lp_target_small": ["make_gan_step.critic_penalties = [(@gradient_penalty, 1.0, 1)]",
                         "gradient_penalty.one_sided = True", "gradient_penalty.target = 0.005"],
-    "r1_plus_r2": ["make_gan_step.critic_penalties = [(@r1_plus_r2, 1.0, 1)]", "r1_plus_r2.ratio = 0.5"],
+    "r1_plus_r2": ["make_gan_step.critic_penalties = [(@r1_plus_r2, 1.0, 1)]",
+                   "r1_plus_r2.ratio = 0.5"],
 }
 
 

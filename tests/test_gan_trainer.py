@@ -237,6 +237,37 @@ def test_auto_compiles_equals_plain_in_float64_and_traces_once():
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-13)
 
 
+def host_zero(critic, real, fake, *, noise=None):
+    """A penalty XLA cannot compile (a host function): zero."""
+    return tf.numpy_function(lambda: np.float32(0.0), [], tf.float32)
+
+
+def test_auto_falls_back_to_plain_once_where_xla_refuses(caplog):
+    recipe = dict(RECIPES["wgan_gp_cr"], critic=[("gp", 0.5, 1)], generator=[], n_critic=1)
+    data = batches(2, tf.float32)
+    result = {}
+    for jit in ("auto", False):
+        generator, critic = models(False, "float32")
+        sgd = keras.optimizers.SGD
+        step = gan.make_gan_step(generator, critic, sgd(LR), sgd(LR), 2,
+                                 critic_penalties=[(gan.gradient_penalty, 0.5, 1),
+                                                   (host_zero, 1.0, 1)],
+                                 n_critic=recipe["n_critic"], jit_compile=jit)
+        with caplog.at_level("WARNING"):
+            for b in data:
+                step((b,))
+        result[jit] = weights(generator, critic, step)
+    warned = [r for r in caplog.records if "XLA cannot compile" in r.getMessage()]
+    assert len(warned) == 1 and "make_gan_step.jit_compile = False" in warned[0].getMessage()
+    for a, b in zip(result["auto"], result[False]):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    with pytest.raises(Exception, match="XLA|compile"):
+        generator, critic = models(False, "float32")
+        gan.make_gan_step(generator, critic, keras.optimizers.SGD(LR), keras.optimizers.SGD(LR),
+                          2, critic_penalties=[(host_zero, 1.0, 1)], n_critic=1,
+                          jit_compile=True)((data[0],))
+
+
 def test_two_replicas_equal_one_device():
     """The batches, their latent codes and every penalty's noise sharded by the strategy;
     the path-length mean all-reduced; the power iteration once per update."""
@@ -313,6 +344,9 @@ def test_the_binary_runs_a_recipe_and_resumes_exactly(tmp_path):
     _, half = harness.run(binary.gan_experiment, config,
                           tiny + ["gan_experiment.generator_steps = 2"], str(tmp_path / "b"))
     assert half["generator_steps"] == 2
+    refused = harness.run_cli(binary.gan_experiment, config,
+                              tiny + ["gan_experiment.generator_steps = 4"], str(tmp_path / "b"))
+    assert refused == 2  # a changed config, without --allow_config_change
     _, twice = harness.run(binary.gan_experiment, config,
                            tiny + ["gan_experiment.generator_steps = 4"], str(tmp_path / "b"),
                            allow_config_change=True)

@@ -177,6 +177,79 @@ def _merged(first, later):
     return out
 
 
+def _generator_state(generator, regularizers, strategy):
+    """A `tf.Module` whose `penalties` are {name: {key: variable}}, each generator
+    penalty's state from its `init` at the generator's dtype, made in `strategy`'s scope."""
+    dtype = tf.as_dtype(generator.trainable_variables[0].dtype)
+    module = tf.Module(name="generator_penalty_state")
+    with strategy.scope():
+        module.penalties = {
+            name: {key: train.state_variable(value, f"{name}_{key}")
+                   for key, value in penalty.init(dtype).items()}
+            for name, penalty, _, _ in regularizers}
+    return module
+
+
+def _unpack(batch, latent_dim):
+    """(real, z, the critic penalties' noise, the generator penalties' noise) of a batch."""
+    if not isinstance(batch, dict):
+        batch = {"real": batch}
+    if "real" not in batch:
+        raise ValueError(f"a batch dict needs the key 'real' (and optionally 'z' and the "
+                         f"penalties' noise, see with_noise); got keys {sorted(batch)}")
+    unknown = sorted(set(batch) - {"real", "z"} - set(penalties.NOISE_KEYS)
+                     - set(GENERATOR_NOISE_KEYS))
+    if unknown:
+        raise ValueError(f"unknown batch key(s) {unknown}: a batch holds 'real', 'z' and the "
+                         f"penalties' noise {penalties.NOISE_KEYS + GENERATOR_NOISE_KEYS}")
+    real = batch["real"]
+    z = batch.get("z")
+    if z is None:
+        z = tf.random.normal([tf.shape(real)[0], latent_dim], dtype=real.dtype)
+    pick = lambda keys: {k: batch[k] for k in keys if k in batch}  # noqa: E731
+    return real, z, pick(penalties.NOISE_KEYS), pick(GENERATOR_NOISE_KEYS)
+
+
+def _term_dtype(real):  # one dtype on both branches of a lazy cond
+    return tf.float64 if real.dtype == tf.float64 else tf.float32
+
+
+def _objectives(generator, critic, loss, latent_dim, critic_side, generator_side, state):
+    """The critic's and the generator's objectives, `batch -> {term: scalar}`; each side a
+    pair (regularizers, update counter); `state` the generator penalties' variables."""
+    (critic_regs, critic_count), (generator_regs, generator_count) = critic_side, generator_side
+
+    def sampler(dtype):
+        return lambda w: tf.cast(generator(w, training=True), dtype)
+
+    def critic_terms(batch):
+        real, z, noise, _ = _unpack(batch, latent_dim)
+        fake = sampler(real.dtype)(z)
+        terms = {"adversarial": _game(loss, critic, real, fake).critic}
+        for name, penalty, _, every in critic_regs:
+            terms[name] = lazy.lazy_term(
+                lambda p=penalty: p(critic, real, fake, noise=noise), critic_count(), every,
+                _term_dtype(real))
+        return terms
+
+    def generator_terms(batch):
+        real, z, _, noise = _unpack(batch, latent_dim)
+        sample = sampler(real.dtype)
+        terms = {"adversarial": _game(loss, critic, real, sample(z)).generator}
+        for name, penalty, _, every in generator_regs:
+            variables = state[name]
+            before = {k: tf.convert_to_tensor(v) for k, v in variables.items()}
+            terms[name], after = lazy.lazy_term(
+                lambda p=penalty, s=before: p.apply(sample, z, s, noise=noise),
+                generator_count(), every, _term_dtype(real), state=before)
+            keys = sorted(variables)
+            if keys:  # written in the step: the lazy term kept it on the skipped steps
+                train.assign([variables[k] for k in keys], [after[k] for k in keys])
+        return terms
+
+    return critic_terms, generator_terms
+
+
 @gin.configurable(denylist=["generator", "critic", "critic_optimizer", "generator_optimizer"])
 def make_gan_step(generator: keras.Model, critic: keras.Model,
                   critic_optimizer: keras.optimizers.Optimizer,
@@ -262,62 +335,11 @@ def make_gan_step(generator: keras.Model, critic: keras.Model,
     critic_count = _counter(critic_optimizer, "critic", critic_regs)
     generator_count = _counter(generator_optimizer, "generator", generator_regs)
     strategy = strategy or tf.distribute.get_strategy()
-    state_dtype = tf.as_dtype(generator.trainable_variables[0].dtype)
-    generator_state = tf.Module(name="generator_penalty_state")
-    with strategy.scope():
-        generator_state.penalties = {
-            name: {key: train.state_variable(value, f"{name}_{key}")
-                   for key, value in penalty.init(state_dtype).items()}
-            for name, penalty, _, _ in generator_regs}
+    generator_state = _generator_state(generator, generator_regs, strategy)
 
-    def unpack(batch):  # (real, z, critic noise, generator noise)
-        if not isinstance(batch, dict):
-            batch = {"real": batch}
-        if "real" not in batch:
-            raise ValueError(f"a batch dict needs the key 'real' (and optionally 'z' and the "
-                             f"penalties' noise, see with_noise); got keys {sorted(batch)}")
-        unknown = sorted(set(batch) - {"real", "z"} - set(penalties.NOISE_KEYS)
-                         - set(GENERATOR_NOISE_KEYS))
-        if unknown:
-            raise ValueError(f"unknown batch key(s) {unknown}: a batch holds 'real', 'z' and "
-                             f"the penalties' noise {penalties.NOISE_KEYS + GENERATOR_NOISE_KEYS}")
-        real = batch["real"]
-        z = batch.get("z")
-        if z is None:
-            z = tf.random.normal([tf.shape(real)[0], latent_dim], dtype=real.dtype)
-        pick = lambda keys: {k: batch[k] for k in keys if k in batch}  # noqa: E731
-        return real, z, pick(penalties.NOISE_KEYS), pick(GENERATOR_NOISE_KEYS)
-
-    def term_dtype(real):  # one dtype on both branches of a lazy cond
-        return tf.float64 if real.dtype == tf.float64 else tf.float32
-
-    def sampler(dtype):
-        return lambda w: tf.cast(generator(w, training=True), dtype)
-
-    def critic_terms(batch):
-        real, z, noise, _ = unpack(batch)
-        fake = sampler(real.dtype)(z)
-        terms = {"adversarial": _game(loss, critic, real, fake).critic}
-        for name, penalty, _, every in critic_regs:
-            terms[name] = lazy.lazy_term(
-                lambda p=penalty: p(critic, real, fake, noise=noise), critic_count(), every,
-                term_dtype(real))
-        return terms
-
-    def generator_terms(batch):
-        real, z, _, noise = unpack(batch)
-        sample = sampler(real.dtype)
-        terms = {"adversarial": _game(loss, critic, real, sample(z)).generator}
-        for name, penalty, _, every in generator_regs:
-            variables = generator_state.penalties[name]
-            state = {k: tf.convert_to_tensor(v) for k, v in variables.items()}
-            terms[name], new = lazy.lazy_term(
-                lambda p=penalty, s=state: p.apply(sample, z, s, noise=noise),
-                generator_count(), every, term_dtype(real), state=state)
-            keys = sorted(variables)
-            if keys:  # written in the step: the lazy term kept it on the skipped steps
-                train.assign([variables[k] for k in keys], [new[k] for k in keys])
-        return terms
+    critic_terms, generator_terms = _objectives(
+        generator, critic, loss, latent_dim, (critic_regs, critic_count),
+        (generator_regs, generator_count), generator_state.penalties)
 
     replicas = strategy.num_replicas_in_sync
     inner_jit = False if replicas == 1 else jit_compile is True  # one replica: the whole call
