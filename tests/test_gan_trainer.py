@@ -198,9 +198,11 @@ def test_each_recipe_takes_the_hand_written_step_in_float64(name):
     start = ([tf.convert_to_tensor(v) for v in critic.trainable_variables],
              [tf.convert_to_tensor(v) for v in generator.trainable_variables], us,
              tf.constant(0.0, F64), 0, 0)
-    for i, batch_group in enumerate(calls):
+    hand = start
+    for batch_group in calls:
         logs = step(batch_group)
-        p, q, us, a, _, _ = hand_call(recipe, start, calls[:i + 1])
+        hand = hand_call(recipe, hand, [batch_group])
+        p, q, us, a, _, _ = hand
         expected = [t.numpy() for t in p + q + (us or [])]
         if any(n == "path_length" for n, _, _ in recipe["generator"]):
             expected.append(a.numpy())
@@ -213,7 +215,8 @@ def test_each_recipe_takes_the_hand_written_step_in_float64(name):
 
 
 def test_auto_compiles_equals_plain_in_float64_and_traces_once():
-    recipe = RECIPES["rpgan_r1_r2_cr_sn"]
+    recipe = {"loss": "relativistic", "critic": [("r1", 0.3, 2)], "generator": [],
+              "n_critic": 2, "spectral": False}
     traces = []
 
     def counted(real_scores, fake_scores):
@@ -224,7 +227,7 @@ def test_auto_compiles_equals_plain_in_float64_and_traces_once():
     calls = [tuple(data[2 * i:2 * i + 2]) for i in range(3)]
     result = {}
     for jit in ("auto", False):
-        generator, critic = models(True)
+        generator, critic = models(False)
         step = build(recipe, generator, critic, jit_compile=jit, loss=counted)
         for i, group in enumerate(calls):
             step(group)
@@ -239,7 +242,7 @@ def test_auto_compiles_equals_plain_in_float64_and_traces_once():
 
 def host_zero(critic, real, fake, *, noise=None):
     """A penalty XLA cannot compile (a host function): zero."""
-    return tf.numpy_function(lambda: np.float32(0.0), [], tf.float32)
+    return tf.reshape(tf.numpy_function(lambda: np.float32(0.0), [], tf.float32), [])
 
 
 def test_auto_falls_back_to_plain_once_where_xla_refuses(caplog):
@@ -271,8 +274,8 @@ def test_auto_falls_back_to_plain_once_where_xla_refuses(caplog):
 def test_two_replicas_equal_one_device():
     """The batches, their latent codes and every penalty's noise sharded by the strategy;
     the path-length mean all-reduced; the power iteration once per update."""
-    recipe = dict(RECIPES["rpgan_r1_r2_cr_sn"], critic=[("r1", 0.3, 1), ("r2", 0.2, 2)],
-                  generator=[("path_length", 0.5, 2), ("zcr", 0.4, 1)])
+    recipe = dict(RECIPES["rpgan_r1_r2_cr_sn"], critic=[("r2", 0.2, 2)],
+                  generator=[("path_length", 0.5, 2)])
     data = gan.with_noise(tf.data.Dataset.range(4).map(
         lambda i: tf.random.stateless_normal([8, 2], [i, 7], dtype=F64) + 1.0), 2, seed=3)
     out = []
@@ -338,7 +341,8 @@ def test_the_binary_runs_a_recipe_and_resumes_exactly(tmp_path):
     tiny = ["gan_experiment.width = 8", "gan_experiment.batch_size = 16",
             "gan_experiment.eval_samples = 200", "gan_experiment.eval_every = 2",
             "gan_experiment.checkpoint_every = 2",
-            "make_gan_step.generator_penalties = [(@path_length_penalty(), 0.5, 1)]"]
+            "make_gan_step.generator_penalties = [(@path_length_penalty(), 0.5, 1)]",
+            "make_gan_step.jit_compile = False"]  # XLA's compile: the auto test's
     _, once = harness.run(binary.gan_experiment, config,
                           tiny + ["gan_experiment.generator_steps = 4"], str(tmp_path / "a"))
     _, half = harness.run(binary.gan_experiment, config,
