@@ -182,20 +182,20 @@ def test_critic_step_is_one_compiled_function_with_the_weighted_penalty():
     gen = keras.Sequential([keras.Input((2,)), keras.layers.Dense(16, activation="relu"),
                             keras.layers.Dense(2)])
     critic = small_critic()
-    step = gan.make_wgan_gp_step(gen, critic, keras.optimizers.Adam(1e-3),
-                                 keras.optimizers.Adam(1e-3), 2, penalty=gan.gradient_penalty,
-                                 penalty_weight=10.0, n_critic=3, lazy_every=2)
+    step = gan.make_gan_step(gen, critic, keras.optimizers.Adam(1e-3),
+                             keras.optimizers.Adam(1e-3), 2,
+                             critic_penalties=[(gan.gradient_penalty, 10.0, 2)], n_critic=3)
     it = gan.grouped(iter(gan.toy_batches("eight_gaussians", 32, 0)), 3)
     for _ in range(3):
         logs = step(next(it))
     assert step.critic_step.experimental_get_tracing_count() == 1
     assert step.generator_step.experimental_get_tracing_count() == 1
-    np.testing.assert_allclose(float(logs["critic/loss"]), float(logs["critic/wasserstein"])
-                               + 10.0 * float(logs["critic/penalty"]), rtol=1e-5)
+    np.testing.assert_allclose(float(logs["critic/loss"]), float(logs["critic/adversarial"])
+                               + 10.0 * float(logs["critic/gradient_penalty"]), rtol=1e-5)
     with pytest.raises(ValueError, match="n_critic"):
         step(next(it)[:2])
-    with pytest.raises(ValueError, match="make_wgan_gp_step.penalty"):
-        gan.make_wgan_gp_step(gen, critic, None, None, 2, penalty="wgan")
+    with pytest.raises(ValueError, match=r"make_gan_step.critic_penalties\[0\]: the penalty"):
+        gan.make_gan_step(gen, critic, None, None, 2, critic_penalties=[("wgan", 1.0, 1)])
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -210,9 +210,8 @@ def test_critic_update_and_lazy_regularization_follow_their_definition(dtype):
     critic = keras.Sequential([keras.Input((2,), dtype=dtype), keras.layers.Dense(1, dtype=dtype)])
     lr, lam, lazy = 2.0 ** -4, 10.0, 2  # a rate Keras's float32 copy holds exactly
     rtol, atol = (1e-5, 1e-7) if dtype == "float32" else (1e-12, 1e-14)
-    step = gan.make_wgan_gp_step(gen, critic, keras.optimizers.SGD(lr), keras.optimizers.SGD(lr),
-                                 2, penalty=gan.gradient_penalty, penalty_weight=lam, n_critic=1,
-                                 lazy_every=lazy)
+    step = gan.make_gan_step(gen, critic, keras.optimizers.SGD(lr), keras.optimizers.SGD(lr),
+                             2, critic_penalties=[(gan.gradient_penalty, lam, lazy)], n_critic=1)
     for i in range(3):
         batch = {"real": tf.random.stateless_normal([8, 2], (i, 0), dtype=dtype),
                  "z": tf.random.stateless_normal([8, 2], (i, 1), dtype=dtype),
@@ -225,19 +224,19 @@ def test_critic_update_and_lazy_regularization_follow_their_definition(dtype):
         np.testing.assert_allclose(critic.trainable_variables[0].numpy()[:, 0],
                                    w[:, 0] - lr * (delta + gp_grad), rtol=rtol, atol=atol)
         np.testing.assert_allclose(critic.trainable_variables[1].numpy(), b, atol=atol)
-        np.testing.assert_allclose(float(logs["penalty"]),
+        np.testing.assert_allclose(float(logs["gradient_penalty"]),
                                    lazy * (n - 1) ** 2 if i % lazy == 0 else 0.0, rtol=rtol)
-        assert logs["loss"].dtype == dtype and logs["wasserstein"].dtype == dtype
+        assert logs["loss"].dtype == dtype and logs["adversarial"].dtype == dtype
 
 
 def test_short_training_run_covers_more_modes_than_at_initialization(tmp_path):
-    from experiments import wgan_gp
+    from experiments import gan as binary
     from hogrod import harness
     # 200 steps of a 32-wide net at rate 1e-3 cover 3-6 of the 8 modes from 0 (seeds 0-2)
     # and take the reverse KL from 1.3-1.7 to under 0.1
-    small = ["wgan_gp_experiment.generator_steps = 200", "wgan_gp_experiment.eval_every = 200",
-             "wgan_gp_experiment.width = 32", "wgan_gp_experiment.learning_rate = 1e-3"]
-    _, m = harness.run(wgan_gp.wgan_gp_experiment, ["configs/wgan_gp/eight_gaussians.gin"],
+    small = ["gan_experiment.generator_steps = 200", "gan_experiment.eval_every = 200",
+             "gan_experiment.width = 32", "gan_experiment.learning_rate = 1e-3"]
+    _, m = harness.run(binary.gan_experiment, ["configs/gan/eight_gaussians.gin"],
                        small, str(tmp_path))
     initial = m["history"][0]
     assert initial["step"] == 0
@@ -246,7 +245,7 @@ def test_short_training_run_covers_more_modes_than_at_initialization(tmp_path):
     assert (tmp_path / "samples_000200.png").exists()
     assert m["train_steps_per_s"] > 0 and m["wall_seconds"] > 0
     # the finished run, run again: trains nothing, re-evaluates the final step, lists it once
-    _, again = harness.run(wgan_gp.wgan_gp_experiment, ["configs/wgan_gp/eight_gaussians.gin"],
+    _, again = harness.run(binary.gan_experiment, ["configs/gan/eight_gaussians.gin"],
                            small, str(tmp_path))
     assert [h["step"] for h in again["history"]] == [0, 200]
     assert again["reverse_kl"] == m["reverse_kl"]
@@ -293,17 +292,18 @@ def gin_bindings():
 
 
 PENALTY_BINDINGS = {
-    "gp": ["make_wgan_gp_step.penalty = @gradient_penalty"],
-    "lp": ["make_wgan_gp_step.penalty = @lp_penalty"],
-    "r1": ["make_wgan_gp_step.penalty = @r1_penalty"],
-    "r2": ["make_wgan_gp_step.penalty = @r2_penalty"],
-    "dragan": ["make_wgan_gp_step.penalty = @dragan_penalty", "dragan_penalty.scale = 0.7",
-               "dragan_penalty.target = 0.0"],
-    "gp_target_0": ["make_wgan_gp_step.penalty = @gradient_penalty",
+    "gp": ["make_gan_step.critic_penalties = [(@gradient_penalty, 1.0, 1)]"],
+    "lp": ["make_gan_step.critic_penalties = [(@lp_penalty, 1.0, 1)]"],
+    "r1": ["make_gan_step.critic_penalties = [(@r1_penalty, 1.0, 1)]"],
+    "r2": ["make_gan_step.critic_penalties = [(@r2_penalty, 1.0, 1)]"],
+    "dragan": ["make_gan_step.critic_penalties = [(@dragan_penalty, 1.0, 1)]",
+               "dragan_penalty.scale = 0.7", "dragan_penalty.target = 0.0"],
+    "gp_target_0": ["make_gan_step.critic_penalties = [(@gradient_penalty, 1.0, 1)]",
                     "gradient_penalty.target = 0.0"],
-    "lp_target_small": ["make_wgan_gp_step.penalty = @gradient_penalty",
+    "lp_target_small": ["make_gan_step.critic_penalties = [(@gradient_penalty, 1.0, 1)]",
                         "gradient_penalty.one_sided = True", "gradient_penalty.target = 0.005"],
-    "r1_plus_r2": ["make_wgan_gp_step.penalty = @r1_plus_r2", "r1_plus_r2.ratio = 0.5"],
+    "r1_plus_r2": ["make_gan_step.critic_penalties = [(@r1_plus_r2, 1.0, 1)]",
+                   "r1_plus_r2.ratio = 0.5"],
 }
 
 
@@ -317,8 +317,8 @@ def test_the_trainer_takes_each_penalty_at_its_points(penalty, gin_bindings):
     gen = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
     critic = QuadraticCritic()
     critic(tf.zeros((1, 2)))
-    step = gan.make_wgan_gp_step(gen, critic, keras.optimizers.SGD(0.01),
-                                 keras.optimizers.SGD(0.01), 2, n_critic=1)
+    step = gan.make_gan_step(gen, critic, keras.optimizers.SGD(0.01),
+                             keras.optimizers.SGD(0.01), 2, n_critic=1)
     batch = {"real": tf.random.stateless_normal([8, 2], (5, 0)) + 3.0,
              "z": tf.random.stateless_normal([8, 2], (5, 1)),
              "interpolation": tf.random.stateless_uniform([8], (5, 2)),
@@ -340,7 +340,8 @@ def test_the_trainer_takes_each_penalty_at_its_points(penalty, gin_bindings):
     assert abs(expected["dragan"] - expected["r1"]) > 0.05 * expected["r1"]  # perturbed
     assert 0 < expected["lp_target_small"] < 0.95 * np.mean((norm(x_hat) - 0.005) ** 2)
     logs = step.critic_step(batch)
-    np.testing.assert_allclose(float(logs["penalty"]), expected[penalty], rtol=1e-5)
+    (name,) = [k for k in logs if k not in ("adversarial", "loss", "grad_norm", "lr", "applied")]
+    np.testing.assert_allclose(float(logs[name]), expected[penalty], rtol=1e-5)
 
 
 def test_dragan_with_given_noise_is_its_closed_form():
@@ -363,12 +364,16 @@ def test_with_noise_draws_every_penalty_number_from_the_whole_batch():
     real = tf.random.stateless_normal((8, 2), (8, 0))
     data = gan.with_noise(tf.data.Dataset.from_tensors(real).repeat(2), latent_dim=3, seed=4)
     for i, batch in enumerate(data):
-        assert set(batch) == {"real", "z"} | set(gan.NOISE_KEYS)
+        assert set(batch) == {"real", "z"} | set(gan.NOISE_KEYS) | set(gan.GENERATOR_NOISE_KEYS)
         np.testing.assert_array_equal(batch["z"], tf.random.stateless_normal([8, 3], [4, i]))
         np.testing.assert_array_equal(batch["interpolation"],
                                       tf.random.stateless_uniform([8], [5, i]))
         u = tf.random.stateless_uniform([8, 2], [6, i]).numpy()
         np.testing.assert_allclose(batch["perturbation"], np.std(real.numpy()) * u, rtol=1e-6)
+        np.testing.assert_array_equal(batch["path_length"],
+                                      tf.random.stateless_normal([8, 2], [7, i]))
+        np.testing.assert_array_equal(batch["latent_perturbation"],
+                                      tf.random.stateless_normal([8, 3], [8, i]))
 
 
 def test_penalty_references_and_noise_are_checked():
@@ -376,12 +381,12 @@ def test_penalty_references_and_noise_are_checked():
     gen = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
     critic = small_critic()
     sgd = keras.optimizers.SGD
-    with pytest.raises(TypeError, match="make_wgan_gp_step.penalty must be a penalty function "
-                                        "or None, got int"):
-        gan.make_wgan_gp_step(gen, critic, sgd(), sgd(), 2, penalty=42)
+    with pytest.raises(TypeError, match=r"make_gan_step.critic_penalties\[0\]: the penalty must "
+                                        "be a critic penalty function, got int"):
+        gan.make_gan_step(gen, critic, sgd(), sgd(), 2, critic_penalties=[(42, 1.0, 1)])
     with pytest.raises(TypeError, match=r"must take \(critic, real, fake, \*, noise\)"):
-        gan.make_wgan_gp_step(gen, critic, sgd(), sgd(), 2,
-                              penalty=lambda critic, real: gan.r1_penalty(critic, real))
+        gan.make_gan_step(gen, critic, sgd(), sgd(), 2, critic_penalties=[
+            (lambda critic, real: gan.r1_penalty(critic, real), 1.0, 1)])
     x = tf.zeros([4, 2])
     with pytest.raises(ValueError, match=r"gradient_penalty: unknown noise key\(s\) "
                                          r"\['interpolations'\]"):
@@ -393,7 +398,7 @@ def test_penalty_references_and_noise_are_checked():
         gan.dragan_penalty(critic, x, x, noise={"perturbation": tf.ones([4, 3])})
     with pytest.raises(ValueError, match="real and fake must have the same shape"):
         gan.dragan_penalty(critic, x, tf.zeros([3, 2]))
-    step = gan.make_wgan_gp_step(gen, critic, sgd(), sgd(), 2, n_critic=1)
+    step = gan.make_gan_step(gen, critic, sgd(), sgd(), 2, n_critic=1)
     with pytest.raises(ValueError, match="a batch dict needs the key 'real'"):
         step.critic_step({"x": x})
 
@@ -427,10 +432,11 @@ def test_trainer_and_gp_arguments_are_checked():
     unbuilt = keras.Sequential([keras.layers.Dense(1)])
     sgd = keras.optimizers.SGD
     with pytest.raises(ValueError, match="the critic has no trainable variables"):
-        gan.make_wgan_gp_step(gen, unbuilt, sgd(), sgd(), 2)
-    with pytest.raises(ValueError, match="penalty_weight must be a finite number >= 0"):
-        gan.make_wgan_gp_step(gen, critic, sgd(), sgd(), 2, penalty_weight=-1.0)
-    step = gan.make_wgan_gp_step(gen, critic, sgd(), sgd(), 2, n_critic=2)
+        gan.make_gan_step(gen, unbuilt, sgd(), sgd(), 2)
+    with pytest.raises(ValueError, match="weight must be a finite number >= 0"):
+        gan.make_gan_step(gen, critic, sgd(), sgd(), 2,
+                          critic_penalties=[(gan.gradient_penalty, -1.0, 1)])
+    step = gan.make_gan_step(gen, critic, sgd(), sgd(), 2, n_critic=2)
     with pytest.raises(TypeError, match="tuple of 2 real batches"):
         step(tf.zeros([2, 2]))  # two rows, not two batches
     with pytest.raises(ValueError, match=r"one weight per example, shape \[4\], got \(4, 2\)"):

@@ -31,7 +31,7 @@ def run_cli(fn, files, params, out, capsys, allow_config_change=False):
 
 
 def binaries():
-    from experiments import hessian_spectrum, maml_rl, wgan_gp
+    from experiments import gan as gan_binary, hessian_spectrum, maml_rl
     return {
         # MamlRL refuses the discount, the binary dtype float16 (no float16 eigh in TF)
         "maml_rl": (maml_rl.maml_rl_experiment, ["configs/rl/navigation2d_smoke.gin"],
@@ -40,11 +40,11 @@ def binaries():
                     [("maml_rl_experiment.discount = 0.0", "MamlRL: discount must be"),
                      ("maml_rl_experiment.dtype = 'float16'", "maml_rl_experiment: dtype")],
                     "maml_rl_experiment.discount = 0.99"),
-        "wgan_gp": (wgan_gp.wgan_gp_experiment, ["configs/wgan_gp/eight_gaussians.gin"],
-                    ["wgan_gp_experiment.generator_steps = 1", "wgan_gp_experiment.width = 8",
-                     "wgan_gp_experiment.eval_samples = 16"],
-                    [("wgan_gp_experiment.dataset = 'nine_gaussians'", "nine_gaussians")],
-                    "wgan_gp_experiment.dataset = 'swiss_roll'"),
+        "gan": (gan_binary.gan_experiment, ["configs/gan/eight_gaussians.gin"],
+                ["gan_experiment.generator_steps = 1", "gan_experiment.width = 8",
+                 "gan_experiment.eval_samples = 16"],
+                [("gan_experiment.dataset = 'nine_gaussians'", "nine_gaussians")],
+                "gan_experiment.dataset = 'swiss_roll'"),
         "hessian_spectrum": (hessian_spectrum.hessian_spectrum,
                              ["configs/curvature/inspect_logistic.gin"],
                              ["hessian_spectrum.steps = 2", "hessian_spectrum.n_examples = 16"],
@@ -54,7 +54,7 @@ def binaries():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["maml_rl", "wgan_gp", "hessian_spectrum"])
+@pytest.mark.parametrize("name", ["maml_rl", "gan", "hessian_spectrum"])
 def test_a_binding_the_library_refuses_leaves_no_directory_and_the_corrected_command_runs(
         name, tmp_path, capsys):
     """Then the same binding, continuing the finished run, leaves its directory as it was."""

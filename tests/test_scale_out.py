@@ -69,8 +69,8 @@ def test_replicas_drawing_their_own_noise_are_not_the_single_device_step():
             keras.utils.set_random_seed(0)
             generator, critic = mlp(2, 2), mlp(2, 1)
             opts = [keras.optimizers.SGD(0.1) for _ in range(2)]
-        fn = gan.make_wgan_gp_step(generator, critic, *opts, latent_dim=2, n_critic=1,
-                                   strategy=strategy)
+        fn = gan.make_gan_step(generator, critic, *opts, latent_dim=2, n_critic=1,
+                               strategy=strategy)
         data = iter(distribute.distribute_dataset(
             strategy, gan.toy_batches("eight_gaussians", 32, seed=0)))
         keras.utils.set_random_seed(1)
@@ -120,8 +120,8 @@ def test_checkpoint_from_two_replicas_resumes_on_one(tmp_path):
 @pytest.mark.slow
 def test_binaries_take_their_strategy_from_gin_and_agree_with_one_device(tmp_path):
     """The PINN and Hessian-spectrum binaries under configs/strategy/mirrored_2cpu.gin give
-    the single-device metrics (deterministic steps); WGAN-GP and MAML run under it."""
-    from experiments import hessian_spectrum, maml, pinn, wgan_gp
+    the single-device metrics (deterministic steps); the GAN and MAML binaries run under it."""
+    from experiments import gan as gan_binary, hessian_spectrum, maml, pinn
     from hogrod import harness
     mirrored = ["configs/strategy/mirrored_2cpu.gin"]
     runs = [
@@ -143,10 +143,10 @@ def test_binaries_take_their_strategy_from_gin_and_agree_with_one_device(tmp_pat
         _, two = harness.run(fn, files + mirrored, params, str(tmp_path / f"two{i}"))
         for key in keys:
             np.testing.assert_allclose(two[key], one[key], rtol=1e-4, err_msg=key)
-    _, m = harness.run(wgan_gp.wgan_gp_experiment, ["configs/wgan_gp/eight_gaussians.gin"]
-                       + mirrored, ["wgan_gp_experiment.generator_steps = 2",
-                                    "wgan_gp_experiment.width = 16",
-                                    "wgan_gp_experiment.eval_samples = 100"], str(tmp_path / "g"))
+    _, m = harness.run(gan_binary.gan_experiment, ["configs/gan/eight_gaussians.gin"]
+                       + mirrored, ["gan_experiment.generator_steps = 2",
+                                    "gan_experiment.width = 16",
+                                    "gan_experiment.eval_samples = 100"], str(tmp_path / "g"))
     assert m["step"] == 2
     _, m = harness.run(maml.maml_experiment, ["configs/maml/sinusoid_maml.gin"] + mirrored,
                        ["maml_experiment.meta_iterations = 3", "sinusoid_data.eval_tasks = 10",

@@ -15,7 +15,9 @@
   `spectral_layers` (`spectral.py`);
 - the Dirac-GAN `dirac_gan`, `dirac_vector_field`, `dirac_jacobian`, `dirac_fixed_point`,
   `dirac_eigenvalues`, `dirac_trajectory` (`dirac.py`);
-- `make_wgan_gp_step`, `grouped`, `with_noise` (`wgan_gp.py`), on
+- the trainer `make_gan_step` (a loss and critic and generator penalties by gin
+  reference, each penalty with its weight and `lazy_every`; `n_critic`; spectral
+  normalization advanced once per update), `grouped`, `with_noise` (`trainer.py`), on
   `hogrod.train.make_train_step`;
 - toy data and mode metrics: `toy_batches`, `sample_toy`, `modes`, `mode_metrics`
   (`toy_data.py`).
@@ -35,7 +37,7 @@ from hogrod.gan.penalties import (NOISE_KEYS, dragan_penalty, gradient_penalty,
                                   r2_penalty, squared_input_gradient)
 from hogrod.gan.spectral import SpectralNormalization, advance_power_iteration, spectral_layers
 from hogrod.gan.toy_data import TOY, mode_metrics, modes, sample_toy, toy_batches
-from hogrod.gan.wgan_gp import grouped, make_wgan_gp_step, with_noise
+from hogrod.gan.trainer import grouped, make_gan_step, with_noise
 
 __all__ = ["gradient_penalty", "lp_penalty", "r1_penalty", "r2_penalty", "dragan_penalty",
            "consistency_penalty", "input_gradient_norm", "squared_input_gradient",
@@ -45,5 +47,5 @@ __all__ = ["gradient_penalty", "lp_penalty", "r1_penalty", "r2_penalty", "dragan
            "relativistic_loss", "SpectralNormalization", "advance_power_iteration",
            "spectral_layers", "DiracGAN", "dirac_gan", "dirac_vector_field", "dirac_jacobian",
            "dirac_fixed_point", "dirac_eigenvalues", "dirac_trajectory", "DIRAC_MODES",
-           "make_wgan_gp_step", "grouped", "with_noise", "TOY", "toy_batches", "sample_toy",
+           "make_gan_step", "grouped", "with_noise", "TOY", "toy_batches", "sample_toy",
            "modes", "mode_metrics"]

@@ -26,13 +26,14 @@ are reduced in float32, so the penalties work under mixed precision (float64 sta
 float64); they use no Python state, so they run inside `tf.function` and `tf.distribute`
 replica functions.
 
-The trainer takes a penalty by reference, so a gin file selects and tunes it:
+The trainer takes penalties by reference, each with its weight and lazy interval, so a
+gin file selects and tunes them:
 
-    make_wgan_gp_step.penalty = @gradient_penalty    # WGAN-GP (the default)
-    gradient_penalty.target = 0.0                    # here zero-centred
+    make_gan_step.critic_penalties = [(@gradient_penalty, 10.0, 1)]   # WGAN-GP (the default)
+    gradient_penalty.target = 0.0                                     # here zero-centred
 
-the others are `@lp_penalty`, `@r1_penalty`, `@r2_penalty`, `@dragan_penalty`; `None` is
-no penalty.
+the others are `@lp_penalty`, `@r1_penalty`, `@r2_penalty`, `@dragan_penalty`,
+`@consistency_penalty`; `[]` is no penalty.
 
 Adding a penalty is one function and one binding:
 
@@ -43,7 +44,7 @@ Adding a penalty is one function and one binding:
                 + ratio * tf.reduce_mean(squared_input_gradient(critic, fake)))
 
     # in a gin file (the module defining it imported by the binary):
-    make_wgan_gp_step.penalty = @r1_plus_r2
+    make_gan_step.critic_penalties = [(@r1_plus_r2, 0.1, 1)]
     r1_plus_r2.ratio = 0.5
 """
 
