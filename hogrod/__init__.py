@@ -14,8 +14,8 @@ import importlib
 from types import ModuleType
 
 from hogrod import stderr_filter  # noqa: F401  (first, before TensorFlow: a binary's filter)
-from hogrod.autodiff import (batch_jacobian, derivatives, gnvp, grad, hessian, hvp, jacobian,
-                             value_and_grad)
+from hogrod.autodiff import (batch_jacobian, derivatives, gnvp, grad, hessian, hvp,
+                             hvp_operator, jacobian, value_and_grad)
 from hogrod.functional import functional_call, model_state, trainable_values
 
 __version__ = "0.1.0"
@@ -32,5 +32,5 @@ def __getattr__(name: str) -> ModuleType:
     raise AttributeError(f"module 'hogrod' has no attribute {name!r}")
 
 
-__all__ = ["value_and_grad", "grad", "hvp", "hessian", "jacobian", "batch_jacobian",
+__all__ = ["value_and_grad", "grad", "hvp", "hvp_operator", "hessian", "jacobian", "batch_jacobian",
            "derivatives", "gnvp", "functional_call", "model_state", "trainable_values"]

@@ -14,7 +14,7 @@ In gin (`configs/gan/`):
 
 One call of `step(real_batches)` runs `n_critic` critic updates, each on its own fresh
 batch, then one generator update on the last batch, all in one compiled function
-(`jit_compile`: XLA when it compiles, see `hogrod.gan.xla.compiled`). Each update is a
+(`jit_compile`: XLA when it compiles, see `hogrod.train.compiled`). Each update is a
 `hogrod.train.make_train_step` step (named terms, weights, NaN guard, strategies):
 
 - the critic minimizes ``loss(D(real), D(fake)).critic + sum_k weight_k * penalty_k``, each
@@ -49,7 +49,6 @@ import tensorflow as tf
 from hogrod import checks, train
 from hogrod.gan import lazy, losses, penalties, spectral
 from hogrod.gan.generator_penalties import GENERATOR_NOISE_KEYS
-from hogrod.gan.xla import compiled
 from hogrod.types import Batch
 
 __all__ = ["make_gan_step", "grouped", "with_noise"]
@@ -293,7 +292,7 @@ def make_gan_step(generator: keras.Model, critic: keras.Model,
       n_critic: critic updates per generator update, >= 1.
       strategy: the `tf.distribute.Strategy` both updates run under; None: the current
         one. The batches are then distributed batches.
-      jit_compile: True, False or "auto" (see `hogrod.gan.xla.compiled`): with one
+      jit_compile: True, False or "auto" (see `hogrod.train.compiled`): with one
         replica the whole call (every update, its guard and the power iterations) is one
         XLA computation; under several replicas "auto" runs plain `tf.function`s and True
         compiles each replica's gradients (`make_train_step`'s `jit_compile`).
@@ -368,7 +367,7 @@ def make_gan_step(generator: keras.Model, critic: keras.Model,
         out["loss"] = out["critic/loss"]
         return out
 
-    whole = compiled(gan_step, jit_compile if replicas == 1 else False, f"{where}.jit_compile")
+    whole = train.compiled(gan_step, jit_compile if replicas == 1 else False, where)
 
     def step(real_batches):
         if not isinstance(real_batches, (tuple, list)):  # a tensor would be split into rows
