@@ -53,3 +53,11 @@ def test_each_side_is_judged_against_the_float64_reference_alone():
     assert ref.tolerance("float64") < 1e-12
     with pytest.raises(AssertionError, match=r"product: d \(float64"):
         ref.check({"d": up}, "float64", "product")
+
+
+def test_the_torch_weight_layouts_are_inverse():
+    kernel = np.arange(3 * 3 * 2 * 4.0).reshape(3, 3, 2, 4)  # [h, w, in, out]
+    assert peers.torch_layout(kernel).shape == (4, 2, 3, 3)  # [out, in, h, w]
+    assert peers.torch_layout(kernel)[3, 1, 0, 2] == kernel[0, 2, 1, 3]
+    for w in (kernel, np.arange(6.0).reshape(2, 3), np.arange(3.0)):
+        np.testing.assert_array_equal(peers.keras_layout(peers.torch_layout(w)), w)

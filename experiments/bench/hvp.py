@@ -7,8 +7,12 @@ round, so machine noise hits all alike); the medians and their ratios are report
 
     python -m experiments.bench.hvp --gin_file=experiments/bench/configs/hvp.gin
 
-Targets: hogrod's HVP <= 2.0x its own gradient, and <= 1.0x JAX's `jit(jvp(grad))` HVP
-(JAX comes with the `bench` extra; without it the JAX rows are left out).
+Candidates: the gradient; `hogrod.hvp` in each mode, called through its tf.function and
+through the traced concrete function (`_concrete`: no per-call signature matching); and
+`hvp_default`, `hogrod.hvp` as a user calls it (its default mode) in a tf.function. Targets:
+hogrod's HVP <= 2.0x its own gradient, and <= 1.0x JAX's `jit(jvp(grad))` HVP
+(`ratio_jax_hvp_over_hvp_default`: JAX's time over hogrod's default; JAX comes with the
+`bench` extra; without it the JAX rows are left out).
 
 Agreement before speed: every HVP (each mode, with and without XLA, JAX's) against the
 float64 HVP on the same float32 weights, batch and vector, within float32's rounding of

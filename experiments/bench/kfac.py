@@ -69,7 +69,7 @@ def hogrod_update(widths, code, seed, x, lr, damping, decay, jit_compile, weight
     model = autoencoder(widths, code, seed, dtype)
     for v, w in zip(model.trainable_variables, weights or ()):
         v.assign(w)
-    loss = keras.losses.BinaryCrossentropy(from_logits=True)
+    loss = keras.losses.BinaryCrossentropy(from_logits=True, dtype=dtype)
     opt = second_order.kfac(model, loss, learning_rate=lr, damping=damping, decay=decay,
                             momentum=0.0, inverse_every=1, fisher="empirical",
                             adapt_damping=False)

@@ -416,10 +416,10 @@ def bench_maml(output_dir, problem="sinusoid", meta_batch=25, k=10, queries=None
     if "torch_func" in candidates:
         import torch
         metrics["torch_threads"] = torch.get_num_threads()
-    metrics.update(versions(*[m for n, m in (
-        ("jax", "jax"), ("jax", "optax"), ("torch_func", "torch")) if n in peers]), problem=problem, task_map=task_map, meta_batch=meta_batch,
-                   k=k, queries=queries, inner_steps=inner_steps, runs=runs,
-                   steps_per_execution=steps_per_execution)
+    modules = {"jax": ("jax", "optax"), "torch_func": ("torch",)}
+    metrics.update(versions(*[m for name in peers for m in modules[name]]), problem=problem,
+                   task_map=task_map, meta_batch=meta_batch, k=k, queries=queries,
+                   inner_steps=inner_steps, runs=runs, steps_per_execution=steps_per_execution)
     if problem == "omniglot":
         metrics["n_way"] = n_way
     for name, value in sorted(metrics.items()):

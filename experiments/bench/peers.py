@@ -1,11 +1,15 @@
-"""What the benchmarks compare hogrod with, beside the benchmarks (never installed): the
-ridge hyperproblem of the hypergradient benchmarks with its closed-form hypergradient, and
-the DeepXDE peers of the PINN benchmarks (`deepxde_*_data`, `check_deepxde_peer`,
-`deepxde_glorot_normal`: DeepXDE's `"Glorot normal"` under Keras 3 gives every layer and seed
-the same weights), the torch peer network of the MAML benchmark (`torch_maml_net`, with
-the weight layouts `torch_layout`/`keras_layout` and `to_torch`), and the agreement check every benchmark makes before timing: `Reference`,
-each side against a float64 reference with a tolerance derived from float32's rounding of
-the computation (`relative_error` its measure).
+"""What the benchmarks compare hogrod with, beside the benchmarks (never installed):
+
+- the agreement check a benchmark makes before timing two computations, `Reference`: each
+  side against a float64 reference on the same inputs, with a tolerance derived from
+  float32's rounding of that computation (`relative_error` its measure); `versions`, the
+  peers' versions a ratio was measured against;
+- the ridge hyperproblem of the hypergradient benchmarks, with its closed-form hypergradient;
+- the DeepXDE peers of the PINN benchmarks (`deepxde_*_data`, `check_deepxde_peer`,
+  `deepxde_glorot_normal`: DeepXDE's `"Glorot normal"` under Keras 3 gives every layer and
+  seed the same weights);
+- the MAML benchmark's torch network (`torch_maml_net`, the weight layouts `torch_layout`
+  and `keras_layout`, `to_torch`).
 """
 
 import math
