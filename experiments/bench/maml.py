@@ -9,8 +9,10 @@ cycled), 15 queries per class, 32 tasks, one inner step at 0.4, cross-entropy, t
 `tf.map_fn` (`task_map='sequential'`) as the Omniglot configs bind it. Second-order MAML
 with Adam 1e-3 on every side, each written as its users write it:
 - hogrod: `meta.maml`, `train.make_train_step` and `train.train_loop` over a tf.data
-  stream (the sinusoid's fresh each step), with their defaults, what `hogrod-maml` runs;
-  `make_train_step.jit_compile = False` times the plain `tf.function` step instead.
+  stream (the sinusoid's fresh each step), as `hogrod-maml` runs them: their defaults,
+  `bench_maml.steps_per_execution` given to `train_loop` when bound (the binary's
+  `maml_experiment.steps_per_execution`), `make_train_step.jit_compile = False` where the
+  Omniglot configs bind it (maml_omniglot.gin).
 - JAX (the `bench` extra: jax, optax), as its documentation teaches: the whole meta-step
   (`jax.grad` inner step, `jax.vmap` over tasks, `optax.adam`'s update) under one
   `jax.jit`, a fresh numpy meta-batch each step, one block on the result per round
