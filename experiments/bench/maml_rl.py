@@ -244,7 +244,8 @@ def check_agreement(sizes, policy, data, params, meta_grad, peer, torch_threads)
         return [g.numpy() for g in meta_grad64(
             tf.nest.pack_sequence_as(data, as64(inputs[n:])), as64(inputs[:n]))]
     flat = [np.asarray(p) for p in params] + [t.numpy() for t in tf.nest.flatten(data)]
-    ref = Reference(fn64, flat)
+    masks = [i for i, a in enumerate(flat) if i >= n and np.isin(a, (0, 1)).all()]
+    ref = Reference(fn64, flat, exact=masks)  # the episodes' 0/1 masks are exact
     sides = {"hogrod": [g.numpy() for g in meta_grad(data, params)]}
     if peer is not None:
         sides["torch_func"] = peer()

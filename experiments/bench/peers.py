@@ -366,7 +366,9 @@ class Reference:
 
     Built from `fn64(inputs)`, the computation in float64 (any side's, the one the
     benchmark trusts) on `inputs`, a list of numpy arrays (weights, data): the float32
-    inputs every side is given, so the reference is the exact result on exactly those.
+    inputs every side is given, so the reference is the exact result on exactly those;
+    `exact` lists the positions of inputs that are exact in any dtype (0/1 masks), never
+    moved.
     Its relative condition is measured at float32's rounding: `fn64` again on inputs each
     of whose floating entries is moved by a random +-eps32 relative (a float32 rounding of
     the inputs), the largest relative change over `draws` such moves, over eps32, at
@@ -380,8 +382,9 @@ class Reference:
       condition: the measured relative condition (>= 1).
     """
 
-    def __init__(self, fn64, inputs, draws=2, seed=0):
+    def __init__(self, fn64, inputs, draws=2, seed=0, exact=()):
         inputs = [np.asarray(a) for a in inputs]
+        exact = set(exact)  # indicators (0/1 masks): exact in every dtype, never moved
         as64 = [a.astype(np.float64) if np.issubdtype(a.dtype, np.floating) else a
                 for a in inputs]
         self.value = [np.asarray(v, np.float64) for v in fn64(as64)]
@@ -390,7 +393,8 @@ class Reference:
         change = 0.0
         for _ in range(draws):
             moved = [a * (1 + EPS["float32"] * rng.choice([-1.0, 1.0], a.shape))
-                     if np.issubdtype(a.dtype, np.floating) else a for a in as64]
+                     if np.issubdtype(a.dtype, np.floating) and i not in exact else a
+                     for i, a in enumerate(as64)]
             got = np.concatenate([np.ravel(np.asarray(v, np.float64)) for v in fn64(moved)])
             change = max(change, float(np.linalg.norm(got - ref) / np.linalg.norm(ref)))
         self.condition = max(change / EPS["float32"], 1.0)
