@@ -15,6 +15,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from experiments.bench.peers import Reference
 from experiments.bench.timing import interleaved_rates
 from hogrod.models import cross_entropy, dense_net
 from hogrod import curvature, harness
@@ -53,7 +54,7 @@ def bench_curvature_ops(output_dir, widths=(784, 1024, 512, 256, 128, 64, 10), b
               for f in ("empirical", "mc")}
     v = tf.random.stateless_normal([hessian.shape[0]], [seed, 1])
 
-    check_products(model, x, y, v, hessian, kfac["type2"], ekfac)
+    agreement = check_products(model, x, y, v, hessian, kfac["type2"], ekfac)
 
     def matvec(op):
         return lambda: op.matvec_flat(v).numpy()
@@ -73,7 +74,8 @@ def bench_curvature_ops(output_dir, widths=(784, 1024, 512, 256, 128, 64, 10), b
     }
     rates = interleaved_rates(candidates, rounds, warmup=2)
     results = {"n_params": int(hessian.shape[0]), "batch": batch,
-               "gradient_ms": 1e3 / rates["gradient"]}
+               "gradient_ms": 1e3 / rates["gradient"],
+               **{f"{k}_rel_err": e for k, e in agreement.items()}}
     for name, rate in rates.items():
         if name != "gradient":
             results[f"{name}_over_gradient"] = rates["gradient"] / rate
@@ -84,54 +86,71 @@ def bench_curvature_ops(output_dir, widths=(784, 1024, 512, 256, 128, 64, 10), b
     return results
 
 
-def _layer_blocks(model, v):
-    """(layer name, its [kernel rows + bias row, units] block of the flat vector `v`) per Dense
-    layer, in the order of `model.trainable_variables`."""
+def _blocks(model, v):
+    """Each Dense layer's [kernel rows + bias row, units] block of the flat numpy vector `v`,
+    in the order of `model.trainable_variables`; `_flat` is the inverse."""
     out, start = [], 0
     for layer in model.layers:
-        kernel, bias = layer.kernel, layer.bias
-        k, b = int(np.prod(kernel.shape)), int(np.prod(bias.shape))
-        block = tf.concat([tf.reshape(v[start:start + k], kernel.shape),
-                           v[None, start + k:start + k + b]], 0)
-        out.append((layer.name, block))
-        start += k + b
+        (n_in, n_out), b = layer.kernel.shape, layer.bias.shape[0]
+        out.append(np.concatenate([v[start:start + n_in * n_out].reshape(n_in, n_out),
+                                   v[None, start + n_in * n_out:start + n_in * n_out + b]]))
+        start += n_in * n_out + b
     return out
 
 
-def check_products(model, x, y, v, hessian, kfac, ekfac, rtol=1e-4):
-    """Before timing: each timed product equals a reference computed another way (float32,
-    so to `rtol` relative to the largest entry): the Hessian's against back-over-back
-    autodiff, K-FAC's against `A V G` with its dense factors, EK-FAC's against its full
-    eigenbasis `Q_A (S * (Q_A^T V Q_G)) Q_G^T`. Raises ValueError naming the operator."""
+def _flat(blocks):
+    return np.concatenate([np.concatenate([b[:-1].ravel(), b[-1]]) for b in blocks])
+
+
+def check_products(model, x, y, v, hessian, kfac, ekfac):
+    """Before timing: each timed product (float32) against its float64 reference on the same
+    inputs, within float32's rounding of that product (`peers.Reference`): the Hessian's
+    against back-over-back autodiff in float64 at the same weights, batch and vector;
+    K-FAC's against `A V G` from its own factors, EK-FAC's against its full eigenbasis
+    `Q_A (S * (Q_A^T V Q_G)) Q_G^T`, both in float64. Returns {product: relative difference};
+    raises AssertionError naming the product."""
     params = model.trainable_variables
-    with tf.GradientTape() as outer:
-        with tf.GradientTape() as inner:
-            value = cross_entropy(y, model(x))
-        grads = inner.gradient(value, params)
-        flat = tf.concat([tf.reshape(g, [-1]) for g in grads], 0)
-        dot = tf.reduce_sum(flat * tf.stop_gradient(v))
-    hvp = tf.concat([tf.reshape(h, [-1]) for h in outer.gradient(dot, params)], 0)
-    factors, eigen = kfac.factors, ekfac.eigendecompositions
-    kron, rotated = [], []
-    for name, block in _layer_blocks(model, v):
-        a, g = factors[name]
-        kron.append(tf.reshape(a @ block @ g, [-1, g.shape[0]]))
-        _, qa, _, qg = eigen[name]
-        w = ekfac.corrected_eigenvalues[name] * (tf.transpose(qa) @ block @ qg)
-        rotated.append(qa @ w @ tf.transpose(qg))
+    model64 = dense_net([model.input_shape[-1]] + [layer.units for layer in model.layers],
+                        model.layers[0].activation, dtype="float64")
 
-    def flatten(blocks):  # [kernel; bias] blocks back to the flat order
-        return tf.concat([tf.concat([tf.reshape(b[:-1], [-1]), b[-1]], 0) for b in blocks], 0)
+    def hvp64(inputs):
+        n = len(params)
+        for var, w in zip(model64.trainable_variables, inputs[:n]):
+            var.assign(w)
+        xs, ys, vec = inputs[n], inputs[n + 1], tf.constant(inputs[n + 2])
+        with tf.GradientTape() as outer:
+            with tf.GradientTape() as inner:
+                value = cross_entropy(ys, model64(xs))
+            grads = inner.gradient(value, model64.trainable_variables)
+            dot = tf.reduce_sum(tf.concat([tf.reshape(g, [-1]) for g in grads], 0) * vec)
+        return [tf.concat([tf.reshape(h, [-1]) for h in outer.gradient(
+            dot, model64.trainable_variables)], 0).numpy()]
 
-    for name, op, reference in (("hessian_matvec", hessian, hvp),
-                                ("kfac_matvec", kfac, flatten(kron)),
-                                ("ekfac_matvec", ekfac, flatten(rotated))):
-        got, want = op.matvec_flat(v).numpy(), reference.numpy()
-        error = np.abs(got - want).max() / np.abs(want).max()
-        if not error <= rtol:
-            raise ValueError(f"bench_curvature_ops: {name} differs from its reference by "
-                             f"{error:.2e} of the largest entry (> {rtol}); the operator "
-                             "computes a wrong product")
+    names = [layer.name for layer in model.layers]
+    factors = [t.numpy() for name in names for t in kfac.factors[name]]  # A, G per layer
+    eigen = [t.numpy() for name in names for t in (ekfac.eigendecompositions[name][1],
+                                                   ekfac.eigendecompositions[name][3],
+                                                   ekfac.corrected_eigenvalues[name])]
+
+    def kron64(inputs):  # A_l V_l G_l per layer
+        return [_flat([a @ b @ g for a, g, b in zip(inputs[:-1:2], inputs[1:-1:2],
+                                                    _blocks(model, inputs[-1]))])]
+
+    def rotated64(inputs):  # Q_A (S * (Q_A^T V Q_G)) Q_G^T per layer
+        return [_flat([qa @ (s * (qa.T @ b @ qg)) @ qg.T for qa, qg, s, b in zip(
+            inputs[:-1:3], inputs[1:-1:3], inputs[2:-1:3], _blocks(model, inputs[-1]))])]
+
+    vector = v.numpy()
+    out = {}
+    for name, op, fn64, inputs in (
+            ("hessian_matvec", hessian, hvp64,
+             [p.numpy() for p in params] + [x.numpy(), y.numpy(), vector]),
+            ("kfac_matvec", kfac, kron64, factors + [vector]),
+            ("ekfac_matvec", ekfac, rotated64, eigen + [vector])):
+        ref = Reference(fn64, inputs)
+        out.update(ref.check({name: [op.matvec_flat(v).numpy()]}, "float32",
+                             "bench_curvature_ops: the operator's product"))
+    return out
 
 
 def main():

@@ -215,9 +215,9 @@ def _memory_table(steps, **problem):
     table = {k: {f"{m}_mb": _rss_rise_mb(dict(problem, method=m, steps=k))
                  for m in ("unrolled", "implicit")} for k in steps}
     floor = table[steps[0]]["implicit_mb"]
-    for row in table.values():
-        row["unrolled_over_implicit_first"] = row["unrolled_mb"] / floor
-        row["implicit_over_implicit_first"] = row["implicit_mb"] / floor
+    for row in table.values():  # a problem too small to raise the peak has no ratios
+        row["unrolled_over_implicit_first"] = row["unrolled_mb"] / floor if floor else None
+        row["implicit_over_implicit_first"] = row["implicit_mb"] / floor if floor else None
     return table
 
 
@@ -245,7 +245,8 @@ def bench_hypergrad_cost(output_dir, features=20, train=100, validation=50, cond
     for k, row in memory.items():
         for key, value in row.items():
             metrics[f"memory_{key}_k{k}"] = value
-        print(f"K={k}: " + " ".join(f"{key}={v:.3g}" for key, v in row.items()))
+        print(f"K={k}: " + " ".join(f"{key}={v:.3g}" if v is not None else f"{key}=-"
+                                    for key, v in row.items()))
     print(f"condition {cond:.1f}; GD step floor {step_seconds:.2e} s; unrolled vs numpy "
           f"recursion {oracle_diff:.1e}")
     return metrics

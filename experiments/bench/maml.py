@@ -1,39 +1,40 @@
-"""Benchmark: MAML meta-training steps/s, hogrod against torch.func, on two problems.
+"""Benchmark: MAML meta-training steps/s, hogrod against JAX and torch.func, two problems.
 
-`problem='sinusoid'` (the default): Finn et al.'s regression protocol, the 1-40-40-1 ReLU
-net, 25 tasks of K = 10 support and 10 query points, one inner step at 0.01, mean squared
-error. `problem='omniglot'`: MAML's Omniglot 5-way 1-shot meta-step, `hogrod.models.conv4`
-(4 x [3x3 convolution of stride 2, 'same' padding, BatchNorm, ReLU], flatten, Dense 5) on
-28x28 images, 15 queries per class, 32 tasks, one inner step at 0.4, cross-entropy;
-BatchNorm on each batch's statistics (MAML's transductive setting), the tasks mapped with
-`tf.map_fn` (`task_map='sequential'`) as the Omniglot configs bind it. Its images are random
-(the benchmark measures speed; no data set is read): a few meta-batches drawn once, cycled.
-
-Both are second-order MAML with Adam 1e-3. hogrod: `hogrod.meta.maml` +
-`hogrod.train.make_train_step` (one compiled step, the tasks mapped as `task_map` says, the
-loss and its gradient compiled by XLA with `jit_compile`). PyTorch (the `bench` extra):
-`torch.func.grad` for the inner step, `torch.func.vmap` over tasks, `functional_call` for
-the forward pass, the recipe of the torch.func MAML tutorial. Its conv4 is NCHW, pads as
-TensorFlow's 'same' does (a stride-2 3x3 window on an even side: nothing before, one row or
-column after; torch's padding=1 would shift every window), flattens in Keras's NHWC order
-and normalizes on the batch's statistics with a small BatchNorm of its own, differentiated
-exactly to second order as hogrod differentiates Keras's (`hogrod/functional.py`;
-`F.batch_norm` under `vmap` gives a wrong double backward). Both timed in the same run,
-interleaved in rounds:
+`problem='sinusoid'`: Finn et al.'s regression protocol, the 1-40-40-1 ReLU net, 25 tasks
+of K = 10 support and 10 query points, one inner step at 0.01, mean squared error.
+`problem='omniglot'`: MAML's Omniglot 5-way 1-shot meta-step, `hogrod.models.conv4` (4 x
+[3x3 convolution of stride 2, 'same' padding, BatchNorm on the batch's statistics, ReLU],
+flatten, Dense 5) on random 28x28 images (speed only: a few meta-batches drawn once,
+cycled), 15 queries per class, 32 tasks, one inner step at 0.4, cross-entropy, the tasks in
+`tf.map_fn` (`task_map='sequential'`) as the Omniglot configs bind it. Second-order MAML
+with Adam 1e-3 on every side, each written as its users write it:
+- hogrod: `meta.maml`, `train.make_train_step` and `train.train_loop` over a tf.data
+  stream (the sinusoid's fresh each step), as `hogrod-maml` runs them: their defaults,
+  `bench_maml.steps_per_execution` given to `train_loop` when bound (the binary's
+  `maml_experiment.steps_per_execution`), `make_train_step.jit_compile = False` where the
+  Omniglot configs bind it (maml_omniglot.gin).
+- JAX (the `bench` extra: jax, optax), as its documentation teaches: the whole meta-step
+  (`jax.grad` inner step, `jax.vmap` over tasks, `optax.adam`'s update) under one
+  `jax.jit`, a fresh numpy meta-batch each step, one block on the result per round
+  (asynchronous dispatch overlaps drawing the next batch with the step, as for its
+  users). Conv4: `lax.conv_general_dilated`, NHWC/HWIO, 'SAME' (TensorFlow's) padding.
+- PyTorch (the `bench` extra), the torch.func MAML tutorial's recipe: `torch.func.grad`,
+  `vmap` over tasks, `functional_call`. Its conv4 pads as TensorFlow's 'same' does (on an
+  even side nothing before, one after), flattens in NHWC order and writes BatchNorm out
+  (`F.batch_norm`'s double backward under `vmap` is wrong).
 
     python -m experiments.bench.maml --gin_file=experiments/bench/configs/maml.gin
     python -m experiments.bench.maml --gin_file=experiments/bench/configs/maml_omniglot.gin
 
-Before timing, both start from the same weights and take the meta-gradient of the same
-meta-batch; the binary reports their relative difference and stops if it exceeds
-`TOLERANCES` (float32: 1e-4 on the sinusoid, 1e-3 on Omniglot, whose second-order terms
-through BatchNorm amplify rounding; with `check_float64`, 1e-9 in float64 on a few tasks), so
-the two steps compared are the same computation. Without torch the PyTorch side is skipped
-(logged) and its metrics are None. On a machine other jobs load, torch's default threads
-wait on descheduled ones at every op's barrier (the conv4 step several times slower):
-`torch_threads = 1` avoids it.
-
-Targets: hogrod >= 2x PyTorch's steps/s on the sinusoid, >= 1.5x on Omniglot's conv4.
+Agreement before speed: from the same weights, on one meta-batch of `check_tasks` tasks,
+every side's meta-gradient in float32 and in float64 against a float64 reference (hogrod's
+float64 one on the float32 weights and batch), within float32's (float64's) rounding of
+that computation (`experiments.bench.peers.Reference`); the binary stops on a
+disagreement. A peer not installed is skipped (logged; its metrics None). Then every side
+takes `steps_per_round` steps per round, interleaved (`timing.interleaved_rates`), `runs`
+times; reported: steps/s, `ratio_hogrod_over_<peer>` (the peer's step time over hogrod's)
+and the peers' versions. On a loaded machine torch's threads wait on descheduled ones at
+every barrier: `torch_threads = 1` avoids it.
 """
 
 import itertools
@@ -44,21 +45,18 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from experiments.bench.peers import relative_error
+from experiments.bench.peers import (Reference, keras_layout, to_torch, torch_layout,
+                                     torch_maml_net, versions)
 from experiments.bench.timing import interleaved_rates
 from hogrod.models import conv4, cross_entropy, mlp, mse
 import hogrod
-from hogrod import checks, harness, meta, train
+from hogrod import checks, distribute, harness, meta, train
 from hogrod.taskmap import check_task_map
 
 PROBLEMS = ("sinusoid", "omniglot")
-# The largest relative difference of the meta-gradients accepted: in float32 by problem,
-# the two frameworks' kernels summing in different orders. On Omniglot the second-order
-# terms through four BatchNorms on batch statistics (5 support images, 2x2 maps at the
-# last) amplify rounding: over 32 tasks each side's float32 meta-gradient is 0.6-1.2e-4
-# from the float64 one. A wrong layout, padding or term is off by 1e-3 to 1.
-TOLERANCES = {"sinusoid": 1e-4, "omniglot": 1e-3, "float64": 1e-9}
+PEERS = ("jax", "torch_func")
 IMAGE_SIZE = 28
+BN_EPSILON = 1e-3  # Keras's BatchNormalization default, conv4's
 
 
 def keras_net(problem, n_way, dtype="float32"):
@@ -95,122 +93,157 @@ def omniglot_batches(seed, count, meta_batch, n_way, k, queries, dtype="float32"
              yq) for _ in range(count)]
 
 
-def hogrod_step(model, loss, batches, inner_lr, inner_steps, task_map, jit_compile):
-    """(run one timed step on the next of `batches`, meta-gradient of a batch as numpy
-    arrays in model order)."""
+def sinusoid_batches(seed, meta_batch, k, queries, dtype="float32"):
+    """`next_batch()`: a fresh sinusoid meta-batch (x_s, y_s, x_q, y_q) from numpy each call
+    (amplitude in [0.1, 5], phase in [0, pi], x in [-5, 5]), [meta_batch, k or queries, 1]."""
+    rng = np.random.default_rng(seed)
+
+    def next_batch():
+        amp = rng.uniform(0.1, 5, (meta_batch, 1, 1))
+        ph = rng.uniform(0, np.pi, (meta_batch, 1, 1))
+        xs = rng.uniform(-5, 5, (meta_batch, k, 1))
+        xq = rng.uniform(-5, 5, (meta_batch, queries, 1))
+        return tuple(a.astype(dtype) for a in
+                     (xs, amp * np.sin(xs - ph), xq, amp * np.sin(xq - ph)))
+    return next_batch
+
+
+def hogrod_meta_grad(model, loss, inner_lr, inner_steps, task_map):
+    """`meta_grad(batch)`: hogrod's meta-gradient of a numpy meta-batch, numpy arrays in
+    `model.trainable_variables`' order."""
+    algo = meta.maml(model, loss, inner_lr=inner_lr, inner_steps=inner_steps,
+                     first_order=False, task_map=task_map)
+    compiled = tf.function(lambda batch: hogrod.grad(lambda: algo.meta_loss(batch)["loss"],
+                                                     model.trainable_variables))
+
+    def meta_grad(batch):  # traced once for the reference's several calls
+        return [g.numpy() for g in compiled(tuple(tf.constant(a) for a in batch))]
+    return meta_grad
+
+
+def hogrod_run(model, loss, dataset, inner_lr, inner_steps, task_map, steps,
+               steps_per_execution=None):
+    """`run()`: `steps` meta-training steps as a hogrod user takes them, `train_loop` over
+    `make_train_step` (their defaults) on an iterator of `dataset`."""
     algo = meta.maml(model, loss, inner_lr=inner_lr, inner_steps=inner_steps,
                      first_order=False, task_map=task_map)
     step = train.make_train_step(algo.meta_loss, keras.optimizers.Adam(1e-3),
-                                 model.trainable_variables, jit_compile=jit_compile)
+                                 model.trainable_variables)
+    iterator = iter(distribute.distribute_dataset(tf.distribute.get_strategy(), dataset))
+    extra = {} if steps_per_execution is None else {"steps_per_execution": steps_per_execution}
 
     def run():
-        return float(step(next(batches))["loss"])
+        return train.train_loop(step, iterator, steps, log_every=None, **extra)["loss"]
+    return run
+
+
+def jax_peer(problem, weights, inner_lr, inner_steps, dtype="float32"):
+    """JAX's MAML on `weights` (Keras layout and order), or None without jax and optax.
+
+    Returns:
+      `(make_run(next_batch, steps), meta_grad(batch))`: `make_run` gives a function
+      taking `steps` jitted meta-steps (Adam under the same `jax.jit`) on `next_batch()`'s
+      numpy meta-batches; `meta_grad` the meta-gradient as numpy arrays in Keras's order.
+      In float64 the caller enables JAX's 64-bit mode (`jax_float64`).
+    """
+    try:
+        import jax
+        import jax.numpy as jnp
+        import optax
+    except ImportError:
+        logging.warning("jax or optax not installed (pip install -e '.[bench]'): no JAX peer")
+        return None
+
+    def forward(p, x):
+        if problem == "sinusoid":
+            h = jax.nn.relu(x @ p[0] + p[1])
+            h = jax.nn.relu(h @ p[2] + p[3])
+            return h @ p[4] + p[5]
+        h = x
+        for i in range(4):  # conv (kernel, bias), BatchNorm (gamma, beta) in Keras's order
+            kernel, bias, gamma, beta = p[4 * i:4 * i + 4]
+            h = jax.lax.conv_general_dilated(h, kernel, (2, 2), "SAME",
+                                             dimension_numbers=("NHWC", "HWIO", "NHWC")) + bias
+            mean = jnp.mean(h, (0, 1, 2))
+            variance = jnp.mean(jnp.square(h - mean), (0, 1, 2))
+            h = jax.nn.relu((h - mean) * jax.lax.rsqrt(variance + BN_EPSILON) * gamma + beta)
+        return h.reshape(h.shape[0], -1) @ p[16] + p[17]
+
+    def loss(p, x, y):
+        out = forward(p, x)
+        if problem == "sinusoid":
+            return jnp.mean(jnp.square(out - y))
+        return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(out, y))
+
+    def task_loss(p, xs, ys, xq, yq):
+        for _ in range(inner_steps):
+            g = jax.grad(loss)(p, xs, ys)
+            p = jax.tree_util.tree_map(lambda w, d: w - inner_lr * d, p, g)
+        return loss(p, xq, yq)
+
+    def meta_loss(p, xs, ys, xq, yq):
+        return jnp.mean(jax.vmap(task_loss, in_axes=(None, 0, 0, 0, 0))(p, xs, ys, xq, yq))
+
+    optimizer = optax.adam(1e-3)
+
+    @jax.jit
+    def step(p, state, xs, ys, xq, yq):
+        value, grads = jax.value_and_grad(meta_loss)(p, xs, ys, xq, yq)
+        updates, state = optimizer.update(grads, state, p)
+        return optax.apply_updates(p, updates), state, value
+
+    grad_fn = jax.jit(jax.grad(meta_loss))
+
+    def make_run(next_batch, steps):
+        box = {"p": [jnp.asarray(w, dtype) for w in weights]}
+        box["state"] = optimizer.init(box["p"])
+
+        def run():
+            for _ in range(steps):
+                box["p"], box["state"], value = step(box["p"], box["state"], *next_batch())
+            return float(value)  # blocks once per round
+        return run
 
     def meta_grad(batch):
-        return [g.numpy() for g in hogrod.grad(lambda: algo.meta_loss(batch)["loss"],
-                                               model.trainable_variables)]
-    return run, meta_grad
+        p = [jnp.asarray(w, dtype) for w in weights]
+        return [np.asarray(g) for g in grad_fn(p, *batch)]
+    return make_run, meta_grad
 
 
-def torch_net(problem, n_way):
-    """(torch module, loss(outputs, targets)): the Keras model's computation, its
-    parameters in `model.trainable_variables`' order."""
-    import torch
-    import torch.nn.functional as F
-    from torch import nn
-    if problem == "sinusoid":
-        return (nn.Sequential(nn.Linear(1, 40), nn.ReLU(), nn.Linear(40, 40), nn.ReLU(),
-                              nn.Linear(40, 1)),
-                lambda out, y: torch.mean((out - y) ** 2))
-
-    class SamePad(nn.Module):
-        """TensorFlow's 'same' padding of a 3x3 window of stride 2: the total padding
-        (2 (ceil(n / 2) - 1) + 3 - n) split with the smaller half before."""
-
-        def forward(self, x):
-            pads = []
-            for n in (x.shape[-1], x.shape[-2]):  # F.pad: (left, right, top, bottom)
-                total = max(2 * ((n + 1) // 2 - 1) + 3 - n, 0)
-                pads += [total // 2, total - total // 2]
-            return F.pad(x, pads)
-
-    class BatchNorm(nn.Module):
-        """Keras's BatchNormalization in training mode: the batch's mean and (biased)
-        variance, epsilon 1e-3, differentiated exactly to every order (`F.batch_norm`'s
-        double backward under `vmap` is wrong)."""
-
-        def __init__(self, channels):
-            super().__init__()
-            self.weight = nn.Parameter(torch.ones(channels))
-            self.bias = nn.Parameter(torch.zeros(channels))
-
-        def forward(self, x):
-            mean = x.mean((0, 2, 3), keepdim=True)
-            variance = ((x - mean) ** 2).mean((0, 2, 3), keepdim=True)
-            scale = torch.rsqrt(variance + 1e-3) * self.weight[:, None, None]
-            return (x - mean) * scale + self.bias[:, None, None]
-
-    class FlattenNHWC(nn.Module):
-        """Keras's Flatten of an NHWC tensor: rows, then columns, then channels."""
-
-        def forward(self, x):
-            return x.permute(0, 2, 3, 1).flatten(1)
-
-    layers, channels, side = [], 1, IMAGE_SIZE
-    for _ in range(4):
-        layers += [SamePad(), nn.Conv2d(channels, 64, 3, stride=2), BatchNorm(64), nn.ReLU()]
-        channels, side = 64, (side + 1) // 2
-    layers += [FlattenNHWC(), nn.Linear(64 * side * side, n_way)]
-    return nn.Sequential(*layers), F.cross_entropy
+def jax_float64(on):
+    """Switch JAX's 64-bit mode (a process-wide flag) on or off; False when jax is absent."""
+    try:
+        import jax
+    except ImportError:
+        return False
+    jax.config.update("jax_enable_x64", on)
+    return True
 
 
-def torch_layout(w):
-    """A Keras weight as torch holds it: kernels [in, out] -> [out, in], [h, w, in, out]
-    -> [out, in, h, w]."""
-    return w.T if w.ndim == 2 else w.transpose(3, 2, 0, 1) if w.ndim == 4 else w
+def torch_peer(problem, weights, n_way, inner_lr, inner_steps, dtype="float32"):
+    """torch.func's MAML on `weights` (Keras layout and order), or None without torch.
 
-
-def keras_layout(w):
-    """`torch_layout`'s inverse."""
-    return w.T if w.ndim == 2 else w.transpose(2, 3, 1, 0) if w.ndim == 4 else w
-
-
-def to_torch(batch):
-    """A numpy or TensorFlow meta-batch as torch tensors: images NHWC -> NCHW, integer
-    labels int64 (torch's cross-entropy takes no other)."""
-    import torch
-    out = []
-    for a in batch:
-        a = np.asarray(a)
-        if a.ndim == 5:  # [tasks, examples, h, w, c]
-            a = a.transpose(0, 1, 4, 2, 3)
-        if np.issubdtype(a.dtype, np.integer):
-            a = a.astype(np.int64)
-        out.append(torch.from_numpy(np.ascontiguousarray(a)))
-    return out
-
-
-def torch_step(problem, model, n_way, next_batch, inner_lr, inner_steps, dtype="float32"):
-    """(run one timed step, meta-gradient of a batch in Keras layout), or None without
-    torch. `next_batch()` gives the timed step's meta-batch as torch tensors."""
+    Returns:
+      `(make_run(next_batch, steps), meta_grad(batch))` as `jax_peer`'s; `next_batch()`
+      gives numpy meta-batches (converted by `to_torch`, NHWC images to NCHW).
+    """
     try:
         import torch
         from torch.func import functional_call, grad, vmap
     except ImportError:
-        logging.warning("torch not installed (pip install -e '.[bench]'): no PyTorch baseline")
+        logging.warning("torch not installed (pip install -e '.[bench]'): no PyTorch peer")
         return None
-    net, loss_fn = torch_net(problem, n_way)
+    net, loss_fn = torch_maml_net(problem, n_way, IMAGE_SIZE)
     net = net.to(getattr(torch, dtype))
     params = dict(net.named_parameters())
-    weights = [torch_layout(v.numpy()) for v in model.trainable_variables]
-    if [tuple(p.shape) for p in params.values()] != [w.shape for w in weights]:
+    layouts = [torch_layout(w) for w in weights]
+    if [tuple(p.shape) for p in params.values()] != [w.shape for w in layouts]:
         raise AssertionError("the torch net's parameters do not match the Keras model's: "
                              f"{[tuple(p.shape) for p in params.values()]} against "
-                             f"{[w.shape for w in weights]}")
+                             f"{[w.shape for w in layouts]}")
     with torch.no_grad():  # the Keras model's weights
-        for p, w in zip(params.values(), weights):
+        for p, w in zip(params.values(), layouts):
             p.copy_(torch.from_numpy(np.ascontiguousarray(w)))
-    opt = torch.optim.Adam(net.parameters(), 1e-3)
 
     def loss(p, x, y):
         return loss_fn(functional_call(net, p, (x,)), y)
@@ -222,42 +255,88 @@ def torch_step(problem, model, n_way, next_batch, inner_lr, inner_steps, dtype="
             fast = {n: fast[n] - inner_lr * g[n] for n in fast}
         return loss(fast, xq, yq)
 
-    def run():
-        opt.zero_grad()
-        losses = vmap(task_loss, in_dims=(None, 0, 0, 0, 0))(params, *next_batch())
-        total = losses.mean()
-        total.backward()
-        opt.step()
-        return float(total.detach())
+    def meta_loss(p, batch):
+        return vmap(task_loss, in_dims=(None, 0, 0, 0, 0))(p, *batch).mean()
+
+    def make_run(next_batch, steps):
+        opt = torch.optim.Adam(net.parameters(), 1e-3)
+
+        def run():
+            for _ in range(steps):
+                opt.zero_grad()
+                total = meta_loss(params, to_torch(next_batch()))
+                total.backward()
+                opt.step()
+            return float(total.detach())
+        return run
 
     def meta_grad(batch):
-        t = to_torch(batch)
-        g = grad(lambda p: vmap(task_loss, in_dims=(None, 0, 0, 0, 0))(p, *t).mean())(params)
+        g = grad(meta_loss)(params, to_torch(batch))
         return [keras_layout(v.detach().numpy()) for v in g.values()]
-    return run, meta_grad
+    return make_run, meta_grad
 
 
-def sinusoid_torch_batches(meta_batch, k, queries):
-    """`next_batch()` for the torch step: a fresh sinusoid meta-batch from numpy."""
-    import torch
-    rng = np.random.default_rng(0)
+def check_agreement(problem, n_way, inner_lr, inner_steps, task_map, loss, model, batch,
+                    peers):
+    """Every side's meta-gradient against hogrod's float64 one, float32 and float64.
 
-    def next_batch():
-        amp = rng.uniform(0.1, 5, (meta_batch, 1, 1))
-        ph = rng.uniform(0, np.pi, (meta_batch, 1, 1))
-        xs = rng.uniform(-5, 5, (meta_batch, k, 1))
-        xq = rng.uniform(-5, 5, (meta_batch, queries, 1))
-        return [torch.tensor(a, dtype=torch.float32) for a in
-                (xs, amp * np.sin(xs - ph), xq, amp * np.sin(xq - ph))]
-    return next_batch
+    `model` holds the float32 weights every side starts from, `batch` the float32 numpy
+    meta-batch. Returns {"grad_rel_err_<side>_<dtype>": relative difference} and the
+    reference's measured condition; raises AssertionError on a disagreement."""
+    weights = [v.numpy() for v in model.trainable_variables]
+    model64 = keras_net(problem, n_way, "float64")
+    grad64 = hogrod_meta_grad(model64, loss, inner_lr, inner_steps, task_map)
+    n = len(weights)
+
+    def fn64(inputs):  # hogrod's float64 meta-gradient at these weights and batch
+        for v, w in zip(model64.trainable_variables, inputs[:n]):
+            v.assign(w)
+        return grad64(tuple(inputs[n:]))
+
+    ref = Reference(fn64, weights + list(batch))
+    out = {"grad_condition": ref.condition}
+    grad32 = hogrod_meta_grad(model, loss, inner_lr, inner_steps, task_map)
+    sides = {"hogrod": grad32(batch)}
+    for name in peers:
+        side = make_peer(name, problem, weights, n_way, inner_lr, inner_steps, "float32")
+        if side is not None:
+            sides[name] = side[1](batch)
+    out.update({f"grad_rel_err_{k}_float32": v for k, v in
+                ref.check(sides, "float32", "meta-gradient").items()})
+    batch64 = tuple(a.astype(np.float64) if np.issubdtype(a.dtype, np.floating) else a
+                    for a in batch)
+    weights64 = [w.astype(np.float64) for w in weights]
+    sides = {}
+    for name in peers:
+        if name == "jax" and not jax_float64(True):
+            continue
+        try:
+            side = make_peer(name, problem, weights64, n_way, inner_lr, inner_steps,
+                             "float64")
+            if side is not None:
+                sides[name] = side[1](batch64)
+        finally:
+            if name == "jax":
+                jax_float64(False)
+    out.update({f"grad_rel_err_{k}_float64": v for k, v in
+                ref.check(sides, "float64", "meta-gradient").items()})
+    return out
+
+
+def make_peer(name, problem, weights, n_way, inner_lr, inner_steps, dtype):
+    """`jax_peer` or `torch_peer` by name."""
+    if name == "jax":
+        return jax_peer(problem, weights, inner_lr, inner_steps, dtype)
+    return torch_peer(problem, weights, n_way, inner_lr, inner_steps, dtype)
 
 
 @gin.configurable
 def bench_maml(output_dir, problem="sinusoid", meta_batch=25, k=10, queries=None, n_way=5,
-               inner_lr=0.01, inner_steps=1, task_map="vectorized", jit_compile=False,
-               rounds=20, steps_per_round=25, warmup=20, torch_threads=None,
-               check_float64=False, float64_tasks=2):
-    """Steps/s of both, medians over interleaved rounds; returns the metrics.
+               inner_lr=0.01, inner_steps=1, task_map="vectorized",
+               peers: tuple[str, ...] = PEERS, rounds=20, steps_per_round=25, warmup=1,
+               runs: harness.PositiveInt = 1, check_tasks=None, torch_threads=None,
+               steps_per_execution=None):
+    """Steps/s of hogrod and its peers, medians over interleaved rounds; the metrics.
 
     Args:
       output_dir: the run's directory (unused: nothing is saved but the metrics).
@@ -269,79 +348,81 @@ def bench_maml(output_dir, problem="sinusoid", meta_batch=25, k=10, queries=None
       inner_lr: the inner step's rate.
       inner_steps: inner steps per task.
       task_map: hogrod's `maml` task_map: 'vectorized', 'sequential' or 'recomputed'.
-      jit_compile: `make_train_step`'s (XLA for the loss and its gradient).
-      rounds: interleaved timing rounds.
+      peers: the peers timed, of `PEERS` ('jax', 'torch_func'); one not installed is
+        skipped.
+      rounds: interleaved timing rounds per run.
       steps_per_round: steps per candidate per round.
-      warmup: untimed steps of each first.
+      warmup: untimed rounds of steps of each first.
+      runs: timing runs in a row (each `rounds` rounds); with more than one the metrics
+        also hold each run's ratios (`*_runs`).
+      check_tasks: the agreement check's tasks (its float64 reference, every side in
+        float32 and float64); None: meta_batch.
       torch_threads: torch's intra-op threads (`torch.set_num_threads`); None: torch's
         default.
-      check_float64: also compare the meta-gradients in float64 first (with torch), on
-        `float64_tasks` tasks.
-      float64_tasks: the float64 comparison's tasks.
+      steps_per_execution: given to `train.train_loop` when set; None: its default.
 
     Returns:
-      The metrics: rates, the ratio and the agreement's relative errors (None without
-      torch), the settings.
+      The metrics: steps/s, ratios, agreement (relative differences from the float64
+      reference and its condition), versions and settings; a skipped peer's are None.
     """
     del output_dir
     where = "bench_maml"
     checks.choice(problem, PROBLEMS, "problem", where)
     check_task_map(task_map, where)
+    for name in peers:
+        checks.choice(name, PEERS, "peers", where)
     queries = k if queries is None else queries
-    metrics = {"grad_rel_err_torch_func": None, "grad_rel_err_torch_func_float64": None,
-               "steps_per_s_torch_func": None, "ratio_hogrod_over_torch_func": None,
-               "torch": None, "torch_threads": None}
+    check_tasks = meta_batch if check_tasks is None else check_tasks
     loss = mse if problem == "sinusoid" else cross_entropy
-    try:
-        import torch
-    except ImportError:
-        torch = None  # torch_step logs it
-    if torch is not None and torch_threads is not None:
-        torch.set_num_threads(torch_threads)
-
-    def sample(seed, tasks, dtype):  # one numpy meta-batch
-        if problem == "omniglot":
-            return omniglot_batches(seed, 1, tasks, n_way, k, queries, dtype)[0]
-        batch = next(iter(meta.sinusoid_meta_batches(seed, tasks, k, queries)))
-        return tuple(np.asarray(a, dtype) for a in batch)
-
-    # float64 on a few tasks: TensorFlow's float64 convolutions are slow
-    if check_float64 and torch is not None:
-        model = keras_net(problem, n_way, "float64")
-        _, ref = hogrod_step(model, loss, None, inner_lr, inner_steps, task_map, False)
-        peer = torch_step(problem, model, n_way, None, inner_lr, inner_steps, "float64")
-        if peer is not None:
-            batch = sample(1, float64_tasks, "float64")
-            metrics["grad_rel_err_torch_func_float64"] = relative_error(
-                ref(batch), peer[1](batch), TOLERANCES["float64"], "meta-gradient (float64)")
+    if torch_threads is not None and "torch_func" in peers:
+        try:
+            import torch
+            torch.set_num_threads(torch_threads)
+        except ImportError:
+            pass
 
     model = keras_net(problem, n_way)
     if problem == "sinusoid":
-        batches = iter(meta.sinusoid_meta_batches(0, meta_batch, k, queries))
-        torch_batches = None if torch is None else sinusoid_torch_batches(meta_batch, k,
-                                                                          queries)
-    else:  # the same few meta-batches for both, converted once
+        check_batch = sinusoid_batches(1, check_tasks, k, queries)()
+        next_batch = sinusoid_batches(0, meta_batch, k, queries)
+        dataset = meta.sinusoid_meta_batches(0, meta_batch, k, queries)
+    else:  # the same few meta-batches for every side
+        check_batch = omniglot_batches(1, 1, check_tasks, n_way, k, queries)[0]
         drawn = omniglot_batches(0, 4, meta_batch, n_way, k, queries)
-        batches = itertools.cycle([tuple(tf.constant(a) for a in b) for b in drawn])
-        torch_drawn = None if torch is None else itertools.cycle([to_torch(b) for b in drawn])
-        torch_batches = lambda: next(torch_drawn)  # noqa: E731
-    hogrod_run, hogrod_grad = hogrod_step(model, loss, batches, inner_lr, inner_steps,
-                                          task_map, jit_compile)
-    runs = {"hogrod": hogrod_run}
-    t = torch_step(problem, model, n_way, torch_batches, inner_lr, inner_steps)
-    if t is not None:  # agreement before speed, from the same weights
-        batch = sample(1, meta_batch, "float32")
-        metrics["grad_rel_err_torch_func"] = relative_error(
-            hogrod_grad(batch), t[1](batch), TOLERANCES[problem], "meta-gradient")
-        runs["torch_func"] = t[0]
-    rates = interleaved_rates(runs, rounds, steps_per_round, warmup)
+        next_batch = itertools.cycle(drawn).__next__
+        dataset = tf.data.Dataset.from_tensor_slices(
+            tuple(np.stack(field) for field in zip(*drawn))).repeat()
+    metrics = {f"{kind}_{name}": None for name in peers for kind in (
+        "steps_per_s", "ratio_hogrod_over", "grad_rel_err")}
+    metrics.update(check_agreement(problem, n_way, inner_lr, inner_steps, task_map, loss,
+                                   model, check_batch, peers))
+    weights = [v.numpy() for v in model.trainable_variables]
+    candidates = {"hogrod": hogrod_run(model, loss, dataset, inner_lr, inner_steps, task_map,
+                                       steps_per_round, steps_per_execution)}
+    for name in peers:
+        side = make_peer(name, problem, weights, n_way, inner_lr, inner_steps, "float32")
+        if side is not None:
+            candidates[name] = side[0](next_batch, steps_per_round)
+    per_run = []
+    for _ in range(runs):
+        rates = interleaved_rates(candidates, rounds, 1, warmup if not per_run else 0)
+        per_run.append({n: r * steps_per_round for n, r in rates.items()})
+    rates = {n: float(np.median([r[n] for r in per_run])) for n in candidates}
     metrics.update({f"steps_per_s_{n}": r for n, r in rates.items()})
-    if t is not None:
-        metrics.update(torch=torch.__version__, torch_threads=torch.get_num_threads(),
-                       ratio_hogrod_over_torch_func=rates["hogrod"] / rates["torch_func"])
-    metrics.update(tensorflow=tf.__version__, problem=problem, task_map=task_map,
-                   jit_compile=jit_compile, meta_batch=meta_batch, k=k, queries=queries,
-                   inner_steps=inner_steps)
+    for name in candidates:
+        if name != "hogrod":
+            metrics[f"grad_rel_err_{name}"] = metrics[f"grad_rel_err_{name}_float32"]
+            metrics[f"ratio_hogrod_over_{name}"] = rates["hogrod"] / rates[name]
+            if runs > 1:
+                metrics[f"ratio_hogrod_over_{name}_runs"] = [
+                    r["hogrod"] / r[name] for r in per_run]
+    if "torch_func" in candidates:
+        import torch
+        metrics["torch_threads"] = torch.get_num_threads()
+    modules = {"jax": ("jax", "optax"), "torch_func": ("torch",)}
+    metrics.update(versions(*[m for name in peers for m in modules[name]]), problem=problem,
+                   task_map=task_map, meta_batch=meta_batch, k=k, queries=queries,
+                   inner_steps=inner_steps, runs=runs, steps_per_execution=steps_per_execution)
     if problem == "omniglot":
         metrics["n_way"] = n_way
     for name, value in sorted(metrics.items()):

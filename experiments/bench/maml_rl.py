@@ -10,9 +10,11 @@ task's adaptation (`inner_step`, Loaded DiCE with the baseline's values) recompu
 compiled by XLA with `jit_compile`).
 PyTorch (the `bench` extra): the same computation with `torch.func.grad` for the inner
 step, `torch.func.vmap` over tasks and `functional_call`, on the Keras weights and the same
-episodes. Before timing, both meta-gradients are compared in float64 (tolerance 1e-9,
-relative) and float32 (1e-3); the binary stops if either disagrees. Without torch the
-PyTorch side is skipped (logged) and its metrics are None.
+episodes. Before timing, both float32 meta-gradients and torch's float64 one are compared
+with hogrod's float64 meta-gradient on the same float32 weights and episodes, each within
+its dtype's rounding of that computation (`experiments.bench.peers.Reference`); the binary
+stops if one disagrees. Without torch the PyTorch side is skipped (logged) and its
+metrics are None.
 
 Environment: `rl.rollout` of the same policy (its initial weights) on the meta-batch,
 compiled, against `rl.gym_rollout` of a numpy `gymnasium.Env` with the same dynamics in a
@@ -32,12 +34,9 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from experiments.bench.peers import relative_error
+from experiments.bench.peers import Reference
 from experiments.bench.timing import interleaved_rates
 from hogrod import checks, harness, models, rl
-
-TOLERANCES = {"float64": 1e-9, "float32": 1e-3}
-
 
 def _masked_mean(x, m):
     return tf.reduce_sum(x * m) / tf.maximum(tf.reduce_sum(m), tf.ones([], m.dtype))
@@ -224,6 +223,44 @@ def gym_navigation(n):
     return [Navigation] * n
 
 
+def check_agreement(sizes, policy, data, params, meta_grad, peer, torch_threads):
+    """hogrod's and torch.func's meta-gradients (float32, and torch's in float64) against
+    hogrod's float64 one on the float32 weights and episodes (`peers.Reference`).
+
+    Returns:
+      {"grad_rel_err_<side>_<dtype>": relative difference, "grad_condition": ...}.
+
+    Raises:
+      AssertionError: a side disagrees.
+    """
+    policy64, algo64, _, _, meta_grad64 = setup("float64", *sizes)
+    n = len(params)
+
+    def as64(arrays):
+        return [tf.constant(a.astype(np.float64) if np.issubdtype(a.dtype, np.floating)
+                            else a) for a in arrays]
+
+    def fn64(inputs):
+        return [g.numpy() for g in meta_grad64(
+            tf.nest.pack_sequence_as(data, as64(inputs[n:])), as64(inputs[:n]))]
+    flat = [np.asarray(p) for p in params] + [t.numpy() for t in tf.nest.flatten(data)]
+    masks = [i for i, a in enumerate(flat) if i >= n and np.isin(a, (0, 1)).all()]
+    ref = Reference(fn64, flat, exact=masks)  # the episodes' 0/1 masks are exact
+    sides = {"hogrod": [g.numpy() for g in meta_grad(data, params)]}
+    if peer is not None:
+        sides["torch_func"] = peer()
+    out = {f"grad_rel_err_{k}_float32": v for k, v in
+           ref.check(sides, "float32", "meta-gradient").items()}
+    if peer is not None:
+        for v, w in zip(policy64.trainable_variables, flat[:n]):
+            v.assign(w.astype(np.float64))
+        data64 = tf.nest.pack_sequence_as(data, as64(flat[n:]))
+        peer64 = torch_meta_grad(policy64, algo64, data64, torch_threads)
+        out.update({f"grad_rel_err_{k}_float64": v for k, v in
+                    ref.check({"torch_func": peer64()}, "float64", "meta-gradient").items()})
+    return dict(out, grad_condition=ref.condition)
+
+
 @gin.configurable
 def bench_maml_rl(output_dir, meta_batch=20, batch=20, horizon=100, inner_lr=0.1,
                   rounds=10, steps_per_round=5, warmup=3, env_rounds=3,
@@ -242,7 +279,8 @@ def bench_maml_rl(output_dir, meta_batch=20, batch=20, horizon=100, inner_lr=0.1
       warmup: untimed calls of each meta-gradient first (of each rollout: at most 1).
       env_rounds: interleaved rounds of the rollout timing (one rollout each).
       vector_envs: the gymnasium vector environments, "sync" and/or "async".
-      check_float64: compare the meta-gradients in float64 first (with torch).
+      check_float64: first compare hogrod's and torch's meta-gradients (float32, and
+        torch's in float64) with hogrod's float64 one (`check_agreement`).
       torch_threads: torch's intra-op threads (`torch.set_num_threads`); None: torch's
         default. On a loaded machine fewer threads than cores avoids OpenMP barriers
         waiting on descheduled threads.
@@ -253,17 +291,15 @@ def bench_maml_rl(output_dir, meta_batch=20, batch=20, horizon=100, inner_lr=0.1
       The metrics: rates, ratios (None without torch), the agreement's relative errors.
     """
     del output_dir
-    metrics = {"grad_rel_err_float64": None, "grad_rel_err_float32": None,
+    metrics = {"grad_rel_err_torch_func_float64": None, "grad_rel_err_torch_func_float32": None,
                "steps_per_s_torch_func": None, "ratio_hogrod_over_torch_func": None,
                "torch": None, "torch_threads": None}
     sizes = (meta_batch, batch, horizon, inner_lr, task_map, jit_compile)
-    for dtype in ("float64", "float32") if check_float64 else ("float32",):
-        policy, algo, data, params, meta_grad = setup(dtype, *sizes)
-        peer = torch_meta_grad(policy, algo, data, torch_threads)
-        if peer is not None:  # agreement before speed, on the same weights and episodes
-            metrics[f"grad_rel_err_{dtype}"] = relative_error(
-                [g.numpy() for g in meta_grad(data, params)], peer(), TOLERANCES[dtype],
-                f"meta-gradient ({dtype})")
+    policy, algo, data, params, meta_grad = setup("float32", *sizes)
+    peer = torch_meta_grad(policy, algo, data, torch_threads)
+    if check_float64:  # agreement before speed, on the same weights and episodes
+        metrics.update(check_agreement(sizes, policy, data, params, meta_grad, peer,
+                                       torch_threads))
     runs = {"hogrod": lambda: meta_grad(data, params)[-1].numpy()}
     if peer is not None:
         runs["torch_func"] = peer

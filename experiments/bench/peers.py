@@ -1,8 +1,15 @@
-"""What the benchmarks compare hogrod with, beside the benchmarks (never installed): the
-ridge hyperproblem of the hypergradient benchmarks with its closed-form hypergradient, and
-the DeepXDE peers of the PINN benchmarks (`deepxde_*_data`, `check_deepxde_peer`,
-`deepxde_glorot_normal`: DeepXDE's `"Glorot normal"` under Keras 3 gives every layer and seed
-the same weights), and `relative_error`, the agreement check of the `torch.func` peers.
+"""What the benchmarks compare hogrod with, beside the benchmarks (never installed):
+
+- the agreement check a benchmark makes before timing two computations, `Reference`: each
+  side against a float64 reference on the same inputs, with a tolerance derived from
+  float32's rounding of that computation (`relative_error` its measure); `versions`, the
+  peers' versions a ratio was measured against;
+- the ridge hyperproblem of the hypergradient benchmarks, with its closed-form hypergradient;
+- the DeepXDE peers of the PINN benchmarks (`deepxde_*_data`, `check_deepxde_peer`,
+  `deepxde_glorot_normal`: DeepXDE's `"Glorot normal"` under Keras 3 gives every layer and
+  seed the same weights);
+- the MAML benchmark's torch network (`torch_maml_net`, the weight layouts `torch_layout`
+  and `keras_layout`, `to_torch`).
 """
 
 import math
@@ -220,12 +227,106 @@ def check_deepxde_peer(data, prob, terms, n_collocation, n_condition, where, sol
                              "prob.grid")
 
 
+def torch_maml_net(problem, n_way, image_size=28):
+    """The MAML benchmark's torch peer network: (torch module, loss(outputs, targets)), the
+    computation of `experiments.bench.maml.keras_net` (the sinusoid's 1-40-40-1 ReLU MLP,
+    MSE; conv4, cross-entropy), its parameters in the Keras model's order."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    if problem == "sinusoid":
+        return (nn.Sequential(nn.Linear(1, 40), nn.ReLU(), nn.Linear(40, 40), nn.ReLU(),
+                              nn.Linear(40, 1)),
+                lambda out, y: torch.mean((out - y) ** 2))
+
+    class SamePad(nn.Module):
+        """TensorFlow's 'same' padding of a 3x3 window of stride 2: the total padding
+        (2 (ceil(n / 2) - 1) + 3 - n) split with the smaller half before."""
+
+        def forward(self, x):
+            pads = []
+            for n in (x.shape[-1], x.shape[-2]):  # F.pad: (left, right, top, bottom)
+                total = max(2 * ((n + 1) // 2 - 1) + 3 - n, 0)
+                pads += [total // 2, total - total // 2]
+            return F.pad(x, pads)
+
+    class BatchNorm(nn.Module):
+        """Keras's BatchNormalization in training mode: the batch's mean and (biased)
+        variance, epsilon 1e-3, differentiated exactly to every order (`F.batch_norm`'s
+        double backward under `vmap` is wrong)."""
+
+        def __init__(self, channels):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(channels))
+            self.bias = nn.Parameter(torch.zeros(channels))
+
+        def forward(self, x):
+            mean = x.mean((0, 2, 3), keepdim=True)
+            variance = ((x - mean) ** 2).mean((0, 2, 3), keepdim=True)
+            scale = torch.rsqrt(variance + 1e-3) * self.weight[:, None, None]
+            return (x - mean) * scale + self.bias[:, None, None]
+
+    class FlattenNHWC(nn.Module):
+        """Keras's Flatten of an NHWC tensor: rows, then columns, then channels."""
+
+        def forward(self, x):
+            return x.permute(0, 2, 3, 1).flatten(1)
+
+    layers, channels, side = [], 1, image_size
+    for _ in range(4):
+        layers += [SamePad(), nn.Conv2d(channels, 64, 3, stride=2), BatchNorm(64), nn.ReLU()]
+        channels, side = 64, (side + 1) // 2
+    layers += [FlattenNHWC(), nn.Linear(64 * side * side, n_way)]
+    return nn.Sequential(*layers), F.cross_entropy
+
+
+def torch_layout(w):
+    """A Keras weight as torch holds it: kernels [in, out] -> [out, in], [h, w, in, out]
+    -> [out, in, h, w]."""
+    return w.T if w.ndim == 2 else w.transpose(3, 2, 0, 1) if w.ndim == 4 else w
+
+
+def keras_layout(w):
+    """`torch_layout`'s inverse."""
+    return w.T if w.ndim == 2 else w.transpose(2, 3, 1, 0) if w.ndim == 4 else w
+
+
+def to_torch(batch):
+    """A numpy or TensorFlow meta-batch as torch tensors: images NHWC -> NCHW, integer
+    labels int64 (torch's cross-entropy takes no other)."""
+    import torch
+    out = []
+    for a in batch:
+        a = np.asarray(a)
+        if a.ndim == 5:  # [tasks, examples, h, w, c]
+            a = a.transpose(0, 1, 4, 2, 3)
+        if np.issubdtype(a.dtype, np.integer):
+            a = a.astype(np.int64)
+        out.append(torch.from_numpy(np.ascontiguousarray(a)))
+    return out
+
+
+def versions(*modules):
+    """{module: its `__version__`, None where it is not installed} for TensorFlow and
+    `modules` (the peers' import names: 'torch', 'jax', 'deepxde', ...), for the metrics:
+    a ratio is measured against one build of each (torch's CPU and CUDA builds share a
+    version number but not the kernels: `torch.__version__` says which)."""
+    import importlib
+    out = {"tensorflow": tf.__version__}
+    for name in modules:
+        try:
+            out[name] = importlib.import_module(name).__version__
+        except ImportError:
+            out[name] = None
+    return out
+
+
 def relative_error(ref, got, tol, what):
     """The relative difference of two lists of arrays, raising above `tol`.
 
     Args:
-      ref: hogrod's gradients.
-      got: the peer's, the same shapes and order.
+      ref: the reference arrays.
+      got: the compared arrays, the same shapes and order.
       tol: the largest relative difference accepted.
       what: the comparison's name, for the message.
 
@@ -236,11 +337,88 @@ def relative_error(ref, got, tol, what):
       AssertionError: the difference exceeds `tol` or the shapes differ.
     """
     if [np.shape(a) for a in ref] != [np.shape(a) for a in got]:
-        raise AssertionError(f"{what}: gradient shapes differ")
-    r = np.concatenate([np.ravel(a) for a in ref])
-    g = np.concatenate([np.ravel(a) for a in got])
+        raise AssertionError(f"{what}: shapes differ: {[np.shape(a) for a in got]} against "
+                             f"the reference's {[np.shape(a) for a in ref]}")
+    r = np.concatenate([np.ravel(np.asarray(a, np.float64)) for a in ref])
+    g = np.concatenate([np.ravel(np.asarray(a, np.float64)) for a in got])
     err = float(np.linalg.norm(g - r) / np.linalg.norm(r))
     if not err <= tol:
-        raise AssertionError(f"{what}: torch.func's meta-gradient disagrees with hogrod's: "
-                             f"rel err {err:.2e} > {tol:.0e}")
+        raise AssertionError(f"{what} disagrees with the float64 reference: rel err "
+                             f"{err:.2e} > {tol:.2e}")
     return err
+
+
+# Float32's unit roundoff: a float32 computation's result carries, relative to the exact
+# result on the same (float32) inputs, about this times the computation's condition, times
+# a count of roundings along its longest chain.
+EPS = {"float32": float(np.finfo(np.float32).eps), "float64": float(np.finfo(np.float64).eps)}
+# Float32 rounds every intermediate of a computation, not only its inputs; the measured
+# condition (`Reference.condition`) covers the inputs' rounding, and this factor the
+# intermediates': at each of a few dozen sequential stages (layers, an inner step and its
+# backward, the outer backward) the rounding is amplified at most as the inputs' is. Too
+# small, it fails on another CPU's summation order (the conv4 meta-gradient: 2e-3 between
+# two float32 kernels); a wrong layout, transposed kernel or missing term is off by 1e-2 to 1.
+ROUNDING_FACTOR = 64.0
+
+
+class Reference:
+    """A float64 reference of a benchmark's computation and the tolerance each side gets.
+
+    Built from `fn64(inputs)`, the computation in float64 (any side's, the one the
+    benchmark trusts) on `inputs`, a list of numpy arrays (weights, data): the float32
+    inputs every side is given, so the reference is the exact result on exactly those;
+    `exact` lists the positions of inputs that are exact in any dtype (0/1 masks), never
+    moved.
+    Its relative condition is measured at float32's rounding: `fn64` again on inputs each
+    of whose floating entries is moved by a random +-eps32 relative (a float32 rounding of
+    the inputs), the largest relative change over `draws` such moves, over eps32, at
+    least 1. A side computing in `dtype` agrees when its relative difference from the
+    reference is at most `ROUNDING_FACTOR * EPS[dtype] * condition`: float32's rounding
+    of that computation, not another float32 side's, so another CPU's kernels do not
+    change the verdict.
+
+    Attributes:
+      value: the float64 reference (a list of arrays).
+      condition: the measured relative condition (>= 1).
+    """
+
+    def __init__(self, fn64, inputs, draws=2, seed=0, exact=()):
+        inputs = [np.asarray(a) for a in inputs]
+        exact = set(exact)  # indicators (0/1 masks): exact in every dtype, never moved
+        as64 = [a.astype(np.float64) if np.issubdtype(a.dtype, np.floating) else a
+                for a in inputs]
+        self.value = [np.asarray(v, np.float64) for v in fn64(as64)]
+        rng = np.random.default_rng(seed)
+        ref = np.concatenate([v.ravel() for v in self.value])
+        change = 0.0
+        for _ in range(draws):
+            moved = [a * (1 + EPS["float32"] * rng.choice([-1.0, 1.0], a.shape))
+                     if np.issubdtype(a.dtype, np.floating) and i not in exact else a
+                     for i, a in enumerate(as64)]
+            got = np.concatenate([np.ravel(np.asarray(v, np.float64)) for v in fn64(moved)])
+            change = max(change, float(np.linalg.norm(got - ref) / np.linalg.norm(ref)))
+        self.condition = max(change / EPS["float32"], 1.0)
+
+    def tolerance(self, dtype):
+        """The relative difference a side computing in `dtype` may show (see the class)."""
+        return ROUNDING_FACTOR * EPS[dtype] * self.condition
+
+    def check(self, sides, dtype, what):
+        """Each side against the reference; raises on the first that disagrees.
+
+        Args:
+          sides: {name: list of arrays in the reference's order and shapes}.
+          dtype: the sides' computing dtype, 'float32' or 'float64'.
+          what: the computation's name, for the message.
+
+        Returns:
+          {name: relative difference from the reference}.
+
+        Raises:
+          AssertionError: a side's difference exceeds `tolerance(dtype)` (naming it, the
+            tolerance and the condition), or its shapes differ.
+        """
+        tol = self.tolerance(dtype)
+        return {name: relative_error(
+            self.value, got, tol, f"{what}: {name} ({dtype}, tolerance {ROUNDING_FACTOR:g} x "
+            f"eps x condition {self.condition:.3g})") for name, got in sides.items()}

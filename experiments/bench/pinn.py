@@ -29,8 +29,12 @@ same run on the same weights and points, interleaved:
 
     python -m experiments.bench.pinn --gin_file=experiments/bench/configs/pinn.gin
 
+Agreement before speed: every candidate's gradient against the float64 gradient on the same
+float32 weights and points, within float32's rounding of that computation
+(`experiments.bench.peers.Reference`; TF's nested forward accumulators only reported).
 Reported: evaluations/s (median of the rounds, and the best round: `best_*`, what a loaded
-machine disturbs least), each gradient's error against hogrod_partials', and the ratios.
+machine disturbs least), each gradient's error against the float64 one, the ratios
+(`ratio_hogrod_over_deepxde_tf`: DeepXDE's time over hogrod's) and the peers' versions.
 The time to 1e-2 and 1e-3 against DeepXDE's Burgers example is `experiments.bench.pinn_convergence`.
 
 The matmul floor says how far any TensorFlow evaluation could go. Per hidden-to-hidden
@@ -52,6 +56,7 @@ import tensorflow as tf
 from absl import logging
 
 import hogrod
+from experiments.bench.peers import Reference, relative_error, versions
 from experiments.bench.timing import floor_metrics, interleaved_samples, matmul_floor
 from hogrod.models import dense_net
 from hogrod import harness, pinn
@@ -237,6 +242,21 @@ def jax_candidate(net, x):
     return lambda: [np.asarray(a) for a in jax.block_until_ready(grad(params))]
 
 
+def float64_gradient(width, depth):
+    """`fn64(inputs)`: the mean squared Burgers residual's gradient in float64 by the
+    nested-tape `partials` at inputs = weights (model order), points."""
+    net64 = dense_net((2,) + (width,) * depth + (1,), "tanh", dtype="float64")
+    pde = pinn.pdes.burgers(NU)
+
+    def fn64(inputs):
+        for v, w in zip(net64.trainable_variables, inputs[:-1]):
+            v.assign(w)
+        x = tf.constant(inputs[-1])
+        return [g.numpy() for g in hogrod.grad(lambda: tf.reduce_mean(tf.square(
+            pinn.residual(pde, net64, x, use_jet=False))), net64.trainable_variables)]
+    return fn64
+
+
 @gin.configurable
 def bench_pinn(output_dir, points=10000, width=20, depth=8, rounds=10, calls_per_round=3,
                warmup=3):
@@ -260,16 +280,17 @@ def bench_pinn(output_dir, points=10000, width=20, depth=8, rounds=10, calls_per
         c = make(net, x)
         if c is not None:
             candidates[name] = c
-    ref = np.concatenate([g.ravel() for g in candidates["hogrod_partials"]()])
-    m = {}
-    for name, fn in candidates.items():  # agreement before speed
-        got = np.concatenate([g.ravel() for g in fn()])
-        err = m[f"grad_rel_err_{name}"] = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
-        # hogrod's and the jets: float32 rounding only, not 1e-3
-        tol = 1e-5 if name.startswith(("hogrod", "taylor_mode_fused")) else 1e-3
-        if err > tol and name != "tf_forward_mode":  # that one is measured, not trusted
-            raise AssertionError(f"{name}'s gradient disagrees with hogrod's: rel err {err:.2e}"
-                                 f" (tolerance {tol:g})")
+    # agreement before speed: every gradient against the float64 one on the same weights
+    # and points; TF's nested forward accumulators are measured, not trusted
+    ref = Reference(float64_gradient(width, depth), [v.numpy() for v in
+                                                     net.trainable_variables] + [x.numpy()])
+    sides = {name: fn() for name, fn in candidates.items()}
+    untrusted = sides.pop("tf_forward_mode")
+    m = {f"grad_rel_err_{k}": v for k, v in ref.check(sides, "float32", "the Burgers "
+                                                      "residual's gradient").items()}
+    m["grad_rel_err_tf_forward_mode"] = relative_error(ref.value, untrusted, np.inf,
+                                                       "tf_forward_mode")
+    m["grad_condition"] = ref.condition
     products, floor_of = matmul_floor(points, width, 12 * (depth - 1))
     samples = interleaved_samples(dict(candidates, **products), rounds, calls_per_round, warmup)
     rates = {k: float(np.median(r)) for k, r in samples.items()}
@@ -295,7 +316,7 @@ def bench_pinn(output_dir, points=10000, width=20, depth=8, rounds=10, calls_per
     m.update(floor_metrics(floor, rates))  # depth 1: no hidden-to-hidden products, no floor
     for k, v in sorted(m.items()):
         print(f"{k:35s} {v:.4g}")
-    return dict(m, points=points, width=width, depth=depth)
+    return dict(m, points=points, width=width, depth=depth, **versions("deepxde", "jax"))
 
 
 def main():

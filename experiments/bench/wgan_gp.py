@@ -26,6 +26,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
+from experiments.bench.peers import versions
 from experiments.bench.timing import floor_metrics, interleaved_rates, matmul_floor
 from hogrod.models import relu_mlp as mlp
 from hogrod import gan, harness
@@ -123,7 +124,7 @@ def bench_wgan_gp(output_dir, width: harness.PositiveInt = 512, depth: harness.P
     m.update(floor_metrics(floor, {k: rates[k] for k in runs}))
     for k, v in sorted(m.items()):
         print(f"{k:40s} {v:.4g}")
-    return dict(m, width=width, depth=depth, batch=batch)
+    return dict(m, width=width, depth=depth, batch=batch, **versions("torch"))
 
 
 def main():
