@@ -1,11 +1,14 @@
 """Every benchmark binary under experiments/bench/ runs to completion from its smoke config
 (`experiments/bench/configs/<name>_smoke.gin`: the full config with small sizes), as a
-newcomer runs it from the repository root, its agreement checks included. A peer that is
-installed here (the `bench` extra) takes part and its ratio is reported; one that is not
-leaves hogrod's side running and its metrics None. kfac-jax lives in its own environment
-(jax 0.9.0, `experiments/bench/kfac_jax_peer.py`): its side runs when the environment
-variable KFAC_JAX_PYTHON names that environment's python, else hogrod's K-FAC and Adam steps
-run alone (the binary logs it)."""
+newcomer runs it from the repository root, its agreement checks included:
+`python -m experiments.bench.<binary> --gin_file=experiments/bench/configs/<name>_smoke.gin`.
+The suite runs here the smokes of the binaries no other test runs; each other binary is run
+small by the test named in OWN_TEST (the suite's 10 minutes hold one run per binary, not
+two). A peer that is installed here (the `bench` extra) takes part and its ratio is
+reported; one that is not leaves hogrod's side running and its metrics None. kfac-jax lives
+in its own environment (jax 0.9.0, `experiments/bench/kfac_jax_peer.py`): its side runs when
+the environment variable KFAC_JAX_PYTHON names that environment's python, else hogrod's
+K-FAC and Adam steps run alone (the binary logs it)."""
 
 import glob
 import importlib
@@ -30,6 +33,40 @@ PEER_METRICS = {
     "pinn": {"deepxde": "ratio_hogrod_over_deepxde_tf", "jax": "ratio_hogrod_over_jax"},
     "wgan_gp": {"torch": "ratio_over_torch"},
 }
+
+
+# {smoke config: the test that runs its binary small instead of the smoke}
+OWN_TEST = {
+    "curvature_ops": ("tests/test_bench_curvature_ops.py",
+        "test_every_operator_is_timed_against_the_gradient"),
+    "hvp": ("tests/test_harness.py",
+        "test_bench_hvp_binary_runs_and_checks_agreement"),
+    "hypergrad_cost": ("tests/test_bench_hypergrad_cost.py",
+        "test_cost_binary_reports_smallest_k_and_consistent_counts"),
+    "hypergrad_ridge": ("tests/test_hypergrad.py",
+        "test_bench_binary_smoke"),
+    "maml": ("tests/test_harness.py",
+        "test_bench_maml_binary_runs"),
+    "maml_rl": ("tests/test_bench_maml_rl.py",
+        "test_tiny_run_checks_agreement_and_times_the_meta_gradient_and_both_rollouts"),
+    "navigation2d_baselines": ("tests/test_bench_navigation2d_baselines.py",
+        "test_every_policy_and_seed_runs_once_and_the_summary_is_the_t_interval"),
+    "newton_cg": ("tests/test_second_order_hf.py",
+        "test_newton_cg_on_rosenbrock_reaches_the_target_in_fewer_hvps_than_scipy"),
+    "pinn": ("tests/test_pinn.py",
+        "test_bench_binary_checks_agreement_and_runs"),
+    "pinn_convergence": ("tests/test_pinn.py",
+        "test_convergence_benchmark_records_error_curves"),
+    "pinn_highdim": ("tests/test_pinn_highdim.py",
+        "test_the_highdim_benchmark_times_both_laplacians_and_their_ratio"),
+    "pinnacle_table": ("tests/test_pinnacle_table.py",
+        "test_table_aggregates_finished_runs"),
+    "scaling": ("tests/test_scale_out.py",
+        "test_scaling_benchmark_measures_each_replica_count_in_its_own_process"),
+    "wgan_gp": ("tests/test_gan.py",
+        "test_bench_binary_runs"),
+}
+IN_SUITE = [c for c in SMOKES if os.path.basename(c)[:-len("_smoke.gin")] not in OWN_TEST]
 
 
 def binaries():
@@ -57,10 +94,17 @@ def test_every_benchmark_binary_has_a_smoke_config():
         full = os.path.basename(config).replace("_smoke", "")
         with open(config) as f:
             assert f"include 'experiments/bench/configs/{full}'" in f.read(), config
+    # the others' tests exist and run their binary
+    for name, (path, function) in OWN_TEST.items():
+        test = f"{path}::{function}"
+        with open(os.path.join(REPO_ROOT, path)) as f:
+            text = f.read()
+        assert f"def {function}(" in text, test
+        assert binary_of(os.path.join(BENCH, "configs", name + "_smoke.gin")) in text, test
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", SMOKES, ids=lambda c: os.path.basename(c)[:-4])
+@pytest.mark.parametrize("config", IN_SUITE, ids=lambda c: os.path.basename(c)[:-4])
 def test_the_smoke_run_completes(config, tmp_path, monkeypatch):
     monkeypatch.chdir(REPO_ROOT)  # where a benchmark runs: its configs' includes start there
     name = os.path.basename(config)[:-len("_smoke.gin")]

@@ -239,34 +239,6 @@ def test_bench_maml_binary_runs(tmp_path):
     assert metrics["steps_per_s_hogrod"] > 0
 
 
-def test_bench_maml_binary_runs_the_omniglot_conv4_step(tmp_path):
-    from experiments.bench import maml as bench_maml
-    _, m = harness.run(bench_maml.bench_maml, [bench_config("maml_omniglot")],
-                       ["bench_maml.meta_batch = 2", "bench_maml.queries = 1",
-                        "bench_maml.rounds = 1", "bench_maml.steps_per_round = 1",
-                        "bench_maml.warmup = 1"], str(tmp_path))
-    assert m["steps_per_s_hogrod"] > 0
-    assert (m["problem"], m["task_map"], m["jit_compile"]) == ("omniglot", "sequential", False)
-    if m["torch"] is None:  # the bench extra is not installed: no PyTorch side
-        assert m["ratio_hogrod_over_torch_func"] is None and m["grad_rel_err_torch_func"] is None
-    else:
-        assert m["grad_rel_err_torch_func"] <= bench_maml.TOLERANCES["omniglot"]
-        assert m["grad_rel_err_torch_func_float64"] <= bench_maml.TOLERANCES["float64"]
-
-
-def test_bench_maml_weight_layouts_are_inverse_and_the_agreement_check_fires():
-    from experiments.bench import maml as bench_maml
-    kernel = np.arange(3 * 3 * 2 * 4.0).reshape(3, 3, 2, 4)  # [h, w, in, out]
-    assert bench_maml.torch_layout(kernel).shape == (4, 2, 3, 3)  # [out, in, h, w]
-    assert bench_maml.torch_layout(kernel)[3, 1, 0, 2] == kernel[0, 2, 1, 3]
-    for w in (kernel, np.arange(6.0).reshape(2, 3), np.arange(3.0)):
-        np.testing.assert_array_equal(bench_maml.keras_layout(bench_maml.torch_layout(w)), w)
-    ref = [kernel + 1, np.ones(4)]
-    assert bench_maml.relative_error(ref, [a.copy() for a in ref], 0.0, "same") == 0.0
-    with pytest.raises(AssertionError, match="disagrees"):
-        bench_maml.relative_error(ref, [kernel[::-1] + 1, ref[1]], 1e-4, "flipped")
-
-
 def test_a_bad_input_raised_during_the_run_exits_2_with_its_message_alone(tmp_path, capsys,
                                                                           monkeypatch):
     from experiments import maml

@@ -56,8 +56,8 @@ def build(family, strategy):
         with strategy.scope():
             generator, critic = _mlp(2, 2, 256, 3, "relu"), _mlp(2, 1, 256, 3, "relu")
             opts = [keras.optimizers.Adam(1e-4, beta_1=0.5, beta_2=0.9) for _ in range(2)]
-        step = gan.make_wgan_gp_step(generator, critic, *opts, latent_dim=2, n_critic=1,
-                                     strategy=strategy)
+        step = gan.make_gan_step(generator, critic, *opts, latent_dim=2, n_critic=1,
+                                 strategy=strategy)
         data = gan.with_noise(gan.toy_batches("eight_gaussians", 512, 0), 2)
         it = iter(distribute.distribute_dataset(strategy, data))
         return lambda: step.critic_step(next(it)), 512

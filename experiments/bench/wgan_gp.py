@@ -62,9 +62,9 @@ def eager_step(width, depth, batch, lam):
 
 def hogrod_step(width, depth, batch, lam):
     gen, critic = tf_models(width, depth)
-    step = gan.make_wgan_gp_step(gen, critic, keras.optimizers.Adam(1e-4, beta_1=0.0, beta_2=0.9),
-                                 keras.optimizers.Adam(1e-4), 2, penalty=gan.gradient_penalty,
-                                 penalty_weight=lam, n_critic=1)
+    step = gan.make_gan_step(gen, critic, keras.optimizers.Adam(1e-4, beta_1=0.0, beta_2=0.9),
+                             keras.optimizers.Adam(1e-4), 2,
+                             critic_penalties=[(gan.gradient_penalty, lam, 1)], n_critic=1)
     real = tf.random.normal([batch, 2])
     return lambda: float(step.critic_step(real)["loss"])
 
