@@ -58,7 +58,8 @@ def gan_step(strategy, penalty=gan.gradient_penalty, optimizer=_adam):
         generator, critic = mlp(2, 2), mlp(2, 1)
         opt_c, opt_g = optimizer(), optimizer()
     step = gan.make_gan_step(generator, critic, opt_c, opt_g, latent_dim=2, n_critic=2,
-                             critic_penalties=[(penalty, 10.0, 1)], strategy=strategy)
+                             critic_penalties=[(penalty, 10.0, 1)] if penalty else [],
+                             strategy=strategy)
     data = gan.with_noise(gan.toy_batches("eight_gaussians", 32, seed=0), latent_dim=2)
     batches = iter(distribute.distribute_dataset(strategy, data))
     before = flat(critic.trainable_variables + generator.trainable_variables)

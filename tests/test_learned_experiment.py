@@ -246,8 +246,8 @@ def test_a_learned_optimizer_is_saved_and_compared_with_adam_on_heldout_tasks(tm
     family = learned.digits_mlp(classes=2, hidden_sizes=(4,), batch_size=4)
     np.testing.assert_allclose(curves["adam_0.1"], learned.training_curves(  # the held-out tasks
         optim.adam(0.1), family, [0, 1], 8, mode="sequential"), rtol=1e-6)
-    saved = tf.nest.flatten(learned.mlp_optimizer(4, 1, (0.9,), timescales=()).load(
-        os.path.join(out, "learned_optimizer.npz")))
+    lopt = learned.mlp_optimizer(4, 1, (0.9,), step_mult=1e-2, timescales=())  # the config's
+    saved = tf.nest.flatten(lopt.load(os.path.join(out, "learned_optimizer.npz")))
     reader = tf.train.load_checkpoint(os.path.join(out, "ckpt"))
     for i, leaf in enumerate(saved):  # theta leads the checkpointed MetaState's leaves
         np.testing.assert_array_equal(

@@ -175,6 +175,31 @@ def test_auto_falls_back_to_the_plain_step_with_one_warning_where_xla_cannot_com
     assert_same(values(variables), before)
 
 
+def test_auto_leaves_xla_with_one_warning_where_it_compiles_the_step_anew_at_every_call(caplog):
+    """A `tf.vectorized_map` in the step makes XLA compile it at every call (its input a
+    compile-time constant): after the first calls "auto" runs the plain step, the same steps
+    in float64. Oracle: the plain step."""
+    x = tf.constant(np.random.default_rng(0).normal(size=(256, 3)))
+    runs = {}
+    for jit in ("auto", False):
+        w = tf.Variable(tf.constant([0.3, -0.2, 0.5], tf.float64))
+        def objective(batch, w=w):
+            return tf.reduce_mean(tf.vectorized_map(
+                lambda r: tf.reduce_sum(tf.sin(r * w) * tf.tanh(r - w)) ** 2, x))
+        step = train.make_train_step(objective, keras.optimizers.SGD(0.1), [w],
+                                     jit_compile=jit)
+        with caplog.at_level(logging.WARNING):
+            caplog.clear()
+            for _ in range(5):
+                step(None)
+            warned = [r.getMessage() for r in caplog.records if "anew" in r.getMessage()]
+        runs[jit] = w.numpy(), warned, step
+    (auto, warned, step), (plain, _, _) = runs["auto"], runs[False]
+    assert len(warned) == 1 and "make_train_step.jit_compile = False" in warned[0], warned
+    assert step.jit_compile is False
+    np.testing.assert_allclose(auto, plain, rtol=1e-12)
+
+
 def test_auto_keeps_a_graph_assertion_that_xla_would_drop():
     variables, objective, data = problem()
 

@@ -11,8 +11,10 @@
   traced graph holds assertions, `hogrod.checks.require` in a graph, which XLA drops, so
   the checks would silently vanish; or random ops, which XLA draws otherwise for the same
   seed), the function runs as a plain `tf.function` instead, and ONE absl warning says why
-  and which binding skips the attempt. Every later call takes the path chosen; nothing is
-  re-decided per call.
+  and which binding skips the attempt. Every later call takes the path chosen, with one
+  exception: if XLA compiles the function anew at each of its first calls (an input taken
+  as a compile-time constant, as `tf.vectorized_map`'s does), it takes the plain function
+  from then on, with one warning.
 - `True`: XLA required; its error, if it cannot compile, is raised at the first call.
 - `False`: a plain `tf.function`.
 
@@ -21,6 +23,7 @@ What XLA changes besides speed where "auto" takes it: floating-point sums in ano
 (as reproducible, but other ones) and no graph assertions.
 """
 
+import time
 from typing import Any, Callable, Literal, Optional
 
 import tensorflow as tf
@@ -59,6 +62,11 @@ def check_jit_compile(jit_compile: Any, where: str) -> bool | Literal["auto"]:
 _RANDOM_PREFIXES = ("StatelessTruncatedNormal", "StatelessMultinomial", "StatelessParameterized",
                     "TruncatedNormal", "Multinomial", "StatefulUniform", "StatefulStandardNormal",
                     "StatefulTruncatedNormal", "StatefulRandom", "Rng")
+
+
+# The recompile check: the first call and the next two timed; those two each taking more
+# than this share of the first (a compile), and more than this many seconds.
+_RECOMPILE_CALLS, _RECOMPILE_SHARE, _RECOMPILE_SECONDS = 3, 0.5, 0.005
 
 
 def _graph_blocker(concrete) -> Optional[str]:
@@ -110,6 +118,7 @@ class AutoCompiled:
         self._plain = tf.function(fn, autograph=autograph)
         self.jit_compile: Optional[bool] = None
         self.reason: Optional[str] = None
+        self._seconds: list = []  # the first XLA calls' times, until the recompile check
 
     def _decide(self, args, kwargs) -> None:
         # Tracing errors (the user's code) are raised as they are, not taken for a refusal.
@@ -133,7 +142,30 @@ class AutoCompiled:
             if not tf.executing_eagerly():
                 return self._plain(*args, **kwargs)
             self._decide(args, kwargs)
+        if self.jit_compile and len(self._seconds) < _RECOMPILE_CALLS and tf.executing_eagerly():
+            start = time.perf_counter()
+            out = self._xla(*args, **kwargs)
+            self._seconds.append(time.perf_counter() - start)
+            self._check_recompiling()
+            return out
         return (self._xla if self.jit_compile else self._plain)(*args, **kwargs)
+
+    def _check_recompiling(self) -> None:
+        """After the first calls: a step that takes as long as its first call (which
+        compiled it) every time is compiled anew at every call (XLA takes an input as a
+        compile-time constant: `tf.vectorized_map`'s pfor does this), hundreds of times
+        slower than the plain function; it takes the plain function from then on."""
+        if len(self._seconds) < _RECOMPILE_CALLS:
+            return
+        first, later = self._seconds[0], self._seconds[1:]
+        if min(later) > max(_RECOMPILE_SHARE * first, _RECOMPILE_SECONDS):
+            self.jit_compile = False
+            self.reason = (f"XLA compiled the step anew at each call ({first:.2f} s for the "
+                           f"first, {min(later):.2f} s or more for the next)")
+            logging.warning("%s: jit_compile='auto' runs a plain tf.function from here on: %s; "
+                            "often a tf.vectorized_map in the step (hogrod.taskmap."
+                            "vectorized_map compiles once). Bind %s.jit_compile = False to skip "
+                            "the attempt.", self.where, self.reason, self.where)
 
     @property
     def function(self) -> Callable:
