@@ -121,9 +121,18 @@ class AutoCompiled:
         self._seconds: list = []  # the first XLA calls' times, until the recompile check
 
     def _decide(self, args, kwargs) -> None:
-        # Tracing errors (the user's code) are raised as they are, not taken for a refusal.
-        concrete = self._xla.get_concrete_function(*args, **kwargs)
-        reason = _graph_blocker(concrete)
+        # A tracing error is the user's code's, raised as it is, unless only the XLA trace
+        # fails (code that takes another branch under XLA: `taskmap.vectorized_map`).
+        try:
+            concrete = self._xla.get_concrete_function(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 (re-raised unless the plain trace succeeds)
+            try:
+                self._plain.get_concrete_function(*args, **kwargs)
+            except Exception:  # noqa: BLE001
+                raise e from None
+            concrete, xla_trace_error = None, e
+        reason = (f"tracing it for XLA failed: {_first_line(xla_trace_error)}"
+                  if concrete is None else _graph_blocker(concrete))
         if reason is None:
             try:  # lowered to HLO, not run: no state changes
                 self._xla.experimental_get_compiler_ir(*args, **kwargs)(stage="hlo")
