@@ -55,6 +55,9 @@ def tf_candidates(model, x, y, vector, jit_compile):
     grad = tf.function(lambda: hogrod.grad(loss, params), jit_compile=jit_compile)
     default = tf.function(lambda v: hogrod.hvp(loss, params, v), jit_compile=jit_compile)
     out = {"grad": lambda: grad(), "hvp_default": lambda: default(vector)}  # a user's call
+    # many products of one function: `hvp_operator`, traced once, called directly
+    operator = hogrod.hvp_operator(loss, params, jit_compile=jit_compile)
+    out["hvp_operator"] = lambda: operator(vector)
     for mode in hogrod.autodiff.HVP_MODES:
         fn = hvp_fn(mode)
         out[f"hvp_{mode}"] = lambda fn=fn: fn(vector)
