@@ -72,15 +72,22 @@ def numpy_update(theta, config, params, grads, momenta, second, count):
             h = h @ np.asarray(layer["kernel"]) + np.asarray(layer["bias"])
             if i < len(theta) - 1:
                 h = np.maximum(h, 0)
-        step = config["step_mult"] * h[:, 0] * np.exp(config["exp_mult"] * h[:, 1])
+        step = config["step_mult"] * h[:, 0]
+        if config["adam_learning_rate"]:  # Adam's step, as keras.optimizers.Adam's docs
+            t = count + 1
+            m1 = m[:, list(config["decays"]).index(0.9)]
+            step = step + (config["adam_learning_rate"] * np.sqrt(1 - b ** t) / (1 - 0.9 ** t)
+                           * m1 / (np.sqrt(v) + 1e-7))
+        step = step * np.exp(config["exp_mult"] * h[:, 1])
         out_p.append(p - step.reshape(p.shape))
         out_m.append(m.reshape(p.shape + (k,)))
         out_v.append(v.reshape(p.shape))
     return out_p, out_m, out_v
 
 
-def test_the_update_is_the_documented_formula_in_float64():
-    lopt = small_mlp()
+@pytest.mark.parametrize("adam_learning_rate", [0.0, 0.05])
+def test_the_update_is_the_documented_formula_in_float64(adam_learning_rate):
+    lopt = small_mlp(adam_learning_rate=adam_learning_rate)
     theta = random_theta(lopt)
     opt = lopt.optimizer(theta)
     params, grads = params_and_grads()
@@ -95,6 +102,23 @@ def test_the_update_is_the_documented_formula_in_float64():
                              want_p + want_m + want_v):
             np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-15)
     assert int(state.count) == 3 and params[2].shape == ()
+
+
+def test_with_its_heads_at_zero_the_adam_started_optimizer_is_optim_adam():
+    """The optimizer `adam_learning_rate` starts from: with the direction and magnitude
+    columns of the last kernel and bias at 0, its steps are `hogrod.optim.adam`'s."""
+    lopt = small_mlp(adam_learning_rate=0.03)
+    theta = random_theta(lopt)
+    theta[-1] = {"kernel": tf.zeros_like(theta[-1]["kernel"]),
+                 "bias": tf.zeros_like(theta[-1]["bias"])}
+    learned, adam = lopt.optimizer(theta), optim.adam(0.03, b2=0.8)
+    params, grads = params_and_grads(2)
+    ours, theirs = (params, learned.init(params)), (params, adam.init(params))
+    for g in grads + grads:
+        ours, theirs = learned.update(g, ours[1], ours[0]), adam.update(g, theirs[1], theirs[0])
+        for a, b in zip(ours[0], theirs[0]):
+            np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-12, atol=1e-15)
+    assert not np.allclose(ours[0][0].numpy(), params[0].numpy())
 
 
 def test_the_update_under_tf_function_equals_eager_and_traces_once():
@@ -484,7 +508,9 @@ def test_training_curves_train_held_out_tasks_with_any_optimizer():
     (dict(decays=(0.5, 1.0)), r"decays\[1\]"), (dict(decays=()), "decays"),
     (dict(second_moment_decay=0.0), "second_moment_decay"), (dict(step_mult=0), "step_mult"),
     (dict(exp_mult=-1e-3), "exp_mult"), (dict(timescales=(1, -2)), r"timescales\[1\]"),
-    (dict(dtype="int32"), "dtype"), (dict(dtype=1), "dtype")])
+    (dict(dtype="int32"), "dtype"), (dict(dtype=1), "dtype"),
+    (dict(adam_learning_rate=-1e-3), "adam_learning_rate"),
+    (dict(adam_learning_rate=1e-3, decays=(0.5, 0.99)), "adam_learning_rate")])
 def test_mlp_optimizer_names_a_bad_setting(kwargs, named):
     with pytest.raises(checks.ArgumentError, match=f"mlp_optimizer: {named}"):
         mlp_optimizer(**kwargs)

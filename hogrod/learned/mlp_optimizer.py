@@ -12,7 +12,14 @@ gradient g (shapes flattened to n entries; t the step count before the update):
     normalized column by column over the tensor:  f <- f / sqrt(1e-5 + mean_n(f^2))
     x = [normalized features, tanh(t / s - 1) for each timescale s]     (n x (F + S))
     (direction, magnitude) = MLP(x): `hidden_layers` ReLU layers of `hidden_size`, then 2
-    p <- p - step_mult * direction * exp(exp_mult * magnitude)
+    p <- p - (step_mult * direction + adam) * exp(exp_mult * magnitude)
+    adam = adam_learning_rate * sqrt(1 - b^(t+1)) / (1 - 0.9^(t+1)) * m_0.9 / (sqrt(v) + 1e-7)
+
+`adam` is Adam's step (`hogrod.optim.adam`'s, b1 = 0.9 being one of the decays, b2 = b) at
+`adam_learning_rate`, 0 by default (learned_optimization's optimizer). With a rate, the
+learned optimizer starts as that Adam (its direction small, its magnitude 0) and
+meta-training learns a correction and a per-entry scale of Adam's step, rather than an
+update from scratch.
 
 The momenta and second moment are updated before the features are taken (as
 learned_optimization does); a scalar parameter is a tensor of one entry (its normalization
@@ -51,6 +58,8 @@ RMS_EPS = 1e-6
 #: learned_optimization's decays and the timescales of its step embedding.
 DECAYS = (0.1, 0.5, 0.9, 0.99, 0.999, 0.9999)
 TIMESCALES = (1, 3, 10, 30, 100, 300, 1000, 3000, 10000, 30000, 100000)
+#: Adam's first-moment decay and epsilon (`hogrod.optim.adam`'s) for `adam_learning_rate`.
+ADAM_B1, ADAM_EPS = 0.9, 1e-7
 
 
 class MLPOptimizerState(NamedTuple):
@@ -84,7 +93,7 @@ def feature_count(decays: int) -> int:
 
 
 def _check_config(hidden_size, hidden_layers, decays, second_moment_decay, step_mult,
-                  exp_mult, timescales, dtype):
+                  exp_mult, timescales, dtype, adam_learning_rate=0.0):
     where = "hogrod.learned.mlp_optimizer"
     hidden_size = checks.integer(hidden_size, "hidden_size", where, least=1)
     hidden_layers = checks.integer(hidden_layers, "hidden_layers", where, least=0)
@@ -103,9 +112,14 @@ def _check_config(hidden_size, hidden_layers, decays, second_moment_decay, step_
     timescales = [checks.positive(s, f"timescales[{i}]", where)
                   for i, s in enumerate(timescales)]
     dtype = base.float_dtype(dtype, where)
+    adam_learning_rate = checks.nonnegative(adam_learning_rate, "adam_learning_rate", where)
+    if adam_learning_rate and ADAM_B1 not in decays:
+        raise checks.ArgumentError(f"{where}: adam_learning_rate > 0 takes Adam's momentum "
+                                   f"from the decay {ADAM_B1}, which decays {decays} lacks")
     return dict(hidden_size=hidden_size, hidden_layers=hidden_layers, decays=decays,
                 second_moment_decay=second_moment_decay, step_mult=step_mult,
-                exp_mult=exp_mult, timescales=timescales, dtype=dtype.name)
+                exp_mult=exp_mult, timescales=timescales, dtype=dtype.name,
+                adam_learning_rate=adam_learning_rate)
 
 
 def _layer_sizes(config):
@@ -163,14 +177,28 @@ def _mlp(theta, x):
     return h[:, 0], h[:, 1]
 
 
-def _step_of(config, theta, p, features, embedding):
-    """The step of one tensor (flattened) from its features."""
+def _adam_step(config, m, v, count):
+    """Adam's step at `adam_learning_rate` from the momentum of decay 0.9 and the second
+    moment (flattened, already updated), as `hogrod.optim.adam` takes it at step count+1."""
+    dtype = v.dtype
+    t = tf.cast(count + 1, dtype)
+    b1, b2 = tf.constant(ADAM_B1, dtype), tf.constant(config["second_moment_decay"], dtype)
+    alpha = (tf.constant(config["adam_learning_rate"], dtype) * tf.sqrt(1 - tf.pow(b2, t))
+             / (1 - tf.pow(b1, t)))
+    m1 = m[:, config["decays"].index(ADAM_B1)]
+    return alpha * m1 / (optim.safe_sqrt(v) + tf.constant(ADAM_EPS, dtype))
+
+
+def _step_of(config, theta, p, features, embedding, adam):
+    """The step of one tensor (flattened) from its features and Adam's step (None: none)."""
     n = tf.shape(features)[0]
     x = tf.concat([features, tf.tile(embedding[None, :], tf.stack([n, 1]))], axis=1)
     direction, magnitude = _mlp(theta, x)
     dtype = p.dtype
-    return (tf.constant(config["step_mult"], dtype) * direction
-            * tf.exp(tf.constant(config["exp_mult"], dtype) * magnitude))
+    step = tf.constant(config["step_mult"], dtype) * direction
+    if adam is not None:
+        step = step + adam
+    return step * tf.exp(tf.constant(config["exp_mult"], dtype) * magnitude)
 
 
 def _init_state(config, params):
@@ -204,8 +232,10 @@ def _build(config, theta_in):
         new_p, new_m, new_v = [], [], []
         for p, g, m, v in zip(p_leaves, g_leaves, m_leaves, v_leaves):
             features, m_new, v_new = _features(config, p, g, m, v)
+            adam = (_adam_step(config, m_new, v_new, count)
+                    if config["adam_learning_rate"] else None)
             step = _step_of(config, theta, p, features,
-                            _step_embedding(config, count, p.dtype))
+                            _step_embedding(config, count, p.dtype), adam)
             new_p.append(p - tf.reshape(step, _shape(p)))
             new_m.append(tf.reshape(m_new, _shape(m)))
             new_v.append(tf.reshape(v_new, _shape(v)))
@@ -250,8 +280,8 @@ def _check_update(where, config, grads, state, params, theta):
 def mlp_optimizer(hidden_size: int = 32, hidden_layers: int = 2,
                   decays: Sequence[float] = DECAYS, second_moment_decay: float = 0.999,
                   step_mult: float = 0.001, exp_mult: float = 0.001,
-                  timescales: Sequence[float] = TIMESCALES,
-                  dtype: DType = "float32") -> base.LearnedOptimizer:
+                  timescales: Sequence[float] = TIMESCALES, dtype: DType = "float32",
+                  adam_learning_rate: float = 0.0) -> base.LearnedOptimizer:
     """The per-parameter MLP learned optimizer (the module docstring has the update).
 
     Args:
@@ -265,6 +295,9 @@ def mlp_optimizer(hidden_size: int = 32, hidden_layers: int = 2,
         timescales: the step embedding's timescales, each > 0 (may be empty); default
             learned_optimization's 1, 3, 10, ..., 100000.
         dtype: theta's dtype, which must be the params'; default "float32".
+        adam_learning_rate: the rate of Adam's step added to the learned direction and
+            scaled with it by the learned magnitude, >= 0 (needs 0.9 among `decays`);
+            default 0 (none). With it the optimizer starts as Adam at that rate.
 
     Returns:
         A `LearnedOptimizer` named "mlp_optimizer"; theta is a list with one
@@ -274,7 +307,7 @@ def mlp_optimizer(hidden_size: int = 32, hidden_layers: int = 2,
         ArgumentError: a setting is out of range or of the wrong type (named).
     """
     config = _check_config(hidden_size, hidden_layers, decays, second_moment_decay, step_mult,
-                           exp_mult, timescales, dtype)
+                           exp_mult, timescales, dtype, adam_learning_rate)
     return base.LearnedOptimizer("mlp_optimizer", config, _spec(config),
                                  lambda seed: _init(config, seed),
                                  lambda theta: _build(config, theta),
