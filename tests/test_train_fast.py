@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 from hogrod import checks, train
+from hogrod.train import execution
 
 RTOL = 1e-12
 
@@ -88,6 +89,25 @@ def test_several_steps_per_call_take_the_same_steps_and_call_back_per_step(sourc
         for k in a:
             np.testing.assert_allclose(a[k], p[k], rtol=RTOL)
     assert four_last == four_seen[-1][1]
+
+
+def test_a_run_in_several_train_loop_calls_traces_its_several_step_call_once():
+    """A run in rounds (a benchmark, an evaluation between calls) reuses the several-step
+    call its first round traced, and takes the steps of one call."""
+    runs = {}
+    for rounds in ((12,), (5, 7)):
+        variables, objective, data = problem()
+        step = make_step(variables, objective)
+        iterator = iter(data.repeat())
+        for steps in rounds:  # no checkpointer: each call counts its own steps
+            logs = train.train_loop(step, iterator, steps, log_every=None,
+                                    steps_per_execution=3)
+        runs[rounds] = values(variables), logs
+        raw = step.get_concrete_function(data.element_spec).structured_outputs
+        several = execution.multi_step(step, raw, True)  # the one train_loop built
+        assert several.experimental_get_tracing_count() == 1
+    assert_same(runs[5, 7][0], runs[12,][0])
+    assert runs[5, 7][1] == pytest.approx(runs[12,][1], rel=RTOL)
 
 
 def test_a_non_finite_step_inside_a_call_stops_the_call_before_later_steps_update():

@@ -14,6 +14,7 @@ logs come back, so `train_loop` names the step and checks, summarizes and calls 
 step.
 """
 
+import weakref
 from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
@@ -21,7 +22,12 @@ import tensorflow as tf
 
 from hogrod.types import Batch
 
-__all__ = ["MultiStep"]
+__all__ = ["MultiStep", "multi_step"]
+
+# {step_fn: {(log names, dtypes, from_graph_iterator): its MultiStep}}: a later train_loop
+# call with the same step (a run in rounds, a benchmark) reuses the traced loop instead of
+# tracing it again. The MultiStep refers to its step weakly, so the entry goes with it.
+_BUILT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _all_finite(values: list) -> tf.Tensor:
@@ -43,13 +49,21 @@ class MultiStep:
 
     def __init__(self, step_fn: Callable[[Batch], Mapping[str, Any]],
                  logs: Mapping[str, Any], from_graph_iterator: bool) -> None:
-        self.step_fn = step_fn
+        try:
+            self._step_ref = weakref.ref(step_fn)
+        except TypeError:  # not weakly referable: held
+            self._step_ref = lambda: step_fn
         self.names = list(logs)
         self.dtypes = [tf.convert_to_tensor(v).dtype for v in logs.values()]
         self.from_graph_iterator = from_graph_iterator
         # one trace for every call length from a graph iterator; one per length otherwise
         self._loop = tf.function(self._graph_loop)
         self._unrolled = tf.function(self._given_batches)
+
+    @property
+    def step_fn(self) -> Callable[[Batch], Mapping[str, Any]]:
+        """The train step."""
+        return self._step_ref()
 
     def _values(self, logs):
         if set(logs) != set(self.names):
@@ -89,6 +103,15 @@ class MultiStep:
             rows.append(values)
         return ran, [tf.stack([row[j] for row in rows]) for j in range(len(self.names))]
 
+    def experimental_get_tracing_count(self) -> int:
+        """How many times the several-step call has been traced (both kinds of iterator).
+
+        Returns:
+          The traces of its `tf.function`s.
+        """
+        return (self._loop.experimental_get_tracing_count()
+                + self._unrolled.experimental_get_tracing_count())
+
     def __call__(self, iterator: Iterator[Batch], n: int) -> list[dict[str, float]]:
         """Run up to `n` steps in one call.
 
@@ -108,3 +131,27 @@ class MultiStep:
         columns = [np.asarray(a)[:ran] for a in arrays]
         return [{name: float(col[j]) for name, col in zip(self.names, columns)}
                 for j in range(ran)]
+
+
+def multi_step(step_fn: Callable[[Batch], Mapping[str, Any]], logs: Mapping[str, Any],
+               from_graph_iterator: bool) -> MultiStep:
+    """The `MultiStep` of `step_fn`, built once per step, logs and iterator kind and reused
+    by later calls (so a `train_loop` run in several calls traces its loop once).
+
+    Args:
+      step_fn: the train step (as `MultiStep`'s).
+      logs: one step's logs (as `MultiStep`'s).
+      from_graph_iterator: as `MultiStep`'s.
+
+    Returns:
+      The `MultiStep`, new or the one an earlier call built.
+    """
+    key = (tuple(logs), tuple(tf.convert_to_tensor(v).dtype for v in logs.values()),
+           from_graph_iterator)
+    try:
+        built = _BUILT.setdefault(step_fn, {})
+    except TypeError:  # not weakly referable (a bound method): built anew
+        return MultiStep(step_fn, logs, from_graph_iterator)
+    if key not in built:
+        built[key] = MultiStep(step_fn, logs, from_graph_iterator)
+    return built[key]

@@ -24,7 +24,7 @@ import tensorflow as tf
 from absl import logging
 
 from hogrod import checks
-from hogrod.train.execution import MultiStep
+from hogrod.train.execution import multi_step
 from hogrod.types import Batch, Scalar
 
 __all__ = ["Checkpointer", "train_loop", "NonFiniteError", "CheckpointMismatchError"]
@@ -199,7 +199,8 @@ def train_loop(step_fn: Callable[[Batch], Mapping[str, Scalar]], iterator: Itera
     from a tf.data iterator. Calls end at the run's multiples of N (counted over the run,
     so a resumed run ends its calls where an uninterrupted one does), at checkpoints and at
     `steps`; the first call of each `train_loop` call is a single step (it makes a
-    `compiled` step's XLA decision). Each step's logs still come back: the NaN guard,
+    `compiled` step's XLA decision; later `train_loop` calls with the same step reuse
+    the several-step call the first traced). Each step's logs still come back: the NaN guard,
     summaries, progress and `callback` are per step, the last two run after the call
     that holds the step, when the model is at the call's last step. So a callback that
     reads or changes the model (an evaluation, a schedule) must act at multiples of N,
@@ -269,7 +270,7 @@ def train_loop(step_fn: Callable[[Batch], Mapping[str, Scalar]], iterator: Itera
             if several is None:
                 raw = step_fn(next(iterator))
                 if per_call > 1:
-                    several = MultiStep(step_fn, raw, _is_iterator(iterator))
+                    several = multi_step(step_fn, raw, _is_iterator(iterator))
                 done = [{k: float(v) for k, v in raw.items()}]
             else:
                 done = several(iterator, min(per_call - step % per_call, steps - step,
