@@ -115,6 +115,9 @@ def vectorized_map(fn: Callable[[Tree], Tree], elems: Tree) -> Tree:
             return tf.map_fn(fn, elems, fn_output_signature=_signature(fn, elems))
         flat = tf.nest.flatten(elems)
         n = flat[0].shape[0] if flat[0].shape[0] is not None else tf.shape(flat[0])[0]
+        if n == 1:  # pfor's converter fails on some ops with one iteration (a conv's rank)
+            row = tf.nest.map_structure(lambda t: t[0], elems)
+            return tf.nest.map_structure(lambda t: t[None], fn(row))
         return loop(lambda i: fn(tf.nest.map_structure(lambda t: tf.gather(t, i), elems)), n,
                     fallback_to_while_loop=True)
 

@@ -293,6 +293,26 @@ def test_jit_compiled_maml_step_takes_the_meta_batch_as_input():
         np.testing.assert_allclose(jit(batch)["loss"], plain(batch)["loss"], rtol=1e-5)
 
 
+def test_a_one_task_meta_batch_of_a_conv_net_compiles_under_xla_as_the_plain_step():
+    """One task under XLA: the vectorized map's pfor fails on a conv net's inner gradient
+    with one iteration; the task is then mapped as itself. Oracle: the plain tf.function's
+    meta-loss, float64."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((5, 5, 1), dtype="float64"),
+                              keras.layers.Conv2D(2, 3, dtype="float64"),
+                              keras.layers.Flatten(dtype="float64"),
+                              keras.layers.Dense(3, dtype="float64")])
+    ce = lambda y, logits: tf.reduce_mean(  # noqa: E731
+        tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits))
+    algo = meta.maml(model, ce, inner_lr=0.4, task_map="vectorized")
+    rng = np.random.default_rng(0)
+    batch = (tf.constant(rng.normal(size=(1, 3, 5, 5, 1))), tf.constant([[0, 1, 2]]),
+             tf.constant(rng.normal(size=(1, 6, 5, 5, 1))), tf.constant([[0, 1, 2] * 2]))
+    loss = lambda b: algo.meta_loss(b)["loss"]  # noqa: E731
+    np.testing.assert_allclose(tf.function(loss, jit_compile=True)(batch).numpy(),
+                               tf.function(loss)(batch).numpy(), rtol=1e-12)
+
+
 def test_maml_through_batch_statistics_matches_central_differences_to_second_order():
     """BatchNorm on the batch's statistics: the meta-gradient against float64 central
     differences of the meta-loss. Keras's batch variance (tf.nn.moments) stops the
