@@ -195,6 +195,43 @@ def test_auto_falls_back_to_the_plain_step_with_one_warning_where_xla_cannot_com
     assert_same(values(variables), before)
 
 
+def test_auto_takes_the_plain_step_where_only_the_xla_trace_fails_and_raises_a_plain_error(
+        caplog):
+    """Code that takes another branch under XLA and fails there: "auto" runs the plain step
+    with one warning naming the trace's error; an error of the plain trace too (the user's
+    code) is raised as it is."""
+    from tensorflow.python.ops import control_flow_util
+
+    def under_xla():
+        return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+    for fails_plain in (False, True):
+        variables, objective, data = problem()
+
+        def picky(batch, objective=objective, fails_plain=fails_plain):
+            if under_xla() or fails_plain:
+                raise ValueError("this branch is broken")
+            return objective(batch)
+
+        step = make_step(variables, picky)
+        if fails_plain:
+            with pytest.raises(ValueError, match="this branch is broken"):
+                step(next(iter(data)))
+            continue
+        with caplog.at_level(logging.WARNING):
+            for batch in data.take(2):
+                step(batch)
+        warned = [r.getMessage() for r in caplog.records if "jit_compile" in r.getMessage()]
+        assert len(warned) == 1 and "tracing it for XLA failed" in warned[0], warned
+        assert "this branch is broken" in warned[0]
+        assert step.jit_compile is False and step.experimental_get_tracing_count() == 1
+        plain_vars, plain_objective, _ = problem()
+        plain = make_step(plain_vars, plain_objective, False)
+        for batch in data.take(2):
+            plain(batch)
+        assert_same(values(variables), values(plain_vars))
+
+
 def test_auto_leaves_xla_with_one_warning_where_it_compiles_the_step_anew_at_every_call(caplog):
     """A `tf.vectorized_map` in the step makes XLA compile it at every call (its input a
     compile-time constant): after the first calls "auto" runs the plain step, the same steps

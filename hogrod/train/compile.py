@@ -90,6 +90,8 @@ def _graph_blocker(concrete) -> Optional[str]:
 def _first_line(error: Exception) -> str:
     lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
     text = lines[0] if lines else type(error).__name__
+    if text.startswith("in user code") and len(lines) > 1:  # autograph's: the error is last
+        text = lines[-1]
     # tf2xla's refusal names the op on a later line ("... PyFunc (No registered ...)")
     detail = next((ln for ln in lines[1:] if "No registered" in ln or "unsupported" in ln), "")
     return (text + (" " + detail if detail else ""))[:400]
