@@ -276,8 +276,9 @@ def test_bench_binary_checks_agreement_and_runs(tmp_path):
     _, m = harness.run(bench_pinn.bench_pinn, [bench_config("pinn")],
                        ["bench_pinn.points = 64", "bench_pinn.depth = 2", "bench_pinn.rounds = 1",
                         "bench_pinn.calls_per_round = 1", "bench_pinn.warmup = 1"], str(tmp_path))
-    assert m["evals_per_s_hogrod"] > 0 and m["evals_per_s_hogrod_xla"] > 0
-    assert m["grad_rel_err_hogrod_xla"] < 1e-4  # XLA computes the same gradient
+    assert m["evals_per_s_hogrod"] > 0 and m["evals_per_s_hogrod_plain"] > 0
+    # the default (one XLA computation) and the plain tf.function: the same gradient
+    assert max(m["grad_rel_err_hogrod"], m["grad_rel_err_hogrod_plain"]) < 1e-4
     # the hand-written Taylor-mode jet is an independent derivation of the same gradient
     assert m["grad_rel_err_taylor_mode"] < 1e-4 and m["evals_per_s_taylor_mode"] > 0
     # the operator jet (3 channels, hand-written backward) is another derivation of it

@@ -3,13 +3,16 @@
 One evaluation = u, u_x, u_t, u_xx of a tanh MLP (Raissi's 8 x 20) at every point, the
 mean squared residual, and its gradient with respect to the weights. Candidates, in the
 same run on the same weights and points, interleaved:
-- hogrod: `pinn.residual` in a `tf.function`, exactly `pinn_experiment`'s default training
-  step: its default derivative path, the operator jet (`pinn.residual`'s `use_jet`: u, u_x and
-  Burgers' declared linear part u_t - nu u_xx as one channel, `PDE.linear`) in an inner
-  XLA-compiled function; `hogrod_xla`: the whole step under XLA (`make_train_step.jit_compile`);
-  `hogrod_unfolded`: the generic jet of the wanted partials (u, u_x, u_t, u_xx: nu a
-  callable, so nothing is folded); the default without the inner XLA is `hogrod_jet`
-  below (`residual(..., jit_compile=False)`, `pinn_experiment.jet_jit_compile = False`);
+- hogrod: `pinn.residual` and its gradient as `pinn_experiment`'s default training step
+  computes them: the whole step one XLA computation (`train.compiled(..., "auto")`, the
+  default `jit_compile` of `make_train_step` and the binary), its default derivative path
+  the operator jet (`pinn.residual`'s `use_jet`: u, u_x and Burgers' declared linear part
+  u_t - nu u_xx as one channel, `PDE.linear`); `hogrod_plain`: the step as a plain
+  `tf.function` (`pinn_experiment.jit_compile = False`), the jet alone in an inner
+  XLA-compiled function; `hogrod_unfolded`: the generic jet of the wanted partials (u, u_x,
+  u_t, u_xx: nu a callable, so nothing is folded); the plain step without the inner XLA is
+  `hogrod_jet` below (`residual(..., jit_compile=False)`, `pinn_experiment.jet_jit_compile
+  = False`);
 - hogrod_partials: the nested-tape `hogrod.pinn.partials` (the default before the jet, and
   the fallback for any other network or PDE: `residual(..., use_jet=False)`), and the same
   under XLA (`hogrod_partials_xla`);
@@ -59,7 +62,7 @@ import hogrod
 from experiments.bench.peers import Reference, relative_error, versions
 from experiments.bench.timing import floor_metrics, interleaved_samples, matmul_floor
 from hogrod.models import dense_net
-from hogrod import harness, pinn
+from hogrod import harness, pinn, train
 from hogrod.pinn.jet import tanh_mlp_jet
 
 NU = 0.01 / math.pi
@@ -70,18 +73,19 @@ def make_net(width, depth):
     return dense_net((2,) + (width,) * depth + (1,), "tanh")
 
 
-def hogrod_candidate(net, x, jit_compile=False, use_jet=True, fold=True):
-    """`pinn.residual` in a `tf.function`: with the defaults, what `pinn_experiment`'s default
-    training step does (the operator jet in its inner XLA function, Burgers' u_t - nu u_xx
-    one channel); use_jet=False: the nested-tape `partials`; jit_compile: the whole step
-    under XLA; fold=False: nu as a callable, so u_t and u_xx are two channels (the generic
-    jet of any PDE's wanted partials)."""
+def hogrod_candidate(net, x, jit_compile="auto", use_jet=True, fold=True):
+    """`pinn.residual` and its gradient compiled as `make_train_step` compiles a step
+    (`train.compiled`): with the defaults, what `pinn_experiment`'s default training step
+    does (one XLA computation; the operator jet, Burgers' u_t - nu u_xx one channel);
+    jit_compile=False: a plain `tf.function` (the jet in its inner XLA function);
+    use_jet=False: the nested-tape `partials`; fold=False: nu as a callable, so u_t and
+    u_xx are two channels (the generic jet of any PDE's wanted partials)."""
     pde = pinn.pdes.burgers(NU if fold else (lambda: NU))
 
-    @tf.function(jit_compile=jit_compile)
-    def run():
+    def step():
         return hogrod.grad(lambda: tf.reduce_mean(tf.square(pinn.residual(
             pde, net, x, use_jet=use_jet))), net.trainable_variables)
+    run = train.compiled(step, jit_compile, "bench_pinn")
     return lambda: [g.numpy() for g in run()]
 
 
@@ -263,11 +267,12 @@ def bench_pinn(output_dir, points=10000, width=20, depth=8, rounds=10, calls_per
     net = make_net(width, depth)
     x = tf.constant(pinn.sample(pinn.Box((-1.0, 0.0), (1.0, 1.0)), points, "sobol", 0))
     candidates = {"hogrod": hogrod_candidate(net, x),
-                  "hogrod_xla": hogrod_candidate(net, x, jit_compile=True),
-                  "hogrod_partials": hogrod_candidate(net, x, use_jet=False),
+                  "hogrod_plain": hogrod_candidate(net, x, jit_compile=False),
+                  "hogrod_partials": hogrod_candidate(net, x, jit_compile=False,
+                                                      use_jet=False),
                   "hogrod_partials_xla": hogrod_candidate(net, x, jit_compile=True,
                                                           use_jet=False),
-                  "hogrod_unfolded": hogrod_candidate(net, x, fold=False),
+                  "hogrod_unfolded": hogrod_candidate(net, x, jit_compile=False, fold=False),
                   "tf_forward_mode": forward_mode_candidate(net, x),
                   "taylor_mode": taylor_mode_candidate(net, x),
                   "taylor_mode_fused": taylor_mode_fused_candidate(net, x),
@@ -306,8 +311,7 @@ def bench_pinn(output_dir, points=10000, width=20, depth=8, rounds=10, calls_per
     for k in rates:
         if k in ("deepxde_tf", "jax"):
             m[f"ratio_hogrod_over_{k}"] = rates["hogrod"] / rates[k]
-            m[f"ratio_hogrod_xla_over_{k}"] = rates["hogrod_xla"] / rates[k]
-            for j in ("hogrod_partials", "hogrod_partials_xla", "hogrod_unfolded",
+            for j in ("hogrod_plain", "hogrod_partials", "hogrod_partials_xla", "hogrod_unfolded",
                       "hogrod_jet", "hogrod_jet_xla", "hogrod_jet_tape",
                       "hogrod_jet_rows_xla", "taylor_mode_fused"):
                 m[f"ratio_{j}_over_{k}"] = rates[j] / rates[k]
