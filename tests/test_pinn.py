@@ -193,7 +193,10 @@ def test_a_run_stopped_during_lbfgs_resumes_its_error_curve_and_clock(tmp_path, 
     params = ["pinn_experiment.width = 16", "pinn_experiment.depth = 2",
               "pinn_experiment.n_collocation = 500", "pinn_experiment.n_condition = 100",
               "pinn_experiment.adam_steps = 60", "pinn_experiment.lbfgs_maxiter = 40",
-              "pinn_experiment.error_every = 30", "pinn_experiment.checkpoint_every = 30"]
+              "pinn_experiment.error_every = 30", "pinn_experiment.checkpoint_every = 30",
+              # plain tf.functions: the XLA compiles of the step and of L-BFGS, in both
+              # runs, were most of this test's time; it checks the curve and the clock
+              "pinn_experiment.jit_compile = False"]
 
     def killed(*args, **kwargs):
         raise Killed
