@@ -5,7 +5,10 @@ step (two for WGAN-GP: a critic and a generator update) with the data split over
 replicas, and returns the change of the weights (or the product) as one flat float64
 array; the initial weights are the same under every strategy (same seed). The
 single-device result is the oracle: under MirroredStrategy and a two-process
-MultiWorkerMirroredStrategy the arrays must agree to 1e-5. Used in-process by
+MultiWorkerMirroredStrategy the arrays must agree to 1e-5. Every step is a plain
+`tf.function` (`jit_compile=False`): under a multi-replica strategy "auto" takes the plain
+step anyway, and the single device's XLA attempt (about 15 CPU-s over the families) is
+not what these tests compare. Used in-process by
 tests/test_scale_out.py and by tests/workers/families.py (the two-process run).
 """
 
@@ -38,7 +41,7 @@ def meta_step(strategy):
         algo = meta.maml(model, lambda y, p: tf.reduce_mean((y - p) ** 2), inner_lr=0.05,
                          inner_steps=1)
     step = train.make_train_step(algo.meta_loss, opt, model.trainable_variables,
-                                 strategy=strategy)
+                                 strategy=strategy, jit_compile=False)
     data = tf.data.Dataset.from_tensors(tasks).unbatch().batch(8)
     before = flat(model.trainable_variables)
     step(next(iter(distribute.distribute_dataset(strategy, data))))
@@ -59,7 +62,7 @@ def gan_step(strategy, penalty=gan.gradient_penalty, optimizer=_adam):
         opt_c, opt_g = optimizer(), optimizer()
     step = gan.make_gan_step(generator, critic, opt_c, opt_g, latent_dim=2, n_critic=2,
                              critic_penalties=[(penalty, 10.0, 1)] if penalty else [],
-                             strategy=strategy)
+                             strategy=strategy, jit_compile=False)
     data = gan.with_noise(gan.toy_batches("eight_gaussians", 32, seed=0), latent_dim=2)
     batches = iter(distribute.distribute_dataset(strategy, data))
     before = flat(critic.trainable_variables + generator.trainable_variables)
@@ -81,7 +84,8 @@ def pinn_step(strategy):
                                       conds)
     batch = distribute.shard(strategy, (points, conds))
     before = flat(net.trainable_variables)
-    train.make_train_step(objective, opt, net.trainable_variables, strategy=strategy)(batch)
+    train.make_train_step(objective, opt, net.trainable_variables, strategy=strategy,
+                          jit_compile=False)(batch)
     pinn_training.lbfgs(objective, net.trainable_variables, 3, strategy=strategy, batch=batch)
     return flat(net.trainable_variables) - before
 
@@ -105,7 +109,8 @@ def train_step(strategy):
     """The plain train step: a tanh MLP, SGD, two named terms; the global batch sharded."""
     with strategy.scope():
         model, opt, objective, data = make_problem()
-    step = train.make_train_step(objective, opt, model.trainable_variables, strategy=strategy)
+    step = train.make_train_step(objective, opt, model.trainable_variables, strategy=strategy,
+                                 jit_compile=False)
     before = flat(model.trainable_variables)
     step(next(iter(distribute.distribute_dataset(strategy, data.batch(GLOBAL_BATCH)))))
     return flat(model.trainable_variables) - before

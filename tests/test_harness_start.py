@@ -31,6 +31,8 @@ def run_cli(fn, files, params, out, capsys, allow_config_change=False):
 
 
 def binaries():
+    # the GAN's step a plain tf.function: these runs check the refusals and the directories;
+    # XLA's compile of a step taken once was half this test's time
     from experiments import gan as gan_binary, hessian_spectrum, maml_rl
     return {
         # MamlRL refuses the discount, the binary dtype float16 (no float16 eigh in TF)
@@ -42,7 +44,7 @@ def binaries():
                     "maml_rl_experiment.discount = 0.99"),
         "gan": (gan_binary.gan_experiment, ["configs/gan/eight_gaussians.gin"],
                 ["gan_experiment.generator_steps = 1", "gan_experiment.width = 8",
-                 "gan_experiment.eval_samples = 16"],
+                 "gan_experiment.eval_samples = 16", "make_gan_step.jit_compile = False"],
                 [("gan_experiment.dataset = 'nine_gaussians'", "nine_gaussians")],
                 "gan_experiment.dataset = 'swiss_roll'"),
         "hessian_spectrum": (hessian_spectrum.hessian_spectrum,
@@ -84,7 +86,8 @@ def test_a_longer_run_continues_from_its_checkpoint_and_records_the_change(tmp_p
     from the checkpoint, config.gin and config_changes.txt recording 3."""
     from experiments import maml
     tiny = ["sinusoid_data.eval_tasks = 4", "maml_experiment.eval_steps = (0, 1)",
-            "maml_experiment.checkpoint_every = 1"]
+            "maml_experiment.checkpoint_every = 1",
+            "make_train_step.jit_compile = False"]  # XLA's compiles: a third of the time
     args = (maml.maml_experiment, ["configs/maml/sinusoid_maml.gin"])
     code, err = run_cli(*args, tiny + ["maml_experiment.task_map = 'foo'"], tmp_path / "run",
                         capsys)

@@ -235,8 +235,11 @@ def test_every_algorithm_trains_one_compiled_step():
         opt = keras.optimizers.Adam(1e-3)
         kwargs = {"imaml": {"maxiter": 2}}.get(name, {})
         algo = factory(model, mse, inner_steps=2, **kwargs)  # small: tracing is the cost
+        # a plain tf.function: "auto" takes it too (Dropout's random ops keep XLA out), after
+        # tracing the step once more for XLA, which doubled this test's time
         step = train.make_train_step(lambda tasks: algo.meta_loss(tasks, opt.iterations), opt,
-                                     model.trainable_variables + algo.variables)
+                                     model.trainable_variables + algo.variables,
+                                     jit_compile=False)
         before = [v.numpy() for v in model.trainable_variables]
         seed_state = model.non_trainable_variables[0]
         start = seed_state.numpy()

@@ -153,7 +153,8 @@ def test_a_short_training_run_reduces_the_error_well_below_its_start(tmp_path):
     from experiments import pinn as exp
     from hogrod import harness
     small = ["pinn_experiment.width = 16", "pinn_experiment.depth = 2",
-             "pinn_experiment.n_collocation = 500", "pinn_experiment.n_condition = 100"]
+             "pinn_experiment.n_collocation = 500", "pinn_experiment.n_condition = 100",
+             "pinn_experiment.jit_compile = False"]  # XLA's compiles outweigh its 250 steps
     _, start = harness.run(exp.pinn_experiment, ["configs/pinn/heat.gin"], small + [
         "pinn_experiment.adam_steps = 0", "pinn_experiment.lbfgs_maxiter = 0"],
         str(tmp_path / "a"))
@@ -193,7 +194,10 @@ def test_a_run_stopped_during_lbfgs_resumes_its_error_curve_and_clock(tmp_path, 
     params = ["pinn_experiment.width = 16", "pinn_experiment.depth = 2",
               "pinn_experiment.n_collocation = 500", "pinn_experiment.n_condition = 100",
               "pinn_experiment.adam_steps = 60", "pinn_experiment.lbfgs_maxiter = 40",
-              "pinn_experiment.error_every = 30", "pinn_experiment.checkpoint_every = 30"]
+              "pinn_experiment.error_every = 30", "pinn_experiment.checkpoint_every = 30",
+              # plain tf.functions: the XLA compiles of the step and of L-BFGS, in both
+              # runs, were most of this test's time; it checks the curve and the clock
+              "pinn_experiment.jit_compile = False"]
 
     def killed(*args, **kwargs):
         raise Killed
