@@ -81,6 +81,10 @@ def test_several_steps_per_call_take_the_same_steps_and_call_back_per_step(sourc
                                 callback=lambda i, logs: seen.append((i, logs)))
         runs[per_call] = values(variables), seen, last
         assert step.experimental_get_tracing_count() == 1
+        # calls of 3, 4 and 3 steps: one trace of the several-step call (its XLA compile)
+        raw = step.get_concrete_function(data.element_spec).structured_outputs
+        several = execution.multi_step(step, raw, source == "tf.data")
+        assert several.experimental_get_tracing_count() == (per_call > 1)
     (one, one_seen, one_last), (four, four_seen, four_last) = runs[1], runs[4]
     assert_same(four, one)
     assert [i for i, _ in four_seen] == list(range(1, 12))

@@ -5,7 +5,9 @@ A step's fixed costs outside its arithmetic (the Python call into TensorFlow, th
 iterator's `next`, the logs brought back to the host) are paid once per call instead of once
 per step. From a tf.data iterator (or a tf.distribute one) the batches are drawn inside the
 call, by the iterator's own op; from a Python iterator the call's batches are drawn before
-it and handed in together.
+it and handed in together, stacked on a leading axis (one trace, one XLA compile of the
+step inside, whatever the call's length), or one by one where they do not stack (batches
+of different shapes: a trace per call length).
 
 The NaN guard stays per step: the call stops after the first step whose logs are not all
 finite, so no later step of the call runs (the train step's own guard has already kept that
@@ -58,6 +60,7 @@ class MultiStep:
         self.from_graph_iterator = from_graph_iterator
         # one trace for every call length from a graph iterator; one per length otherwise
         self._loop = tf.function(self._graph_loop)
+        self._stacked = None  # traced for the first call's stacked batches (leading axis None)
         self._unrolled = tf.function(self._given_batches)
 
     @property
@@ -71,7 +74,8 @@ class MultiStep:
                              f"{sorted(self.names)}, then {sorted(logs)}")
         return [tf.cast(logs[name], dtype) for name, dtype in zip(self.names, self.dtypes)]
 
-    def _graph_loop(self, iterator, n):
+    def _while(self, next_batch, n):
+        """Up to n steps in a `tf.while_loop`, step i on `next_batch(i)`."""
         arrays = [tf.TensorArray(d, size=0, dynamic_size=True, element_shape=[])
                   for d in self.dtypes]
 
@@ -79,13 +83,34 @@ class MultiStep:
             return tf.logical_and(i < n, ok)
 
         def body(i, ok, *arrays):
-            values = self._values(self.step_fn(next(iterator)))
+            values = self._values(self.step_fn(next_batch(i)))
             arrays = [a.write(i, v) for a, v in zip(arrays, values)]
             return (i + 1, _all_finite(values), *arrays)
 
         ran, _, *arrays = tf.while_loop(cond, body, (tf.constant(0), tf.constant(True),
                                                      *arrays))
         return ran, [a.stack() for a in arrays]
+
+    def _graph_loop(self, iterator, n):
+        return self._while(lambda i: next(iterator), n)
+
+    def _stacked_loop(self, stacked):
+        n = tf.shape(tf.nest.flatten(stacked)[0])[0]
+        return self._while(lambda i: tf.nest.map_structure(lambda t: t[i], stacked), n)
+
+    def _given(self, batches):
+        """The Python iterator's batches: stacked into one loop where they stack."""
+        try:
+            stacked = tf.nest.map_structure(lambda *xs: tf.stack(xs), *batches)
+        except (ValueError, TypeError, tf.errors.InvalidArgumentError):
+            return self._unrolled(tuple(batches))
+        specs = tf.nest.map_structure(
+            lambda t: tf.TensorSpec([None] + t.shape[1:].as_list(), t.dtype), stacked)
+        if self._stacked is None:
+            self._stacked = (specs, tf.function(self._stacked_loop, input_signature=[specs]))
+        elif specs != self._stacked[0]:  # another structure or element shape: one by one
+            return self._unrolled(tuple(batches))
+        return self._stacked[1](stacked)
 
     def _given_batches(self, batches):
         ok, ran, rows = tf.constant(True), tf.constant(0), []
@@ -109,7 +134,8 @@ class MultiStep:
         Returns:
           The traces of its `tf.function`s.
         """
-        return (self._loop.experimental_get_tracing_count()
+        stacked = 0 if self._stacked is None else self._stacked[1].experimental_get_tracing_count()
+        return (self._loop.experimental_get_tracing_count() + stacked
                 + self._unrolled.experimental_get_tracing_count())
 
     def __call__(self, iterator: Iterator[Batch], n: int) -> list[dict[str, float]]:
@@ -126,7 +152,7 @@ class MultiStep:
         if self.from_graph_iterator:
             ran, arrays = self._loop(iterator, tf.constant(n))
         else:
-            ran, arrays = self._unrolled(tuple(next(iterator) for _ in range(n)))
+            ran, arrays = self._given([next(iterator) for _ in range(n)])
         ran = int(ran)
         columns = [np.asarray(a)[:ran] for a in arrays]
         return [{name: float(col[j]) for name, col in zip(self.names, columns)}
