@@ -95,6 +95,21 @@ def test_several_steps_per_call_take_the_same_steps_and_call_back_per_step(sourc
     assert four_last == four_seen[-1][1]
 
 
+def test_python_batches_that_do_not_stack_take_the_same_steps_one_by_one():
+    """Batches of different sizes from a Python iterator run one by one in the call."""
+    runs = {}
+    for per_call in (1, 3):
+        variables, objective, data = problem()
+        x, y = (np.concatenate(t) for t in zip(*[(a.numpy(), b.numpy()) for a, b in data]))
+        sizes = [4, 3] * 4
+        starts = np.cumsum([0] + sizes)
+        batches = iter([(x[a:b], y[a:b]) for a, b in zip(starts[:-1], starts[1:])])
+        step = make_step(variables, objective, False)
+        train.train_loop(step, batches, 8, log_every=None, steps_per_execution=per_call)
+        runs[per_call] = values(variables)
+    assert_same(runs[3], runs[1])
+
+
 def test_a_run_in_several_train_loop_calls_traces_its_several_step_call_once():
     """A run in rounds (a benchmark, an evaluation between calls) reuses the several-step
     call its first round traced, and takes the steps of one call."""
