@@ -206,12 +206,12 @@ def check_call(side, jax_core, fn64, theta, state, call, dtype, tables):
 
 
 def check_agreement(sides, jax_core, fn64, thetas, states, check_calls, horizon, truncation):
-    """`check_call` on the first calls of a float32 and a float64 run, each carrying
-    hogrod's state; the largest errors over the calls. Returns (metrics, the float32
-    run's state after them, the calls checked)."""
+    """`check_call` on the first calls of a float32 run and, where `states` has one, a
+    float64 run, each carrying hogrod's state; the largest errors over the calls. Returns
+    (metrics, the float32 run's state after them, the calls checked)."""
     out, calls = {}, None
     tables = digits_tables(np.float64)
-    for dtype in ("float32", "float64"):
+    for dtype in states:
         state, resets, call = states[dtype], 0, 0
         limit = check_calls or (horizon // truncation + 1 if horizon else 1)
         while call < limit:
@@ -236,7 +236,7 @@ def bench_pes(output_dir, step_mult: harness.Positive = 1e-2, classes: harness.P
               particles: harness.PositiveInt = 16, truncation: harness.PositiveInt = 10,
               horizon: harness.PositiveInt = 200, check_calls: harness.Count = 0,
               rounds: harness.PositiveInt = 20, calls_per_round: harness.PositiveInt = 20,
-              warmup: harness.Count = 1, seed: harness.Count = 0):
+              warmup: harness.Count = 1, float64: bool = True, seed: harness.Count = 0):
     """Estimates/s of hogrod's PES and JAX's, after checking they agree; the metrics.
 
     Args:
@@ -255,6 +255,8 @@ def bench_pes(output_dir, step_mult: harness.Positive = 1e-2, classes: harness.P
       rounds: interleaved timing rounds.
       calls_per_round: estimates per candidate per round (the state carried).
       warmup: untimed rounds of each first.
+      float64: whether the agreement check also runs in float64 (hogrod's float64
+        estimator and JAX's; the float32 check's reference is float64 either way).
       seed: theta's, the particles' and the perturbations' seed.
 
     Returns:
@@ -272,8 +274,9 @@ def bench_pes(output_dir, step_mult: harness.Positive = 1e-2, classes: harness.P
             theta = tf.nest.map_structure(lambda t: tf.cast(t, tf.float64), thetas["float32"])
         estimate, run_seed = hogrod_estimate(problem, estimator, base)
         thetas[dtype] = theta
-        states[dtype] = estimator.init(problem, theta,
-                                       tf.random.experimental.stateless_fold_in(base, 0))
+        if dtype == "float32" or float64:
+            states[dtype] = estimator.init(
+                problem, theta, tf.random.experimental.stateless_fold_in(base, 0))
         reset = tf.function(lambda p, problem=problem: learned_lib.reset(problem, p, horizon),
                             autograph=False)  # traced once, not at every reset
         sides[dtype] = (problem, family, estimate, run_seed, reset, (sigma, truncation))
