@@ -30,6 +30,7 @@ PEER_METRICS = {
                       "torch": "ratio_hogrod_over_torch_func"},
     "maml_rl": {"torch": "ratio_hogrod_over_torch_func"},
     "hvp": {"jax": "ratio_jax_hvp_over_hvp_default"},
+    "pes": {"jax": "ratio_hogrod_over_jax"},
     "pinn": {"deepxde": "ratio_hogrod_over_deepxde_tf", "jax": "ratio_hogrod_over_jax"},
     "wgan_gp": {"torch": "ratio_over_torch"},
 }
