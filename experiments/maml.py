@@ -218,7 +218,7 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
                     task_map: str = "vectorized",
                     outer_lr_decay_every: harness.PositiveInt | None = None,
                     outer_lr_decay: harness.Fraction = 0.5,
-                    steps_per_execution: harness.PositiveInt = 1):
+                    steps_per_execution: harness.PositiveInt = 25):
     """Meta-train `algorithm` on `data` with `model`, evaluating on held-out tasks.
 
     Args:
@@ -245,9 +245,10 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
       outer_lr_decay: the factor, in (0, 1].
       steps_per_execution: the most meta-iterations per compiled call (`train.train_loop`:
         the meta-batches drawn inside the call, the NaN guard, logs and checkpoints per
-        step, the same steps as with 1); the calls end at multiples of its greatest common
-        divisor with `eval_every`, so every evaluation sees its step's model. 1 (the
-        default) until several per call measure faster on a quiet machine.
+        step, the same steps as with 1 to rounding); the calls end at multiples of its
+        greatest common divisor with `eval_every`, so every evaluation sees its step's
+        model. Default 25: with the meta-step under XLA the call is one XLA loop, and the
+        sinusoid meta-steps run 2.5x as fast as one per call (`experiments/bench/maml.py`).
 
     The meta-step is `train.make_train_step`'s default: one XLA computation where XLA
     compiles it (`jit_compile="auto"`); `make_train_step.jit_compile = False` (the Omniglot

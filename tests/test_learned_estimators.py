@@ -10,6 +10,8 @@ antithetic pair (exact); an episode run by hand after a reset; one device (two l
 CPUs); a rebuilt state (resume).
 """
 
+import logging
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -397,3 +399,41 @@ def test_the_meta_step_traces_once_resumes_exactly_and_two_cpus_equal_one():
                                   clip_norm=5.0, strategy=strategy)
         for a, b in zip(flat(state), flat(_run(split, start, 3))):
             np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-15)
+
+
+def test_the_xla_unroll_takes_the_plain_steps_and_auto_stays_plain_where_a_step_draws(caplog):
+    """PES with its unrolls as XLA computations ("auto", the default, and True) equals
+    jit_compile=False over three estimates through a reset, float64 to rounding (the
+    perturbations, initial states and batches are drawn outside XLA). A step that draws
+    random numbers keeps "auto" plain, with one warning, and the plain numbers (rounding:
+    its batches drawn before the steps)."""
+    theta = tf.constant(THETA)
+
+    def three(problem, jit):
+        estimator = learned.pes(sigma=0.1, particles=4, truncation=2, horizon=4, jit_compile=jit)
+        state, run, out = estimator.init(problem, theta, 1), compiled(estimator, problem), []
+        for k in range(3):
+            estimate, state = run(theta, state, seed(k))
+            out += [t.numpy() for t in tf.nest.flatten((estimate, state))]
+        return out
+
+    def warnings():
+        return [r.getMessage() for r in caplog.records
+                if "jit_compile='auto' runs the inner steps without XLA" in r.getMessage()]
+
+    problem = noisy_problem()
+    plain = three(problem, False)
+    with caplog.at_level(logging.WARNING):
+        for jit in ("auto", True):
+            for a, b in zip(plain, three(problem, jit)):
+                np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-15)
+        assert warnings() == []  # "auto" took XLA
+        noise = tf.constant([1e-3, -1e-3, 2e-3], F64)
+        drawing = problem._replace(step=lambda w, theta, data: problem.step(w, theta, data)
+                                   + noise * tf.random.stateless_normal([3], [1, 2], dtype=F64))
+        auto = three(drawing, "auto")
+        assert len(warnings()) == 1 and "random" in warnings()[0], warnings()
+    for a, b in zip(three(drawing, False), auto):
+        np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-15)
+    with pytest.raises(checks.ArgumentError, match="hogrod.learned.pes.jit_compile must be"):
+        learned.pes(sigma=0.1, particles=4, truncation=2, jit_compile="yes")

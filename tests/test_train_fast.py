@@ -69,22 +69,27 @@ def test_the_default_step_is_one_xla_computation_equal_to_the_plain_step_and_tra
             np.testing.assert_allclose(float(a[k]), float(p[k]), rtol=RTOL)
 
 
-@pytest.mark.parametrize("source", ["tf.data", "python"])
-def test_several_steps_per_call_take_the_same_steps_and_call_back_per_step(source):
+@pytest.mark.parametrize("source,jit", [("tf.data", "auto"), ("tf.data", False),
+                                        ("python", "auto")])
+def test_several_steps_per_call_take_the_same_steps_and_call_back_per_step(source, jit):
+    """Against the plain step called once per step: 11 steps in calls of 3, 4 and 3 (one
+    XLA computation where the step is one)."""
     runs = {}
     for per_call in (1, 4):
         variables, objective, data = problem()
-        step = make_step(variables, objective, "auto" if source == "tf.data" else False)
+        step = make_step(variables, objective, jit if per_call > 1 else False)
         seen = []
         batches = iter(data.repeat()) if source == "tf.data" else iter(list(data) * 2)
         last = train.train_loop(step, batches, 11, log_every=None, steps_per_execution=per_call,
                                 callback=lambda i, logs: seen.append((i, logs)))
         runs[per_call] = values(variables), seen, last
         assert step.experimental_get_tracing_count() == 1
-        # calls of 3, 4 and 3 steps: one trace of the several-step call (its XLA compile)
+        # one trace of the several-step call (its XLA compile) for its three calls
         raw = step.get_concrete_function(data.element_spec).structured_outputs
         several = execution.multi_step(step, raw, source == "tf.data")
         assert several.experimental_get_tracing_count() == (per_call > 1)
+        if per_call > 1:  # the loop is one XLA computation where the step is
+            assert several.jit_compile is (jit == "auto")
     (one, one_seen, one_last), (four, four_seen, four_last) = runs[1], runs[4]
     assert_same(four, one)
     assert [i for i, _ in four_seen] == list(range(1, 12))
@@ -129,16 +134,20 @@ def test_a_run_in_several_train_loop_calls_traces_its_several_step_call_once():
     assert runs[5, 7][1] == pytest.approx(runs[12,][1], rel=RTOL)
 
 
-def test_a_non_finite_step_inside_a_call_stops_the_call_before_later_steps_update():
-    """Calls of steps 1, 2-5, 6-9; the NaN target at step 3 stops the second call there:
-    the state is the one after step 2 and the data iterator stands at batch 4."""
+@pytest.mark.parametrize("jit", ["auto", False])
+def test_a_non_finite_step_inside_a_call_stops_the_call_before_later_steps_update(jit):
+    """Calls of steps 1, 2-4, 5-8, 9 (ending at the run's multiples of 4); the NaN target at
+    step 3 stops the second call there: the state is the one after step 2. The plain loop
+    draws each batch in its step (the iterator then stands at batch 4), the XLA loop its
+    call's three before them (at batch 5)."""
     variables, objective, data = problem(nan_at=3)
-    step = make_step(variables, objective)
+    step = make_step(variables, objective, jit)
     iterator = iter(data)
     with pytest.raises(train.NonFiniteError, match="step 3: loss term 'mse' is nan"):
         train.train_loop(step, iterator, 9, log_every=None, steps_per_execution=4)
     after_call = values(variables)
-    np.testing.assert_array_equal(next(iterator)[0].numpy(), list(data)[3][0].numpy())
+    drawn = 4 if jit else 3
+    np.testing.assert_array_equal(next(iterator)[0].numpy(), list(data)[drawn][0].numpy())
 
     variables, objective, data = problem(nan_at=3)
     step = make_step(variables, objective, jit_compile=False)

@@ -7,8 +7,10 @@ T = 200. One estimate: the particles whose episode ended reset, K inner steps of
 particle under its perturbed theta, PES's weights and estimate; the state carried from call
 to call as in training. Candidates, interleaved (`timing.interleaved_samples`):
 - hogrod: ``estimator.estimate(problem, theta, state, seed)`` in one `tf.function`
-  (autograph off, no XLA), as `hogrod.learned.meta_step` compiles it for
-  `experiments.learned_optimizer` (call n's seed folded from the run's seed and n);
+  (autograph off; the unroll one XLA computation, `pes`'s default), as
+  `hogrod.learned.meta_step` compiles it for `experiments.learned_optimizer` (call n's
+  seed folded from the run's seed and n); `hogrod_plain` the same with
+  ``pes(jit_compile=False)``;
 - JAX (the `bench` extra): the same in plain JAX under one `jax.jit`: the reset (a fresh
   task and optimizer state, under `lax.cond` as hogrod's `tf.cond`), the batches' and
   perturbations' draws (`jax.random`: other draws than hogrod's), `jax.vmap` over
@@ -28,8 +30,9 @@ moments, accumulators, meta-loss) is compared with a float64 reference on those 
 float32's rounding of that computation (`experiments.bench.peers.Reference`); then both
 in float64 from hogrod's float64 state. A disagreement stops the binary. Reported:
 estimates/s (median of the rounds; `best_*`: the best round), `ratio_hogrod_over_jax`
-(JAX's time over hogrod's: above 1, hogrod is faster), the errors and conditions, versions.
-Without JAX hogrod's side runs alone, the JAX metrics None.
+(JAX's time over hogrod's: above 1, hogrod is faster), `ratio_hogrod_over_hogrod_plain`
+(what XLA gives; the plain estimate's agreement with the default one is a test's), the
+errors and conditions, versions. Without JAX hogrod's sides run alone, the JAX metrics None.
 """
 
 import gin
@@ -296,6 +299,9 @@ def bench_pes(output_dir, step_mult: harness.Positive = 1e-2, classes: harness.P
         sides[dtype] = (problem, family, estimate, run_seed, reset, (sigma, truncation))
         if dtype == "float32":
             config, estimate32 = learned.config, estimate
+            plain = learned_lib.pes(sigma=sigma, particles=particles, truncation=truncation,
+                                    horizon=horizon, jit_compile=False)
+            estimate_plain = hogrod_estimate(problem, plain, base)[0]
     sizes = [64] + list(hidden_sizes) + [classes]
     peer = jax_peer(config, sizes, sigma, truncation, horizon, batch_size)
     # the float32 check's reference computes with float32's constants, the float64 one's
@@ -311,15 +317,17 @@ def bench_pes(output_dir, step_mult: harness.Positive = 1e-2, classes: harness.P
     checked, state, calls = check_agreement(sides, peer and peer[0], fn64, thetas, states,
                                             check_calls, horizon, truncation)
     m.update(checked)
-    held = {"state": state, "call": calls}
+    def hogrod_run(estimate):
+        held = {"state": state, "call": calls}
 
-    def hogrod_run():
-        for _ in range(calls_per_round):
-            result, held["state"] = estimate32(thetas["float32"], held["state"],
-                                               tf.constant(held["call"], tf.int64))
-            held["call"] += 1
-        return float(result.meta_loss)
-    candidates = {"hogrod": hogrod_run}
+        def run():
+            for _ in range(calls_per_round):
+                result, held["state"] = estimate(thetas["float32"], held["state"],
+                                                 tf.constant(held["call"], tf.int64))
+                held["call"] += 1
+            return float(result.meta_loss)
+        return run
+    candidates = {"hogrod": hogrod_run(estimate32), "hogrod_plain": hogrod_run(estimate_plain)}
     if peer is not None:
         candidates["jax"] = peer[1](thetas["float32"], state, seed, calls_per_round)
     samples = interleaved_samples(candidates, rounds, 1, warmup)
@@ -330,6 +338,8 @@ def bench_pes(output_dir, step_mult: harness.Positive = 1e-2, classes: harness.P
         m["ratio_hogrod_over_jax"] = m["estimates_per_s_hogrod"] / m["estimates_per_s_jax"]
         m["best_ratio_hogrod_over_jax"] = (m["best_estimates_per_s_hogrod"]
                                            / m["best_estimates_per_s_jax"])
+    m["ratio_hogrod_over_hogrod_plain"] = (m["estimates_per_s_hogrod"]
+                                           / m["estimates_per_s_hogrod_plain"])
     m["hogrod_traces"] = estimate32.experimental_get_tracing_count()
     m.update(versions("jax"), step_mult=step_mult, classes=classes,
              hidden_sizes=list(hidden_sizes), batch_size=batch_size, sigma=sigma,

@@ -56,6 +56,7 @@ from hogrod.learned import problem as problem_lib
 from hogrod.learned import unroll as unroll_lib
 from hogrod.learned.problem import InnerProblem
 from hogrod.learned.unroll import Particles
+from hogrod.train.compile import check_jit_compile
 from hogrod.types import Seed, Tree
 
 __all__ = ["Estimate", "EstimatorState", "Estimator", "tbptt", "es", "pes", "full_es"]
@@ -118,10 +119,12 @@ class _Config(NamedTuple):
     task_map: str
     sigma: Optional[float]  # None: tbptt
     persistent: bool
+    jit_compile: Any = False  # the ES estimators' unrolls: "auto", True or False
 
 
 def _config(where: str, particles: Any, truncation: Any, horizon: Any, stagger: Any,
-            task_map: Any, sigma: Any = None, persistent: bool = False) -> _Config:
+            task_map: Any, sigma: Any = None, persistent: bool = False,
+            jit_compile: Any = False) -> _Config:
     particles = checks.integer(particles, "particles", where, least=1)
     if sigma is not None:
         sigma = checks.positive(sigma, "sigma", where)
@@ -132,7 +135,9 @@ def _config(where: str, particles: Any, truncation: Any, horizon: Any, stagger: 
     truncation, horizon = unroll_lib.check_schedule(truncation, horizon, where)
     stagger = checks.boolean(stagger, "stagger", where)
     taskmap.check_task_map(task_map, where)
-    return _Config(where, particles, truncation, horizon, stagger, task_map, sigma, persistent)
+    jit_compile = check_jit_compile(jit_compile, where)
+    return _Config(where, particles, truncation, horizon, stagger, task_map, sigma, persistent,
+                   jit_compile)
 
 
 # ---- shared pieces -------------------------------------------------------------------------
@@ -330,7 +335,7 @@ def _es_estimate(config: _Config, same_start: bool
 
         def rows(thetas, particles):
             return unroll_lib.truncated_unroll(problem, thetas, particles, config.truncation,
-                                               config.task_map)
+                                               config.task_map, config.jit_compile)
 
         particles, values = _across_replicas(strategy, rows, (thetas, particles),
                                              config.particles, where)
@@ -350,10 +355,10 @@ def _es_estimate(config: _Config, same_start: bool
 
 
 def _es_estimator(name: str, sigma: Any, particles: Any, truncation: Any, horizon: Any,
-                  stagger: Any, task_map: Any, persistent: bool, same_start: bool
-                  ) -> Estimator:
+                  stagger: Any, task_map: Any, jit_compile: Any, persistent: bool,
+                  same_start: bool) -> Estimator:
     config = _config(f"hogrod.learned.{name}", particles, truncation, horizon, stagger,
-                     task_map, sigma, persistent)
+                     task_map, sigma, persistent, jit_compile)
     return Estimator(_init(config), _es_estimate(config, same_start),
                      f"{name}(sigma={config.sigma}, particles={config.particles}, "
                      f"truncation={config.truncation}, horizon={config.horizon})")
@@ -361,7 +366,8 @@ def _es_estimator(name: str, sigma: Any, particles: Any, truncation: Any, horizo
 
 @gin.configurable(module="hogrod.learned")
 def es(sigma: float, particles: int, truncation: int, horizon: Optional[int] = None,
-       stagger: bool = True, task_map: str = "vectorized") -> Estimator:
+       stagger: bool = True, task_map: str = "vectorized",
+       jit_compile: bool | str = "auto") -> Estimator:
     """Antithetic evolution strategies on each truncation (truncated ES).
 
     Args:
@@ -373,21 +379,26 @@ def es(sigma: float, particles: int, truncation: int, horizon: Optional[int] = N
             multiples of K; default True.
         task_map: how particles are mapped, one of `hogrod.taskmap.MODES`; default
             ``"vectorized"``.
+        jit_compile: the unrolls as one XLA computation: "auto" (default: where XLA
+            compiles them and draws nothing, else one warning and plain;
+            `hogrod.learned.truncated_unroll`), True or False. The perturbations, resets
+            and batches are drawn outside XLA: both paths compute the same estimate.
 
     Returns:
         The `Estimator`.
 
     Raises:
         ArgumentError: `sigma` <= 0, `particles` odd, a count not a positive int, K not
-            dividing T, or `task_map` unknown.
+            dividing T, or `task_map` or `jit_compile` unknown.
     """
     return _es_estimator("es", sigma, particles, truncation, horizon, stagger, task_map,
-                         persistent=False, same_start=True)
+                         jit_compile, persistent=False, same_start=True)
 
 
 @gin.configurable(module="hogrod.learned")
 def pes(sigma: float, particles: int, truncation: int, horizon: Optional[int] = None,
-        stagger: bool = True, task_map: str = "vectorized") -> Estimator:
+        stagger: bool = True, task_map: str = "vectorized",
+        jit_compile: bool | str = "auto") -> Estimator:
     """Persistent evolution strategies: antithetic ES with the perturbations accumulated.
 
     Args:
@@ -400,21 +411,25 @@ def pes(sigma: float, particles: int, truncation: int, horizon: Optional[int] = 
             multiples of K; default True.
         task_map: how particles are mapped, one of `hogrod.taskmap.MODES`; default
             ``"vectorized"``.
+        jit_compile: the unrolls as one XLA computation: "auto" (default: where XLA
+            compiles them and draws nothing, else one warning and plain;
+            `hogrod.learned.truncated_unroll`), True or False. The perturbations, resets
+            and batches are drawn outside XLA: both paths compute the same estimate.
 
     Returns:
         The `Estimator`.
 
     Raises:
         ArgumentError: `sigma` <= 0, `particles` odd, a count not a positive int, K not
-            dividing T, or `task_map` unknown.
+            dividing T, or `task_map` or `jit_compile` unknown.
     """
     return _es_estimator("pes", sigma, particles, truncation, horizon, stagger, task_map,
-                         persistent=True, same_start=False)
+                         jit_compile, persistent=True, same_start=False)
 
 
 @gin.configurable(module="hogrod.learned")
-def full_es(sigma: float, particles: int, horizon: int,
-            task_map: str = "vectorized") -> Estimator:
+def full_es(sigma: float, particles: int, horizon: int, task_map: str = "vectorized",
+            jit_compile: bool | str = "auto") -> Estimator:
     """Antithetic evolution strategies on whole episodes of `horizon` steps.
 
     Args:
@@ -423,14 +438,18 @@ def full_es(sigma: float, particles: int, horizon: int,
         horizon: the episode length T: every estimate unrolls T steps from fresh states.
         task_map: how particles are mapped, one of `hogrod.taskmap.MODES`; default
             ``"vectorized"``.
+        jit_compile: the unrolls as one XLA computation: "auto" (default: where XLA
+            compiles them and draws nothing, else one warning and plain;
+            `hogrod.learned.truncated_unroll`), True or False. The perturbations, resets
+            and batches are drawn outside XLA: both paths compute the same estimate.
 
     Returns:
         The `Estimator`.
 
     Raises:
         ArgumentError: `sigma` <= 0, `particles` odd, `horizon` not a positive int, or
-            `task_map` unknown.
+            `task_map` or `jit_compile` unknown.
     """
     horizon = checks.integer(horizon, "horizon", "hogrod.learned.full_es", least=1)
     return _es_estimator("full_es", sigma, particles, horizon, horizon, False, task_map,
-                         persistent=False, same_start=False)
+                         jit_compile, persistent=False, same_start=False)

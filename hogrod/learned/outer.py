@@ -10,9 +10,11 @@ returns `MetaStep(init, step)`:
   run's seed and the step count, so a resumed run draws what an uninterrupted one does),
   its gradient clipped to a global norm of at most `clip_norm` (in theta's dtype), then
   ``optimizer(outer_lr).update``. `step` is one `tf.function`, traced once for a run (the
-  state's shapes never change). It is not compiled with XLA: there TensorFlow draws other
-  stateless random numbers (other perturbations than the same seed gives without XLA), and
-  tbptt's gradient through the mapped unroll (pfor) does not compile.
+  state's shapes never change). The ES estimators' unrolls inside it are XLA computations
+  (their `jit_compile`, "auto" by default); the draws around them (perturbations, resets,
+  batches) are not, since under XLA TensorFlow draws other stateless random numbers for
+  the same seed. tbptt's unroll is not: its gradient through the mapped steps (pfor) does
+  not compile.
 """
 
 from typing import Any, Callable, NamedTuple, Optional, Tuple

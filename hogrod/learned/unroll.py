@@ -25,10 +25,12 @@ derived without a random op per particle (which pfor would run as a loop over pa
 from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import tensorflow as tf
+from absl import logging
 
 from hogrod import checks, taskmap
 from hogrod.learned import problem as problem_lib
 from hogrod.learned.problem import InnerProblem
+from hogrod.train.compile import xla_blocker
 from hogrod.types import Tree
 
 __all__ = ["Particles", "check_schedule", "start_offsets", "init_particles", "reset",
@@ -226,10 +228,24 @@ def _objective(problem: InnerProblem, state: Tree, batch: object, where: str) ->
     return value
 
 
+def _drawn_batches(problem: InnerProblem, particles: Particles, truncation: int) -> Tree:
+    """Every particle's K batches, ``problem.batch(seed, steps + k)``, stacked ``[K, P, ...]``:
+    drawn before an XLA unroll, where TensorFlow's random ops draw other numbers. One
+    `tf.map_fn` over the K x P draws: pfor would run each random op of a draw as a loop over
+    the particles (a stateless op takes one seed), six times slower."""
+    seeds = _episode_seeds(particles.seeds, particles.episode, 1)
+    ks = tf.range(truncation, dtype=tf.int64)
+    rows = (tf.reshape(tf.tile(seeds[None], [truncation, 1, 1]), [-1, 2]),
+            tf.reshape(particles.steps[None] + ks[:, None], [-1]))
+    flat = taskmap.map_tasks(lambda e, _, __: problem.batch(*e), rows, mode="sequential")
+    return tf.nest.map_structure(
+        lambda t: tf.reshape(t, [truncation, -1] + t.shape[1:].as_list()), flat)
+
+
 @_no_autograph
 def truncated_unroll(problem: InnerProblem, thetas: Tree, particles: Particles,
-                     truncation: int, task_map: Optional[str] = "vectorized"
-                     ) -> Tuple[Particles, tf.Tensor]:
+                     truncation: int, task_map: Optional[str] = "vectorized",
+                     jit_compile: bool | str = False) -> Tuple[Particles, tf.Tensor]:
     """One truncation: `truncation` inner steps of every particle under its own theta.
 
     Step k of particle p is ``s <- problem.step(s, thetas[p], problem.batch(seed, t))``
@@ -247,6 +263,14 @@ def truncated_unroll(problem: InnerProblem, thetas: Tree, particles: Particles,
         truncation: the number of inner steps K, a Python int >= 1.
         task_map: how the particles are mapped, one of `hogrod.taskmap.MODES`, or None
             for a single particle run unmapped.
+        jit_compile: whether the K steps run as one XLA computation: False (default),
+            True, or "auto" (XLA where it compiles them and computes what TensorFlow does,
+            decided when traced, else one warning and the plain steps: `hogrod.train.
+            xla_blocker`). With XLA the batches are drawn first, outside it, so both paths
+            see the same data and agree to rounding; a step or objective that draws
+            random numbers keeps "auto" plain (XLA draws others). With XLA the unroll is
+            not differentiated (TensorFlow's XLA gradient of the mapped steps does not
+            compile): for the ES estimators.
 
     Returns:
         ``(particles, meta_objectives)``: the particles after K more steps, and the ``[P]``
@@ -258,20 +282,58 @@ def truncated_unroll(problem: InnerProblem, thetas: Tree, particles: Particles,
             or ``problem.objective`` does not return a floating scalar.
     """
     where = "hogrod.learned.truncated_unroll"
+    if jit_compile not in (True, False, "auto"):
+        raise checks.ArgumentError(f"{where}: jit_compile must be 'auto', True or False, got "
+                                   f"{jit_compile!r}")
+    # the truncation's gradient starts here: earlier truncations are constants
+    inner = tf.nest.map_structure(tf.stop_gradient, particles.inner)
     data_seeds = _episode_seeds(particles.seeds, particles.episode, 1)
+    if jit_compile is False:
+        inner, total = _steps(problem, truncation, task_map, thetas, inner, particles.steps,
+                              data_seeds, None)
+        return particles._replace(inner=inner, steps=particles.steps + truncation), total
+    batches = () if problem.batch is None else _drawn_batches(problem, particles, truncation)
+
+    args = (thetas, inner, particles.steps, data_seeds, batches)
+    flat = tf.nest.flatten(args)  # XLA's lowering takes flat specs
+
+    def steps(*flat):
+        return _steps(problem, truncation, task_map, *tf.nest.pack_sequence_as(args, flat))
+    xla = tf.function(steps, jit_compile=True, autograph=False)
+    plain = tf.function(steps, autograph=False)
+    if jit_compile == "auto":  # decided from the arguments' specs, nothing run
+        reason = xla_blocker(xla, plain, *[tf.TensorSpec(t.shape, t.dtype) for t in flat])
+        if reason is not None:
+            logging.warning("%s: jit_compile='auto' runs the inner steps without XLA: %s. "
+                            "Bind the estimator's jit_compile = False to skip the attempt.",
+                            where, reason)
+            xla = plain
+    inner, total = xla(*flat)
+    return particles._replace(inner=inner, steps=particles.steps + truncation), total
+
+
+def _steps(problem: InnerProblem, truncation: int, task_map: Optional[str], thetas: Tree,
+           inner: Tree, steps: tf.Tensor, data_seeds: tf.Tensor, batches: Optional[Tree]
+           ) -> Tuple[Tree, tf.Tensor]:
+    """`truncated_unroll`'s K steps from `inner`: (inner states, [P] meta-objectives);
+    the batches drawn here (`batches` None) or read from `_drawn_batches`'."""
+    where = "hogrod.learned.truncated_unroll"
     last = problem.meta_objective == "last"
 
     def one(elem):
-        theta, state, t, seed = elem
-        batch = () if problem.batch is None else problem.batch(seed, t)
+        theta, state, t, seed, batch = elem
+        if batch is None:
+            batch = () if problem.batch is None else problem.batch(seed, t)
         state = problem_lib.check_step(state, problem.step(state, theta, batch), where)
         return state, _objective(problem, state, batch, where)
 
     def advance(k, inner):
-        return _map(one, (thetas, inner, particles.steps + k, data_seeds), task_map)
+        if batches is None:
+            return _map(lambda e: one(tuple(e) + (None,)),
+                        (thetas, inner, steps + k, data_seeds), task_map)
+        batch = tf.nest.map_structure(lambda b: b[k], batches)
+        return _map(one, (thetas, inner, steps + k, data_seeds, batch), task_map)
 
-    # the truncation's gradient starts here: earlier truncations are constants
-    inner = tf.nest.map_structure(tf.stop_gradient, particles.inner)
     inner, total = advance(tf.constant(0, tf.int64), inner)
     if truncation > 1:
         def body(k, inner, total):
@@ -283,7 +345,7 @@ def truncated_unroll(problem: InnerProblem, thetas: Tree, particles: Particles,
             maximum_iterations=truncation - 1)
     if not last:
         total = total / tf.constant(truncation, total.dtype)
-    return particles._replace(inner=inner, steps=particles.steps + truncation), total
+    return inner, total
 
 
 @_no_autograph

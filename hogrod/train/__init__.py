@@ -5,7 +5,8 @@
   and their weighted sum: `terms.py`).
 - `compiled(fn, jit_compile, where)`: the one XLA convention of every step builder,
   `jit_compile="auto"` (XLA where it compiles, else a plain `tf.function` with one
-  warning), True or False (`compile.py`).
+  warning), True or False (`compile.py`); `xla_blocker`: why XLA would not run a function
+  as TensorFlow does (its check, for loops compiled elsewhere).
 - the step-optimizer protocol: `StepOptimizer` (an optimizer owning its state and taking
   each step's objective and batch: `hogrod.second_order`), `as_step_optimizer` (Keras and
   `hogrod.optim` optimizers adapted), `assign`, `replica_mean`, `state_variable`
@@ -25,7 +26,7 @@ Strategies come from `hogrod.distribute.make_strategy`.
 """
 
 from hogrod.train.attribution import integrated_gradients, saliency
-from hogrod.train.compile import AutoCompiled, compiled
+from hogrod.train.compile import AutoCompiled, compiled, xla_blocker
 from hogrod.train.history import EvalHistory, read_history, record_eval, write_json
 from hogrod.train.loop import CheckpointMismatchError, Checkpointer, NonFiniteError, train_loop
 from hogrod.train.precision import mixed_precision, precision_policy
@@ -36,9 +37,11 @@ from hogrod.train.terms import objective_terms, weighted_total
 from hogrod.train.transforms import (chain, clip_by_global_norm, clip_by_value, global_norm,
                                      zeros_for_unconnected)
 
-__all__ = ["make_train_step", "compiled", "AutoCompiled", "build_optimizers", "StepOptimizer",
-           "as_step_optimizer", "assign", "replica_mean", "state_variable", "objective_terms",
-           "weighted_total", "chain", "clip_by_global_norm", "clip_by_value", "global_norm",
-           "zeros_for_unconnected", "mixed_precision", "precision_policy", "Checkpointer",
-           "train_loop", "NonFiniteError", "CheckpointMismatchError", "EvalHistory",
-           "read_history", "record_eval", "write_json", "saliency", "integrated_gradients"]
+__all__ = ["make_train_step", "compiled", "AutoCompiled", "xla_blocker",
+           "build_optimizers", "StepOptimizer", "as_step_optimizer", "assign",
+           "replica_mean", "state_variable", "objective_terms", "weighted_total",
+           "chain", "clip_by_global_norm", "clip_by_value", "global_norm",
+           "zeros_for_unconnected", "mixed_precision", "precision_policy",
+           "Checkpointer", "train_loop", "NonFiniteError", "CheckpointMismatchError",
+           "EvalHistory", "read_history", "record_eval", "write_json", "saliency",
+           "integrated_gradients"]

@@ -31,7 +31,7 @@ from absl import logging
 
 from hogrod import checks
 
-__all__ = ["compiled", "AutoCompiled", "check_jit_compile", "JIT_COMPILE"]
+__all__ = ["compiled", "AutoCompiled", "check_jit_compile", "xla_blocker", "JIT_COMPILE"]
 
 JIT_COMPILE = ("auto", True, False)  # every step builder's jit_compile
 
@@ -87,6 +87,43 @@ def _graph_blocker(concrete) -> Optional[str]:
     return None
 
 
+def xla_blocker(xla: Callable, plain: Callable, *args: Any, **kwargs: Any) -> Optional[str]:
+    """Why XLA would not run a function as TensorFlow does, or None: it would.
+
+    The function is traced for XLA and lowered to HLO, not run (no state changes). XLA is
+    refused where it cannot compile the function, or would compute something else: graph
+    assertions (XLA drops them), random ops (XLA draws other numbers for the same seed).
+
+    Args:
+      xla: the function as a `tf.function(..., jit_compile=True)`.
+      plain: the same function as a plain `tf.function`: where only the XLA trace fails
+        (code that takes another branch under XLA: `taskmap.vectorized_map`), the reason
+        says so; where both fail, the error is the user's code's and is raised.
+      *args: the call's arguments (tensors, or `tf.TensorSpec` objects where called while
+        another function is traced).
+      **kwargs: the call's keyword arguments.
+
+    Returns:
+      None, or the reason as a sentence (what "auto" warns with).
+    """
+    try:
+        concrete = xla.get_concrete_function(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 (re-raised unless the plain trace succeeds)
+        try:
+            plain.get_concrete_function(*args, **kwargs)
+        except Exception:  # noqa: BLE001
+            raise e from None
+        return f"tracing it for XLA failed: {_first_line(e)}"
+    reason = _graph_blocker(concrete)
+    if reason is None:
+        try:  # eagerly (its requirement), from the trace above
+            with tf.init_scope():
+                xla.experimental_get_compiler_ir(*args, **kwargs)(stage="hlo")
+        except (tf.errors.OpError, ValueError, TypeError, NotImplementedError) as e:
+            reason = f"XLA cannot compile it: {_first_line(e)}"
+    return reason
+
+
 def _first_line(error: Exception) -> str:
     lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
     text = lines[0] if lines else type(error).__name__
@@ -123,23 +160,7 @@ class AutoCompiled:
         self._seconds: list = []  # the first XLA calls' times, until the recompile check
 
     def _decide(self, args, kwargs) -> None:
-        # A tracing error is the user's code's, raised as it is, unless only the XLA trace
-        # fails (code that takes another branch under XLA: `taskmap.vectorized_map`).
-        try:
-            concrete = self._xla.get_concrete_function(*args, **kwargs)
-        except Exception as e:  # noqa: BLE001 (re-raised unless the plain trace succeeds)
-            try:
-                self._plain.get_concrete_function(*args, **kwargs)
-            except Exception:  # noqa: BLE001
-                raise e from None
-            concrete, xla_trace_error = None, e
-        reason = (f"tracing it for XLA failed: {_first_line(xla_trace_error)}"
-                  if concrete is None else _graph_blocker(concrete))
-        if reason is None:
-            try:  # lowered to HLO, not run: no state changes
-                self._xla.experimental_get_compiler_ir(*args, **kwargs)(stage="hlo")
-            except (tf.errors.OpError, ValueError, TypeError, NotImplementedError) as e:
-                reason = f"XLA cannot compile it: {_first_line(e)}"
+        reason = xla_blocker(self._xla, self._plain, *args, **kwargs)
         self.jit_compile, self.reason = reason is None, reason
         if reason is None:
             logging.info("%s: compiled with XLA (jit_compile='auto')", self.where)

@@ -9,6 +9,15 @@ it and handed in together, stacked on a leading axis (one trace, one XLA compile
 step inside, whatever the call's length), or one by one where they do not stack (batches
 of different shapes: a trace per call length).
 
+Where the step is compiled with XLA (`hogrod.train.compiled`'s "auto" decided for it, or
+True), the call's loop is one XLA computation too: the steps, their logs and the guard
+between them, over the call's batches stacked on a leading axis (from a tf.data iterator
+they are drawn first, by one plain call, so a call that a non-finite step stops has drawn
+its later batches too, as from a Python iterator). Between XLA's steps nothing returns to
+TensorFlow's executor, which costs as much as a small step's arithmetic (a MAML sinusoid
+meta-step: 0.5 ms). If XLA cannot compile the loop, it runs as a plain `tf.function` around
+the XLA step, with one warning.
+
 The NaN guard stays per step: the call stops after the first step whose logs are not all
 finite, so no later step of the call runs (the train step's own guard has already kept that
 step's update out when its loss or gradient was the non-finite value), and every step's
@@ -21,6 +30,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from hogrod.types import Batch
 
@@ -47,6 +57,10 @@ class MultiStep:
       logs: one step's logs, their names and dtypes those of every step.
       from_graph_iterator: whether the batches come from a tf.data (or tf.distribute)
         iterator, drawn inside the call; else from a Python iterator, drawn before it.
+
+    Attributes:
+      jit_compile: whether the loop is one XLA computation (the step's is; False once XLA
+        refused the loop).
     """
 
     def __init__(self, step_fn: Callable[[Batch], Mapping[str, Any]],
@@ -58,8 +72,11 @@ class MultiStep:
         self.names = list(logs)
         self.dtypes = [tf.convert_to_tensor(v).dtype for v in logs.values()]
         self.from_graph_iterator = from_graph_iterator
+        # the loop compiled with XLA where the step is (a `compiled` step's decision)
+        self.jit_compile = getattr(step_fn, "jit_compile", None) is True
         # one trace for every call length from a graph iterator; one per length otherwise
         self._loop = tf.function(self._graph_loop)
+        self._draw = tf.function(_draw)
         self._stacked = None  # traced for the first call's stacked batches (leading axis None)
         self._unrolled = tf.function(self._given_batches)
 
@@ -76,8 +93,8 @@ class MultiStep:
 
     def _while(self, next_batch, n):
         """Up to n steps in a `tf.while_loop`, step i on `next_batch(i)`."""
-        arrays = [tf.TensorArray(d, size=0, dynamic_size=True, element_shape=[])
-                  for d in self.dtypes]
+        # sized n (XLA's arrays are static); a call stopped early leaves zeros, cut by `ran`
+        arrays = [tf.TensorArray(d, size=n, element_shape=[]) for d in self.dtypes]
 
         def cond(i, ok, *arrays):
             return tf.logical_and(i < n, ok)
@@ -104,13 +121,39 @@ class MultiStep:
             stacked = tf.nest.map_structure(lambda *xs: tf.stack(xs), *batches)
         except (ValueError, TypeError, tf.errors.InvalidArgumentError):
             return self._unrolled(tuple(batches))
-        specs = tf.nest.map_structure(
+        return self._run_stacked(stacked, lambda: self._unrolled(tuple(batches)))
+
+    def _run_stacked(self, stacked, otherwise, element_spec=None):
+        """The loop over `stacked` batches; `otherwise()` where they do not match the
+        structure and element shapes of the first call's (one loop is traced), or those
+        of `element_spec` where given (a tf.data iterator's: they always do)."""
+        specs = (tf.nest.map_structure(
             lambda t: tf.TensorSpec([None] + t.shape[1:].as_list(), t.dtype), stacked)
+            if element_spec is None else tf.nest.map_structure(
+                lambda s: tf.TensorSpec([None] + s.shape.as_list(), s.dtype), element_spec))
         if self._stacked is None:
-            self._stacked = (specs, tf.function(self._stacked_loop, input_signature=[specs]))
+            self._stacked = (specs, self._stacked_function(specs, stacked))
         elif specs != self._stacked[0]:  # another structure or element shape: one by one
-            return self._unrolled(tuple(batches))
+            return otherwise()
         return self._stacked[1](stacked)
+
+    def _stacked_function(self, specs, stacked):
+        """The loop over stacked batches: with XLA where the step has it and XLA compiles
+        the loop (lowered to HLO first, nothing run), else a plain `tf.function`."""
+        plain = tf.function(self._stacked_loop, input_signature=[specs])
+        if not self.jit_compile:
+            return plain
+        xla = tf.function(self._stacked_loop, input_signature=[specs], jit_compile=True)
+        try:
+            xla.experimental_get_compiler_ir(stacked)(stage="hlo")
+        except (tf.errors.OpError, ValueError, TypeError, NotImplementedError) as e:
+            lines = [ln for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
+            logging.warning("train_loop(steps_per_execution): the step is compiled with XLA "
+                            "but its loop is not (%s); the loop runs as a plain tf.function "
+                            "around it.", lines[0][:300])
+            self.jit_compile = False
+            return plain
+        return xla
 
     def _given_batches(self, batches):
         ok, ran, rows = tf.constant(True), tf.constant(0), []
@@ -129,7 +172,8 @@ class MultiStep:
         return ran, [tf.stack([row[j] for row in rows]) for j in range(len(self.names))]
 
     def experimental_get_tracing_count(self) -> int:
-        """How many times the several-step call has been traced (both kinds of iterator).
+        """How many times the several-step loop has been traced (both kinds of iterator;
+        the draw of an XLA loop's batches, which holds no step, not counted).
 
         Returns:
           The traces of its `tf.function`s.
@@ -149,7 +193,10 @@ class MultiStep:
           Each step's logs as Python floats, in order: n of them, or fewer when a step's
           logs were not all finite (that step's are the last).
         """
-        if self.from_graph_iterator:
+        if self.from_graph_iterator and self.jit_compile:
+            stacked = self._draw(iterator, tf.constant(n))
+            ran, arrays = self._run_stacked(stacked, None, iterator.element_spec)
+        elif self.from_graph_iterator:
             ran, arrays = self._loop(iterator, tf.constant(n))
         else:
             ran, arrays = self._given([next(iterator) for _ in range(n)])
@@ -157,6 +204,19 @@ class MultiStep:
         columns = [np.asarray(a)[:ran] for a in arrays]
         return [{name: float(col[j]) for name, col in zip(self.names, columns)}
                 for j in range(ran)]
+
+
+def _draw(iterator: Iterator[Batch], n: tf.Tensor) -> Batch:
+    """n batches of a tf.data iterator, stacked on a leading axis (its op, n times)."""
+    arrays = tf.nest.map_structure(
+        lambda spec: tf.TensorArray(spec.dtype, size=n, element_shape=spec.shape),
+        iterator.element_spec)
+
+    def body(i, arrays):
+        return i + 1, tf.nest.map_structure(lambda a, t: a.write(i, t), arrays, next(iterator))
+
+    _, arrays = tf.while_loop(lambda i, _: i < n, body, (tf.constant(0), arrays))
+    return tf.nest.map_structure(lambda a: a.stack(), arrays)
 
 
 def multi_step(step_fn: Callable[[Batch], Mapping[str, Any]], logs: Mapping[str, Any],
