@@ -248,7 +248,8 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
         step, the same steps as with 1 to rounding); the calls end at multiples of its
         greatest common divisor with `eval_every`, so every evaluation sees its step's
         model. Default 25: with the meta-step under XLA the call is one XLA loop, and the
-        sinusoid meta-steps run 2.5x as fast as one per call (`experiments/bench/maml.py`).
+        sinusoid meta-steps run about 1.8x as fast as one per call
+        (`experiments/bench/maml.py`).
 
     The meta-step is `train.make_train_step`'s default: one XLA computation where XLA
     compiles it (`jit_compile="auto"`); `make_train_step.jit_compile = False` (the Omniglot
