@@ -218,7 +218,7 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
                     task_map: str = "vectorized",
                     outer_lr_decay_every: harness.PositiveInt | None = None,
                     outer_lr_decay: harness.Fraction = 0.5,
-                    steps_per_execution: harness.PositiveInt = 25):
+                    steps_per_execution: harness.PositiveInt = 100):
     """Meta-train `algorithm` on `data` with `model`, evaluating on held-out tasks.
 
     Args:
@@ -247,9 +247,10 @@ def maml_experiment(output_dir, algorithm=gin.REQUIRED, data=sinusoid_data, mode
         the meta-batches drawn inside the call, the NaN guard, logs and checkpoints per
         step, the same steps as with 1 to rounding); the calls end at multiples of its
         greatest common divisor with `eval_every`, so every evaluation sees its step's
-        model. Default 25: with the meta-step under XLA the call is one XLA loop, and the
-        sinusoid meta-steps run about 1.8x as fast as one per call
-        (`experiments/bench/maml.py`).
+        model. Default 100: with the meta-step under XLA the call is one XLA loop (the
+        next call's meta-batches drawn beside it), and the sinusoid meta-steps run about
+        twice as fast as one per call (`experiments/bench/maml.py`); the plain step (the
+        Omniglot configs') draws each meta-batch inside its loop.
 
     The meta-step is `train.make_train_step`'s default: one XLA computation where XLA
     compiles it (`jit_compile="auto"`); `make_train_step.jit_compile = False` (the Omniglot

@@ -97,7 +97,7 @@ def test_several_steps_per_call_take_the_same_steps_and_call_back_per_step(sourc
         assert set(a) == set(p)
         for k in a:
             np.testing.assert_allclose(a[k], p[k], rtol=RTOL)
-    assert four_last == four_seen[-1][1]
+    assert four_last == four_seen[-1][1] and one_last == one_seen[-1][1]
 
 
 def test_python_batches_that_do_not_stack_take_the_same_steps_one_by_one():
@@ -139,14 +139,14 @@ def test_a_non_finite_step_inside_a_call_stops_the_call_before_later_steps_updat
     """Calls of steps 1, 2-4, 5-8, 9 (ending at the run's multiples of 4); the NaN target at
     step 3 stops the second call there: the state is the one after step 2. The plain loop
     draws each batch in its step (the iterator then stands at batch 4), the XLA loop its
-    call's three before them (at batch 5)."""
+    call's three before them and the next call's four beside them (at batch 9)."""
     variables, objective, data = problem(nan_at=3)
     step = make_step(variables, objective, jit)
     iterator = iter(data)
     with pytest.raises(train.NonFiniteError, match="step 3: loss term 'mse' is nan"):
         train.train_loop(step, iterator, 9, log_every=None, steps_per_execution=4)
     after_call = values(variables)
-    drawn = 4 if jit else 3
+    drawn = 8 if jit else 3
     np.testing.assert_array_equal(next(iterator)[0].numpy(), list(data)[drawn][0].numpy())
 
     variables, objective, data = problem(nan_at=3)
@@ -159,30 +159,53 @@ class Killed(Exception):
     pass
 
 
-def test_a_run_killed_after_a_checkpoint_resumes_as_the_uninterrupted_run(tmp_path):
-    """Checkpoints every 3 steps and calls of 4 steps: the calls end at the checkpoints
-    (steps 3, 6) too, so a run killed at step 7 resumes from step 6's state exactly."""
-    def run(directory, steps, kill_at=None):
-        variables, objective, data = problem()
-        opt = keras.optimizers.Adam(0.05)
-        step = make_step(variables, objective, False, opt)  # the calls' logic, not XLA's
-        iterator = iter(data.shuffle(40, seed=5).repeat())
-        ckpt = train.Checkpointer(str(directory), w=variables[0], b=variables[1], optimizer=opt,
-                                  data=iterator)
+def checkpointed_run(directory, steps, jit, kill_at=None, time_limit_s=None):
+    """`problem` trained with checkpoints every 5 steps in calls of up to 3: calls of steps
+    1, 2-3, 4-5, 6, 7-9, 10, 11-12 (ending at the multiples of 3 and 5); an XLA loop draws
+    the batches of 2-3, 6, 7-9 and 11-12 during the call before (not across a checkpoint).
+    `kill_at`: a callback raises `Killed` after that step's call."""
+    variables, objective, data = problem()
+    opt = keras.optimizers.Adam(0.05)
+    step = make_step(variables, objective, jit, opt)
+    iterator = iter(data.shuffle(40, seed=5).repeat())
+    ckpt = train.Checkpointer(str(directory), w=variables[0], b=variables[1], optimizer=opt,
+                              data=iterator)
 
-        def kill(i, logs):
-            if i == kill_at:
-                raise Killed
-        try:
-            train.train_loop(step, iterator, steps, ckpt, log_every=None, checkpoint_every=3,
-                             steps_per_execution=4, callback=kill)
-        except Killed:
-            pass
-        return values(variables)
+    def kill(i, logs):
+        if i == kill_at:
+            raise Killed
+    try:
+        train.train_loop(step, iterator, steps, ckpt, log_every=None, checkpoint_every=5,
+                         steps_per_execution=3, callback=kill, time_limit_s=time_limit_s)
+    except Killed:
+        pass
+    return values(variables), ckpt
 
-    run(tmp_path / "resumed", 9, kill_at=7)
-    resumed = run(tmp_path / "resumed", 9)
-    assert_same(resumed, run(tmp_path / "uninterrupted", 9))
+
+@pytest.mark.parametrize("jit", [False, "auto"])
+def test_a_run_killed_after_a_checkpoint_resumes_as_the_uninterrupted_run(tmp_path, jit):
+    """Killed after step 8 (the iterator then ahead of the model by step 10's batch in the
+    XLA loop), the run resumes from step 5's checkpoint and ends as the uninterrupted one."""
+    checkpointed_run(tmp_path / "resumed", 12, jit, kill_at=8)
+    resumed, _ = checkpointed_run(tmp_path / "resumed", 12, jit)
+    assert_same(resumed, checkpointed_run(tmp_path / "uninterrupted", 12, jit)[0])
+
+
+def test_a_time_limit_runs_the_batches_drawn_ahead_before_it_saves(tmp_path, monkeypatch):
+    """A clock where each reading is a second later (the loop reads it once per call and
+    three times per step with a callback): the limit of 9 s passes after step 3, when the
+    XLA loop holds steps 4-5's batches; they run before the run stops (at step 5), so the
+    saved iterator is where the model is, and the resumed run ends as the uninterrupted
+    one."""
+    from hogrod.train import loop
+    clock = iter(range(10**6))
+    monkeypatch.setattr(loop, "time", type("Clock", (), {
+        "perf_counter": staticmethod(lambda: float(next(clock)))}))
+    _, ckpt = checkpointed_run(tmp_path / "resumed", 12, "auto", time_limit_s=9)
+    stopped = ckpt.latest_step()
+    assert stopped == 5, stopped
+    resumed, _ = checkpointed_run(tmp_path / "resumed", 12, "auto")
+    assert_same(resumed, checkpointed_run(tmp_path / "uninterrupted", 12, "auto")[0])
 
 
 def numpy_scaled_problem():

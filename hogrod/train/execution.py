@@ -11,12 +11,15 @@ of different shapes: a trace per call length).
 
 Where the step is compiled with XLA (`hogrod.train.compiled`'s "auto" decided for it, or
 True), the call's loop is one XLA computation too: the steps, their logs and the guard
-between them, over the call's batches stacked on a leading axis (from a tf.data iterator
-they are drawn first, by one plain call, so a call that a non-finite step stops has drawn
-its later batches too, as from a Python iterator). Between XLA's steps nothing returns to
-TensorFlow's executor, which costs as much as a small step's arithmetic (a MAML sinusoid
-meta-step: 0.5 ms). If XLA cannot compile the loop, it runs as a plain `tf.function` around
-the XLA step, with one warning.
+between them, over the call's batches stacked on a leading axis. Between XLA's steps
+nothing returns to TensorFlow's executor, which costs as much as a small step's arithmetic
+(a MAML sinusoid meta-step: 0.5 ms). If XLA cannot compile the loop, it runs as a plain
+`tf.function` around the XLA step, with one warning. A tf.data iterator's batches are
+drawn before the loop (XLA cannot run the iterator's op): the first call's by a plain call,
+each later one's by the call before it, beside that call's loop (`MultiStep.run`'s `then`),
+where TensorFlow runs the draw on another thread; drawing 25 sinusoid meta-batches costs
+about a third of the 25 steps. So a call that a non-finite step stops has drawn its later
+batches too, as from a Python iterator, and those of the next call.
 
 The NaN guard stays per step: the call stops after the first step whose logs are not all
 finite, so no later step of the call runs (the train step's own guard has already kept that
@@ -26,7 +29,7 @@ step.
 """
 
 import weakref
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -34,7 +37,7 @@ from absl import logging
 
 from hogrod.types import Batch
 
-__all__ = ["MultiStep", "multi_step"]
+__all__ = ["MultiStep", "Drawn", "multi_step", "built"]
 
 # {step_fn: {(log names, dtypes, from_graph_iterator): its MultiStep}}: a later train_loop
 # call with the same step (a run in rounds, a benchmark) reuses the traced loop instead of
@@ -45,6 +48,17 @@ _BUILT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 def _all_finite(values: list) -> tf.Tensor:
     checked = [tf.reduce_all(tf.math.is_finite(v)) for v in values if v.dtype.is_floating]
     return tf.reduce_all(checked) if checked else tf.constant(True)
+
+
+class Drawn(NamedTuple):
+    """Batches a `MultiStep.run` call drew for the next.
+
+    Attributes:
+      batches: the batches, stacked on a leading axis.
+      count: how many (the next call's n).
+    """
+    batches: Batch
+    count: int
 
 
 class MultiStep:
@@ -77,8 +91,11 @@ class MultiStep:
         # one trace for every call length from a graph iterator; one per length otherwise
         self._loop = tf.function(self._graph_loop)
         self._draw = tf.function(_draw)
-        self._stacked = None  # traced for the first call's stacked batches (leading axis None)
+        # {element specs: the loop over batches stacked on a leading axis of any length}:
+        # a Python iterator's first call's, a tf.data iterator's for each element_spec
+        self._stacked = {}
         self._unrolled = tf.function(self._given_batches)
+        self._ahead = {}  # {element specs: the loop with the next call's draw beside it}
 
     @property
     def step_fn(self) -> Callable[[Batch], Mapping[str, Any]]:
@@ -123,19 +140,20 @@ class MultiStep:
             return self._unrolled(tuple(batches))
         return self._run_stacked(stacked, lambda: self._unrolled(tuple(batches)))
 
-    def _run_stacked(self, stacked, otherwise, element_spec=None):
+    def _run_stacked(self, stacked, otherwise):
         """The loop over `stacked` batches; `otherwise()` where they do not match the
-        structure and element shapes of the first call's (one loop is traced), or those
-        of `element_spec` where given (a tf.data iterator's: they always do)."""
-        specs = (tf.nest.map_structure(
+        structure and element shapes of the first call's (one loop is traced)."""
+        specs = tf.nest.map_structure(
             lambda t: tf.TensorSpec([None] + t.shape[1:].as_list(), t.dtype), stacked)
-            if element_spec is None else tf.nest.map_structure(
-                lambda s: tf.TensorSpec([None] + s.shape.as_list(), s.dtype), element_spec))
-        if self._stacked is None:
-            self._stacked = (specs, self._stacked_function(specs, stacked))
-        elif specs != self._stacked[0]:  # another structure or element shape: one by one
+        if not self._stacked:
+            self._stacked[specs] = self._stacked_function(specs, stacked)
+        elif specs not in self._stacked:  # another structure or element shape: one by one
             return otherwise()
-        return self._stacked[1](stacked)
+        return self._stacked[specs](stacked)
+
+    def _specs(self, element_spec):
+        return tf.nest.map_structure(
+            lambda s: tf.TensorSpec([None] + s.shape.as_list(), s.dtype), element_spec)
 
     def _stacked_function(self, specs, stacked):
         """The loop over stacked batches: with XLA where the step has it and XLA compiles
@@ -173,12 +191,13 @@ class MultiStep:
 
     def experimental_get_tracing_count(self) -> int:
         """How many times the several-step loop has been traced (both kinds of iterator;
-        the draw of an XLA loop's batches, which holds no step, not counted).
+        the draws of an XLA loop's batches, alone or beside the loop, not counted: they
+        trace no step).
 
         Returns:
           The traces of its `tf.function`s.
         """
-        stacked = 0 if self._stacked is None else self._stacked[1].experimental_get_tracing_count()
+        stacked = sum(f.experimental_get_tracing_count() for f in self._stacked.values())
         return (self._loop.experimental_get_tracing_count() + stacked
                 + self._unrolled.experimental_get_tracing_count())
 
@@ -193,17 +212,67 @@ class MultiStep:
           Each step's logs as Python floats, in order: n of them, or fewer when a step's
           logs were not all finite (that step's are the last).
         """
-        if self.from_graph_iterator and self.jit_compile:
-            stacked = self._draw(iterator, tf.constant(n))
-            ran, arrays = self._run_stacked(stacked, None, iterator.element_spec)
+        return self.run(iterator, n)[0]
+
+    def run(self, iterator: Iterator[Batch], n: int, drawn: Optional[Drawn] = None,
+            then: int = 0) -> tuple[list[dict[str, float]], Optional[Drawn]]:
+        """Run up to `n` steps in one call, drawing the next call's batches meanwhile.
+
+        An XLA loop over a tf.data iterator's batches draws them before it runs, by
+        another (plain) call; `then > 0` draws the next call's `then` batches in the
+        same call as this one's loop, where TensorFlow runs the two side by side, so the
+        draw is off the loop's critical path. The iterator is then ahead of the model by
+        those batches until the next call, given them as `drawn`, runs them: a caller
+        that saves the iterator (a checkpoint) or hands it on must ask for none.
+
+        Args:
+          iterator: where the batches come from (the kind given at construction).
+          n: the most steps to run (>= 1).
+          drawn: the batches the previous call drew for this one (its second return),
+            exactly n of them; None: drawn here.
+          then: how many batches of the next call to draw during this one (0: none).
+            Only an XLA loop over a tf.data iterator draws ahead; others ignore it.
+
+        Returns:
+          (logs, drawn): each step's logs as Python floats, in order (n, or fewer when
+          a step's logs were not all finite: that step's are the last); the next call's
+          batches (None where none were drawn).
+
+        Raises:
+          ValueError: `drawn` holds other than n batches.
+        """
+        ahead = None
+        if drawn is not None or (self.from_graph_iterator and self.jit_compile):
+            if drawn is None:
+                stacked = self._draw(iterator, tf.constant(n))
+            elif drawn.count != n:
+                raise ValueError(f"MultiStep.run: drawn holds {drawn.count} batches for a "
+                                 f"call of n = {n} steps")
+            else:
+                stacked = drawn.batches
+            specs = self._specs(iterator.element_spec)
+            if specs not in self._stacked:
+                self._stacked[specs] = self._stacked_function(specs, stacked)
+            loop = self._stacked[specs]
+            if then > 0 and self.jit_compile:
+                if specs not in self._ahead:
+                    self._ahead[specs] = tf.function(
+                        lambda it, stacked, m: (*loop(stacked), _draw(it, m)),
+                        input_signature=[tf.type_spec_from_value(iterator), specs,
+                                         tf.TensorSpec([], tf.int32)])
+                ran, arrays, nxt = self._ahead[specs](iterator, stacked, tf.constant(then))
+                ahead = Drawn(nxt, then)
+            else:
+                ran, arrays = loop(stacked)
         elif self.from_graph_iterator:
             ran, arrays = self._loop(iterator, tf.constant(n))
         else:
             ran, arrays = self._given([next(iterator) for _ in range(n)])
         ran = int(ran)
         columns = [np.asarray(a)[:ran] for a in arrays]
-        return [{name: float(col[j]) for name, col in zip(self.names, columns)}
+        logs = [{name: float(col[j]) for name, col in zip(self.names, columns)}
                 for j in range(ran)]
+        return logs, ahead
 
 
 def _draw(iterator: Iterator[Batch], n: tf.Tensor) -> Batch:
@@ -241,3 +310,24 @@ def multi_step(step_fn: Callable[[Batch], Mapping[str, Any]], logs: Mapping[str,
     if key not in built:
         built[key] = MultiStep(step_fn, logs, from_graph_iterator)
     return built[key]
+
+
+def built(step_fn: Callable[[Batch], Mapping[str, Any]],
+          from_graph_iterator: bool) -> Optional[MultiStep]:
+    """The `MultiStep` an earlier `multi_step` call built for `step_fn` and this kind of
+    iterator, where there is exactly one (so a later `train_loop` call over the same step
+    needs no single first step to learn its logs).
+
+    Args:
+      step_fn: the train step.
+      from_graph_iterator: as `MultiStep`'s.
+
+    Returns:
+      That `MultiStep`, or None (none built, or several: logs of other names).
+    """
+    try:
+        found = [m for (_, _, kind), m in _BUILT.get(step_fn, {}).items()
+                 if kind == from_graph_iterator]
+    except TypeError:  # not weakly referable
+        return None
+    return found[0] if len(found) == 1 else None

@@ -24,7 +24,7 @@ import tensorflow as tf
 from absl import logging
 
 from hogrod import checks
-from hogrod.train.execution import multi_step
+from hogrod.train.execution import built, multi_step
 from hogrod.types import Batch, Scalar
 
 __all__ = ["Checkpointer", "train_loop", "NonFiniteError", "CheckpointMismatchError"]
@@ -198,9 +198,12 @@ def train_loop(step_fn: Callable[[Batch], Mapping[str, Scalar]], iterator: Itera
     `compile(steps_per_execution=N)`: `execution.py`), the batches drawn inside the call
     from a tf.data iterator. Calls end at the run's multiples of N (counted over the run,
     so a resumed run ends its calls where an uninterrupted one does), at checkpoints and at
-    `steps`; the first call of each `train_loop` call is a single step (it makes a
-    `compiled` step's XLA decision; later `train_loop` calls with the same step reuse
-    the several-step call the first traced). Each step's logs still come back: the NaN guard,
+    `steps`; the first call of the first `train_loop` call over a step is a single step
+    (it makes a `compiled` step's XLA decision; later `train_loop` calls with the same
+    step reuse the several-step call the first traced). Where the calls are one XLA loop
+    over a tf.data iterator, each draws the next call's batches beside its loop, except
+    before a checkpoint and the last step: in between, and after an error a step or a
+    callback raises, the iterator is ahead of the model by those batches. Each step's logs still come back: the NaN guard,
     summaries, progress and `callback` are per step, the last two run after the call
     that holds the step, when the model is at the call's last step. So a callback that
     reads or changes the model (an evaluation, a schedule) must act at multiples of N,
@@ -258,11 +261,25 @@ def train_loop(step_fn: Callable[[Batch], Mapping[str, Scalar]], iterator: Itera
     start, start_step = time.perf_counter(), step
     rate = 0.0
     in_callbacks = 0.0
-    several = None  # the MultiStep, once a first single step has given the logs' names
+    # the MultiStep: an earlier call's over this step, or built once a first single step
+    # has given the logs' names (and made a `compiled` step's XLA decision)
+    several = built(step_fn, _is_iterator(iterator)) if per_call > 1 else None
+    drawn = None  # the batches the last several-step call drew for the next
+
+    def size(at):  # the call from step `at`: to the next multiple of N, checkpoint or end
+        return min(per_call - at % per_call, steps - at, checkpoint_every - at % checkpoint_every)
+
+    def following(at):
+        """The size of the call after the one ending at step `at`, where its batches may
+        be drawn during that one: none after a checkpoint or the last step (the iterator
+        saved or handed back is where the model is)."""
+        return 0 if at >= steps or at % checkpoint_every == 0 else size(at)
+
     with writer.as_default():
         while step < steps:
-            if time_limit_s is not None and (
-                    time.perf_counter() - start - in_callbacks >= time_limit_s):
+            over = time_limit_s is not None and (
+                time.perf_counter() - start - in_callbacks >= time_limit_s)
+            if over and drawn is None:  # (drawn batches run first: the iterator is past them)
                 _progress("time limit of %.0f s reached at step %d", time_limit_s, step)
                 if ckpt:
                     ckpt.save()
@@ -273,15 +290,19 @@ def train_loop(step_fn: Callable[[Batch], Mapping[str, Scalar]], iterator: Itera
                     several = multi_step(step_fn, raw, _is_iterator(iterator))
                 done = [{k: float(v) for k, v in raw.items()}]
             else:
-                done = several(iterator, min(per_call - step % per_call, steps - step,
-                                             checkpoint_every - step % checkpoint_every))
+                n = drawn.count if drawn is not None else size(step)
+                done, drawn = several.run(iterator, n, drawn,
+                                          then=0 if over else following(step + n))
             for logs in done:
-                _check_finite(logs, step + 1)
+                try:
+                    _check_finite(logs, step + 1)
+                except NonFiniteError:
+                    counter.assign(step)  # the model holds the steps before this one
+                    raise
                 step += 1
-                counter.assign(step)
                 elapsed = time.perf_counter() - start - in_callbacks
                 rate = (step - start_step) / elapsed if elapsed > 0 else 0.0
-                if step % summary_every == 0 or step == steps:
+                if output_dir and (step % summary_every == 0 or step == steps):
                     for name, value in logs.items():
                         tf.summary.scalar(name, value, step=step)
                     tf.summary.scalar("steps_per_sec", rate, step=step)
@@ -289,12 +310,16 @@ def train_loop(step_fn: Callable[[Batch], Mapping[str, Scalar]], iterator: Itera
                     eta = (steps - step) / rate if rate > 0 else float("inf")
                     _progress("step %d/%d  loss %.5g  %.1f steps/s  ETA %.0f s", step, steps,
                               logs.get("loss", float("nan")), rate, eta)
+                save = ckpt and (step % checkpoint_every == 0 or step == steps)
+                if callback is not None or save:  # (else once per call, below)
+                    counter.assign(step)
                 if callback is not None:
                     before = time.perf_counter()
                     callback(step, logs)
                     in_callbacks += time.perf_counter() - before
-                if ckpt and (step % checkpoint_every == 0 or step == steps):
+                if save:
                     ckpt.save()
+            counter.assign(step)
     writer.flush()
     if stats is not None and step > start_step:
         stats.update(train_steps=step - start_step, train_steps_per_s=rate,
