@@ -145,11 +145,12 @@ class MultiStep:
         structure and element shapes of the first call's (one loop is traced)."""
         specs = tf.nest.map_structure(
             lambda t: tf.TensorSpec([None] + t.shape[1:].as_list(), t.dtype), stacked)
+        key = _key(specs)
         if not self._stacked:
-            self._stacked[specs] = self._stacked_function(specs, stacked)
-        elif specs not in self._stacked:  # another structure or element shape: one by one
+            self._stacked[key] = self._stacked_function(specs, stacked)
+        elif key not in self._stacked:  # another structure or element shape: one by one
             return otherwise()
-        return self._stacked[specs](stacked)
+        return self._stacked[key](stacked)
 
     def _specs(self, element_spec):
         return tf.nest.map_structure(
@@ -251,16 +252,17 @@ class MultiStep:
             else:
                 stacked = drawn.batches
             specs = self._specs(iterator.element_spec)
-            if specs not in self._stacked:
-                self._stacked[specs] = self._stacked_function(specs, stacked)
-            loop = self._stacked[specs]
+            key = _key(specs)
+            if key not in self._stacked:
+                self._stacked[key] = self._stacked_function(specs, stacked)
+            loop = self._stacked[key]
             if then > 0 and self.jit_compile:
-                if specs not in self._ahead:
-                    self._ahead[specs] = tf.function(
+                if key not in self._ahead:
+                    self._ahead[key] = tf.function(
                         lambda it, stacked, m: (*loop(stacked), _draw(it, m)),
                         input_signature=[tf.type_spec_from_value(iterator), specs,
                                          tf.TensorSpec([], tf.int32)])
-                ran, arrays, nxt = self._ahead[specs](iterator, stacked, tf.constant(then))
+                ran, arrays, nxt = self._ahead[key](iterator, stacked, tf.constant(then))
                 ahead = Drawn(nxt, then)
             else:
                 ran, arrays = loop(stacked)
@@ -273,6 +275,11 @@ class MultiStep:
         logs = [{name: float(col[j]) for name, col in zip(self.names, columns)}
                 for j in range(ran)]
         return logs, ahead
+
+
+def _key(specs) -> tuple:
+    """A dict key for a structure of TensorSpecs (lists and dicts are not hashable)."""
+    return (str(tf.nest.map_structure(lambda _: None, specs)), tuple(tf.nest.flatten(specs)))
 
 
 def _draw(iterator: Iterator[Batch], n: tf.Tensor) -> Batch:
