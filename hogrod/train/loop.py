@@ -203,7 +203,8 @@ def train_loop(step_fn: Callable[[Batch], Mapping[str, Scalar]], iterator: Itera
     step reuse the several-step call the first traced). Where the calls are one XLA loop
     over a tf.data iterator, each draws the next call's batches beside its loop, except
     before a checkpoint and the last step: in between, and after an error a step or a
-    callback raises, the iterator is ahead of the model by those batches. Each step's logs still come back: the NaN guard,
+    callback raises, the iterator is ahead of the model by those batches (a time limit
+    runs them before it stops). Each step's logs still come back: the NaN guard,
     summaries, progress and `callback` are per step, the last two run after the call
     that holds the step, when the model is at the call's last step. So a callback that
     reads or changes the model (an evaluation, a schedule) must act at multiples of N,
