@@ -17,6 +17,7 @@ from hogrod import stderr_filter  # noqa: F401  (first, before TensorFlow: a bin
 from hogrod.autodiff import (batch_jacobian, derivatives, gnvp, grad, hessian, hvp,
                              hvp_operator, jacobian, value_and_grad)
 from hogrod.functional import functional_call, model_state, trainable_values
+from hogrod.piecewise_linear import skip_zero_curvature
 
 __version__ = "0.1.0"
 
@@ -33,4 +34,5 @@ def __getattr__(name: str) -> ModuleType:
 
 
 __all__ = ["value_and_grad", "grad", "hvp", "hvp_operator", "hessian", "jacobian", "batch_jacobian",
-           "derivatives", "gnvp", "functional_call", "model_state", "trainable_values"]
+           "derivatives", "gnvp", "functional_call", "model_state", "trainable_values",
+           "skip_zero_curvature"]

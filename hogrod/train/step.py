@@ -48,6 +48,7 @@ from absl import logging
 
 from hogrod import checks
 from hogrod.optim import Optimizer as PureOptimizer
+from hogrod.piecewise_linear import skip_zero_curvature
 from hogrod.train.compile import check_jit_compile, compiled
 from hogrod.train.protocol import StepOptimizer, as_step_optimizer
 from hogrod.train.terms import check_weights, objective_terms, weighted_total
@@ -148,7 +149,8 @@ def _gradient(objective, weights, variables, scaler, batch):
         differentiated = total
         if scaler is not None:
             differentiated = total * tf.cast(scaler.dynamic_scale, total.dtype)
-    grads = zeros_for_unconnected(tape.gradient(differentiated, variables), variables)
+    with skip_zero_curvature():  # a penalty's or meta-gradient's zeros through ReLUs
+        grads = zeros_for_unconnected(tape.gradient(differentiated, variables), variables)
     grads = [tf.convert_to_tensor(g) for g in grads]  # IndexedSlices: dense
     if scaler is not None:
         grads = [g / tf.cast(scaler.dynamic_scale, g.dtype) for g in grads]
