@@ -22,12 +22,13 @@ step: the same --output_dir resumes exactly; a finished run re-evaluates), meta_
 given `surface` bounds, surface.png (the full-unroll meta-objective of a two-entry theta
 and the run's path; `--compare` draws several runs' paths on one surface); for a learned
 optimizer, learned_optimizer.npz (`learned.load`) and with `baseline_rates` the held-out
-comparison with Adam (`heldout_*`, heldout_curves.npz, inner_curves.png)."""
+comparison with Adam (`heldout_*`, heldout_curves.npz, inner_curves.png); with
+`select_every`, both of the theta of the lowest validation loss (`selected_meta_step`,
+`validation_loss`; each record's `validation_loss` in eval_history.json)."""
 
 import inspect
 import itertools
 import json
-import math
 import os
 import sys
 
@@ -37,6 +38,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from experiments.learned_heldout import heldout_comparison, number, save_figure, validation_loss
 from hogrod import checks, distribute, harness, optim, taskmap, train, tree
 from hogrod import learned as learned_lib
 
@@ -127,19 +129,7 @@ def _listed(theta):
     return flat.tolist() if flat.size <= THETA_LISTED else None
 
 
-def _number(x):
-    """A JSON number, None where not finite (metrics stay strict JSON)."""
-    x = float(x)
-    return x if math.isfinite(x) else None
-
-
 # ---- plots ---------------------------------------------------------------------------------
-
-def _save(fig, path):
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-
 
 def plot_meta_loss(path, history, title):
     """The meta-loss (mean over each record's interval) and the fresh unroll's `eval_loss`
@@ -156,7 +146,7 @@ def plot_meta_loss(path, history, title):
     ax.set(xlabel="meta-step", ylabel="meta-objective")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def surface_grid(problem, theta, steps, bounds, points, seed):
@@ -193,7 +183,7 @@ def plot_surface(path, surface, paths, title):
     ax.set(xlabel="theta[0]", ylabel="theta[1]")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, loc="best")
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def _path(history):
@@ -221,60 +211,6 @@ def plot_compare(run_dirs, out_dir):
     path = os.path.join(out_dir, "surface.png")
     plot_surface(path, surface, paths, "meta-objective and each estimator's path")
     return path
-
-
-# ---- a learned optimizer against Adam on held-out tasks ------------------------------------
-
-def heldout_comparison(output_dir, learned, family, theta, rates, tasks, n, title, task_map):
-    """The learned optimizer against Adam at each rate on held-out tasks (seeds 0..tasks-1
-    of the "heldout" split): each task's loss on all its examples after 0..2N updates
-    (`hogrod.learned.training_curves`, the tasks mapped by `task_map`; saved in
-    heldout_curves.npz), their means drawn in inner_curves.png. Returns `summarize`'s
-    metrics."""
-    def curves(make):  # traced once per optimizer kind: Adam's rate is a tensor argument
-        return tf.function(lambda arg: learned_lib.training_curves(
-            make(arg), family, list(range(tasks)), 2 * n, mode=task_map), autograph=False)
-
-    dtype = tf.nest.flatten(family.init(tf.constant([0, 0], tf.int64)))[0].dtype
-    adam = curves(optim.adam)
-    runs = {"learned": curves(learned.optimizer)(theta).numpy(),
-            **{f"adam_{r:g}": adam(tf.constant(r, dtype)).numpy() for r in rates}}
-    np.savez(os.path.join(output_dir, "heldout_curves.npz"), **runs)
-    metrics = summarize(runs, rates, n)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for r in rates:
-        chosen = r in metrics["heldout_adam_best_rate"]
-        ax.plot(runs[f"adam_{r:g}"].mean(0), lw=1.8 if chosen else 0.8,
-                label=f"Adam {r:g}" + (" (best at N or 2N)" if chosen else ""))
-    ax.plot(runs["learned"].mean(0), "k", lw=2, label="learned optimizer")
-    ax.axvline(n, color="gray", ls="--", lw=0.8, label="N (meta-training horizon)")
-    ax.set(yscale="log", xlabel="inner step", ylabel=f"training loss, mean of {tasks} "
-           "held-out tasks")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
-    _save(fig, os.path.join(output_dir, "inner_curves.png"))
-    return metrics
-
-
-def summarize(runs, rates, n):
-    """The `heldout_*` metrics of the curves `runs` ({"learned", "adam_<rate>": [tasks,
-    2N + 1]}): the mean losses at N = `n` and 2N, Adam's best rate chosen at each
-    separately (a non-finite mean never best)."""
-    mean = {k: np.mean(v, 0) for k, v in runs.items()}
-    at, tasks = (n, 2 * n), len(runs["learned"])
-    best = [min(rates, key=lambda r: (not np.isfinite(mean[f"adam_{r:g}"][t]),
-                                      mean[f"adam_{r:g}"][t])) for t in at]
-    mine = [float(mean["learned"][t]) for t in at]
-    adam = [float(mean[f"adam_{r:g}"][t]) for r, t in zip(best, at)]
-    return {"heldout_steps": list(at), "heldout_tasks": tasks, "heldout_learned_loss": mine,
-            "heldout_learned_stderr": [float(np.std(runs["learned"][:, t], ddof=1)
-                                             / np.sqrt(tasks)) if tasks > 1 else None
-                                       for t in at],
-            "heldout_adam_best_loss": adam, "heldout_adam_best_rate": best,
-            "heldout_adam_loss": {f"{r:g}": [_number(mean[f"adam_{r:g}"][t]) for t in at]
-                                  for r in rates},
-            "heldout_initial_loss": float(mean["learned"][0]),
-            "heldout_learned_below_adam": [a < b for a, b in zip(mine, adam)]}
 
 
 # ---- the experiment ------------------------------------------------------------------------
@@ -336,7 +272,8 @@ def learned_optimizer_experiment(
         baseline_rates: tuple[harness.Positive, ...] = (),
         heldout_tasks: harness.PositiveInt = 16, task_map: str = "vectorized",
         checkpoint_every: harness.PositiveInt = 100, log_every: harness.Count = 100,
-        time_limit_s: harness.Positive | None = None, seed: harness.Count = 0):
+        time_limit_s: harness.Positive | None = None, seed: harness.Count = 0,
+        select_every: harness.Count = 0, validation_tasks: harness.PositiveInt = 8):
     """Meta-train theta with an estimator, evaluate it, compare a learned optimizer.
 
     Args:
@@ -371,6 +308,13 @@ def learned_optimizer_experiment(
       time_limit_s: stop (with a checkpoint) after this many seconds of meta-training in
         this invocation; a re-run continues. None: no limit.
       seed: the run's seed (particles, perturbations, evaluation tasks).
+      select_every: every this many meta-steps and at the start (0: never), the learned
+        optimizer's `validation_loss`: the mean loss after `eval_steps` inner steps on
+        `validation_tasks` tasks of the held-out split that the comparison never meets. The
+        theta of the lowest is the run's result (metrics, learned_optimizer.npz, the
+        comparison; `selected_meta_step`), as early stopping: the meta-objective (the mean
+        loss over a truncation's steps) is not the loss at N.
+      validation_tasks: the validation tasks of `select_every`.
 
     Returns:
       The metrics (module docstring).
@@ -385,6 +329,10 @@ def learned_optimizer_experiment(
                          f"held-out tasks: bind {WHERE}.learned and {WHERE}.family too, or "
                          "unbind the rates")
     taskmap.check_task_map(task_map, f"{WHERE}.task_map")
+    if select_every and (learned is None or family is None):
+        raise ValueError(f"{WHERE}.select_every selects a learned optimizer by its loss on "
+                         f"validation tasks: bind {WHERE}.learned and {WHERE}.family too, or "
+                         f"set {WHERE}.select_every = 0")
     theta0 = initial_theta(problem_, learned, init_theta, seed)
     if surface is not None and (tree.size(theta0) != 2 or not all(a < b for a, b in surface)):
         raise ValueError(f"{WHERE}.surface draws a theta of two entries over ((low, high), "
@@ -397,25 +345,36 @@ def learned_optimizer_experiment(
     held = Held(meta.init(theta0, seed), "meta")
     interval = tf.Variable(tf.zeros([2], tf.float64), trainable=False, name="interval")
     diverged = tf.Variable(False, trainable=False, name="diverged")
+    best = Held(theta0, "selected")  # the theta of the lowest validation loss, and its step
+    best_at = tf.Variable([np.inf, 0.0], dtype=tf.float64, trainable=False, name="best_at")
     ckpt = train.Checkpointer(output_dir, meta=held.variables, interval=interval,
-                              diverged=diverged)
+                              diverged=diverged, selected=best.variables, best_at=best_at)
     start = harness.started(output_dir, ckpt)
     history = train.read_history(output_dir, start)
     evaluate = tf.function(lambda t: learned_lib.evaluate(problem_, t, eval_steps, seed),
                            autograph=False)
 
-    def record(step):
+    validate = select_every and validation_loss(learned, family, validation_tasks,
+                                                eval_steps, task_map)
+
+    def record(step, final=False):
         theta = held.read().theta
         total, count = interval.numpy()
-        values = {"eval_loss": _number(evaluate(theta)), "theta": _listed(theta)}
+        values = {"eval_loss": number(evaluate(theta)), "theta": _listed(theta)}
+        if select_every and (step % select_every == 0 or step == meta_steps or final):
+            values["validation_loss"] = number(validate(theta))
+            if values["validation_loss"] is not None and values["validation_loss"] < best_at[0]:
+                best.assign_where(tf.constant(True), theta)
+                best_at.assign([values["validation_loss"], step])
         if count:
-            values["meta_loss"] = _number(total / count)
+            values["meta_loss"] = number(total / count)
         _record(output_dir, history, step, values)
         interval.assign(tf.zeros([2], tf.float64))
 
     def on_step(step, logs):
         interval.assign_add(tf.constant([logs["meta_loss"], 1.0], tf.float64))
-        if step % eval_every == 0 or step == meta_steps:
+        if step % eval_every == 0 or step == meta_steps or (
+                select_every and step % select_every == 0):
             record(step)
         if log_every and (step % log_every == 0 or step == meta_steps):
             logging.info("meta-step %d/%d: meta-loss %.5g, |grad| %.3g (+- %.2g), eval %s",
@@ -435,8 +394,12 @@ def learned_optimizer_experiment(
             diverged.assign(True)
             ckpt.save()
     done = int(ckpt.step)
-    record(done)  # the final theta (a finished run re-evaluates it)
-    metrics = _finish(output_dir, problem_, learned, held.read().theta, history,
+    record(done, final=True)  # the final theta (a finished run re-evaluates it)
+    theta = held.read().theta
+    if select_every:
+        theta = best.read()
+        stats.update(selected_meta_step=int(best_at[1]), validation_loss=number(best_at[0]))
+    metrics = _finish(output_dir, problem_, learned, theta, history,
                       dict(done=done, diverged=bool(diverged), estimator=estimator.name,
                            reference_theta=reference_theta, surface=surface,
                            surface_points=surface_points, eval_steps=eval_steps, seed=seed,
@@ -450,7 +413,7 @@ def _finish(output_dir, problem, learned, theta, history, run):
     flat = _flat(theta)
     metrics = {"estimator": run["estimator"], "meta_steps_done": run["done"],
                "diverged": run["diverged"], "eval_loss": history[-1]["eval_loss"],
-               "eval_steps": run["eval_steps"], "theta_norm": _number(_norm(theta))}
+               "eval_steps": run["eval_steps"], "theta_norm": number(_norm(theta))}
     if flat.size <= THETA_LISTED:
         metrics["theta"] = flat.tolist()
     if run["reference_theta"] is not None:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from experiments import learned_heldout
 from experiments import learned_optimizer as exp
 from hogrod import harness, train
 
@@ -196,6 +197,8 @@ def test_the_schedule_surface_is_the_full_unroll_objective_and_runs_compare(tmp_
     ("hogrod.learned.pes.particles = 7", ValueError, "particles must be even"),
     ("learned_optimizer_experiment.task_map = 'parallel'", ValueError,
      "learned_optimizer_experiment.task_map"),
+    ("learned_optimizer_experiment.select_every = 2", ValueError,
+     "learned_optimizer_experiment.select_every selects a learned optimizer"),
 ])
 def test_bad_bindings_are_named_before_anything_is_written(tmp_path, binding, error, match):
     out = tmp_path / "run"
@@ -254,6 +257,64 @@ def test_a_learned_optimizer_is_saved_and_compared_with_adam_on_heldout_tasks(tm
             leaf, reader.get_tensor(f"meta/{i}/.ATTRIBUTES/VARIABLE_VALUE"))
 
 
+@pytest.mark.slow  # tracing the MLP optimizer's unrolls and validations: ~15 s
+def test_the_run_reports_the_theta_of_the_lowest_validation_loss(tmp_path, monkeypatch):
+    """select_every = 1: each meta-step's validation loss recorded; the saved optimizer and
+    the comparison are the lowest's theta, whose loss after N steps on the validation
+    tasks (held-out split, seeds [i, 1]) recomputed outside the run is the one recorded;
+    a run killed after step 2 resumes to the same choice."""
+    from hogrod import learned
+    params = ["HORIZON = 4", "TRUNCATION = 2", "hogrod.learned.pes.particles = 2",
+              "hogrod.learned.pes.sigma = 0.5",  # big perturbations and outer steps: the
+              "learned_optimizer_experiment.outer_lr = 0.5",  # last theta is not the best
+              "hogrod.learned.digits_mlp.classes = 2",
+              "hogrod.learned.digits_mlp.hidden_sizes = (4,)",
+              "hogrod.learned.digits_mlp.batch_size = 4",
+              "hogrod.learned.mlp_optimizer.hidden_size = 4",
+              "hogrod.learned.mlp_optimizer.hidden_layers = 1",
+              "hogrod.learned.mlp_optimizer.timescales = ()",
+              "learned_optimizer_experiment.meta_steps = 4",
+              "learned_optimizer_experiment.checkpoint_every = 2",
+              "learned_optimizer_experiment.select_every = 1",
+              "learned_optimizer_experiment.validation_tasks = 2",
+              "learned_optimizer_experiment.baseline_rates = (1e-2,)",
+              "learned_optimizer_experiment.heldout_tasks = 2",
+              "learned_optimizer_experiment.time_limit_s = None",
+              "hogrod.learned.pes.task_map = 'sequential'",
+              "learned_optimizer_experiment.task_map = 'sequential'"]
+    config = ["configs/learned/digits_mlp_adam_pes.gin"]
+    out, m = harness.run(exp.learned_optimizer_experiment, config, params, str(tmp_path / "run"))
+    history = strict_json(os.path.join(out, "eval_history.json"))
+    losses = {h["step"]: h["validation_loss"] for h in history}
+    assert sorted(losses) == [0, 1, 2, 3, 4]
+    best = min(losses, key=lambda step: (losses[step], step))
+    assert best < 4, losses
+    assert m["selected_meta_step"] == best and m["validation_loss"] == losses[best]
+    lopt = learned.mlp_optimizer(4, 1, timescales=(), adam_learning_rate=1e-2,
+                                 exp_mult=1.0)  # the config's
+    theta = lopt.load(os.path.join(out, "learned_optimizer.npz"))
+    family = learned.digits_mlp(classes=2, hidden_sizes=(4,), batch_size=4)
+    again = learned.training_curves(lopt.optimizer(theta), family,
+                                     tf.constant([[0, 1], [1, 1]], tf.int64), 4,
+                                     mode="sequential")[:, -1]
+    np.testing.assert_allclose(np.mean(again.numpy()), m["validation_loss"], rtol=1e-6)
+
+    save = train.Checkpointer.save
+
+    def killed_saving_step_4(self):
+        if int(self.step) == 4:
+            raise Killed
+        return save(self)
+    monkeypatch.setattr(train.Checkpointer, "save", killed_saving_step_4)
+    resumed = str(tmp_path / "resumed")
+    with pytest.raises(Killed):
+        harness.run(exp.learned_optimizer_experiment, config, params, resumed)
+    monkeypatch.undo()
+    _, cut = harness.run(exp.learned_optimizer_experiment, config, params, resumed)
+    assert (cut["selected_meta_step"], cut["validation_loss"]) == (best, losses[best])
+    assert cut["heldout_learned_loss"] == m["heldout_learned_loss"]
+
+
 def test_adams_best_rate_is_chosen_at_each_horizon_apart():
     """Rate 1e-2 is best at N = 2 and 1e-1 at 2N, though 1e-1's mean is NaN at N (a
     diverged curve is never best where it is not finite)."""
@@ -261,7 +322,7 @@ def test_adams_best_rate_is_chosen_at_each_horizon_apart():
             "adam_0.001": np.array([[3.0, 2.5, 2.0, 1.0, 0.2]] * 2),
             "adam_0.01": np.array([[3.0, 1.0, 0.8, 0.9, 0.9]] * 2),
             "adam_0.1": np.array([[3.0, 1.0, np.nan, 1.0, 0.1], [3.0, 1.0, 0.1, 1.0, 0.1]])}
-    m = exp.summarize(runs, (1e-1, 1e-3, 1e-2), 2)  # NaN first: min would keep it
+    m = learned_heldout.summarize(runs, (1e-1, 1e-3, 1e-2), 2)  # NaN first: min would keep it
     assert m["heldout_adam_best_rate"] == [1e-2, 1e-1] and m["heldout_steps"] == [2, 4]
     assert m["heldout_adam_best_loss"] == [0.8, 0.1]
     assert m["heldout_learned_loss"] == [1.5, 0.5]
