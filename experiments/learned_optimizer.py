@@ -38,9 +38,10 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from experiments.learned_heldout import heldout_comparison, number, save_figure, validation_loss
 from hogrod import checks, distribute, harness, optim, taskmap, train, tree
 from hogrod import learned as learned_lib
+
+from .learned_heldout import heldout_comparison, number, save_figure, validation_loss
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
