@@ -80,6 +80,22 @@ class Killed(Exception):
     """Stands in for a kill."""
 
 
+def killed_and_resumed(monkeypatch, config, params, run_dir):
+    """A run killed while saving step 4's checkpoint (step 3's evaluation written), then
+    run again to the end: the metrics of the second invocation."""
+    save = train.Checkpointer.save
+
+    def killed_saving_step_4(self):
+        if int(self.step) == 4:
+            raise Killed
+        return save(self)
+    monkeypatch.setattr(train.Checkpointer, "save", killed_saving_step_4)
+    with pytest.raises(Killed):
+        harness.run(exp.learned_optimizer_experiment, config, params, run_dir)
+    monkeypatch.undo()
+    return harness.run(exp.learned_optimizer_experiment, config, params, run_dir)[1]
+
+
 @pytest.fixture(scope="module")
 def ib_run(tmp_path_factory):
     """The uninterrupted tiny PES run on influence balancing: (its directory, metrics)."""
@@ -106,18 +122,8 @@ def test_influence_balancing_evaluates_resumes_exactly_and_refuses_a_changed_con
     for name in ("meta_loss.png", "operative_config.gin", "config.gin"):
         assert os.path.exists(os.path.join(whole, name)), name
 
-    save = train.Checkpointer.save
-
-    def killed_saving_step_4(self):  # step 3's evaluation written, step 4's checkpoint not
-        if int(self.step) == 4:
-            raise Killed
-        return save(self)
-    monkeypatch.setattr(train.Checkpointer, "save", killed_saving_step_4)
     resumed = str(tmp_path / "resumed")
-    with pytest.raises(Killed):
-        harness.run(exp.learned_optimizer_experiment, [IB], IB_TINY, resumed)
-    monkeypatch.undo()
-    _, again = harness.run(exp.learned_optimizer_experiment, [IB], IB_TINY, resumed)
+    again = killed_and_resumed(monkeypatch, [IB], IB_TINY, resumed)
     assert again["train_steps"] == 4  # resumed from step 2's checkpoint
     assert again["theta"] == metrics["theta"] and again["eval_loss"] == metrics["eval_loss"]
     # theta, the outer Adam's moments and count, the particles' states, steps and seeds,
@@ -299,18 +305,7 @@ def test_the_run_reports_the_theta_of_the_lowest_validation_loss(tmp_path, monke
                                      mode="sequential")[:, -1]
     np.testing.assert_allclose(np.mean(again.numpy()), m["validation_loss"], rtol=1e-6)
 
-    save = train.Checkpointer.save
-
-    def killed_saving_step_4(self):
-        if int(self.step) == 4:
-            raise Killed
-        return save(self)
-    monkeypatch.setattr(train.Checkpointer, "save", killed_saving_step_4)
-    resumed = str(tmp_path / "resumed")
-    with pytest.raises(Killed):
-        harness.run(exp.learned_optimizer_experiment, config, params, resumed)
-    monkeypatch.undo()
-    _, cut = harness.run(exp.learned_optimizer_experiment, config, params, resumed)
+    cut = killed_and_resumed(monkeypatch, config, params, str(tmp_path / "resumed"))
     assert (cut["selected_meta_step"], cut["validation_loss"]) == (best, losses[best])
     assert cut["heldout_learned_loss"] == m["heldout_learned_loss"]
 
