@@ -29,6 +29,7 @@ comparison with Adam (`heldout_*`, heldout_curves.npz, inner_curves.png); with
 import inspect
 import itertools
 import json
+import math
 import os
 import sys
 
@@ -40,8 +41,6 @@ from absl import logging
 
 from hogrod import checks, distribute, harness, optim, taskmap, train, tree
 from hogrod import learned as learned_lib
-
-from .learned_heldout import heldout_comparison, number, save_figure, validation_loss
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -125,12 +124,24 @@ def _flat(theta):
     return tree.flatten(theta, tf.float64).numpy()
 
 
+def _number(x):
+    """A JSON number, None where not finite (metrics stay strict JSON)."""
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
 def _listed(theta):
     flat = _flat(theta)
     return flat.tolist() if flat.size <= THETA_LISTED else None
 
 
 # ---- plots ---------------------------------------------------------------------------------
+
+def _save(fig, path):
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
 
 def plot_meta_loss(path, history, title):
     """The meta-loss (mean over each record's interval) and the fresh unroll's `eval_loss`
@@ -147,7 +158,7 @@ def plot_meta_loss(path, history, title):
     ax.set(xlabel="meta-step", ylabel="meta-objective")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
-    save_figure(fig, path)
+    _save(fig, path)
 
 
 def surface_grid(problem, theta, steps, bounds, points, seed):
@@ -184,7 +195,7 @@ def plot_surface(path, surface, paths, title):
     ax.set(xlabel="theta[0]", ylabel="theta[1]")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, loc="best")
-    save_figure(fig, path)
+    _save(fig, path)
 
 
 def _path(history):
@@ -212,6 +223,29 @@ def plot_compare(run_dirs, out_dir):
     path = os.path.join(out_dir, "surface.png")
     plot_surface(path, surface, paths, "meta-objective and each estimator's path")
     return path
+
+
+# ---- a learned optimizer against Adam on held-out tasks ------------------------------------
+
+def heldout_comparison(output_dir, learned, family, theta, rates, tasks, n, title, task_map):
+    """`hogrod.learned.heldout_curves` over 2N steps, saved in heldout_curves.npz, their
+    means drawn in inner_curves.png. Returns `hogrod.learned.heldout_summary`'s metrics."""
+    runs = learned_lib.heldout_curves(learned, theta, family, rates, tasks, 2 * n, task_map)
+    np.savez(os.path.join(output_dir, "heldout_curves.npz"), **runs)
+    metrics = learned_lib.heldout_summary(runs, rates, n)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in rates:
+        chosen = r in metrics["heldout_adam_best_rate"]
+        ax.plot(runs[f"adam_{r:g}"].mean(0), lw=1.8 if chosen else 0.8,
+                label=f"Adam {r:g}" + (" (best at N or 2N)" if chosen else ""))
+    ax.plot(runs["learned"].mean(0), "k", lw=2, label="learned optimizer")
+    ax.axvline(n, color="gray", ls="--", lw=0.8, label="N (meta-training horizon)")
+    ax.set(yscale="log", xlabel="inner step", ylabel=f"training loss, mean of {tasks} "
+           "held-out tasks")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    _save(fig, os.path.join(output_dir, "inner_curves.png"))
+    return metrics
 
 
 # ---- the experiment ------------------------------------------------------------------------
@@ -355,20 +389,20 @@ def learned_optimizer_experiment(
     evaluate = tf.function(lambda t: learned_lib.evaluate(problem_, t, eval_steps, seed),
                            autograph=False)
 
-    validate = select_every and validation_loss(learned, family, validation_tasks,
-                                                eval_steps, task_map)
+    validate = select_every and learned_lib.validation_loss(learned, family, validation_tasks,
+                                                            eval_steps, task_map)
 
     def record(step, final=False):
         theta = held.read().theta
         total, count = interval.numpy()
-        values = {"eval_loss": number(evaluate(theta)), "theta": _listed(theta)}
+        values = {"eval_loss": _number(evaluate(theta)), "theta": _listed(theta)}
         if select_every and (step % select_every == 0 or step == meta_steps or final):
-            values["validation_loss"] = number(validate(theta))
+            values["validation_loss"] = _number(validate(theta))
             if values["validation_loss"] is not None and values["validation_loss"] < best_at[0]:
                 best.assign_where(tf.constant(True), theta)
                 best_at.assign([values["validation_loss"], step])
         if count:
-            values["meta_loss"] = number(total / count)
+            values["meta_loss"] = _number(total / count)
         _record(output_dir, history, step, values)
         interval.assign(tf.zeros([2], tf.float64))
 
@@ -399,7 +433,7 @@ def learned_optimizer_experiment(
     theta = held.read().theta
     if select_every:
         theta = best.read()
-        stats.update(selected_meta_step=int(best_at[1]), validation_loss=number(best_at[0]))
+        stats.update(selected_meta_step=int(best_at[1]), validation_loss=_number(best_at[0]))
     metrics = _finish(output_dir, problem_, learned, theta, history,
                       dict(done=done, diverged=bool(diverged), estimator=estimator.name,
                            reference_theta=reference_theta, surface=surface,
@@ -414,7 +448,7 @@ def _finish(output_dir, problem, learned, theta, history, run):
     flat = _flat(theta)
     metrics = {"estimator": run["estimator"], "meta_steps_done": run["done"],
                "diverged": run["diverged"], "eval_loss": history[-1]["eval_loss"],
-               "eval_steps": run["eval_steps"], "theta_norm": number(_norm(theta))}
+               "eval_steps": run["eval_steps"], "theta_norm": _number(_norm(theta))}
     if flat.size <= THETA_LISTED:
         metrics["theta"] = flat.tolist()
     if run["reference_theta"] is not None:

@@ -14,9 +14,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from experiments import learned_heldout
 from experiments import learned_optimizer as exp
-from hogrod import harness, train
+from hogrod import harness, learned, train
 
 IB = "configs/learned/influence_balancing_pes_k1.gin"
 TOY = "configs/learned/toy_regression_tbptt.gin"
@@ -218,7 +217,7 @@ def test_a_learned_optimizer_is_saved_and_compared_with_adam_on_heldout_tasks(tm
     """A tiny MLP optimizer on 2-class digits MLPs: saved as the run's final theta; the
     held-out curves start from the same tasks for every optimizer; Adam's best at N and
     at 2N is the lowest of its rates at each."""
-    from hogrod import learned, optim
+    from hogrod import optim
     params = ["HORIZON = 4", "TRUNCATION = 1", "hogrod.learned.pes.particles = 2",
               "hogrod.learned.digits_mlp.classes = 2",
               "hogrod.learned.digits_mlp.hidden_sizes = (4,)",
@@ -269,7 +268,6 @@ def test_the_run_reports_the_theta_of_the_lowest_validation_loss(tmp_path, monke
     the comparison are the lowest's theta, whose loss after N steps on the validation
     tasks (held-out split, seeds [i, 1]) recomputed outside the run is the one recorded;
     a run killed after step 2 resumes to the same choice."""
-    from hogrod import learned
     params = ["HORIZON = 4", "TRUNCATION = 2", "hogrod.learned.pes.particles = 2",
               "hogrod.learned.pes.sigma = 0.5",  # big perturbations and outer steps: the
               "learned_optimizer_experiment.outer_lr = 0.5",  # last theta is not the best
@@ -317,7 +315,7 @@ def test_adams_best_rate_is_chosen_at_each_horizon_apart():
             "adam_0.001": np.array([[3.0, 2.5, 2.0, 1.0, 0.2]] * 2),
             "adam_0.01": np.array([[3.0, 1.0, 0.8, 0.9, 0.9]] * 2),
             "adam_0.1": np.array([[3.0, 1.0, np.nan, 1.0, 0.1], [3.0, 1.0, 0.1, 1.0, 0.1]])}
-    m = learned_heldout.summarize(runs, (1e-1, 1e-3, 1e-2), 2)  # NaN first: min would keep it
+    m = learned.heldout_summary(runs, (1e-1, 1e-3, 1e-2), 2)  # NaN first: min would keep it
     assert m["heldout_adam_best_rate"] == [1e-2, 1e-1] and m["heldout_steps"] == [2, 4]
     assert m["heldout_adam_best_loss"] == [0.8, 0.1]
     assert m["heldout_learned_loss"] == [1.5, 0.5]

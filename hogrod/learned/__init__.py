@@ -25,9 +25,14 @@
   `TaskFamily` (`digits_mlp(...)`: small MLPs on sklearn's 8x8 digits, random class
   subsets and initializations, held-out tasks by `task_seed(seed, "heldout")`) with a
   learned optimizer; `training_curves` trains tasks with any `hogrod.optim` optimizer.
+- `heldout_curves`, `heldout_summary`, `validation_loss` (`comparison.py`): a learned
+  optimizer against Adam on held-out tasks, and its loss on validation tasks apart from
+  them (for choosing among thetas).
 """
 
 from hogrod.learned.base import LearnedOptimizer
+from hogrod.learned.comparison import (VALIDATION_SEED, heldout_curves, heldout_summary,
+                                       validation_loss)
 from hogrod.learned.estimators import (Estimate, Estimator, EstimatorState, es, full_es, pes,
                                        tbptt)
 from hogrod.learned.mlp_optimizer import MLPOptimizerState, feature_count, mlp_optimizer
@@ -48,4 +53,5 @@ __all__ = ["InnerProblem", "META_OBJECTIVES", "Particles", "init_particles", "re
            "toy_regression_loss", "LearnedOptimizer", "MLPOptimizerState", "feature_count",
            "mlp_optimizer", "LearnedSchedule", "KINDS", "BASES", "learned_schedule", "SPLITS",
            "TaskFamily", "TaskState", "task_seed", "digits_mlp", "optimizer_problem",
-           "training_curves"]
+           "training_curves", "VALIDATION_SEED", "heldout_curves", "heldout_summary",
+           "validation_loss"]
