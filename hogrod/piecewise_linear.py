@@ -1,7 +1,6 @@
 """Second derivatives through piecewise-linear ops without the exact zeros TensorFlow builds.
 
-Differentiating a gradient (a gradient penalty, MAML's meta-gradient, a Hessian-vector
-product) differentiates the backward ops of the forward pass. For ReLU, leaky ReLU, ReLU6
+Differentiating a gradient (a gradient penalty, a Hessian-vector product) differentiates the backward ops of the forward pass. For ReLU, leaky ReLU, ReLU6
 and max pooling, TensorFlow's gradient of the backward op returns ``zeros_like`` for the
 forward values it reads (the activations that set ReLU's mask, the pooling window's
 input and output). These are exact zeros, the ops being piecewise linear, but they are

@@ -117,3 +117,4 @@ def test_make_train_step_differentiates_without_the_zeros():
     products = _products(step.python_function, x)
     assert products == _products(lambda x: _gradient(model, x, True), x)
     assert products < _products(lambda x: _gradient(model, x, False), x)
+

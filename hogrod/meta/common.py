@@ -17,7 +17,6 @@ import tensorflow as tf
 
 from hogrod import checks, optim
 from hogrod.meta.inner import Rates, adapt, draw_seeds, run
-from hogrod.piecewise_linear import skip_zero_curvature
 from hogrod.types import Loss
 
 __all__ = ["Algorithm", "Tasks", "check_loss", "task_seeds", "pass_seed",
@@ -233,6 +232,5 @@ def meta_gradient(algorithm: Algorithm, model: keras.Model, tasks: Tasks,
         raise ValueError("meta_gradient: the model has no trainable variables (not built?)")
     with tf.GradientTape() as tape:
         loss = algorithm.meta_loss(tasks, step)["loss"]
-    with skip_zero_curvature():  # through the inner steps' ReLU and pooling backward ops
-        grads = tape.gradient(loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    grads = tape.gradient(loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
     return loss, grads
