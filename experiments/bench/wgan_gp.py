@@ -1,8 +1,9 @@
 """Benchmark: WGAN-GP critic steps/s, compiled (hogrod) vs a plain eager TF2 step vs PyTorch.
 
 One critic step = generator forward, critic on real and fake, the gradient penalty's
-inner gradient, the outer gradient and the Adam update (hogrod's: `make_gan_step`'s critic
-step as `experiments/gan.py` runs it, its random numbers from the data, one XLA computation); the same MLPs (2-512-512-512-1
+inner gradient, the outer gradient and the Adam update (hogrod's: `make_gan_step`'s single
+critic update, `step.critic_step`, a plain `tf.function` with its guard and logs, its random
+numbers from the data as `gan.with_noise` gives them); the same MLPs (2-512-512-512-1
 critic, 2-512-512-512-2 generator) and batch (256) in all three. The eager step is the
 straightforward hand-written TF2 code; the PyTorch step uses `torch.autograd.grad(...,
 create_graph=True)` (the `bench` extra). Interleaved rounds, medians:
@@ -20,6 +21,11 @@ derivative is zero, so nothing flows back through the interpolates' forward. The
 times 11 x (depth - 1) such products alone (`timing.matmul_floor`) and reports each
 baseline's time over that floor: the highest ratio a step doing nothing but those
 products would reach on this machine.
+
+Where the operands of one product fit in a core's L2 cache (width 256 on a 1 MiB L2),
+TensorFlow's oneDNN kernel runs it on one thread: the chained products then take twice the
+independent ones on two cores, and a step reaches the floor only while its graph keeps two
+products ready at once.
 """
 
 import gin
@@ -66,8 +72,7 @@ def hogrod_step(width, depth, batch, lam):
     step = gan.make_gan_step(gen, critic, keras.optimizers.Adam(1e-4, beta_1=0.0, beta_2=0.9),
                              keras.optimizers.Adam(1e-4), 2,
                              critic_penalties=[(gan.gradient_penalty, lam, 1)], n_critic=1)
-    # the step's random numbers with the data, as the binary gives them (`gan.with_noise`),
-    # so "auto" compiles the step with XLA (drawn inside, they would keep it plain)
+    # the step's random numbers with the data, as the binary gives them (`gan.with_noise`)
     real = tf.random.normal([batch, 2])
     noisy = next(iter(gan.with_noise(tf.data.Dataset.from_tensors(real), 2)))
     return lambda: float(step.critic_step(noisy)["loss"])
