@@ -210,10 +210,10 @@ def seed(value: Any, arg: str, where: str) -> int:
 
 def stateless_seed(value: Any, arg: str, where: str) -> tf.Tensor:
     """A stateless random seed: an int (>= 0) becomes ``[value, 0]``; a `[2]` integer tensor
-    (or array) is kept; both as int64.
+    (or array, or a pair such as ``[seed, i]``) is kept; both as int64.
 
     Args:
-        value: an int >= 0, or a `[2]` integer tensor, variable or numpy array.
+        value: an int >= 0, or a `[2]` integer tensor, variable, numpy array, list or tuple.
         arg: the argument's name in the message.
         where: the public function checked.
 
@@ -224,6 +224,11 @@ def stateless_seed(value: Any, arg: str, where: str) -> tf.Tensor:
         ArgumentError: anything else (a negative int, a float, a bool, a tensor of another
             shape or dtype).
     """
+    if isinstance(value, (list, tuple)):
+        try:
+            value = tf.convert_to_tensor(value)
+        except (TypeError, ValueError):
+            _fail(where, arg, "an int >= 0 or a [2] integer tensor", value)
     if isinstance(value, (tf.Tensor, tf.Variable, np.ndarray)):
         s = tf.convert_to_tensor(value)
         if not s.dtype.is_integer or not s.shape.is_compatible_with([2]):
@@ -259,8 +264,8 @@ class _Leaf:
 
     def __init__(self, t: Any) -> None:
         if isinstance(t, (tf.Tensor, tf.Variable, keras.Variable, np.ndarray, np.generic)):
-            dtype = t.dtype.value.dtype if isinstance(t, keras.Variable) else t.dtype
-            self.text = f"{tf.as_dtype(dtype).name}{list(t.shape)}"
+            # a Keras 3 variable's dtype is a string ("float32"), tf.as_dtype reads it too
+            self.text = f"{tf.as_dtype(t.dtype).name}{list(t.shape)}"
         else:
             self.text = type(t).__name__
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import hogrod
 from hogrod import gan
 from conftest import bench_config
 
@@ -139,6 +140,16 @@ def test_bad_input_is_named():
         gan.r1_penalty(two_outputs, tf.zeros((4, 2)))
     with pytest.raises(ValueError, match="unknown toy data set"):
         gan.toy_batches("nine_gaussians")
+    # a norm's target below 0 would only grow the penalty: a typo, not a setting
+    for penalty in (gan.gradient_penalty, gan.lp_penalty):
+        with pytest.raises(hogrod.checks.ArgumentError, match="gradient_penalty: target must "
+                                                              "be a finite number >= 0"):
+            penalty(critic, tf.zeros((4, 2)), tf.ones((4, 2)), target=-1.0)
+    # a stateless seed: an int is the pair [seed, 0]; anything else is named
+    np.testing.assert_array_equal(gan.sample_toy("eight_gaussians", 5, 3),
+                                  gan.sample_toy("eight_gaussians", 5, [3, 0]))
+    with pytest.raises(hogrod.checks.ArgumentError, match="sample_toy: seed must be"):
+        gan.sample_toy("eight_gaussians", 5, 2.5)
     # one score for the whole batch (a mean inside the critic) is not a per-example score
     batch_mean = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1),
                                    keras.layers.Lambda(lambda s: tf.reduce_mean(s))])

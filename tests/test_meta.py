@@ -193,6 +193,29 @@ def test_imaml_bad_maxiter_and_lam_are_named():
             meta.imaml(small_mlp(), mse, **kwargs)
 
 
+def test_an_inner_rate_given_as_a_number_must_be_positive():
+    """A negative rate ascends the support loss and zero adapts nothing: both ran before,
+    to a plausible (or NaN) loss; a learned tensor rate (Meta-SGD's) may take any sign."""
+    for build in (meta.maml, meta.fomaml, meta.anil, meta.meta_sgd, meta.reptile,
+                  meta.maml_plus_plus, meta.imaml):
+        for rate in (-0.01, 0.0, float("nan")):
+            with pytest.raises(hogrod.checks.ArgumentError, match=r"inner_lr must be a "
+                                                                  r"positive finite number"):
+                build(small_mlp(), mse, inner_lr=rate)
+    model = small_mlp()
+    support = (tf.ones([3, 1]), tf.ones([3, 1]))
+    n = len(model.trainable_variables)
+    with pytest.raises(hogrod.checks.ArgumentError, match=r"^hogrod.meta.adapt: inner_lr\[1\] "):
+        meta.adapt(model, mse, support, [0.1, 0.0] + [0.1] * (n - 2))
+    with pytest.raises(hogrod.checks.ArgumentError, match=r"^hogrod.meta.adapt: inner_lr "):
+        meta.adapt(model, mse, support, lambda step: -0.1)
+    # None freezes, a tensor is taken as it is (here a negative one: one ascent step)
+    theta = [v.numpy() for v in model.trainable_variables]
+    fast = meta.adapt(model, mse, support, [None, tf.constant(-0.1)] + [None] * (n - 2))
+    np.testing.assert_array_equal(fast[0], theta[0])
+    assert np.any(fast[1].numpy() != theta[1])
+
+
 def test_imaml_curvature_probes_keep_the_inner_solve_stable_on_a_sharp_task():
     model, exact, tasks, A = imaml_quadratic([5.0, 10.0, 14.0])
     assert 0.1 * (np.linalg.eigvalsh(A).max() + 2.0) > 2  # rate 0.1 is past the stability limit

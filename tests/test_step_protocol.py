@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hogrod import distribute, optim, train
+from hogrod import checks, distribute, optim, train
 
 MSE = keras.losses.MeanSquaredError(dtype="float64")
 
@@ -134,6 +134,14 @@ def test_what_the_protocol_refuses():
     with pytest.raises(TypeError, match="must be called first"):
         train.make_train_step(lambda b: MSE(b[1], model(b[0])), optim.adam,
                               model.trainable_variables)
+    # Keras takes a negative rate; the step would ascend and log a plausible loss
+    decaying = keras.optimizers.schedules.ExponentialDecay(-1e-3, 10, 0.5)
+    for opt in (keras.optimizers.SGD(-0.1), keras.optimizers.Adam(decaying)):
+        with pytest.raises(checks.ArgumentError, match=r"learning_rate must be >= 0, got -"):
+            train.make_train_step(lambda b: MSE(b[1], model(b[0])), opt,
+                                  model.trainable_variables)
+    train.make_train_step(lambda b: MSE(b[1], model(b[0])), keras.optimizers.SGD(0.0),
+                          model.trainable_variables)  # a rate of 0 (frozen) is allowed
 
 
 def test_loss_scaling_is_refused_for_a_step_optimizer():

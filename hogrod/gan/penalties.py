@@ -48,11 +48,13 @@ Adding a penalty is one function and one binding:
     r1_plus_r2.ratio = 0.5
 """
 
+import numbers
 from typing import Callable, Mapping, Optional
 
 import gin
 import tensorflow as tf
 
+from hogrod import checks
 from hogrod.types import Seed, TensorLike
 
 __all__ = ["input_gradient_norm", "squared_input_gradient", "gradient_penalty", "lp_penalty",
@@ -232,7 +234,11 @@ def gradient_penalty(critic: Critic, real: TensorLike, fake: TensorLike, target:
       ValueError: real and fake differ in shape, `noise` has an unknown key or a wrong
         shape, or the critic does not return one score per example.
       TypeError: `noise` is not a dict.
+      hogrod.checks.ArgumentError: a number `target` below 0.
     """
+    if isinstance(target, numbers.Real) and not isinstance(target, bool):
+        # a norm is >= 0: a negative target is a typo (a larger penalty, a plausible loss)
+        checks.nonnegative(target, "target", "gradient_penalty")
     real, fake = _pair(real, fake)
     noise = _noise(noise, "gradient_penalty")
     e = _per_example_weights(noise, real, "gradient_penalty")

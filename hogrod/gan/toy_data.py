@@ -15,6 +15,7 @@ import gin
 import numpy as np
 import tensorflow as tf
 
+from hogrod import checks
 from hogrod.types import Seed, TensorLike
 
 __all__ = ["TOY", "modes", "sample_toy", "toy_batches", "mode_metrics"]
@@ -53,15 +54,18 @@ def sample_toy(name: str, n: int, seed: Seed) -> tf.Tensor:
     Args:
       name: a toy data set, one of `TOY`.
       n: the number of samples.
-      seed: a stateless seed, an int tensor or pair of shape [2].
+      seed: a stateless seed: an int (the seed [seed, 0]) or an integer pair or tensor of
+        shape [2].
 
     Returns:
       A float32 tensor [n, 2].
 
     Raises:
       ValueError: `name` is not one of `TOY`.
+      hogrod.checks.ArgumentError: `seed` is neither.
     """
-    s = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), 2)
+    seed = checks.stateless_seed(seed, "seed", "sample_toy")
+    s = tf.random.experimental.stateless_split(seed, 2)
     if name == "swiss_roll":
         t = 1.5 * math.pi * (1 + 2 * tf.random.stateless_uniform([n], s[0]))
         noise = 0.25 * tf.random.stateless_normal([n, 2], s[1])

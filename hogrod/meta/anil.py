@@ -5,6 +5,7 @@ import keras
 
 from hogrod import checks
 from hogrod.meta.common import Algorithm
+from hogrod.meta.inner import check_rate
 from hogrod.meta.maml import unrolled
 from hogrod.types import Loss, Scalar
 
@@ -56,5 +57,6 @@ def anil(model: keras.Model, loss: Loss, inner_lr: Scalar = 0.01, inner_steps: i
       hogrod.checks.ArgumentError: a bad `head_layers` (the message lists the layers with
         weights), `loss`, `task_map` or `inner_steps`.
     """
+    check_rate(inner_lr, "inner_lr", "anil")
     rates = [inner_lr if m else None for m in _head_mask(model, head_layers)]
     return unrolled(model, loss, rates, inner_steps, first_order, task_map, where="anil")

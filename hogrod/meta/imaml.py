@@ -10,7 +10,7 @@ import tensorflow as tf
 from hogrod import autodiff, checks, implicit, linalg, taskmap, tree
 from hogrod.meta.common import (Algorithm, check_loss, compiled_when_eager, pass_seed,
                                 query_loss, task_seeds)
-from hogrod.meta.inner import as_dtype, initial_params, run
+from hogrod.meta.inner import as_dtype, check_rate, initial_params, run
 from hogrod.types import Loss, Scalar
 
 __all__ = ["imaml"]
@@ -80,6 +80,7 @@ def imaml(model: keras.Model, loss: Loss, inner_lr: Scalar = 0.01, inner_steps: 
         raise checks.ArgumentError(f"{where}: accelerated must be True or False, got "
                                    f"{accelerated!r}")
 
+    check_rate(inner_lr, "inner_lr", where)
     prox = _Proximal(model, loss, inner_lr, lam, curvature_probes, accelerated)
 
     def task_loss(task, seeds, theta):

@@ -15,6 +15,7 @@ draws them with `evaluation_seeds` from an evaluation seed and the task's index 
 so one evaluation reproduces exactly and never moves the model's seed states.
 """
 
+import numbers
 from typing import Any, Callable, List, Optional, Sequence, Union
 
 import keras
@@ -24,7 +25,7 @@ import tensorflow as tf
 from hogrod import autodiff, checks, functional, optim
 from hogrod.types import Batch, DType, Loss, Objective, Params, Scalar, TensorLike
 
-__all__ = ["Rates", "adapt", "initial_params", "as_dtype", "seed_slots", "draw_seeds",
+__all__ = ["Rates", "adapt", "check_rate", "initial_params", "as_dtype", "seed_slots", "draw_seeds",
            "evaluation_seeds", "seeded_state", "run"]
 
 SEED_STATE = "seed_generator_state"  # the name Keras gives every SeedGenerator's state
@@ -193,14 +194,41 @@ def run(model: keras.Model, params: Sequence[TensorLike], x: Batch, training: bo
     return functional.functional_call(model, params, x, training=training, state=state)[0]
 
 
-def _rates(inner_lr, step, params):
+def _rates(inner_lr, step, params, where):
     lr = inner_lr(step) if callable(inner_lr) else inner_lr
     if isinstance(lr, (list, tuple)):
         if len(lr) != len(params):
             raise ValueError(f"inner_lr has {len(lr)} entries but there are {len(params)} "
                              "params; give one rate (or None to freeze) per param")
-        return list(lr)
-    return [lr] * len(params)
+        rates = list(lr)
+    else:
+        rates = [lr] * len(params)
+    for i, r in enumerate(rates):
+        check_rate(r, "inner_lr" if r is lr else f"inner_lr[{i}]", where)
+    return rates
+
+
+def check_rate(rate: Any, arg: str, where: str) -> Any:
+    """An inner rate given as a number checked > 0; any other rate returned as it is.
+
+    A number is a step size the caller chose: 0 would do nothing (None freezes a param)
+    and a negative one would ascend the loss. A tensor or variable rate may be learned
+    (Meta-SGD's, MAML++'s) and take any sign, so it is not checked.
+
+    Args:
+      rate: the rate: a Python or numpy number, a tensor, a variable, a callable or None.
+      arg: its name in the message (`inner_lr`, `inner_lr[2]`).
+      where: the function or gin binding it was given to (`maml`, `hogrod.meta.adapt`).
+
+    Returns:
+      `rate`, unchanged.
+
+    Raises:
+      hogrod.checks.ArgumentError: a number that is not finite and > 0, named.
+    """
+    if isinstance(rate, numbers.Real) and not isinstance(rate, bool):
+        checks.positive(rate, arg, where)
+    return rate
 
 
 def adapt(model: keras.Model, loss: Optional[Loss], support: Any, inner_lr: Rates,
@@ -250,8 +278,9 @@ def adapt(model: keras.Model, loss: Optional[Loss], support: Any, inner_lr: Rate
 
     Raises:
       hogrod.checks.ArgumentError: both or neither of `loss` and `objective`, either not
-        callable, `seeds` with `objective`, `inner_steps` not an integer >= 0, or an
-        objective that does not depend on a param it steps (named).
+        callable, `seeds` with `objective`, `inner_steps` not an integer >= 0, a rate
+        given as a number that is not > 0, or an objective that does not depend on a
+        param it steps (named).
       ValueError: a list `inner_lr` whose length is not the number of params, or an
         `inner_lr` given with an optimizer.
       TypeError: `optimizer` is not a `hogrod.optim` optimizer.
@@ -264,7 +293,7 @@ def adapt(model: keras.Model, loss: Optional[Loss], support: Any, inner_lr: Rate
         return _adapt_with(optimizer, step_objective, inner_lr, inner_steps, first_order,
                            fast, objective is not None, model, where)
     for step in range(inner_steps):
-        rates = _rates(inner_lr, step, fast)
+        rates = _rates(inner_lr, step, fast, where)
         active = [i for i, r in enumerate(rates) if r is not None]
 
         def value(sub, fast=fast, step=step):

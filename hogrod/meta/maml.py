@@ -11,7 +11,7 @@ import tensorflow as tf
 from hogrod import checks, optim, taskmap
 from hogrod.meta.common import (Algorithm, adapt_with, check_loss, compiled_when_eager,
                                 pass_seed, query_loss, task_seeds)
-from hogrod.meta.inner import Rates, adapt, initial_params
+from hogrod.meta.inner import Rates, adapt, check_rate, initial_params
 from hogrod.types import Loss, Scalar
 
 __all__ = ["maml", "fomaml", "unrolled"]
@@ -74,7 +74,8 @@ def _inner(where, model, inner_lr, inner_optimizer, learn):
                              f"inner_optimizer (e.g. `{where}.inner_optimizer = "
                              "@hogrod.optim.adam()`); for learned plain-step rates use "
                              "meta_sgd")
-        return (DEFAULT_INNER_LR if inner_lr is None else inner_lr), None, []
+        return (DEFAULT_INNER_LR if inner_lr is None
+                else check_rate(inner_lr, "inner_lr", where)), None, []
     if inner_lr is not None:
         # the shipped configs bind inner_lr (configs/maml/algorithms/*.gin), so a binding
         # added on top of one of them cannot be removed, only overridden

@@ -10,7 +10,7 @@ import tensorflow as tf
 from hogrod import checks, functional, taskmap
 from hogrod.meta.common import (Algorithm, adapt_with, check_loss, compiled_when_eager,
                                 pass_seed, query_loss, task_seeds)
-from hogrod.meta.inner import adapt, as_dtype, initial_params, seeded_state
+from hogrod.meta.inner import adapt, as_dtype, check_rate, initial_params, seeded_state
 from hogrod.types import Loss, Scalar
 
 __all__ = ["maml_plus_plus"]
@@ -95,6 +95,7 @@ def maml_plus_plus(model: keras.Model, loss: Loss, inner_lr: Scalar = 0.01,
     variables = model.trainable_variables
     layer_of = {id(v): layer.name for layer in model.layers for v in layer.trainable_variables}
     dtype = variables[0].dtype
+    check_rate(inner_lr, "inner_lr", "maml_plus_plus")
     lslr = {name: tf.Variable(tf.fill([inner_steps], as_dtype(inner_lr, dtype)),
                               name=f"lslr/{name}") for name in sorted(set(layer_of.values()))}
     tracked, step_stats = _per_step_statistics(model, inner_steps, transductive)

@@ -5,7 +5,7 @@ import keras
 import tensorflow as tf
 
 from hogrod.meta.common import Algorithm
-from hogrod.meta.inner import as_dtype
+from hogrod.meta.inner import as_dtype, check_rate
 from hogrod.meta.maml import unrolled
 from hogrod.types import Loss, Scalar
 
@@ -33,6 +33,7 @@ def meta_sgd(model: keras.Model, loss: Loss, inner_lr: Scalar = 0.01, inner_step
     Raises:
       hogrod.checks.ArgumentError: a bad `loss`, `task_map` or `inner_steps`, named.
     """
+    check_rate(inner_lr, "inner_lr", "meta_sgd")
     rates = [tf.Variable(tf.fill(v.shape, as_dtype(inner_lr, v.dtype)),
                          name=f"lr/{v.path.replace('/', '_')}")
              for v in model.trainable_variables]

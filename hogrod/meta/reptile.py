@@ -7,7 +7,7 @@ import tensorflow as tf
 from hogrod import checks, taskmap
 from hogrod.meta.common import (Algorithm, adapt_with, check_loss, compiled_when_eager,
                                 pass_seed, query_loss, task_seeds)
-from hogrod.meta.inner import adapt, initial_params
+from hogrod.meta.inner import adapt, check_rate, initial_params
 from hogrod.types import Loss, Scalar
 
 __all__ = ["reptile"]
@@ -39,6 +39,7 @@ def reptile(model: keras.Model, loss: Loss, inner_lr: Scalar = 0.01, inner_steps
     check_loss(loss, "hogrod.meta.reptile")
     taskmap.check_task_map(task_map, "hogrod.meta.reptile")
     inner_steps = checks.integer(inner_steps, "inner_steps", "hogrod.meta.reptile", least=1)
+    check_rate(inner_lr, "inner_lr", "hogrod.meta.reptile")
 
     def task_loss(task, seeds, params):
         xs, ys, xq, yq = task

@@ -34,6 +34,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import keras
 import tensorflow as tf
 
+from hogrod import checks
 from hogrod.optim import Optimizer as PureOptimizer
 from hogrod.types import Batch, Tensor
 
@@ -229,6 +230,19 @@ class _Pure(StepOptimizer):
         return lr.value if hasattr(lr, "value") and not isinstance(lr, tf.Variable) else lr
 
 
+def _check_keras_rate(optimizer):
+    """A Keras optimizer's current rate >= 0: Keras takes a negative one, which would ascend
+    the objective and log a plausible loss (read eagerly; a rate traced inside a function
+    is not known yet)."""
+    if not tf.executing_eagerly():
+        return
+    rate = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+    if not rate >= 0:  # NaN too
+        raise checks.ArgumentError(
+            f"make_train_step: the optimizer's learning_rate must be >= 0, got {rate:.6g} "
+            f"(the {type(optimizer).__name__}'s rate, or its schedule's value now)")
+
+
 def as_step_optimizer(optimizer: Any, replicas: int = 1,
                       scaler: Optional[keras.optimizers.LossScaleOptimizer] = None
                       ) -> StepOptimizer:
@@ -245,10 +259,12 @@ def as_step_optimizer(optimizer: Any, replicas: int = 1,
 
     Raises:
       TypeError: `optimizer` is none of these; the message names what was given.
+      hogrod.checks.ArgumentError: a Keras optimizer whose learning rate is negative.
     """
     if isinstance(optimizer, StepOptimizer):
         return optimizer
     if isinstance(optimizer, keras.optimizers.Optimizer):
+        _check_keras_rate(optimizer)
         return _Keras(optimizer, replicas, scaler)
     if isinstance(optimizer, PureOptimizer):
         return _Pure(optimizer)
