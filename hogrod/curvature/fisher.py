@@ -13,7 +13,7 @@ Keras's default) gives the mean over every example of `data`; reduction "sum" gi
 The likelihoods and their scales are in `likelihood.py`.
 """
 
-from typing import Any, List, Optional, Tuple, Union
+from typing import Optional, Tuple, Union
 
 import keras
 import numpy as np
@@ -27,7 +27,7 @@ from hogrod.curvature.data import (batch_key, check_loss_dtype, compile_closure,
 from hogrod.curvature.likelihood import likelihood_of
 from hogrod.curvature.operators import CurvatureOperator
 from hogrod.curvature.per_example import batch_gradients
-from hogrod.types import Batch, DType, Loss, Params, TensorLike
+from hogrod.types import Batch, DType, Params, TensorLike
 
 __all__ = ["FisherOperator", "FISHER_TYPES", "gauss_newton_diagonal", "mc_fisher_diagonal",
            "hutchinson_diagonal"]

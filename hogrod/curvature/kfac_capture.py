@@ -320,7 +320,6 @@ def output_cotangents(loss, fisher, likelihood, mc_samples, seed, y, z):
     z = tf.stop_gradient(z)
     k = trailing(z, 1)
     flat = tf.reshape(z, [n, k])
-    root_n = tf.sqrt(tf.cast(n, z.dtype))
 
     def grads_at(labels, outputs, copies):  # [copies, N, K]: one example gradient per row
         rows = tf.reshape(outputs, [copies * n, k])

@@ -5,7 +5,7 @@ likelihoods) of the SUMMED Keras loss, `FisherOperator` (dense) or `gauss_newton
 or the factors of `KFACOperator`, times `gauss_newton_scale`.
 """
 
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 import keras
 import numpy as np
@@ -15,7 +15,6 @@ from hogrod import checks
 from hogrod.curvature.fisher import FisherOperator, gauss_newton_diagonal
 from hogrod.curvature.kfac import KFACOperator
 from hogrod.curvature.laplace_base import BaseLaplace
-from hogrod.types import Batch
 
 __all__ = ["FullLaplace", "DiagLaplace", "KronLaplace", "KRON_BIASES"]
 
