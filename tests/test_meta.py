@@ -193,6 +193,19 @@ def test_imaml_bad_maxiter_and_lam_are_named():
             meta.imaml(small_mlp(), mse, **kwargs)
 
 
+def test_tasks_without_their_task_axis_are_named_before_the_model_sees_them():
+    model = small_mlp()  # takes [batch, 1]
+    one = (tf.ones([5, 1]), tf.ones([5, 1]), tf.ones([5, 1]), tf.ones([5, 1]))
+    for build in (meta.reptile, meta.imaml, meta.maml_plus_plus, meta.maml):
+        algo = build(model, mse)
+        with pytest.raises(ValueError, match=r"x_support has shape \[5, 1\], but the model "
+                                             r"takes batches of rank 2.*x\[None\]"):
+            algo.meta_loss(one)
+    assert np.isfinite(float(algo.meta_loss(tuple(t[None] for t in one), 0)["loss"]))
+    with pytest.raises(ValueError, match="tasks must be .x_support"):
+        meta.maml(model, mse).meta_loss(one[:3])
+
+
 def test_an_inner_rate_given_as_a_number_must_be_positive():
     """A negative rate ascends the support loss and zero adapts nothing: both ran before,
     to a plausible (or NaN) loss; a learned tensor rate (Meta-SGD's) may take any sign."""

@@ -111,12 +111,31 @@ def pass_seed(seeds: Optional[tf.Tensor], i: int,
     return seeds[i] if stop is None else seeds[i:stop]
 
 
-def _check_tasks(tasks):
+def _check_tasks(tasks, input_rank=None):
     if not isinstance(tasks, (tuple, list)) or len(tasks) != 4:
         raise ValueError("meta_loss(tasks): tasks must be (x_support, y_support, x_query, "
                          f"y_query), each with a leading task axis; got {type(tasks).__name__}"
                          + (f" of length {len(tasks)}" if isinstance(tasks, (tuple, list))
                             else ""))
+    if input_rank is None:
+        return
+    for i, name in ((0, "x_support"), (2, "x_query")):
+        shape = getattr(tasks[i], "shape", None)
+        if shape is not None and len(shape) != input_rank + 1:
+            # one task given without its axis reaches the model as a batch of the wrong
+            # rank, and fails deep inside it (or, worse, runs)
+            raise ValueError(f"meta_loss(tasks): {name} has shape {list(shape)}, but the model "
+                             f"takes batches of rank {input_rank}, so tasks need rank "
+                             f"{input_rank + 1}: [tasks, examples, ...] (x[None] for one task)")
+
+
+def _input_rank(model):
+    """The rank of the model's one input batch, where Keras knows it (None: unknown, a
+    subclassed model or several inputs)."""
+    inputs = getattr(model, "inputs", None) if model is not None else None
+    if not inputs or len(inputs) != 1 or inputs[0].shape is None:
+        return None
+    return len(inputs[0].shape)
 
 
 def _check_step(step):
@@ -130,17 +149,20 @@ def _check_step(step):
     return step
 
 
-def compiled_when_eager(meta_loss: Callable[..., Dict[str, tf.Tensor]]
+def compiled_when_eager(meta_loss: Callable[..., Dict[str, tf.Tensor]],
+                        model: Optional[keras.Model] = None
                         ) -> Callable[..., Dict[str, tf.Tensor]]:
     """`meta_loss(tasks, step=None)` run as one tf.function when called eagerly.
 
     Eager tf.vectorized_map traces a new function on every call and TF warns of retracing;
     inside a caller's tf.function (the train step) it is traced into that function as is.
-    Checks its arguments either way: `tasks` a 4-tuple or list, `step` None or an integer
-    scalar (ValueError or TypeError naming `meta_loss(tasks, step)` otherwise).
+    Checks its arguments either way: `tasks` a 4-tuple or list (its inputs of the model's
+    input rank plus the task axis, where the model's input shape is known), `step` None or
+    an integer scalar (ValueError or TypeError naming `meta_loss(tasks, step)` otherwise).
 
     Args:
       meta_loss: an algorithm's `meta_loss(tasks, step)`.
+      model: the model the tasks' inputs are fed to, or None (no rank check).
 
     Returns:
       `call(tasks, step=None)`, the checked and compiled `meta_loss`.
@@ -149,8 +171,10 @@ def compiled_when_eager(meta_loss: Callable[..., Dict[str, tf.Tensor]]
     # algorithm built would count as a retrace of the others
     compiled = tf.function(functools.partial(meta_loss))
 
+    input_rank = _input_rank(model)
+
     def call(tasks, step=None):
-        _check_tasks(tasks)
+        _check_tasks(tasks, input_rank)
         step = _check_step(step)
         return compiled(tuple(tasks), step) if tf.executing_eagerly() else meta_loss(
             tuple(tasks), step)

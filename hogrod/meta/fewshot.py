@@ -126,7 +126,7 @@ def _headed(model, loss, fit, logits_of, variables, task_map, where):
         """The query logits `[q, n_way]` under the head's solution."""
         return logits_of(solution, run(model, initial_params(model), x, True, seed))
 
-    return Algorithm(compiled_when_eager(meta_loss), adapt, list(variables), predict)
+    return Algorithm(compiled_when_eager(meta_loss, model), adapt, list(variables), predict)
 
 
 @gin.configurable

@@ -128,7 +128,7 @@ def imaml(model: keras.Model, loss: Loss, inner_lr: Scalar = 0.01, inner_steps: 
     def adapt_eval(support, steps, seeds=None):  # the inner problem iMAML was meta-trained for
         return prox.solve(support, initial_params(model), steps, seeds)
 
-    return Algorithm(compiled_when_eager(meta_loss), adapt_eval, [])
+    return Algorithm(compiled_when_eager(meta_loss, model), adapt_eval, [])
 
 
 class _Proximal:

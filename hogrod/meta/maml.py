@@ -58,7 +58,7 @@ def unrolled(model: keras.Model, loss: Loss, rates: Rates, inner_steps: int, fir
 
         return {"loss": taskmap.mean_over_tasks(task_loss, tasks, seeds, params, task_map)}
 
-    return Algorithm(compiled_when_eager(meta_loss),
+    return Algorithm(compiled_when_eager(meta_loss, model),
                      adapt_with(model, loss, rates, optimizer=optimizer), list(variables))
 
 

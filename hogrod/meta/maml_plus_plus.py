@@ -174,6 +174,6 @@ def maml_plus_plus(model: keras.Model, loss: Loss, inner_lr: Scalar = 0.01,
 
     # evaluation: step s at its own learned rate (past inner_steps, the last step's)
     adapt_eval = adapt_with(model, loss, lambda s: rates(min(s, inner_steps - 1)))
-    return Algorithm(compiled_when_eager(meta_loss), adapt_eval, list(lslr.values()),
+    return Algorithm(compiled_when_eager(meta_loss, model), adapt_eval, list(lslr.values()),
                      None if transductive else predict_non_transductive,
                      [v for step_vars in step_stats for v in step_vars])

@@ -55,4 +55,4 @@ def reptile(model: keras.Model, loss: Loss, inner_lr: Scalar = 0.01, inner_steps
         seeds = task_seeds(model, tasks, inner_steps + 1)
         return taskmap.mean_over_tasks(task_loss, tasks, seeds, initial_params(model), task_map)
 
-    return Algorithm(compiled_when_eager(meta_loss), adapt_with(model, loss, inner_lr), [])
+    return Algorithm(compiled_when_eager(meta_loss, model), adapt_with(model, loss, inner_lr), [])
