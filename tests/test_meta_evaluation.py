@@ -61,6 +61,18 @@ def test_evaluator_adapts_by_the_closed_form_and_traces_once():
         np.testing.assert_allclose(out["loss_after_1_median"], np.median(losses), rtol=1e-12)
 
 
+def test_repeated_evaluations_do_not_read_as_retracing(caplog):
+    """Each call traces its own functions (the guide's `evaluator` is for periodic use), but
+    TensorFlow's retracing warning keyed on one lambda's code object fired by the second
+    call of the default three step counts."""
+    _, _, xt, yt = linear_task_batch()
+    model = linear(np.array([[0.3], [0.2]]))
+    algo = meta.maml(model, mse, inner_lr=0.1)
+    for _ in range(2):
+        meta.evaluate(algo, model, mse, (xt, yt, xt, yt))
+    assert "retracing" not in caplog.text
+
+
 def test_bad_steps_are_named():
     model = linear(np.zeros((2, 1)))
     with pytest.raises(ValueError, match="evaluate: steps"):

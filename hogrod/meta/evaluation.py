@@ -12,6 +12,7 @@ evaluated independently. BatchNorm uses each batch's own statistics (transductiv
 the algorithm predicts otherwise (`Algorithm.predict`).
 """
 
+import functools
 from typing import Callable, Dict, Sequence
 
 import gin
@@ -91,7 +92,12 @@ def evaluator(algorithm: Algorithm, model: keras.Model, loss: Loss,
         return taskmap.map_tasks(lambda task, sd, _: per_task(task, sd, s), tasks, seeds,
                                  mode=mode)
 
-    compiled = {s: tf.function(lambda t, s=s: evaluate_after(tuple(t), s)) for s in steps}
+    def after(tasks, s):
+        return evaluate_after(tuple(tasks), s)
+
+    # partials: TF keys its retracing warning on a function's code object, so one lambda
+    # traced per step count and per `evaluate` call would read as one function retraced
+    compiled = {s: tf.function(functools.partial(after, s=s)) for s in steps}
 
     def run_evaluation(tasks):
         results = {}
